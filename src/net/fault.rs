@@ -1,0 +1,106 @@
+//! A seeded fault injector in front of any receiver: drops, reorders, duplicates and corrupts
+//! packets with given probabilities (smoltcp's `phy::FaultInjector`). Deterministic for a
+//! seed, so a failing test can be replayed.
+#![deny(unsafe_code)]
+
+use std::io;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::{PacketReceiver, RecvBatch, Received};
+
+/// Probabilities per packet, each in [0, 1].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    pub drop: f64,
+    /// Swap the packet with the one after it.
+    pub reorder: f64,
+    pub duplicate: f64,
+    /// Flip one random bit somewhere in the packet.
+    pub corrupt: f64,
+}
+
+/// Counts of what was done, for tests to reconcile with receiver statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    pub dropped: u64,
+    pub reordered: u64,
+    pub duplicated: u64,
+    pub corrupted: u64,
+}
+
+pub struct FaultInjector<R> {
+    inner: R,
+    faults: Faults,
+    rng: SmallRng,
+    scratch: RecvBatch,
+    pending: Vec<Vec<u8>>,
+    pub counts: FaultCounts,
+}
+
+impl<R: PacketReceiver> FaultInjector<R> {
+    pub fn new(inner: R, faults: Faults, seed: u64, slot_size: usize) -> Self {
+        FaultInjector {
+            inner,
+            faults,
+            rng: SmallRng::seed_from_u64(seed),
+            scratch: RecvBatch::new(64, slot_size),
+            pending: Vec::new(),
+            counts: FaultCounts::default(),
+        }
+    }
+
+    fn mangle(&mut self) {
+        let mut out: Vec<Vec<u8>> = Vec::with_capacity(self.scratch.len() * 2);
+        for p in self.scratch.iter() {
+            if self.rng.random_bool(self.faults.drop) {
+                self.counts.dropped += 1;
+                continue;
+            }
+            let mut p = p.to_vec();
+            if !p.is_empty() && self.rng.random_bool(self.faults.corrupt) {
+                let bit = self.rng.random_range(0..p.len() * 8);
+                p[bit / 8] ^= 1 << (bit % 8);
+                self.counts.corrupted += 1;
+            }
+            if self.rng.random_bool(self.faults.duplicate) {
+                out.push(p.clone());
+                self.counts.duplicated += 1;
+            }
+            out.push(p);
+        }
+        let mut i = 0;
+        while i + 1 < out.len() {
+            if self.rng.random_bool(self.faults.reorder) {
+                out.swap(i, i + 1);
+                self.counts.reordered += 1;
+                i += 1;
+            }
+            i += 1;
+        }
+        out.reverse();
+        self.pending = out;
+    }
+}
+
+impl<R: PacketReceiver> PacketReceiver for FaultInjector<R> {
+    fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
+        batch.clear();
+        if self.pending.is_empty() {
+            match self.inner.recv_batch(&mut self.scratch)? {
+                Received::Packets(_) => self.mangle(),
+                other => return Ok(other),
+            }
+        }
+        while batch.len() < batch.capacity() {
+            match self.pending.pop() {
+                Some(p) => {
+                    batch.push(&p);
+                }
+                None => break,
+            }
+        }
+        Ok(if batch.is_empty() { Received::Idle } else { Received::Packets(batch.len()) })
+    }
+}

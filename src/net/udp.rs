@@ -1,0 +1,263 @@
+//! UDP over the kernel stack: `recvmmsg`/`sendmmsg` batches, large socket buffers, IPv4
+//! multicast joined on a named interface.
+//!
+//! The receive side writes datagrams straight into the caller's [`RecvBatch`] slots (one
+//! copy, kernel to user). `socket2` handles socket options; the two batch calls are not in
+//! any maintained crate with caller-owned buffers, so they are made through `libc` here.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use socket2::{Domain, InterfaceIndexOrAddress, Protocol, SockAddr, Socket, Type};
+
+use super::{PacketReceiver, PacketSender, RecvBatch, Received, SendBatch};
+
+/// How long a receive call waits before returning [`Received::Idle`].
+pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Resolve an interface given by name (`eth0`, `lo`) or by IPv4 address to (index, address).
+pub fn resolve_interface(name: &str) -> io::Result<(u32, Ipv4Addr)> {
+    let mut found = None;
+    // SAFETY: getifaddrs allocates a list we walk read-only and free exactly once.
+    unsafe {
+        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut head) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            cur = ifa.ifa_next;
+            if ifa.ifa_addr.is_null() || i32::from((*ifa.ifa_addr).sa_family) != libc::AF_INET {
+                continue;
+            }
+            let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+            let addr = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            let ifname = std::ffi::CStr::from_ptr(ifa.ifa_name).to_string_lossy();
+            if ifname == name || addr.to_string() == name {
+                let index = libc::if_nametoindex(ifa.ifa_name);
+                found = Some((index, addr));
+                break;
+            }
+        }
+        libc::freeifaddrs(head);
+    }
+    found.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no IPv4 interface named or addressed {name:?}"),
+        )
+    })
+}
+
+/// A UDP receiver over one or more sockets (one per distinct port).
+pub struct UdpReceiver {
+    sockets: Vec<Socket>,
+    next: usize,
+}
+
+impl UdpReceiver {
+    /// Bind to every endpoint: unicast endpoints bind their address; multicast groups are
+    /// joined on `interface` (a name or an address; the default route when `None`).
+    /// `buffer` is SO_RCVBUF in bytes (the kernel may cap it at `net.core.rmem_max`).
+    pub fn bind(endpoints: &[SocketAddrV4], interface: Option<&str>, buffer: usize) -> io::Result<Self> {
+        let iface = interface.map(resolve_interface).transpose()?;
+        let mut ports: Vec<u16> = endpoints.iter().map(|e| e.port()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        let mut sockets = Vec::new();
+        for port in ports {
+            let eps: Vec<&SocketAddrV4> = endpoints.iter().filter(|e| e.port() == port).collect();
+            let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+            socket.set_reuse_address(true)?;
+            socket.set_recv_buffer_size(buffer)?;
+            socket.set_read_timeout(Some(POLL_INTERVAL))?;
+            let groups: Vec<Ipv4Addr> = eps.iter().map(|e| *e.ip()).filter(Ipv4Addr::is_multicast).collect();
+            let bind_ip = match (eps.len(), groups.len()) {
+                (1, _) => *eps[0].ip(),
+                _ if groups.is_empty() && eps.iter().all(|e| e.ip() == eps[0].ip()) => *eps[0].ip(),
+                _ => Ipv4Addr::UNSPECIFIED,
+            };
+            socket.bind(&SockAddr::from(SocketAddrV4::new(bind_ip, port)))?;
+            if !groups.is_empty() {
+                // Only the groups joined here, not every group any socket on the host joined.
+                socket.set_multicast_all_v4(false)?;
+            }
+            for g in groups {
+                let via = match iface {
+                    Some((index, _)) => InterfaceIndexOrAddress::Index(index),
+                    None => InterfaceIndexOrAddress::Address(Ipv4Addr::UNSPECIFIED),
+                };
+                socket.join_multicast_v4_n(&g, &via)?;
+            }
+            sockets.push(socket);
+        }
+        if sockets.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no endpoints to receive on"));
+        }
+        Ok(UdpReceiver { sockets, next: 0 })
+    }
+
+    /// The local address of the first socket (useful when binding port 0 in tests).
+    pub fn local_addr(&self) -> io::Result<SocketAddrV4> {
+        self.sockets[0]
+            .local_addr()?
+            .as_socket_ipv4()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::Other, "not an IPv4 socket"))
+    }
+
+    fn recvmmsg(socket: &Socket, batch: &mut RecvBatch, flags: libc::c_int) -> io::Result<usize> {
+        let cap = batch.capacity();
+        let (buf, lens, slot) = batch.raw_parts();
+        let mut iovecs: Vec<libc::iovec> = (0..cap)
+            .map(|i| libc::iovec {
+                iov_base: buf[i * slot..].as_mut_ptr().cast(),
+                iov_len: slot,
+            })
+            .collect();
+        // SAFETY: mmsghdr is plain old data; zeroed is a valid empty header.
+        let mut msgs: Vec<libc::mmsghdr> = (0..cap).map(|_| unsafe { MaybeUninit::zeroed().assume_init() }).collect();
+        for (m, iov) in msgs.iter_mut().zip(iovecs.iter_mut()) {
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: each iovec points into a distinct slot of `buf`, alive for the call.
+        let n = unsafe {
+            libc::recvmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), cap as u32, flags, std::ptr::null_mut())
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        for (len, m) in lens.iter_mut().zip(&msgs).take(n) {
+            *len = (m.msg_len as usize).min(slot);
+        }
+        Ok(n)
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
+}
+
+impl PacketReceiver for UdpReceiver {
+    fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
+        batch.clear();
+        if self.sockets.len() == 1 {
+            // Block (up to the socket timeout) for the first packet, then take what is queued.
+            return match Self::recvmmsg(&self.sockets[0], batch, libc::MSG_WAITFORONE) {
+                Ok(n) => {
+                    batch.set_len(n);
+                    Ok(Received::Packets(n))
+                }
+                Err(e) if is_timeout(&e) => Ok(Received::Idle),
+                Err(e) => Err(e),
+            };
+        }
+        let mut fds: Vec<libc::pollfd> = self
+            .sockets
+            .iter()
+            .map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        // SAFETY: fds is a valid array of pollfd for the duration of the call.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_INTERVAL.as_millis() as i32) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if is_timeout(&e) { Ok(Received::Idle) } else { Err(e) };
+        }
+        // Round-robin over ready sockets so that one busy socket cannot starve the others.
+        let n_sock = self.sockets.len();
+        for k in 0..n_sock {
+            let i = (self.next + k) % n_sock;
+            if fds[i].revents & libc::POLLIN != 0 {
+                self.next = (i + 1) % n_sock;
+                return match Self::recvmmsg(&self.sockets[i], batch, libc::MSG_DONTWAIT) {
+                    Ok(n) => {
+                        batch.set_len(n);
+                        Ok(Received::Packets(n))
+                    }
+                    Err(e) if is_timeout(&e) => Ok(Received::Idle),
+                    Err(e) => Err(e),
+                };
+            }
+        }
+        Ok(Received::Idle)
+    }
+}
+
+/// A UDP sender: one socket (optionally bound to an interface) and a destination list.
+pub struct UdpSender {
+    socket: Socket,
+    dests: Vec<SockAddr>,
+}
+
+impl UdpSender {
+    /// `interface` (name or address) selects the source address and multicast interface.
+    pub fn new(dests: &[SocketAddrV4], interface: Option<&str>, ttl: u32, buffer: usize) -> io::Result<Self> {
+        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_send_buffer_size(buffer)?;
+        socket.set_multicast_ttl_v4(ttl)?;
+        socket.set_multicast_loop_v4(true)?;
+        if let Some(name) = interface {
+            let (_, addr) = resolve_interface(name)?;
+            socket.bind(&SockAddr::from(SocketAddrV4::new(addr, 0)))?;
+            socket.set_multicast_if_v4(&addr)?;
+        }
+        if dests.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no destinations to send to"));
+        }
+        Ok(UdpSender {
+            socket,
+            dests: dests.iter().map(|d| SockAddr::from(*d)).collect(),
+        })
+    }
+}
+
+/// Most messages handed to one sendmmsg call.
+const SEND_CHUNK: usize = 256;
+
+impl PacketSender for UdpSender {
+    fn destinations(&self) -> usize {
+        self.dests.len()
+    }
+
+    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()> {
+        let mut done = 0;
+        while done < batch.len() {
+            let n = (batch.len() - done).min(SEND_CHUNK);
+            let mut iovecs: Vec<libc::iovec> = (done..done + n)
+                .map(|i| {
+                    let (bytes, _) = batch.packet(i);
+                    libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() }
+                })
+                .collect();
+            // SAFETY: zeroed mmsghdr is a valid empty header.
+            let mut msgs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { MaybeUninit::zeroed().assume_init() }).collect();
+            for (k, m) in msgs.iter_mut().enumerate() {
+                let (_, dest) = batch.packet(done + k);
+                let addr = self.dests.get(dest).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, format!("destination {dest} out of range"))
+                })?;
+                m.msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
+                m.msg_hdr.msg_namelen = addr.len();
+                m.msg_hdr.msg_iov = &mut iovecs[k];
+                m.msg_hdr.msg_iovlen = 1;
+            }
+            // SAFETY: every pointer in msgs refers to memory alive across the call (batch,
+            // iovecs, dests); the kernel only reads it.
+            let r = unsafe { libc::sendmmsg(self.socket.as_raw_fd(), msgs.as_mut_ptr(), n as u32, 0) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock {
+                    continue;
+                }
+                return Err(e);
+            }
+            done += r as usize;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,621 @@
+//! Chunk assembly: the spead2 chunk-stream-group model (`doc/recv-chunk.rst`), the path the
+//! engines receive on.
+//!
+//! A *chunk* is one preallocated buffer holding many heaps, with one presence byte and one
+//! `extra` word per heap. A caller-supplied placement function maps a heap's immediates to
+//! (chunk id, heap index, byte offset) or to a numbered reason to drop it; payload bytes are
+//! copied once, from the packet straight into chunk memory.
+//!
+//! A [`ChunkGroup`] owns a window of at most `max_chunks` chunks in flight, shared by several
+//! [`ChunkStream`]s (one per receive thread, each with its own sockets) that fill disjoint
+//! heaps of the same chunks. Chunk ids only move forward: a heap for a chunk past the window
+//! slides the window, and chunks that fall out of it are handed to the ready queue, in id
+//! order, once no stream is still writing into them. Heaps for chunks below the window are
+//! counted as too old. Chunks circulate between a free queue and a ready queue and are never
+//! allocated after start-up. Chunks inside the window that no packet touched are still
+//! delivered (all heaps absent), so consumers see every id except across jumps larger than
+//! the window.
+//!
+//! Lifecycle of a chunk: free → (first packet for its id) in the window, `writers` counting
+//! the streams that hold it → (window moved past it) evicting → (writers reach 0) ready →
+//! (consumer done) free. Streams release chunks below the group head at every batch, so an
+//! idle stream cannot hold the group back for longer than its receive timeout.
+//!
+//! `doc/dev-recv-chunk.md` explains the threading and why the window lock is taken per chunk,
+//! never per packet.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::ranges::PayloadRanges;
+use super::stats::{StatsSnapshot, StreamStats, MAX_REJECT_REASONS};
+use crate::spead::wire::ParsedPacket;
+
+/// Shape of the chunk machinery, fixed at start-up.
+#[derive(Debug, Clone)]
+pub struct ChunkGroupConfig {
+    pub heaps_per_chunk: usize,
+    pub chunk_bytes: usize,
+    /// Chunks in flight (the window; spead2 `max_chunks`).
+    pub max_chunks: usize,
+    /// Chunks allocated in all: the window plus what the consumer holds.
+    pub n_chunks: usize,
+    /// Streams (receive threads) in the group.
+    pub n_streams: usize,
+    /// Heaps in flight per stream before the oldest is evicted.
+    pub max_heaps: usize,
+    /// Immediate item IDs handed to the placement function, in this order.
+    pub items: Vec<u64>,
+    /// Names of the placement function's reject reasons (index = reason), for counters.
+    pub reject_reasons: Vec<&'static str>,
+}
+
+/// Why a [`ChunkGroupConfig`] is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkConfigError {
+    #[error("chunk group needs at least one {0}")]
+    Zero(&'static str),
+    #[error("n_chunks ({n_chunks}) must exceed max_chunks ({max_chunks})")]
+    TooFewChunks { n_chunks: usize, max_chunks: usize },
+    #[error("at most {MAX_REJECT_REASONS} reject reasons are supported")]
+    TooManyReasons,
+}
+
+impl ChunkGroupConfig {
+    pub fn validate(&self) -> Result<(), ChunkConfigError> {
+        for (v, name) in [
+            (self.heaps_per_chunk, "heap per chunk"),
+            (self.chunk_bytes, "byte per chunk"),
+            (self.max_chunks, "chunk in the window"),
+            (self.n_streams, "stream"),
+            (self.max_heaps, "live heap"),
+        ] {
+            if v == 0 {
+                return Err(ChunkConfigError::Zero(name));
+            }
+        }
+        if self.n_chunks <= self.max_chunks {
+            return Err(ChunkConfigError::TooFewChunks {
+                n_chunks: self.n_chunks,
+                max_chunks: self.max_chunks,
+            });
+        }
+        if self.reject_reasons.len() > MAX_REJECT_REASONS {
+            return Err(ChunkConfigError::TooManyReasons);
+        }
+        Ok(())
+    }
+}
+
+/// One chunk of heaps.
+#[derive(Debug)]
+pub struct Chunk {
+    pub chunk_id: u64,
+    /// `chunk_bytes` of heap payload at the offsets the placement function chose.
+    pub data: Box<[u8]>,
+    /// 1 where the heap arrived complete, 0 otherwise.
+    pub present: Box<[u8]>,
+    /// Per heap, the `extra` value the placement function returned (complete heaps only).
+    pub extra: Box<[u64]>,
+}
+
+impl Chunk {
+    fn new(config: &ChunkGroupConfig) -> Chunk {
+        Chunk {
+            chunk_id: 0,
+            data: vec![0u8; config.chunk_bytes].into_boxed_slice(),
+            present: vec![0u8; config.heaps_per_chunk].into_boxed_slice(),
+            extra: vec![0u64; config.heaps_per_chunk].into_boxed_slice(),
+        }
+    }
+}
+
+/// What the placement function sees of a heap (from its first packet).
+#[derive(Debug, Clone, Copy)]
+pub struct PlaceInput<'a> {
+    /// Values of the configured immediates, `None` where absent.
+    pub items: &'a [Option<u64>],
+    pub heap_cnt: u64,
+    pub heap_length: u64,
+}
+
+/// The placement function's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    Heap {
+        chunk_id: u64,
+        heap_index: usize,
+        /// Byte offset of the heap's payload in the chunk.
+        heap_offset: usize,
+        extra: u64,
+    },
+    /// Drop the heap, counted under reason `n` of `ChunkGroupConfig::reject_reasons`.
+    Reject(usize),
+}
+
+/// The placement policy, a small pure function supplied by the engine.
+pub type PlaceFn = dyn Fn(&PlaceInput<'_>) -> Placement + Send + Sync;
+
+/// Raw pointers into a chunk that streams write through while it is in the window.
+#[derive(Debug, Clone, Copy)]
+struct ChunkPtrs {
+    data: *mut u8,
+    present: *mut u8,
+    extra: *mut u64,
+}
+
+// SAFETY: the pointers refer to a boxed chunk that the group keeps alive and does not hand to
+// the consumer while any stream holds it (`writers > 0`); see the module docs.
+unsafe impl Send for ChunkPtrs {}
+
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    chunk: Box<Chunk>,
+    ptrs: ChunkPtrs,
+    writers: usize,
+    evicting: bool,
+}
+
+#[derive(Debug)]
+struct GroupState {
+    slots: VecDeque<Slot>,
+    /// First chunk id of the window; `None` until the first heap is placed.
+    head: Option<u64>,
+    /// Next chunk id to bring into the window.
+    next: u64,
+    active_streams: usize,
+    ready_tx: Option<Sender<Box<Chunk>>>,
+}
+
+/// The chunks, their window, and the free and ready queues, shared by a group's streams.
+#[derive(Debug)]
+pub struct ChunkGroup {
+    config: ChunkGroupConfig,
+    state: Mutex<GroupState>,
+    /// Mirror of `GroupState::head` (or 0), read without the lock by streams at each batch.
+    head: AtomicU64,
+    stop: AtomicBool,
+    free_tx: Sender<Box<Chunk>>,
+    free_rx: Receiver<Box<Chunk>>,
+    ready_rx: Receiver<Box<Chunk>>,
+}
+
+enum Acquired {
+    Chunk(ChunkPtrs),
+    TooOld,
+    Stopped,
+}
+
+impl ChunkGroup {
+    /// Allocate every chunk now; none is allocated later.
+    pub fn new(config: ChunkGroupConfig) -> Result<Arc<ChunkGroup>, ChunkConfigError> {
+        config.validate()?;
+        let (free_tx, free_rx) = crossbeam_channel::bounded(config.n_chunks);
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(config.n_chunks);
+        for _ in 0..config.n_chunks {
+            // Cannot fail: the channel holds exactly n_chunks.
+            let _ = free_tx.try_send(Box::new(Chunk::new(&config)));
+        }
+        Ok(Arc::new(ChunkGroup {
+            state: Mutex::new(GroupState {
+                slots: VecDeque::with_capacity(config.max_chunks),
+                head: None,
+                next: 0,
+                active_streams: config.n_streams,
+                ready_tx: Some(ready_tx),
+            }),
+            config,
+            head: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            free_tx,
+            free_rx,
+            ready_rx,
+        }))
+    }
+
+    pub fn config(&self) -> &ChunkGroupConfig {
+        &self.config
+    }
+
+    /// Chunks leave the window here, in id order. Disconnects when every stream has finished.
+    pub fn ready(&self) -> &Receiver<Box<Chunk>> {
+        &self.ready_rx
+    }
+
+    /// Give a consumed chunk back.
+    pub fn free(&self, chunk: Box<Chunk>) {
+        // The free queue holds every chunk there is, so this cannot be full.
+        let _ = self.free_tx.try_send(chunk);
+    }
+
+    /// Ask every stream to finish at its next batch.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GroupState> {
+        // A panicking stream thread cannot leave the window inconsistent (no await points
+        // inside), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hand evicting chunks at the front of the window to the ready queue.
+    fn flush_ready(state: &mut GroupState) {
+        while state.slots.front().is_some_and(|s| s.evicting && s.writers == 0) {
+            if let Some(slot) = state.slots.pop_front() {
+                if let Some(tx) = &state.ready_tx {
+                    // Bounded by n_chunks, which is every chunk: never full.
+                    let _ = tx.try_send(slot.chunk);
+                }
+            }
+        }
+    }
+
+    fn take_free(&self) -> Option<Box<Chunk>> {
+        loop {
+            match self.free_rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(c) => return Some(c),
+                Err(RecvTimeoutError::Timeout) if !self.is_stopped() => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Bring `chunk_id` into the window (sliding it if needed) and register a writer.
+    fn acquire(&self, cache: &mut Vec<(u64, ChunkPtrs)>, chunk_id: u64) -> Acquired {
+        let mut st = self.lock();
+        let max = self.config.max_chunks as u64;
+        let head = *st.head.get_or_insert(chunk_id);
+        if st.next < head {
+            st.next = head;
+        }
+        if chunk_id < head {
+            return Acquired::TooOld;
+        }
+        if chunk_id >= head + max {
+            let new_head = chunk_id + 1 - max;
+            for slot in st.slots.iter_mut().filter(|s| s.id < new_head) {
+                slot.evicting = true;
+            }
+            // Release this stream's own hold on what leaves the window.
+            cache.retain(|&(id, _)| {
+                if id < new_head {
+                    if let Some(s) = st.slots.iter_mut().find(|s| s.id == id) {
+                        s.writers -= 1;
+                    }
+                }
+                id >= new_head
+            });
+            st.head = Some(new_head);
+            st.next = st.next.max(new_head);
+            self.head.store(new_head, Ordering::Release);
+        }
+        Self::flush_ready(&mut st);
+        while st.next <= chunk_id {
+            let Some(mut chunk) = self.take_free() else {
+                return Acquired::Stopped;
+            };
+            chunk.chunk_id = st.next;
+            chunk.present.fill(0);
+            chunk.extra.fill(0);
+            let ptrs = ChunkPtrs {
+                data: chunk.data.as_mut_ptr(),
+                present: chunk.present.as_mut_ptr(),
+                extra: chunk.extra.as_mut_ptr(),
+            };
+            let id = st.next;
+            st.slots.push_back(Slot {
+                id,
+                chunk,
+                ptrs,
+                writers: 0,
+                evicting: false,
+            });
+            st.next += 1;
+        }
+        match st.slots.iter_mut().find(|s| s.id == chunk_id) {
+            Some(slot) => {
+                slot.writers += 1;
+                cache.push((chunk_id, slot.ptrs));
+                Acquired::Chunk(slot.ptrs)
+            }
+            None => Acquired::TooOld,
+        }
+    }
+
+    /// Drop this stream's hold on cached chunks for which `release(id)` is true.
+    fn release(&self, cache: &mut Vec<(u64, ChunkPtrs)>, release: impl Fn(u64) -> bool) {
+        let mut st = self.lock();
+        cache.retain(|&(id, _)| {
+            if release(id) {
+                if let Some(s) = st.slots.iter_mut().find(|s| s.id == id) {
+                    s.writers -= 1;
+                }
+                false
+            } else {
+                true
+            }
+        });
+        Self::flush_ready(&mut st);
+    }
+
+    /// A stream has finished; the last one flushes the window and closes the ready queue.
+    fn stream_done(&self, cache: &mut Vec<(u64, ChunkPtrs)>) {
+        self.release(cache, |_| true);
+        let mut st = self.lock();
+        st.active_streams -= 1;
+        if st.active_streams == 0 {
+            for s in st.slots.iter_mut() {
+                s.evicting = true;
+            }
+            Self::flush_ready(&mut st);
+            st.ready_tx = None;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LiveHeap {
+    cnt: u64,
+    chunk_id: u64,
+    ptrs: ChunkPtrs,
+    heap_index: usize,
+    base: usize,
+    heap_length: u64,
+    received: u64,
+    extra: u64,
+    ranges: PayloadRanges,
+}
+
+/// One member of a chunk stream group: the state of one receive thread.
+pub struct ChunkStream {
+    group: Arc<ChunkGroup>,
+    place: Arc<PlaceFn>,
+    cache: Vec<(u64, ChunkPtrs)>,
+    live: VecDeque<LiveHeap>,
+    spare: Vec<PayloadRanges>,
+    values: Vec<Option<u64>>,
+    stats: Arc<StreamStats>,
+    /// A stop heap arrived or the group stopped while this stream waited for a chunk.
+    done: bool,
+    /// `stream_done` has been called.
+    finished: bool,
+}
+
+impl ChunkStream {
+    pub fn new(group: Arc<ChunkGroup>, place: Arc<PlaceFn>) -> ChunkStream {
+        let max_heaps = group.config.max_heaps;
+        let n_items = group.config.items.len();
+        ChunkStream {
+            group,
+            place,
+            cache: Vec::new(),
+            live: VecDeque::with_capacity(max_heaps),
+            spare: (0..max_heaps).map(|_| PayloadRanges::default()).collect(),
+            values: vec![None; n_items],
+            stats: Arc::new(StreamStats::default()),
+            done: false,
+            finished: false,
+        }
+    }
+
+    /// Counters, shareable with the control plane while the stream runs.
+    pub fn stats(&self) -> Arc<StreamStats> {
+        Arc::clone(&self.stats)
+    }
+
+    pub fn group(&self) -> &Arc<ChunkGroup> {
+        &self.group
+    }
+
+    /// True once the group was stopped (by the consumer, or by a stop heap on any stream).
+    pub fn is_stopped(&self) -> bool {
+        self.done || self.group.is_stopped()
+    }
+
+    /// Note a batch of `n` packets from the transport.
+    pub fn note_batch(&self, n: usize) {
+        StreamStats::add(&self.stats.batches, 1);
+        self.stats.max_batch.fetch_max(n as u64, Ordering::Relaxed);
+    }
+
+    /// Drop live heap `i`, keeping its range list for reuse (no allocation per heap).
+    fn retire(&mut self, i: usize) {
+        if let Some(mut h) = self.live.remove(i) {
+            h.ranges.clear();
+            self.spare.push(h.ranges);
+        }
+    }
+
+    /// Offer one packet.
+    pub fn add_packet(&mut self, bytes: &[u8]) {
+        StreamStats::add(&self.stats.packets, 1);
+        if self.done {
+            return;
+        }
+        let packet = match ParsedPacket::parse(bytes) {
+            Ok(p) => p,
+            Err(reason) => {
+                self.stats.malformed(reason);
+                return;
+            }
+        };
+        let repr = packet.repr;
+        if repr.stop {
+            // Stopping one member stops the group (spead2 semantics).
+            StreamStats::add(&self.stats.stops, 1);
+            self.done = true;
+            self.group.stop();
+            return;
+        }
+        let idx = match self.live.iter().position(|h| h.cnt == repr.heap_cnt) {
+            Some(i) => i,
+            None => match self.start_heap(&packet) {
+                Some(i) => i,
+                None => return,
+            },
+        };
+        let heap = &mut self.live[idx];
+        if repr.heap_length != Some(heap.heap_length) {
+            StreamStats::add(&self.stats.inconsistent_packets, 1);
+            return;
+        }
+        let start = repr.payload_offset;
+        let end = start + repr.payload_length as u64;
+        if !heap.ranges.add(start, end) {
+            StreamStats::add(&self.stats.duplicate_packets, 1);
+            return;
+        }
+        let payload = packet.payload();
+        // SAFETY: `start_heap` checked base + heap_length <= chunk_bytes, and end <= heap_length
+        // was checked by the parser; the chunk is alive while this stream holds it (it is in
+        // `cache`, released only after its live heaps are retired). Streams write disjoint heaps.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                payload.as_ptr(),
+                heap.ptrs.data.add(heap.base + start as usize),
+                payload.len(),
+            );
+        }
+        heap.received += payload.len() as u64;
+        StreamStats::add(&self.stats.bytes, payload.len() as u64);
+        if heap.received == heap.heap_length {
+            // SAFETY: heap_index < heaps_per_chunk was checked in `start_heap`; same lifetime
+            // argument as above.
+            unsafe {
+                *heap.ptrs.present.add(heap.heap_index) = 1;
+                *heap.ptrs.extra.add(heap.heap_index) = heap.extra;
+            }
+            StreamStats::add(&self.stats.heaps, 1);
+            self.retire(idx);
+        }
+    }
+
+    /// Place a heap seen for the first time; returns its index in `live`.
+    fn start_heap(&mut self, packet: &ParsedPacket<'_>) -> Option<usize> {
+        let repr = packet.repr;
+        let Some(heap_length) = repr.heap_length else {
+            StreamStats::add(&self.stats.inconsistent_packets, 1);
+            return None;
+        };
+        self.values.fill(None);
+        for p in packet.packet.pointers().filter(|p| p.immediate) {
+            if let Some(i) = self.group.config.items.iter().position(|&id| id == p.id) {
+                if self.values[i].is_none() {
+                    self.values[i] = Some(p.value);
+                }
+            }
+        }
+        let verdict = (self.place)(&PlaceInput {
+            items: &self.values,
+            heap_cnt: repr.heap_cnt,
+            heap_length,
+        });
+        let (chunk_id, heap_index, heap_offset, extra) = match verdict {
+            Placement::Reject(reason) => {
+                let reason = reason.min(MAX_REJECT_REASONS - 1);
+                StreamStats::add(&self.stats.rejected_heaps[reason], 1);
+                return None;
+            }
+            Placement::Heap {
+                chunk_id,
+                heap_index,
+                heap_offset,
+                extra,
+            } => (chunk_id, heap_index, heap_offset, extra),
+        };
+        let cfg = &self.group.config;
+        let max_heaps = cfg.max_heaps;
+        let fits = heap_index < cfg.heaps_per_chunk
+            && heap_offset
+                .checked_add(heap_length as usize)
+                .is_some_and(|e| e <= cfg.chunk_bytes);
+        if !fits {
+            StreamStats::add(&self.stats.inconsistent_packets, 1);
+            return None;
+        }
+        let ptrs = match self.cache.iter().find(|c| c.0 == chunk_id) {
+            Some(&(_, p)) => p,
+            None => match self.group.acquire(&mut self.cache, chunk_id) {
+                Acquired::Chunk(p) => {
+                    self.retire_released();
+                    p
+                }
+                Acquired::TooOld => {
+                    StreamStats::add(&self.stats.too_old_heaps, 1);
+                    return None;
+                }
+                Acquired::Stopped => {
+                    self.done = true;
+                    return None;
+                }
+            },
+        };
+        if self.live.len() >= max_heaps {
+            StreamStats::add(&self.stats.incomplete_heaps_evicted, 1);
+            self.retire(0);
+        }
+        let ranges = self.spare.pop().unwrap_or_default();
+        self.live.push_back(LiveHeap {
+            cnt: repr.heap_cnt,
+            chunk_id,
+            ptrs,
+            heap_index,
+            base: heap_offset,
+            heap_length,
+            received: 0,
+            extra,
+            ranges,
+        });
+        Some(self.live.len() - 1)
+    }
+
+    /// Retire live heaps whose chunk this stream no longer holds.
+    fn retire_released(&mut self) {
+        let mut i = 0;
+        while i < self.live.len() {
+            let id = self.live[i].chunk_id;
+            if self.cache.iter().any(|c| c.0 == id) {
+                i += 1;
+            } else {
+                StreamStats::add(&self.stats.incomplete_heaps_evicted, 1);
+                self.retire(i);
+            }
+        }
+    }
+
+    /// Call after each batch: let go of chunks the window has moved past.
+    pub fn release_old(&mut self) {
+        let head = self.group.head.load(Ordering::Acquire);
+        if self.cache.iter().any(|c| c.0 < head) {
+            self.group.release(&mut self.cache, |id| id < head);
+            self.retire_released();
+        }
+    }
+
+    /// Finish: incomplete heaps are counted as flushed, chunks released; returns the counters.
+    pub fn finish(mut self) -> StatsSnapshot {
+        StreamStats::add(&self.stats.incomplete_heaps_flushed, self.live.len() as u64);
+        self.live.clear();
+        self.group.stream_done(&mut self.cache);
+        self.finished = true;
+        self.stats.snapshot()
+    }
+}
+
+impl Drop for ChunkStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.group.stream_done(&mut self.cache);
+        }
+    }
+}

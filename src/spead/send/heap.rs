@@ -1,0 +1,314 @@
+//! Heaps to send, and the packetiser that cuts them into SPEAD packets byte-for-byte as
+//! spead2's `packet_generator` does (spead2 4.x, `send_packet.cpp`).
+//!
+//! Every packet starts with HEAP_CNT, HEAP_LENGTH, PAYLOAD_OFFSET and PAYLOAD_LENGTH, then the
+//! heap's item pointers: all of them in every packet when `repeat_pointers` is set (what
+//! katgpucbf sends), otherwise spread over the first packets, as many per packet as fit.
+//! Every packet carries at least one byte of payload so that packets of a heap are distinct;
+//! when the heap has too little payload for that, it is padded with zeros and a NULL item
+//! pointer marks where the padding starts. The maximum packet size is rounded down to a
+//! multiple of 8 so that payload stays aligned.
+#![deny(unsafe_code)]
+
+use std::borrow::Cow;
+
+use crate::spead::items::Descriptor;
+use crate::spead::wire::{
+    emit_header, emit_pointer, Flavour, CTRL_STREAM_START, CTRL_STREAM_STOP, DESCRIPTOR_ID,
+    HEAP_CNT_ID, HEAP_LENGTH_ID, NULL_ID, PAYLOAD_LENGTH_ID, PAYLOAD_OFFSET_ID, POINTER_LEN,
+    STREAM_CTRL_ID,
+};
+
+/// Header plus the four special pointers every packet carries.
+pub const PREFIX_LEN: usize = 8 + 4 * POINTER_LEN;
+
+/// The value of one item in a heap being sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemData<'a> {
+    /// Sent as an immediate pointer carrying `value` (spead2's `is_inline`).
+    Immediate(u64),
+    /// Sent as payload bytes. With `allow_immediate`, data no wider than the address field
+    /// is right-aligned into an immediate pointer instead (spead2's `allow_immediate`).
+    Bytes { data: Cow<'a, [u8]>, allow_immediate: bool },
+}
+
+/// One heap: an ordered list of items.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Heap<'a> {
+    pub items: Vec<(u64, ItemData<'a>)>,
+    /// Repeat every item pointer in every packet.
+    pub repeat_pointers: bool,
+}
+
+/// Why a heap cannot be packetised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PacketiseError {
+    #[error("packet size {0} is too small for a SPEAD packet (minimum 56)")]
+    PacketTooSmall(usize),
+    #[error("packet size {0} is too small to repeat {1} item pointers in every packet")]
+    TooManyPointers(usize, usize),
+}
+
+impl<'a> Heap<'a> {
+    pub fn new() -> Self {
+        Heap::default()
+    }
+
+    pub fn add_immediate(&mut self, id: u64, value: u64) -> &mut Self {
+        self.items.push((id, ItemData::Immediate(value)));
+        self
+    }
+
+    /// Payload bytes, never turned into an immediate.
+    pub fn add_bytes(&mut self, id: u64, data: impl Into<Cow<'a, [u8]>>) -> &mut Self {
+        self.items.push((
+            id,
+            ItemData::Bytes {
+                data: data.into(),
+                allow_immediate: false,
+            },
+        ));
+        self
+    }
+
+    /// Bytes that become an immediate when they fit (what spead2's Python `Item` does for
+    /// fixed-size items).
+    pub fn add_small(&mut self, id: u64, data: impl Into<Cow<'a, [u8]>>) -> &mut Self {
+        self.items.push((
+            id,
+            ItemData::Bytes {
+                data: data.into(),
+                allow_immediate: true,
+            },
+        ));
+        self
+    }
+
+    pub fn add_descriptor(&mut self, d: &Descriptor, flavour: Flavour) -> &mut Self {
+        self.add_bytes(DESCRIPTOR_ID, d.to_raw(flavour))
+    }
+
+    pub fn add_start(&mut self) -> &mut Self {
+        self.add_immediate(STREAM_CTRL_ID, CTRL_STREAM_START)
+    }
+
+    pub fn add_end(&mut self) -> &mut Self {
+        self.add_immediate(STREAM_CTRL_ID, CTRL_STREAM_STOP)
+    }
+}
+
+fn as_immediate(item: &ItemData<'_>, max_immediate: usize) -> Option<u64> {
+    match item {
+        ItemData::Immediate(v) => Some(*v),
+        ItemData::Bytes {
+            data,
+            allow_immediate: true,
+        } if data.len() <= max_immediate => {
+            Some(data.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+        }
+        ItemData::Bytes { .. } => None,
+    }
+}
+
+fn payload_of<'h>(item: &'h ItemData<'_>, max_immediate: usize) -> Option<&'h [u8]> {
+    match item {
+        ItemData::Bytes { data, .. } if as_immediate(item, max_immediate).is_none() => Some(data),
+        _ => None,
+    }
+}
+
+/// Cuts one heap into packets. Pure: writes packet bytes into caller buffers.
+#[derive(Debug)]
+pub struct PacketGenerator<'h, 'a> {
+    heap: &'h Heap<'a>,
+    flavour: Flavour,
+    cnt: u64,
+    max_packet_size: usize,
+    max_pointers_per_packet: usize,
+    payload_size: u64,
+    need_null_item: bool,
+    payload_offset: u64,
+    next_pointer: usize,
+    next_address: u64,
+    next_item: usize,
+    next_item_offset: usize,
+}
+
+impl<'h, 'a> PacketGenerator<'h, 'a> {
+    pub fn new(
+        heap: &'h Heap<'a>,
+        cnt: u64,
+        flavour: Flavour,
+        max_packet_size: usize,
+    ) -> Result<Self, PacketiseError> {
+        let max_packet_size = max_packet_size & !7;
+        if max_packet_size < PREFIX_LEN + 2 * POINTER_LEN {
+            return Err(PacketiseError::PacketTooSmall(max_packet_size));
+        }
+        let max_immediate = flavour.addr_bytes();
+        let mut payload_size: u64 = heap
+            .items
+            .iter()
+            .filter_map(|(_, d)| payload_of(d, max_immediate))
+            .map(|d| d.len() as u64)
+            .sum();
+        let max_pointers_per_packet = (max_packet_size - (PREFIX_LEN + POINTER_LEN)) / POINTER_LEN;
+        let item_packets = heap.items.len() / max_pointers_per_packet + 1;
+        if heap.repeat_pointers && item_packets > 1 {
+            return Err(PacketiseError::TooManyPointers(max_packet_size, heap.items.len()));
+        }
+        let min_payload = (item_packets as u64 - 1) * POINTER_LEN as u64 + 1;
+        let need_null_item = payload_size < min_payload;
+        if need_null_item {
+            payload_size = min_payload;
+        }
+        Ok(PacketGenerator {
+            heap,
+            flavour,
+            cnt,
+            max_packet_size,
+            max_pointers_per_packet,
+            payload_size,
+            need_null_item,
+            payload_offset: 0,
+            next_pointer: 0,
+            next_address: 0,
+            next_item: 0,
+            next_item_offset: 0,
+        })
+    }
+
+    /// HEAP_LENGTH as sent (payload plus any padding).
+    pub fn heap_length(&self) -> u64 {
+        self.payload_size
+    }
+
+    /// Append the next packet to `out`; returns its length, or `None` when the heap is done.
+    pub fn next_packet(&mut self, out: &mut Vec<u8>) -> Option<usize> {
+        if self.payload_offset >= self.payload_size {
+            return None;
+        }
+        let heap = self.heap;
+        let f = self.flavour;
+        let max_immediate = f.addr_bytes();
+        if heap.repeat_pointers {
+            self.next_pointer = 0;
+            self.next_address = 0;
+        }
+        let total_pointers = heap.items.len() + usize::from(self.need_null_item);
+        let n_pointers = self
+            .max_pointers_per_packet
+            .min(total_pointers - self.next_pointer.min(total_pointers));
+        let mut payload_len = ((self.payload_size - self.payload_offset) as usize)
+            .min(self.max_packet_size - n_pointers * POINTER_LEN - PREFIX_LEN);
+        let header_len = PREFIX_LEN + n_pointers * POINTER_LEN;
+        let start = out.len();
+        out.resize(start + header_len, 0);
+        let pkt = &mut out[start..];
+        emit_header(f, (n_pointers + 4) as u16, pkt);
+        emit_pointer(f.encode_immediate(HEAP_CNT_ID, self.cnt), 0, pkt);
+        emit_pointer(f.encode_immediate(HEAP_LENGTH_ID, self.payload_size), 1, pkt);
+        emit_pointer(f.encode_immediate(PAYLOAD_OFFSET_ID, self.payload_offset), 2, pkt);
+        emit_pointer(f.encode_immediate(PAYLOAD_LENGTH_ID, payload_len as u64), 3, pkt);
+        for i in 0..n_pointers {
+            let raw = match heap.items.get(self.next_pointer) {
+                None => f.encode_address(NULL_ID, self.next_address),
+                Some((id, data)) => match as_immediate(data, max_immediate) {
+                    Some(v) => f.encode_immediate(*id, v),
+                    None => {
+                        let raw = f.encode_address(*id, self.next_address);
+                        self.next_address += payload_of(data, max_immediate).map_or(0, |d| d.len()) as u64;
+                        raw
+                    }
+                },
+            };
+            emit_pointer(raw, 4 + i, pkt);
+            self.next_pointer += 1;
+        }
+        self.payload_offset += payload_len as u64;
+        while payload_len > 0 {
+            match heap.items.get(self.next_item) {
+                None => {
+                    // Zero padding after the last item, marked by the NULL pointer.
+                    out.resize(out.len() + payload_len, 0);
+                    payload_len = 0;
+                }
+                Some((_, data)) => match payload_of(data, max_immediate) {
+                    None => {
+                        self.next_item += 1;
+                        self.next_item_offset = 0;
+                    }
+                    Some(bytes) => {
+                        let n = (bytes.len() - self.next_item_offset).min(payload_len);
+                        out.extend_from_slice(&bytes[self.next_item_offset..self.next_item_offset + n]);
+                        self.next_item_offset += n;
+                        if self.next_item_offset == bytes.len() {
+                            self.next_item += 1;
+                            self.next_item_offset = 0;
+                        }
+                        payload_len -= n;
+                    }
+                },
+            }
+        }
+        Some(out.len() - start)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spead::wire::ParsedPacket;
+
+    #[test]
+    fn empty_heap_is_null_item_and_one_pad_byte() {
+        let heap = Heap::new();
+        let mut g = PacketGenerator::new(&heap, 1, Flavour::SPEAD_64_48, 1500).unwrap();
+        let mut out = vec![0xa5; 3];
+        let n = g.next_packet(&mut out).unwrap();
+        assert_eq!(n, PREFIX_LEN + 8 + 1);
+        let p = ParsedPacket::parse(&out[3..]).unwrap();
+        assert_eq!(p.repr.heap_length, Some(1));
+        assert_eq!(p.payload(), &[0]);
+        assert!(g.next_packet(&mut out).is_none());
+    }
+
+    #[test]
+    fn multi_packet_heap_covers_payload_once() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut heap = Heap::new();
+        heap.add_immediate(0x1600, 42).add_bytes(0x4300, &data[..]);
+        heap.repeat_pointers = true;
+        let mut g = PacketGenerator::new(&heap, 9, Flavour::SPEAD_64_48, 1472).unwrap();
+        let mut out = Vec::new();
+        let mut got = vec![0u8; data.len()];
+        let mut start = 0;
+        while let Some(n) = g.next_packet(&mut out) {
+            assert!(n <= 1472);
+            let p = ParsedPacket::parse(&out[start..start + n]).unwrap();
+            assert_eq!(p.immediate(0x1600), Some(42));
+            let off = p.repr.payload_offset as usize;
+            got[off..off + p.payload().len()].copy_from_slice(p.payload());
+            start += n;
+        }
+        assert_eq!(got, data);
+    }
+
+    #[test]
+    fn refuses_tiny_packets() {
+        let heap = Heap::new();
+        assert_eq!(
+            PacketGenerator::new(&heap, 1, Flavour::SPEAD_64_48, 55).unwrap_err(),
+            PacketiseError::PacketTooSmall(48)
+        );
+        let mut heap = Heap::new();
+        for i in 0..10 {
+            heap.add_immediate(0x100 + i, i);
+        }
+        heap.repeat_pointers = true;
+        assert!(matches!(
+            PacketGenerator::new(&heap, 1, Flavour::SPEAD_64_48, 64),
+            Err(PacketiseError::TooManyPointers(..))
+        ));
+    }
+}
