@@ -1,0 +1,47 @@
+//! Shared helpers for integration tests: the Python reference environment and free ports.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The Python with spead2/numpy/scipy/aiokatcp that `tools/test` prepares. Tests that need it
+/// fail (never skip) when it is missing, saying how to make it.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("CBF_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    assert!(
+        p.exists(),
+        "reference Python {} not found: run tools/test (or tools/setup-python) first",
+        p.display()
+    );
+    p
+}
+
+pub fn reference_script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference").join(name)
+}
+
+/// Run a reference script to completion and return its stdout lines; panics with stderr on failure.
+pub fn run_reference(script: &str, args: &[&str]) -> Vec<String> {
+    let out = Command::new(python())
+        .arg(reference_script(script))
+        .args(args)
+        .output()
+        .expect("cannot start reference Python");
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+/// A UDP port that was free a moment ago on 127.0.0.1.
+pub fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

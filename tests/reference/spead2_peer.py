@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""spead2 as the independent peer for cbf's SPEAD tests.
+
+Each *case* is a list of heaps built with spead2's own API (`spead2.send.Heap`, `spead2.Item`,
+`spead2.Descriptor`); tests/spead2_interop.rs builds the same heaps with cbf's API. The
+expected bytes and decoded values therefore come from spead2 4.5.1, never from cbf.
+
+Usage:
+  spead2_peer.py encode CASE            hex of spead2's bytes (BytesStream), one line per packet
+  spead2_peer.py send-udp CASE HOST PORT [--shuffle SEED]
+                                        send the case's packets over UDP (optionally reordered
+                                        within each heap), then a stop heap
+  spead2_peer.py recv-udp PORT N        receive N heaps with spead2 and print one JSON line
+                                        per heap: cnt, raw items by id (immediate value
+                                        or payload hex), ItemGroup-decoded values of
+                                        described items, descriptors
+"""
+import json
+import random
+import socket
+import sys
+import time
+
+import numpy as np
+import spead2
+import spead2.recv
+import spead2.send
+
+F48 = spead2.Flavour(4, 64, 48, 0)
+F40 = spead2.Flavour(4, 64, 40, 0)
+
+
+def item(id_, value, flavour=F48, shape=(), fmt=None, dtype=None, name=None, desc=""):
+    if fmt is None and dtype is None:
+        fmt = [("u", flavour.heap_address_bits)]
+    it = spead2.Item(id_, name or f"item_{id_:x}", desc, shape, format=fmt, dtype=dtype)
+    it.value = value
+    return it
+
+
+def case(name):
+    """Return (flavour, max_packet_size, cnt_sequence or None, [heaps])."""
+    if name == "immediates":
+        h = spead2.send.Heap(F48)
+        h.add_item(item(0x1600, 0x123456789A))
+        h.add_item(item(0x3101, 3))
+        h.add_item(item(0x3102, 0x100000002))
+        return F48, 1472, None, [h]
+    if name == "addressed":
+        a = item(0x1000, (np.arange(1000) % 256 - 128).astype(np.int8), shape=(1000,), dtype=np.dtype("i1"), name="raw", desc="int8 samples")
+        b = item(0x1001, (np.arange(35, dtype=np.uint32) * 3 + 1).reshape(5, 7), shape=(5, 7), dtype=np.dtype(">u4"), name="table", desc="u32 table")
+        h = spead2.send.Heap(F48)
+        for it in (a, b):
+            h.add_descriptor(it)
+            h.add_item(it)
+        return F48, 1472, None, [h]
+    if name == "multipacket_repeat":
+        h = spead2.send.Heap(F48)
+        h.repeat_pointers = True
+        h.add_item(item(0x1600, 0xABCDEF))
+        h.add_item(item(0x4300, (np.arange(20000) % 251).astype(np.int8), shape=(20000,), dtype=np.dtype("i1")))
+        return F48, 8192 + 72, None, [h]
+    if name == "descriptors":
+        h = spead2.send.Heap(F48)
+        h.add_descriptor(item(0x1600, 0, name="timestamp", desc="ADC sample count"))
+        h.add_descriptor(spead2.Item(0x4300, "feng_raw", "channelised", (512, 256, 2, 2), dtype=np.dtype("i1")))
+        h.add_descriptor(spead2.Item(0x1234, "varlen", "variable", (None, 3), format=[("i", 8), ("f", 32)]))
+        return F48, 1472, None, [h]
+    if name == "start":
+        h = spead2.send.Heap(F48)
+        h.add_start()
+        return F48, 1472, None, [h]
+    if name == "stop":
+        h = spead2.send.Heap(F48)
+        h.add_end()
+        return F48, 1472, None, [h]
+    if name == "empty":
+        return F48, 1472, None, [spead2.send.Heap(F48)]
+    if name == "cnt_sequence":
+        heaps = []
+        for i in range(3):
+            h = spead2.send.Heap(F48)
+            h.add_item(item(0x1600, 1000 + i))
+            heaps.append(h)
+        return F48, 1472, (10, 7), heaps
+    if name == "many_pointers":
+        h = spead2.send.Heap(F48)
+        for i in range(200):
+            h.add_item(item(0x2000 + i, i * 1001))
+        h.add_item(item(0x1000, np.arange(100, dtype=np.uint8), shape=(100,), dtype=np.dtype("u1")))
+        return F48, 256, None, [h]
+    if name == "flavour40":
+        h = spead2.send.Heap(F40)
+        h.add_item(item(0x7FFF, 0xFFFFFFFF, flavour=F40))
+        h.add_item(item(0x1000, np.arange(300, dtype=np.uint16), flavour=F40, shape=(300,), dtype=np.dtype(">u2")))
+        return F40, 1000, None, [h]
+    raise SystemExit(f"unknown case {name}")
+
+
+def encode(name):
+    flavour, size, seq, heaps = case(name)
+    s = spead2.send.BytesStream(spead2.ThreadPool(), spead2.send.StreamConfig(max_packet_size=size))
+    if seq:
+        s.set_cnt_sequence(*seq)
+    for h in heaps:
+        s.send_heap(h)
+    return split_packets(s.getvalue())
+
+
+def split_packets(data):
+    out = []
+    pos = 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos + 6 : pos + 8], "big")
+        addr_bits = data[pos + 3] * 8
+        plen = None
+        for i in range(n):
+            p = int.from_bytes(data[pos + 8 + 8 * i : pos + 16 + 8 * i], "big")
+            if p >> 63 and (p >> addr_bits) & ((1 << (63 - addr_bits)) - 1) == 4:
+                plen = p & ((1 << addr_bits) - 1)
+        size = 8 + 8 * n + plen
+        out.append(data[pos : pos + size])
+        pos += size
+    return out
+
+
+def jsonable(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, bytes):
+        return v.hex()
+    return v
+
+
+def text(v):
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "encode":
+        for p in encode(sys.argv[2]):
+            print(p.hex())
+    elif cmd == "send-udp":
+        name, host, port = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        packets = encode(name)
+        if "--shuffle" in sys.argv:
+            random.Random(int(sys.argv[sys.argv.index("--shuffle") + 1])).shuffle(packets)
+        stop = spead2.send.Heap(F48)
+        stop.add_end()
+        s = spead2.send.BytesStream(spead2.ThreadPool(), spead2.send.StreamConfig())
+        s.set_cnt_sequence(1 << 40, 1)
+        s.send_heap(stop)
+        packets += split_packets(s.getvalue())
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for p in packets:
+            sock.sendto(p, (host, port))
+            time.sleep(0.0005)
+    elif cmd == "recv-udp":
+        port, n = int(sys.argv[2]), int(sys.argv[3])
+        stream = spead2.recv.Stream(spead2.ThreadPool(), spead2.recv.StreamConfig(max_heaps=8))
+        stream.add_udp_reader(port, bind_hostname="127.0.0.1", buffer_size=8 << 20)
+        print("ready", flush=True)
+        got = 0
+        for heap in stream:
+            # A fresh ItemGroup per heap: the cases reuse IDs with different shapes.
+            updated = spead2.ItemGroup().update(heap)
+            raw = {}
+            for it in heap.get_items():
+                raw[str(it.id)] = int(it.immediate_value) if it.is_immediate else bytes(memoryview(it)).hex()
+            out = {
+                "cnt": heap.cnt,
+                "raw": raw,
+                "items": {str(i.id): jsonable(i.value) for i in updated.values()},
+                "descriptors": [
+                    {"id": d.id, "name": text(d.name), "description": text(d.description), "shape": list(d.shape)}
+                    for d in heap.get_descriptors()
+                ],
+            }
+            print(json.dumps(out), flush=True)
+            got += 1
+            if got == n:
+                break
+        stream.stop()
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
