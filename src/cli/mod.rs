@@ -1,1 +1,87 @@
+//! The `cbf` command line: one file per subcommand, named after katgpucbf's programs, with
+//! katgpucbf's flag names (facts §1.2, §1.5).
 
+pub mod capture;
+pub mod demo;
+pub mod dsim;
+pub mod shutdown;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "cbf", version, about = "GPU correlator-beamformer for radio telescopes")]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the chain on loopback with defaults (dsim → capture) and print rates and a summary.
+    Demo(demo::DemoArgs),
+    /// Digitiser simulator: signal language, 2–16-bit samples, paced at the ADC rate.
+    Dsim(dsim::DsimArgs),
+    /// Receive any SPEAD stream: one JSON line per heap, or statistics; optional pcap dump.
+    Capture(capture::CaptureArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Parse arguments, run the subcommand, map errors to a message and exit status 1
+/// (2 for bad arguments, from clap).
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let result = match cli.command {
+        Command::Demo(a) => demo::run(a),
+        Command::Dsim(a) => dsim::run(a),
+        Command::Capture(a) => capture::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cbf: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A start-up error that names the flag at fault, or a run-time failure.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{flag}: {message}")]
+    Flag { flag: &'static str, message: String },
+    #[error("{0}")]
+    Run(String),
+}
+
+impl CliError {
+    pub fn flag(flag: &'static str, message: impl std::fmt::Display) -> CliError {
+        CliError::Flag { flag, message: message.to_string() }
+    }
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(e: std::io::Error) -> Self {
+        CliError::Run(e.to_string())
+    }
+}

@@ -1,0 +1,209 @@
+//! `cbf capture`: receive any SPEAD stream from UDP endpoints or a pcap file and print one
+//! JSON line per heap (cnt, each item's id with its immediate value or its length and CRC-32,
+//! descriptors decoded), or, with `--stats`, rates and counters by cause. `--pcap` writes
+//! every datagram received to a pcap file.
+
+use std::io::{self, Write};
+use std::net::SocketAddrV4;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use super::shutdown::Shutdown;
+use super::CliError;
+use crate::net::pcap::{PcapDump, PcapReceiver};
+use crate::net::udp::UdpReceiver;
+use crate::net::{parse_endpoints, PacketReceiver, RecvBatch, Received};
+use crate::spead::items::{Descriptor, ItemValue};
+use crate::spead::recv::{HeapStream, HeapStreamConfig, ReceivedHeap, StatsSnapshot};
+
+#[derive(Debug, Clone, Args)]
+pub struct CaptureArgs {
+    /// UDP endpoints (A.B.C.D[+N]:port[,...]) or a pcap file to replay.
+    pub src: String,
+    /// Interface (name or address) on which to join multicast groups.
+    #[arg(long)]
+    pub interface: Option<String>,
+    /// Socket receive buffer in bytes.
+    #[arg(long, default_value_t = 128 << 20)]
+    pub buffer: usize,
+    /// Stop after this many heaps.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Print rates and counters (every second and at the end) instead of heaps.
+    #[arg(long)]
+    pub stats: bool,
+    /// Write every datagram received to this pcap file.
+    #[arg(long)]
+    pub pcap: Option<PathBuf>,
+    /// Heaps in flight per substream before the oldest is evicted.
+    #[arg(long, default_value_t = 4)]
+    pub max_heaps: usize,
+    /// Substreams (heap cnt modulo this) with their own heap slots.
+    #[arg(long, default_value_t = 1)]
+    pub substreams: usize,
+    /// Largest datagram accepted, in bytes.
+    #[arg(long, default_value_t = 9200)]
+    pub packet_size: usize,
+    /// Keep running after a stop heap.
+    #[arg(long)]
+    pub ignore_stop: bool,
+}
+
+/// One heap as a JSON object.
+pub fn heap_json(heap: &ReceivedHeap) -> Value {
+    let items: Vec<Value> = heap
+        .items()
+        .into_iter()
+        .map(|(id, v)| match v {
+            ItemValue::Immediate(x) => json!({"id": format!("0x{id:x}"), "immediate": x}),
+            ItemValue::Bytes(b) => json!({
+                "id": format!("0x{id:x}"),
+                "length": b.len(),
+                "crc32": format!("{:08x}", crc32fast::hash(b)),
+            }),
+        })
+        .collect();
+    let descriptors: Vec<Value> = heap
+        .descriptors()
+        .into_iter()
+        .map(|d| match d {
+            Ok(d) => descriptor_json(&d),
+            Err(e) => json!({"error": e.to_string()}),
+        })
+        .collect();
+    let mut v = json!({
+        "cnt": heap.cnt,
+        "complete": heap.complete,
+        "heap_length": heap.heap_length,
+        "received": heap.received,
+        "items": items,
+    });
+    if !descriptors.is_empty() {
+        v["descriptors"] = Value::Array(descriptors);
+    }
+    v
+}
+
+fn descriptor_json(d: &Descriptor) -> Value {
+    let mut v = json!({
+        "id": format!("0x{:x}", d.id),
+        "name": d.name,
+        "description": d.description,
+        "shape": d.shape,
+    });
+    match &d.numpy_header {
+        Some(h) => v["dtype"] = json!(h),
+        None => v["format"] = json!(d.format.iter().map(|(c, b)| json!([(*c as char).to_string(), b])).collect::<Vec<_>>()),
+    }
+    v
+}
+
+fn stats_json(s: &StatsSnapshot, elapsed: f64) -> Value {
+    let mut v = serde_json::Map::new();
+    v.insert("elapsed_s".into(), json!(elapsed));
+    v.insert("gbps".into(), json!(s.bytes as f64 * 8.0 / elapsed.max(1e-9) / 1e9));
+    v.insert("packets_per_s".into(), json!(s.packets as f64 / elapsed.max(1e-9)));
+    for (name, value) in s.fields(&[]) {
+        v.insert(name, json!(value));
+    }
+    Value::Object(v)
+}
+
+/// Where the packets come from.
+pub fn open_source(src: &str, interface: Option<&str>, buffer: usize) -> Result<(Box<dyn PacketReceiver>, SocketAddrV4), CliError> {
+    let path = Path::new(src);
+    if path.is_file() {
+        let r = PcapReceiver::open(path, &[]).map_err(|e| CliError::flag("src", format!("{src}: {e}")))?;
+        return Ok((Box::new(r), SocketAddrV4::new([0, 0, 0, 0].into(), 0)));
+    }
+    let eps = parse_endpoints(src).map_err(|e| CliError::flag("src", format!("{e} (and no such file)")))?;
+    let r = UdpReceiver::bind(&eps, interface, buffer).map_err(|e| CliError::flag("src", format!("cannot receive on {src}: {e}")))?;
+    Ok((Box::new(r), eps[0]))
+}
+
+pub fn run(args: CaptureArgs) -> Result<(), CliError> {
+    if args.max_heaps == 0 {
+        return Err(CliError::flag("--max-heaps", "must be at least 1"));
+    }
+    if args.substreams == 0 {
+        return Err(CliError::flag("--substreams", "must be at least 1"));
+    }
+    if !(64..=65536).contains(&args.packet_size) {
+        return Err(CliError::flag("--packet-size", "must be in 64..=65536"));
+    }
+    let (mut source, dst) = open_source(&args.src, args.interface.as_deref(), args.buffer)?;
+    let mut dump = args.pcap.as_deref().map(PcapDump::create).transpose().map_err(|e| CliError::flag("--pcap", e))?;
+    let shutdown = Shutdown::install();
+    let mut stream = HeapStream::new(HeapStreamConfig {
+        max_heaps: args.max_heaps,
+        substreams: args.substreams,
+        stop_on_stop_item: !args.ignore_stop,
+        ..Default::default()
+    });
+    let mut batch = RecvBatch::new(64, args.packet_size);
+    let mut heaps = Vec::new();
+    let mut n_heaps = 0u64;
+    let start = Instant::now();
+    let mut last_stats = start;
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let src_addr = SocketAddrV4::new([0, 0, 0, 0].into(), 0);
+    let limit = args.duration.map(Duration::from_secs_f64);
+    while !shutdown.requested() && !stream.is_stopped() && args.count.is_none_or(|c| n_heaps < c) && limit.is_none_or(|l| start.elapsed() < l) {
+        match source.recv_batch(&mut batch)? {
+            Received::End => break,
+            Received::Idle => {}
+            Received::Packets(_) => {
+                for p in batch.iter() {
+                    if let Some(d) = dump.as_mut() {
+                        d.write(src_addr, dst, p)?;
+                    }
+                    stream.add_packet(p, &mut heaps);
+                }
+            }
+        }
+        for h in heaps.drain(..) {
+            if args.count.is_some_and(|c| n_heaps >= c) {
+                break;
+            }
+            n_heaps += 1;
+            if !args.stats {
+                writeln!(out, "{}", heap_json(&h))?;
+            }
+        }
+        if args.stats && last_stats.elapsed() >= Duration::from_secs(1) {
+            writeln!(out, "{}", stats_json(&stream.stats(), start.elapsed().as_secs_f64()))?;
+            out.flush()?;
+            last_stats = Instant::now();
+        }
+    }
+    if !stream.is_stopped() {
+        stream.flush(&mut heaps);
+        for h in heaps.drain(..) {
+            if args.count.is_some_and(|c| n_heaps >= c) {
+                break;
+            }
+            n_heaps += 1;
+            if !args.stats {
+                writeln!(out, "{}", heap_json(&h))?;
+            }
+        }
+    }
+    let stats = stats_json(&stream.stats(), start.elapsed().as_secs_f64());
+    if args.stats {
+        writeln!(out, "{stats}")?;
+    } else {
+        eprintln!("capture: {stats}");
+    }
+    out.flush()?;
+    if let Some(d) = dump {
+        d.finish().map_err(|e| CliError::flag("--pcap", e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! `cbf dsim`: the digitiser simulator and soak-test packet generator (katgpucbf's dsim,
+//! facts §1.5): renders the `--signals` pattern once, then replays it as digitiser heaps,
+//! paced at the ADC rate × `--send-rate-factor`, one destination list per polarisation
+//! (heaps of a polarisation go round-robin over its list), descriptors every 5 s.
+
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+
+use super::shutdown::Shutdown;
+use super::CliError;
+use crate::net::udp::UdpSender;
+use crate::net::{parse_endpoints, PacketSender};
+use crate::sim::dsim::{DigitiserConfig, DigitiserHeaps};
+use crate::sim::pack::valid_sample_bits;
+use crate::sim::signal::{self, Signal};
+use crate::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
+use crate::spead::Flavour;
+
+/// Interval between descriptor heaps (katgpucbf `DESCRIPTOR_INTERVAL`).
+pub const DESCRIPTOR_INTERVAL: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Args)]
+pub struct DsimArgs {
+    /// ADC sample rate in Hz.
+    #[arg(long)]
+    pub adc_sample_rate: f64,
+    /// Bits per sample: 2–10, 12 or 16.
+    #[arg(long, default_value_t = 10)]
+    pub sample_bits: u32,
+    /// Samples per heap.
+    #[arg(long, default_value_t = 4096)]
+    pub heap_samples: usize,
+    /// Signal program: one `;`-terminated expression per polarisation (or one for all).
+    #[arg(long, default_value = "cw(1.0, 232101234.0);")]
+    pub signals: String,
+    /// UNIX time of timestamp 0 [default: now].
+    #[arg(long)]
+    pub sync_time: Option<f64>,
+    /// digitiser_id of the first polarisation (polarisation p sends first-id + p).
+    #[arg(long, default_value_t = 0)]
+    pub first_id: u64,
+    /// Seed of the LSB dither [default: random].
+    #[arg(long)]
+    pub dither_seed: Option<u64>,
+    /// Samples in the replayed pattern (a multiple of --heap-samples).
+    #[arg(long, default_value_t = 1 << 27)]
+    pub period: usize,
+    /// Stop after this many heaps per polarisation.
+    #[arg(long)]
+    pub max_heaps: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Send at this multiple of the ADC rate (0 = as fast as possible).
+    #[arg(long, default_value_t = 1.0)]
+    pub send_rate_factor: f64,
+    /// Sending interfaces (names or addresses, comma-separated); heaps go to the least loaded.
+    #[arg(long, value_delimiter = ',')]
+    pub interface: Vec<String>,
+    /// Multicast TTL.
+    #[arg(long, default_value_t = 4)]
+    pub ttl: u32,
+    /// Socket send buffer in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub send_buffer: usize,
+    /// Send a stop heap to every destination when done.
+    #[arg(long)]
+    pub send_stop: bool,
+    /// One destination list per polarisation: A.B.C.D[+N]:port[,...].
+    #[arg(required = true)]
+    pub dest: Vec<String>,
+}
+
+/// Everything `dsim` needs, validated.
+#[derive(Debug, Clone)]
+pub struct DsimPlan {
+    pub config: DigitiserConfig,
+    pub signals: Vec<Signal>,
+    /// Destination lists, one per polarisation.
+    pub dests: Vec<Vec<SocketAddrV4>>,
+    pub sync_time: f64,
+    pub rate_factor: f64,
+    pub max_heaps: Option<u64>,
+    pub duration: Option<Duration>,
+    pub send_stop: bool,
+}
+
+impl DsimArgs {
+    /// Check every flag; errors name the flag.
+    pub fn plan(&self) -> Result<DsimPlan, CliError> {
+        if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
+            return Err(CliError::flag("--adc-sample-rate", "must be a positive number of Hz"));
+        }
+        if !valid_sample_bits(self.sample_bits) {
+            return Err(CliError::flag("--sample-bits", format!("{} is not one of 2–10, 12, 16", self.sample_bits)));
+        }
+        if self.heap_samples == 0 || self.heap_samples % 8 != 0 {
+            return Err(CliError::flag("--heap-samples", "must be a positive multiple of 8"));
+        }
+        if self.heap_samples * self.sample_bits as usize / 8 + 72 > 65507 {
+            return Err(CliError::flag("--heap-samples", "heap does not fit in one UDP datagram"));
+        }
+        if self.period == 0 || self.period % self.heap_samples != 0 {
+            return Err(CliError::flag("--period", format!("must be a positive multiple of --heap-samples ({})", self.heap_samples)));
+        }
+        if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
+            return Err(CliError::flag("--send-rate-factor", "must be ≥ 0"));
+        }
+        if let Some(d) = self.duration {
+            if !(d.is_finite() && d >= 0.0) {
+                return Err(CliError::flag("--duration", "must be a non-negative number of seconds"));
+            }
+        }
+        let dests = self
+            .dest
+            .iter()
+            .map(|d| parse_endpoints(d).map_err(|e| CliError::flag("dest", e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut seeds = rand::random::<u64>;
+        let signals = signal::parse(&self.signals, dests.len(), &mut seeds).map_err(|e| CliError::flag("--signals", e))?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        let sync_time = self.sync_time.unwrap_or(now);
+        if sync_time > now {
+            return Err(CliError::flag("--sync-time", "is in the future"));
+        }
+        Ok(DsimPlan {
+            config: DigitiserConfig {
+                adc_sample_rate: self.adc_sample_rate,
+                sample_bits: self.sample_bits,
+                heap_samples: self.heap_samples,
+                period: self.period,
+                first_id: self.first_id,
+                dither_seed: self.dither_seed.unwrap_or_else(rand::random),
+            },
+            signals,
+            dests,
+            sync_time,
+            rate_factor: self.send_rate_factor,
+            max_heaps: self.max_heaps,
+            duration: self.duration.map(Duration::from_secs_f64),
+            send_stop: self.send_stop,
+        })
+    }
+}
+
+/// What a dsim run did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DsimReport {
+    pub heaps: u64,
+    pub packets: u64,
+    pub bytes: u64,
+    pub first_timestamp: u64,
+    pub elapsed: Duration,
+}
+
+impl DsimPlan {
+    /// Bytes per second on the wire at the configured rate factor (0 = unlimited).
+    pub fn rate(&self) -> f64 {
+        let heaps_per_s = self.config.adc_sample_rate / self.config.heap_samples as f64 * self.dests.len() as f64;
+        heaps_per_s * self.config.packet_bytes() as f64 * self.rate_factor
+    }
+
+    /// The first timestamp: the next heap boundary at or after now.
+    pub fn start_timestamp(&self) -> u64 {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        let samples = ((now - self.sync_time).max(0.0) * self.config.adc_sample_rate).ceil() as u64;
+        let hs = self.config.heap_samples as u64;
+        samples.div_ceil(hs) * hs
+    }
+
+    pub fn send_config(&self) -> SendStreamConfig {
+        SendStreamConfig {
+            flavour: Flavour::SPEAD_64_48,
+            max_packet_size: self.config.packet_bytes().max(1472),
+            rate: self.rate(),
+            cnt_first: 2,
+            cnt_step: 2,
+            ..Default::default()
+        }
+    }
+}
+
+/// Send digitiser heaps until a limit or shutdown. `progress` is called about once a second.
+pub fn send_loop<S: PacketSender>(
+    plan: &DsimPlan,
+    heaps: &DigitiserHeaps,
+    stream: &mut SendStream<S>,
+    start_timestamp: u64,
+    shutdown: &Shutdown,
+    mut progress: impl FnMut(&DsimReport),
+) -> Result<DsimReport, CliError> {
+    const STEPS_PER_CALL: usize = 8;
+    let n_pols = plan.dests.len();
+    let offsets: Vec<usize> = plan.dests.iter().scan(0, |acc, d| {
+        let o = *acc;
+        *acc += d.len();
+        Some(o)
+    }).collect();
+    let hs = plan.config.heap_samples as u64;
+    let start = Instant::now();
+    let mut last_progress = start;
+    let mut last_descriptors: Option<Instant> = None;
+    let mut descriptor_cnt = 1u64;
+    let descriptor_heap = heaps.descriptor_heap();
+    let mut report = DsimReport { first_timestamp: start_timestamp, ..Default::default() };
+    let mut step = 0u64;
+    let send_err = |e| CliError::Run(format!("send failed: {e}"));
+    loop {
+        let now = Instant::now();
+        if shutdown.requested()
+            || plan.max_heaps.is_some_and(|m| step >= m)
+            || plan.duration.is_some_and(|d| now - start >= d)
+        {
+            break;
+        }
+        if last_descriptors.is_none_or(|t| now - t >= DESCRIPTOR_INTERVAL) {
+            let refs: Vec<HeapRef> = (0..stream.destinations())
+                .map(|d| HeapRef { heap: &descriptor_heap, cnt: Some(descriptor_cnt), substream: d, unpaced: true })
+                .collect();
+            stream.send_heaps_first(&refs, SendMode::RoundRobin).map_err(send_err)?;
+            descriptor_cnt += 2;
+            last_descriptors = Some(now);
+        }
+        let steps = plan.max_heaps.map_or(STEPS_PER_CALL as u64, |m| (m - step).min(STEPS_PER_CALL as u64));
+        let batch: Vec<(Heap<'_>, usize)> = (0..steps)
+            .flat_map(|k| {
+                let s = step + k;
+                let ts = start_timestamp + s * hs;
+                (0..n_pols).map(move |p| (p, s, ts))
+            })
+            .map(|(p, s, ts)| (heaps.heap(p, ts), offsets[p] + (s % plan.dests[p].len() as u64) as usize))
+            .collect();
+        let refs: Vec<HeapRef> = batch.iter().map(|(h, d)| HeapRef::new(h, *d)).collect();
+        stream.send_heaps(&refs, SendMode::Serial).map_err(send_err)?;
+        step += steps;
+        report.heaps = step * n_pols as u64;
+        if now - last_progress >= Duration::from_secs(1) {
+            let c = stream.counters();
+            report.packets = c.packets;
+            report.bytes = c.bytes;
+            report.elapsed = now - start;
+            progress(&report);
+            last_progress = now;
+        }
+    }
+    if plan.send_stop {
+        let mut stop = Heap::new();
+        stop.add_end();
+        let refs: Vec<HeapRef> = (0..stream.destinations())
+            .map(|d| HeapRef { heap: &stop, cnt: Some(descriptor_cnt), substream: d, unpaced: true })
+            .collect();
+        stream.send_heaps_first(&refs, SendMode::RoundRobin).map_err(send_err)?;
+    }
+    let c = stream.counters();
+    report.packets = c.packets;
+    report.bytes = c.bytes;
+    report.elapsed = start.elapsed();
+    Ok(report)
+}
+
+/// Open one UDP sender per interface (or one on the default route), each knowing every destination.
+pub fn open_senders(plan: &DsimPlan, interfaces: &[String], ttl: u32, buffer: usize) -> Result<Vec<UdpSender>, CliError> {
+    let all: Vec<SocketAddrV4> = plan.dests.iter().flatten().copied().collect();
+    if interfaces.is_empty() {
+        return Ok(vec![UdpSender::new(&all, None, ttl, buffer).map_err(|e| CliError::flag("dest", e))?]);
+    }
+    interfaces
+        .iter()
+        .map(|i| UdpSender::new(&all, Some(i), ttl, buffer).map_err(|e| CliError::flag("--interface", e)))
+        .collect()
+}
+
+pub fn run(args: DsimArgs) -> Result<(), CliError> {
+    let plan = args.plan()?;
+    let shutdown = Shutdown::install();
+    tracing::info!(
+        signals = %plan.signals.iter().map(ToString::to_string).collect::<String>(),
+        dither_seed = plan.config.dither_seed,
+        period = plan.config.period,
+        "rendering the signal pattern"
+    );
+    let heaps = DigitiserHeaps::new(plan.config.clone(), &plan.signals);
+    let senders = open_senders(&plan, &args.interface, args.ttl, args.send_buffer)?;
+    let mut stream = SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
+    let ts0 = plan.start_timestamp();
+    let adc = plan.config.adc_sample_rate;
+    tracing::info!(first_timestamp = ts0, rate_gbps = plan.rate() * 8e-9, "sending");
+    let report = send_loop(&plan, &heaps, &mut stream, ts0, &shutdown, |r| {
+        let gbps = r.bytes as f64 * 8.0 / r.elapsed.as_secs_f64() / 1e9;
+        let behind = r.elapsed.as_secs_f64() - (r.heaps / plan.dests.len() as u64) as f64 * plan.config.heap_samples as f64 / adc;
+        tracing::info!(heaps = r.heaps, gbps = format!("{gbps:.3}"), time_error_s = format!("{behind:.4}"), "progress");
+    })?;
+    let secs = report.elapsed.as_secs_f64().max(1e-9);
+    println!(
+        "dsim: sent {} heaps, {} packets, {} bytes in {:.3} s ({:.3} Gb/s, {:.0} packets/s)",
+        report.heaps,
+        report.packets,
+        report.bytes,
+        secs,
+        report.bytes as f64 * 8.0 / secs / 1e9,
+        report.packets as f64 / secs
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        a: DsimArgs,
+    }
+
+    fn plan(args: &[&str]) -> Result<DsimPlan, CliError> {
+        let mut v = vec!["dsim"];
+        v.extend_from_slice(args);
+        Wrap::try_parse_from(v).unwrap().a.plan()
+    }
+
+    fn flag_of(r: Result<DsimPlan, CliError>) -> &'static str {
+        match r {
+            Err(CliError::Flag { flag, .. }) => flag,
+            other => panic!("expected a flag error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let d = "127.0.0.1:7148";
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "0", d])), "--adc-sample-rate");
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--sample-bits", "11", d])), "--sample-bits");
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--heap-samples", "12", d])), "--heap-samples");
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--period", "5000", d])), "--period");
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--signals", "cw(1);", d])), "--signals");
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "1.2.3:4"])), "dest");
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--sync-time", "9e12", d])), "--sync-time");
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--send-rate-factor", "-1", d])), "--send-rate-factor");
+    }
+
+    #[test]
+    fn rate_matches_the_adc() {
+        let p = plan(&["--adc-sample-rate", "1712e6", "239.0.0.1+7:7148", "239.0.1.1+7:7148"]).unwrap();
+        // 1712e6/4096 heaps/s per pol × 2 pols × (5120 + 72) bytes.
+        assert!((p.rate() - 1712e6 / 4096.0 * 2.0 * 5192.0).abs() < 1e-3);
+        assert_eq!(p.dests[1].len(), 8);
+    }
+}

@@ -1,0 +1,36 @@
+//! Clean shutdown on SIGINT/SIGTERM: long-running commands poll a flag and print their final
+//! counters before exiting.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A flag raised by SIGINT or SIGTERM (or by the program itself).
+#[derive(Debug, Clone)]
+pub struct Shutdown(Arc<AtomicBool>);
+
+impl Shutdown {
+    /// Install the handlers. Failure to install is reported, not fatal: the process then
+    /// simply dies on the signal as it would by default.
+    pub fn install() -> Shutdown {
+        let flag = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&flag)) {
+                tracing::warn!("cannot install handler for signal {sig}: {e}");
+            }
+        }
+        Shutdown(flag)
+    }
+
+    /// A flag not tied to signals (for in-process use such as `cbf demo` and tests).
+    pub fn manual() -> Shutdown {
+        Shutdown(Arc::new(AtomicBool::new(false)))
+    }
+
+    pub fn requested(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn request(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
