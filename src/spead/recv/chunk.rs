@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::ranges::PayloadRanges;
+use super::ranges::{PayloadRanges, RecentCnts};
 use super::stats::{StatsSnapshot, StreamStats, MAX_REJECT_REASONS};
 use crate::spead::wire::ParsedPacket;
 
@@ -260,75 +260,85 @@ impl ChunkGroup {
         }
     }
 
-    fn take_free(&self) -> Option<Box<Chunk>> {
-        loop {
-            match self.free_rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(c) => return Some(c),
-                Err(RecvTimeoutError::Timeout) if !self.is_stopped() => continue,
-                Err(_) => return None,
-            }
-        }
-    }
-
     /// Bring `chunk_id` into the window (sliding it if needed) and register a writer.
+    ///
+    /// Never waits for a free chunk while holding the lock: the consumer's progress can depend
+    /// on other streams releasing chunks, which needs the lock.
     fn acquire(&self, cache: &mut Vec<(u64, ChunkPtrs)>, chunk_id: u64) -> Acquired {
-        let mut st = self.lock();
-        let max = self.config.max_chunks as u64;
-        let head = *st.head.get_or_insert(chunk_id);
-        if st.next < head {
-            st.next = head;
-        }
-        if chunk_id < head {
-            return Acquired::TooOld;
-        }
-        if chunk_id >= head + max {
-            let new_head = chunk_id + 1 - max;
-            for slot in st.slots.iter_mut().filter(|s| s.id < new_head) {
-                slot.evicting = true;
+        let mut spare: Option<Box<Chunk>> = None;
+        loop {
+            let mut st = self.lock();
+            let max = self.config.max_chunks as u64;
+            let head = *st.head.get_or_insert(chunk_id);
+            if st.next < head {
+                st.next = head;
             }
-            // Release this stream's own hold on what leaves the window.
-            cache.retain(|&(id, _)| {
-                if id < new_head {
-                    if let Some(s) = st.slots.iter_mut().find(|s| s.id == id) {
-                        s.writers -= 1;
-                    }
+            if chunk_id < head {
+                if let Some(c) = spare.take() {
+                    self.free(c);
                 }
-                id >= new_head
-            });
-            st.head = Some(new_head);
-            st.next = st.next.max(new_head);
-            self.head.store(new_head, Ordering::Release);
-        }
-        Self::flush_ready(&mut st);
-        while st.next <= chunk_id {
-            let Some(mut chunk) = self.take_free() else {
-                return Acquired::Stopped;
-            };
-            chunk.chunk_id = st.next;
-            chunk.present.fill(0);
-            chunk.extra.fill(0);
-            let ptrs = ChunkPtrs {
-                data: chunk.data.as_mut_ptr(),
-                present: chunk.present.as_mut_ptr(),
-                extra: chunk.extra.as_mut_ptr(),
-            };
-            let id = st.next;
-            st.slots.push_back(Slot {
-                id,
-                chunk,
-                ptrs,
-                writers: 0,
-                evicting: false,
-            });
-            st.next += 1;
-        }
-        match st.slots.iter_mut().find(|s| s.id == chunk_id) {
-            Some(slot) => {
-                slot.writers += 1;
-                cache.push((chunk_id, slot.ptrs));
-                Acquired::Chunk(slot.ptrs)
+                return Acquired::TooOld;
             }
-            None => Acquired::TooOld,
+            if chunk_id >= head + max {
+                let new_head = chunk_id + 1 - max;
+                for slot in st.slots.iter_mut().filter(|s| s.id < new_head) {
+                    slot.evicting = true;
+                }
+                // Release this stream's own hold on what leaves the window.
+                cache.retain(|&(id, _)| {
+                    if id < new_head {
+                        if let Some(s) = st.slots.iter_mut().find(|s| s.id == id) {
+                            s.writers -= 1;
+                        }
+                    }
+                    id >= new_head
+                });
+                st.head = Some(new_head);
+                st.next = st.next.max(new_head);
+                self.head.store(new_head, Ordering::Release);
+            }
+            Self::flush_ready(&mut st);
+            while st.next <= chunk_id {
+                let Some(mut chunk) = spare.take().or_else(|| self.free_rx.try_recv().ok()) else {
+                    break;
+                };
+                chunk.chunk_id = st.next;
+                chunk.present.fill(0);
+                chunk.extra.fill(0);
+                let ptrs = ChunkPtrs {
+                    data: chunk.data.as_mut_ptr(),
+                    present: chunk.present.as_mut_ptr(),
+                    extra: chunk.extra.as_mut_ptr(),
+                };
+                let id = st.next;
+                st.slots.push_back(Slot { id, chunk, ptrs, writers: 0, evicting: false });
+                st.next += 1;
+            }
+            if st.next > chunk_id {
+                if let Some(c) = spare.take() {
+                    self.free(c);
+                }
+                return match st.slots.iter_mut().find(|s| s.id == chunk_id) {
+                    Some(slot) => {
+                        slot.writers += 1;
+                        cache.push((chunk_id, slot.ptrs));
+                        Acquired::Chunk(slot.ptrs)
+                    }
+                    None => Acquired::TooOld,
+                };
+            }
+            drop(st);
+            // Out of free chunks: wait for the consumer without the lock, then retry.
+            loop {
+                match self.free_rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(c) => {
+                        spare = Some(c);
+                        break;
+                    }
+                    Err(RecvTimeoutError::Timeout) if !self.is_stopped() => continue,
+                    Err(_) => return Acquired::Stopped,
+                }
+            }
         }
     }
 
@@ -385,6 +395,7 @@ pub struct ChunkStream {
     spare: Vec<PayloadRanges>,
     values: Vec<Option<u64>>,
     stats: Arc<StreamStats>,
+    recent: RecentCnts,
     /// A stop heap arrived or the group stopped while this stream waited for a chunk.
     done: bool,
     /// `stream_done` has been called.
@@ -403,6 +414,7 @@ impl ChunkStream {
             spare: (0..max_heaps).map(|_| PayloadRanges::default()).collect(),
             values: vec![None; n_items],
             stats: Arc::new(StreamStats::default()),
+            recent: RecentCnts::new(2 * max_heaps),
             done: false,
             finished: false,
         }
@@ -459,6 +471,10 @@ impl ChunkStream {
         }
         let idx = match self.live.iter().position(|h| h.cnt == repr.heap_cnt) {
             Some(i) => i,
+            None if self.recent.contains(repr.heap_cnt) => {
+                StreamStats::add(&self.stats.duplicate_packets, 1);
+                return;
+            }
             None => match self.start_heap(&packet) {
                 Some(i) => i,
                 None => return,
@@ -496,6 +512,7 @@ impl ChunkStream {
                 *heap.ptrs.extra.add(heap.heap_index) = heap.extra;
             }
             StreamStats::add(&self.stats.heaps, 1);
+            self.recent.insert(heap.cnt);
             self.retire(idx);
         }
     }

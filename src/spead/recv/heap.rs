@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 
-use super::ranges::PayloadRanges;
+use super::ranges::{PayloadRanges, RecentCnts};
 use super::stats::{StatsSnapshot, StreamStats};
 use crate::spead::items::{resolve_items, Descriptor, ItemValue};
 use crate::spead::wire::{Flavour, ItemPointer, ParsedPacket, DESCRIPTOR_ID, STREAM_CTRL_ID};
@@ -119,6 +119,7 @@ pub struct HeapStream {
     config: HeapStreamConfig,
     live: Vec<VecDeque<LiveHeap>>,
     stats: StreamStats,
+    recent: RecentCnts,
     stopped: bool,
 }
 
@@ -133,6 +134,7 @@ impl HeapStream {
             },
             live: (0..substreams).map(|_| VecDeque::new()).collect(),
             stats: StreamStats::default(),
+            recent: RecentCnts::new(2 * config.max_heaps.max(1) * substreams),
             stopped: false,
         }
     }
@@ -169,6 +171,10 @@ impl HeapStream {
         let queue = &mut self.live[sub];
         let pos = match queue.iter().position(|h| h.heap.cnt == repr.heap_cnt) {
             Some(p) => p,
+            None if self.recent.contains(repr.heap_cnt) => {
+                StreamStats::add(&self.stats.duplicate_packets, 1);
+                return Added::Dropped;
+            }
             None => {
                 if queue.len() >= self.config.max_heaps {
                     if let Some(old) = queue.pop_front() {
@@ -222,6 +228,7 @@ impl HeapStream {
             let mut done = queue.remove(pos).map(|l| l.heap);
             if let Some(h) = done.as_mut() {
                 h.complete = true;
+                self.recent.insert(h.cnt);
                 // A heap that only says "stop" is not data.
                 if !(stop && h.pointers.is_empty()) {
                     StreamStats::add(&self.stats.heaps, 1);

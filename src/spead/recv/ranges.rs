@@ -52,3 +52,26 @@ mod tests {
         assert!(l.add(40, 40));
     }
 }
+
+/// The heap counters most recently completed, so that a late duplicate of a finished heap is
+/// counted as a duplicate instead of opening a new, never-completing heap.
+#[derive(Debug, Clone)]
+pub struct RecentCnts {
+    ring: Vec<u64>,
+    next: usize,
+}
+
+impl RecentCnts {
+    pub fn new(len: usize) -> RecentCnts {
+        RecentCnts { ring: vec![u64::MAX; len.max(1)], next: 0 }
+    }
+
+    pub fn insert(&mut self, cnt: u64) {
+        self.ring[self.next] = cnt;
+        self.next = (self.next + 1) % self.ring.len();
+    }
+
+    pub fn contains(&self, cnt: u64) -> bool {
+        self.ring.contains(&cnt)
+    }
+}
