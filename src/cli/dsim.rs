@@ -339,7 +339,7 @@ mod tests {
         assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--signals", "cw(1);", d])), "--signals");
         assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "1.2.3:4"])), "dest");
         assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--sync-time", "9e12", d])), "--sync-time");
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--send-rate-factor", "-1", d])), "--send-rate-factor");
+        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--send-rate-factor=-1", d])), "--send-rate-factor");
     }
 
     #[test]
