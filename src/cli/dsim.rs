@@ -216,11 +216,13 @@ pub fn send_loop<S: PacketSender>(
             break;
         }
         if last_descriptors.is_none_or(|t| now - t >= DESCRIPTOR_INTERVAL) {
+            // One descriptor heap per destination, each with its own (odd) cnt: a receiver
+            // joined to several destinations must see distinct heaps.
             let refs: Vec<HeapRef> = (0..stream.destinations())
-                .map(|d| HeapRef { heap: &descriptor_heap, cnt: Some(descriptor_cnt), substream: d, unpaced: true })
+                .map(|d| HeapRef { heap: &descriptor_heap, cnt: Some(descriptor_cnt + 2 * d as u64), substream: d, unpaced: true })
                 .collect();
             stream.send_heaps_first(&refs, SendMode::RoundRobin).map_err(send_err)?;
-            descriptor_cnt += 2;
+            descriptor_cnt += 2 * refs.len() as u64;
             last_descriptors = Some(now);
         }
         let steps = plan.max_heaps.map_or(STEPS_PER_CALL as u64, |m| (m - step).min(STEPS_PER_CALL as u64));
@@ -249,7 +251,7 @@ pub fn send_loop<S: PacketSender>(
         let mut stop = Heap::new();
         stop.add_end();
         let refs: Vec<HeapRef> = (0..stream.destinations())
-            .map(|d| HeapRef { heap: &stop, cnt: Some(descriptor_cnt), substream: d, unpaced: true })
+            .map(|d| HeapRef { heap: &stop, cnt: Some(descriptor_cnt + 2 * d as u64), substream: d, unpaced: true })
             .collect();
         stream.send_heaps_first(&refs, SendMode::RoundRobin).map_err(send_err)?;
     }
