@@ -53,10 +53,35 @@ pub fn resolve_interface(name: &str) -> io::Result<(u32, Ipv4Addr)> {
     })
 }
 
+/// Reusable `mmsghdr`/`iovec` arrays for the batch calls, so that the hot path does not
+/// allocate. The pointers inside are rewritten before every call and mean nothing between
+/// calls.
+#[derive(Default)]
+struct MsgScratch {
+    iovecs: Vec<libc::iovec>,
+    msgs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers are only dereferenced by the kernel during a call made by the
+// owning thread, after being rewritten for that call.
+unsafe impl Send for MsgScratch {}
+
+impl MsgScratch {
+    /// Size for `n` messages (allocates only when growing).
+    fn prepare(&mut self, n: usize) {
+        if self.msgs.len() < n {
+            // SAFETY: mmsghdr and iovec are plain old data; zeroed is a valid empty value.
+            self.msgs.resize_with(n, || unsafe { MaybeUninit::zeroed().assume_init() });
+            self.iovecs.resize(n, libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 });
+        }
+    }
+}
+
 /// A UDP receiver over one or more sockets (one per distinct port).
 pub struct UdpReceiver {
     sockets: Vec<Socket>,
     next: usize,
+    scratch: MsgScratch,
 }
 
 impl UdpReceiver {
@@ -98,7 +123,7 @@ impl UdpReceiver {
         if sockets.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no endpoints to receive on"));
         }
-        Ok(UdpReceiver { sockets, next: 0 })
+        Ok(UdpReceiver { sockets, next: 0, scratch: MsgScratch::default() })
     }
 
     /// The local address of the first socket (useful when binding port 0 in tests).
@@ -109,30 +134,28 @@ impl UdpReceiver {
             .ok_or_else(|| io::Error::new(io::ErrorKind::Other, "not an IPv4 socket"))
     }
 
-    fn recvmmsg(socket: &Socket, batch: &mut RecvBatch, flags: libc::c_int) -> io::Result<usize> {
+    fn recvmmsg(socket: &Socket, scratch: &mut MsgScratch, batch: &mut RecvBatch, flags: libc::c_int) -> io::Result<usize> {
         let cap = batch.capacity();
+        scratch.prepare(cap);
         let (buf, lens, slot) = batch.raw_parts();
-        let mut iovecs: Vec<libc::iovec> = (0..cap)
-            .map(|i| libc::iovec {
-                iov_base: buf[i * slot..].as_mut_ptr().cast(),
-                iov_len: slot,
-            })
-            .collect();
-        // SAFETY: mmsghdr is plain old data; zeroed is a valid empty header.
-        let mut msgs: Vec<libc::mmsghdr> = (0..cap).map(|_| unsafe { MaybeUninit::zeroed().assume_init() }).collect();
-        for (m, iov) in msgs.iter_mut().zip(iovecs.iter_mut()) {
-            m.msg_hdr.msg_iov = iov;
+        for i in 0..cap {
+            scratch.iovecs[i] = libc::iovec { iov_base: buf[i * slot..].as_mut_ptr().cast(), iov_len: slot };
+            let m = &mut scratch.msgs[i];
+            m.msg_hdr.msg_iov = &mut scratch.iovecs[i];
             m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_name = std::ptr::null_mut();
+            m.msg_hdr.msg_namelen = 0;
+            m.msg_hdr.msg_control = std::ptr::null_mut();
+            m.msg_hdr.msg_controllen = 0;
+            m.msg_len = 0;
         }
         // SAFETY: each iovec points into a distinct slot of `buf`, alive for the call.
-        let n = unsafe {
-            libc::recvmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), cap as u32, flags, std::ptr::null_mut())
-        };
+        let n = unsafe { libc::recvmmsg(socket.as_raw_fd(), scratch.msgs.as_mut_ptr(), cap as u32, flags, std::ptr::null_mut()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         let n = n as usize;
-        for (len, m) in lens.iter_mut().zip(&msgs).take(n) {
+        for (len, m) in lens.iter_mut().zip(&scratch.msgs).take(n) {
             *len = (m.msg_len as usize).min(slot);
         }
         Ok(n)
@@ -148,7 +171,7 @@ impl PacketReceiver for UdpReceiver {
         batch.clear();
         if self.sockets.len() == 1 {
             // Block (up to the socket timeout) for the first packet, then take what is queued.
-            return match Self::recvmmsg(&self.sockets[0], batch, libc::MSG_WAITFORONE) {
+            return match Self::recvmmsg(&self.sockets[0], &mut self.scratch, batch, libc::MSG_WAITFORONE) {
                 Ok(n) => {
                     batch.set_len(n);
                     Ok(Received::Packets(n))
@@ -174,7 +197,7 @@ impl PacketReceiver for UdpReceiver {
             let i = (self.next + k) % n_sock;
             if fds[i].revents & libc::POLLIN != 0 {
                 self.next = (i + 1) % n_sock;
-                return match Self::recvmmsg(&self.sockets[i], batch, libc::MSG_DONTWAIT) {
+                return match Self::recvmmsg(&self.sockets[i], &mut self.scratch, batch, libc::MSG_DONTWAIT) {
                     Ok(n) => {
                         batch.set_len(n);
                         Ok(Received::Packets(n))
@@ -192,6 +215,7 @@ impl PacketReceiver for UdpReceiver {
 pub struct UdpSender {
     socket: Socket,
     dests: Vec<SockAddr>,
+    scratch: MsgScratch,
 }
 
 impl UdpSender {
@@ -212,6 +236,7 @@ impl UdpSender {
         Ok(UdpSender {
             socket,
             dests: dests.iter().map(|d| SockAddr::from(*d)).collect(),
+            scratch: MsgScratch::default(),
         })
     }
 }
@@ -226,29 +251,24 @@ impl PacketSender for UdpSender {
 
     fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()> {
         let mut done = 0;
+        self.scratch.prepare(SEND_CHUNK.min(batch.len()));
         while done < batch.len() {
             let n = (batch.len() - done).min(SEND_CHUNK);
-            let mut iovecs: Vec<libc::iovec> = (done..done + n)
-                .map(|i| {
-                    let (bytes, _) = batch.packet(i);
-                    libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() }
-                })
-                .collect();
-            // SAFETY: zeroed mmsghdr is a valid empty header.
-            let mut msgs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { MaybeUninit::zeroed().assume_init() }).collect();
-            for (k, m) in msgs.iter_mut().enumerate() {
-                let (_, dest) = batch.packet(done + k);
+            for k in 0..n {
+                let (bytes, dest) = batch.packet(done + k);
                 let addr = self.dests.get(dest).ok_or_else(|| {
                     io::Error::new(io::ErrorKind::InvalidInput, format!("destination {dest} out of range"))
                 })?;
+                self.scratch.iovecs[k] = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+                let m = &mut self.scratch.msgs[k];
                 m.msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
                 m.msg_hdr.msg_namelen = addr.len();
-                m.msg_hdr.msg_iov = &mut iovecs[k];
+                m.msg_hdr.msg_iov = &mut self.scratch.iovecs[k];
                 m.msg_hdr.msg_iovlen = 1;
             }
             // SAFETY: every pointer in msgs refers to memory alive across the call (batch,
-            // iovecs, dests); the kernel only reads it.
-            let r = unsafe { libc::sendmmsg(self.socket.as_raw_fd(), msgs.as_mut_ptr(), n as u32, 0) };
+            // scratch, dests); the kernel only reads it.
+            let r = unsafe { libc::sendmmsg(self.socket.as_raw_fd(), self.scratch.msgs.as_mut_ptr(), n as u32, 0) };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock {
