@@ -77,6 +77,30 @@ impl MsgScratch {
     }
 }
 
+/// Set SO_RCVBUF to `bytes`, past `net.core.rmem_max` where the process may (SO_RCVBUFFORCE
+/// needs CAP_NET_ADMIN): high-rate receivers need tens of MiB to ride out scheduling hiccups.
+fn set_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        socket.set_recv_buffer_size(bytes)?;
+    }
+    let got = socket.recv_buffer_size()?;
+    if got < bytes {
+        tracing::warn!(requested = bytes, got, "socket receive buffer capped (raise net.core.rmem_max)");
+    }
+    Ok(())
+}
+
 /// A UDP receiver over one or more sockets (one per distinct port).
 pub struct UdpReceiver {
     sockets: Vec<Socket>,
@@ -98,7 +122,7 @@ impl UdpReceiver {
             let eps: Vec<&SocketAddrV4> = endpoints.iter().filter(|e| e.port() == port).collect();
             let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
             socket.set_reuse_address(true)?;
-            socket.set_recv_buffer_size(buffer)?;
+            set_recv_buffer(&socket, buffer)?;
             socket.set_read_timeout(Some(POLL_INTERVAL))?;
             let groups: Vec<Ipv4Addr> = eps.iter().map(|e| *e.ip()).filter(Ipv4Addr::is_multicast).collect();
             let bind_ip = match (eps.len(), groups.len()) {
