@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
         heaps_per_chunk: 8,
         chunk_bytes: 8 * 4096,
         max_chunks: 2,
-        n_chunks: 1024,
+        n_chunks: 6,
         n_streams: 1,
         max_heaps: 4,
         items: vec![0x1600, 0x3101],
@@ -41,6 +41,10 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[2 + n..];
         heaps.add_packet(packet, &mut out);
         chunks.add_packet(packet);
+        // Play the consumer: chunks that left the window go back to the free queue.
+        while let Ok(c) = group.ready().try_recv() {
+            group.free(c);
+        }
         let _ = Descriptor::from_raw(packet);
     }
     heaps.flush(&mut out);

@@ -85,7 +85,8 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         sync_time: None,
         first_id: 0,
         dither_seed: None,
-        period: 1 << 20,
+        period: None,
+        max_period: 1 << 20,
         max_heaps: None,
         duration: Some(args.duration),
         send_rate_factor: 1.0,
@@ -93,6 +94,8 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         ttl: 1,
         send_buffer: 1 << 20,
         send_stop: true,
+        katcp_port: 0,
+        katcp_host: std::net::Ipv4Addr::LOCALHOST.into(),
         dest: dests,
     };
     let plan = dsim_args.plan().map_err(|e| match e {
@@ -147,7 +150,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
     })?;
     let senders = vec![UdpSender::new(&endpoints, None, 1, 1 << 20)?];
     let mut stream = SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
-    let sent = send_loop(&plan, &dsim, &mut stream, plan.start_timestamp(), &shutdown, |r| {
+    let sent = send_loop(&plan, Arc::clone(&dsim), None, &mut stream, plan.start_timestamp(), &shutdown, |r| {
         let secs = r.elapsed.as_secs_f64();
         println!(
             "  {:5.1} s  dsim {:8} heaps {:6.3} Gb/s   capture {:8} heaps",

@@ -3,13 +3,16 @@
 //! paced at the ADC rate × `--send-rate-factor`, one destination list per polarisation
 //! (heaps of a polarisation go round-robin over its list), descriptors every 5 s.
 
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use crossbeam_channel::{Receiver, Sender};
 
 use super::shutdown::Shutdown;
 use super::CliError;
+use crate::control::katcp::{self, Handler, Sensors, Status};
 use crate::net::udp::UdpSender;
 use crate::net::{parse_endpoints, PacketSender};
 use crate::sim::dsim::{DigitiserConfig, DigitiserHeaps};
@@ -44,9 +47,12 @@ pub struct DsimArgs {
     /// Seed of the LSB dither [default: random].
     #[arg(long)]
     pub dither_seed: Option<u64>,
-    /// Samples in the replayed pattern (a multiple of --heap-samples).
+    /// Samples in the replayed pattern (a multiple of --heap-samples) [default: --max-period].
+    #[arg(long)]
+    pub period: Option<usize>,
+    /// Largest pattern `?signals` may ask for, in samples.
     #[arg(long, default_value_t = 1 << 27)]
-    pub period: usize,
+    pub max_period: usize,
     /// Stop after this many heaps per polarisation.
     #[arg(long)]
     pub max_heaps: Option<u64>,
@@ -68,6 +74,12 @@ pub struct DsimArgs {
     /// Send a stop heap to every destination when done.
     #[arg(long)]
     pub send_stop: bool,
+    /// katcp port (`?signals`, `?time`, sensors); 0 picks a free one.
+    #[arg(long, default_value_t = 7147)]
+    pub katcp_port: u16,
+    /// Address the katcp server listens on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub katcp_host: std::net::IpAddr,
     /// One destination list per polarisation: A.B.C.D[+N]:port[,...].
     #[arg(required = true)]
     pub dest: Vec<String>,
@@ -81,6 +93,7 @@ pub struct DsimPlan {
     /// Destination lists, one per polarisation.
     pub dests: Vec<Vec<SocketAddrV4>>,
     pub sync_time: f64,
+    pub max_period: usize,
     pub rate_factor: f64,
     pub max_heaps: Option<u64>,
     pub duration: Option<Duration>,
@@ -102,8 +115,12 @@ impl DsimArgs {
         if self.heap_samples * self.sample_bits as usize / 8 + 72 > 65507 {
             return Err(CliError::flag("--heap-samples", "heap does not fit in one UDP datagram"));
         }
-        if self.period == 0 || self.period % self.heap_samples != 0 {
-            return Err(CliError::flag("--period", format!("must be a positive multiple of --heap-samples ({})", self.heap_samples)));
+        if self.max_period == 0 || self.max_period % self.heap_samples != 0 {
+            return Err(CliError::flag("--max-period", format!("must be a positive multiple of --heap-samples ({})", self.heap_samples)));
+        }
+        let period = self.period.unwrap_or(self.max_period);
+        if let Err(e) = check_period(period, self.heap_samples, self.max_period) {
+            return Err(CliError::flag("--period", e));
         }
         if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
             return Err(CliError::flag("--send-rate-factor", "must be ≥ 0"));
@@ -130,18 +147,95 @@ impl DsimArgs {
                 adc_sample_rate: self.adc_sample_rate,
                 sample_bits: self.sample_bits,
                 heap_samples: self.heap_samples,
-                period: self.period,
+                period,
                 first_id: self.first_id,
                 dither_seed: self.dither_seed.unwrap_or_else(rand::random),
             },
             signals,
             dests,
             sync_time,
+            max_period: self.max_period,
             rate_factor: self.send_rate_factor,
             max_heaps: self.max_heaps,
             duration: self.duration.map(Duration::from_secs_f64),
             send_stop: self.send_stop,
         })
+    }
+}
+
+fn check_period(period: usize, heap_samples: usize, max_period: usize) -> Result<(), String> {
+    if period == 0 || period % heap_samples != 0 {
+        return Err(format!("period {period} is not a positive multiple of the heap size ({heap_samples})"));
+    }
+    if period > max_period {
+        return Err(format!("period {period} exceeds the maximum period ({max_period})"));
+    }
+    Ok(())
+}
+
+/// A new pattern from `?signals`, and where to report the timestamp it starts at.
+pub struct SignalChange {
+    pub heaps: Arc<DigitiserHeaps>,
+    pub started: Sender<u64>,
+}
+
+/// dsim's katcp requests (katgpucbf dsim: `?signals spec [period]`, `?time`) and sensors.
+pub struct DsimControl {
+    plan: DsimPlan,
+    sensors: Arc<Sensors>,
+    changes: Sender<SignalChange>,
+}
+
+impl DsimControl {
+    /// Register the sensors that describe the output (saving them reproduces it exactly).
+    pub fn new(plan: &DsimPlan, signals_orig: &str, sensors: Arc<Sensors>, changes: Sender<SignalChange>) -> DsimControl {
+        let c = &plan.config;
+        let canonical: String = plan.signals.iter().map(ToString::to_string).collect();
+        sensors.add("signals", "Signal program, canonical (with every seed)", "", "string", canonical);
+        sensors.add("signals-orig", "Signal program as given", "", "string", signals_orig);
+        sensors.add("period", "Samples in the replayed pattern", "samples", "integer", c.period);
+        sensors.add("max-period", "Largest period ?signals accepts", "samples", "integer", plan.max_period);
+        sensors.add("dither-seed", "Seed of the LSB dither", "", "integer", c.dither_seed);
+        sensors.add("adc-sample-rate", "ADC sample rate", "Hz", "float", c.adc_sample_rate);
+        sensors.add("sample-bits", "Bits per sample", "", "integer", c.sample_bits);
+        sensors.add("sync-time", "UNIX time of timestamp 0", "s", "float", plan.sync_time);
+        DsimControl { plan: plan.clone(), sensors, changes }
+    }
+
+    fn signals(&self, args: &[String]) -> Result<Vec<String>, String> {
+        let (text, period) = match args {
+            [t] => (t, self.plan.config.period),
+            [t, p] => (t, p.parse::<usize>().map_err(|_| format!("period {p:?} is not an integer"))?),
+            _ => return Err("usage: ?signals spec [period]".into()),
+        };
+        check_period(period, self.plan.config.heap_samples, self.plan.max_period)?;
+        let signals = signal::parse(text, self.plan.dests.len(), &mut rand::random::<u64>).map_err(|e| e.to_string())?;
+        let config = DigitiserConfig { period, ..self.plan.config.clone() };
+        let heaps = Arc::new(DigitiserHeaps::new(config, &signals));
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.changes.send(SignalChange { heaps, started: tx }).map_err(|_| "dsim is shutting down".to_string())?;
+        let ts = rx.recv_timeout(Duration::from_secs(30)).map_err(|_| "the sender did not take the new signal".to_string())?;
+        self.sensors.set("signals", signals.iter().map(ToString::to_string).collect::<String>(), Status::Nominal);
+        self.sensors.set("signals-orig", text, Status::Nominal);
+        self.sensors.set("period", period, Status::Nominal);
+        Ok(vec![ts.to_string()])
+    }
+}
+
+impl Handler for DsimControl {
+    fn requests(&self) -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("signals", "Change the signals: ?signals spec [period]; replies with the first timestamp sent with them"),
+            ("time", "The current UNIX time"),
+        ]
+    }
+
+    fn handle(&self, name: &str, args: &[String]) -> Option<Result<Vec<String>, String>> {
+        match name {
+            "signals" => Some(self.signals(args)),
+            "time" => Some(Ok(vec![format!("{:.6}", SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64())])),
+            _ => None,
+        }
     }
 }
 
@@ -185,7 +279,8 @@ impl DsimPlan {
 /// Send digitiser heaps until a limit or shutdown. `progress` is called about once a second.
 pub fn send_loop<S: PacketSender>(
     plan: &DsimPlan,
-    heaps: &DigitiserHeaps,
+    mut heaps: Arc<DigitiserHeaps>,
+    changes: Option<&Receiver<SignalChange>>,
     stream: &mut SendStream<S>,
     start_timestamp: u64,
     shutdown: &Shutdown,
@@ -224,6 +319,10 @@ pub fn send_loop<S: PacketSender>(
             stream.send_heaps_first(&refs, SendMode::RoundRobin).map_err(send_err)?;
             descriptor_cnt += 2 * refs.len() as u64;
             last_descriptors = Some(now);
+        }
+        if let Some(change) = changes.and_then(|c| c.try_recv().ok()) {
+            heaps = change.heaps;
+            let _ = change.started.send(start_timestamp + step * hs);
         }
         let steps = plan.max_heaps.map_or(STEPS_PER_CALL as u64, |m| (m - step).min(STEPS_PER_CALL as u64));
         let batch: Vec<(Heap<'_>, usize)> = (0..steps)
@@ -283,13 +382,19 @@ pub fn run(args: DsimArgs) -> Result<(), CliError> {
         period = plan.config.period,
         "rendering the signal pattern"
     );
-    let heaps = DigitiserHeaps::new(plan.config.clone(), &plan.signals);
+    let heaps = Arc::new(DigitiserHeaps::new(plan.config.clone(), &plan.signals));
     let senders = open_senders(&plan, &args.interface, args.ttl, args.send_buffer)?;
+    let (changes_tx, changes_rx) = crossbeam_channel::bounded(1);
+    let sensors = Arc::new(Sensors::default());
+    let control = Arc::new(DsimControl::new(&plan, &args.signals, Arc::clone(&sensors), changes_tx));
+    let katcp_addr = katcp::serve(SocketAddr::new(args.katcp_host, args.katcp_port), sensors, control, "cbf-dsim")
+        .map_err(|e| CliError::flag("--katcp-port", e))?;
+    tracing::info!(%katcp_addr, "katcp server listening");
     let mut stream = SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
     let ts0 = plan.start_timestamp();
     let adc = plan.config.adc_sample_rate;
     tracing::info!(first_timestamp = ts0, rate_gbps = plan.rate() * 8e-9, "sending");
-    let report = send_loop(&plan, &heaps, &mut stream, ts0, &shutdown, |r| {
+    let report = send_loop(&plan, heaps, Some(&changes_rx), &mut stream, ts0, &shutdown, |r| {
         let gbps = r.bytes as f64 * 8.0 / r.elapsed.as_secs_f64() / 1e9;
         let behind = r.elapsed.as_secs_f64() - (r.heaps / plan.dests.len() as u64) as f64 * plan.config.heap_samples as f64 / adc;
         tracing::info!(heaps = r.heaps, gbps = format!("{gbps:.3}"), time_error_s = format!("{behind:.4}"), "progress");

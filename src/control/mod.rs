@@ -1,1 +1,3 @@
+//! The control plane: katcp requests and sensors ([`katcp`]).
 
+pub mod katcp;

@@ -338,4 +338,30 @@ mod tests {
         assert!(out.iter().all(|h| h.complete && h.item(0x1000) == Some(crate::spead::items::ItemValue::Bytes(&data))));
         assert_eq!(out[1].cnt, 2);
     }
+
+    #[test]
+    fn heaps_spread_over_interfaces_descriptors_on_the_first() {
+        let (tx0, mut rx0) = mem::channel(10_000, 1);
+        let (tx1, mut rx1) = mem::channel(10_000, 1);
+        // 40 MB/s over two interfaces: each paced at 20 MB/s; 64 heaps of 8 KiB.
+        let cfg = SendStreamConfig { rate: 40e6, max_packet_size: 9000, burst_size: 8192, ..Default::default() };
+        let mut s = SendStream::new(cfg, vec![tx0, tx1]).unwrap();
+        let data = vec![3u8; 8192];
+        let mut h = Heap::new();
+        h.add_bytes(0x4300, &data[..]);
+        let mut d = Heap::new();
+        d.add_descriptor(&crate::spead::items::Descriptor::with_format(0x1600, "timestamp", "", &[], &[(b'u', 48)]), Flavour::SPEAD_64_48);
+        for _ in 0..4 {
+            s.send_heaps_first(&[HeapRef { heap: &d, cnt: None, substream: 0, unpaced: true }], SendMode::Serial).unwrap();
+        }
+        for _ in 0..64 {
+            s.send_heaps(&[HeapRef::new(&h, 0)], SendMode::Serial).unwrap();
+        }
+        drop(s);
+        let (p0, p1) = (drain(&mut rx0), drain(&mut rx1));
+        let descriptors = |v: &[Vec<u8>]| v.iter().filter(|p| p.len() < 1000).count();
+        assert_eq!((descriptors(&p0), descriptors(&p1)), (4, 0));
+        // Least-loaded assignment alternates between equally paced interfaces.
+        assert_eq!((p0.len() - 4, p1.len()), (32, 32));
+    }
 }

@@ -1,0 +1,404 @@
+//! katcp (v5) — the Karoo Array Telescope control protocol, as aiokatcp and katgpucbf speak it.
+//!
+//! Pure part: [`Message`] parsing and formatting, with katcp's escapes (`\_` space, `\\`,
+//! `\t`, `\n`, `\r`, `\0`, `\e`, `\@` for an empty argument) and message ids (`?name[7]`).
+//! Server part: one thread accepting connections and one thread per client, answering the
+//! standard requests (`?help`, `?watchdog`, `?version-list`, `?sensor-list`, `?sensor-value`)
+//! from a shared [`Sensors`] table and passing everything else to the program's [`Handler`].
+//! A malformed line gets a `fail` reply naming the problem; an unknown request gets `invalid`,
+//! as aiokatcp servers answer. Nothing a client sends can stop the server.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Longest request line accepted (katcp has no limit; this bounds memory per client).
+pub const MAX_LINE: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Request,
+    Reply,
+    Inform,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub kind: Kind,
+    pub name: String,
+    pub mid: Option<u32>,
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("empty message")]
+    Empty,
+    #[error("message must start with '?', '!' or '#'")]
+    Type,
+    #[error("bad message name {0:?}")]
+    Name(String),
+    #[error("bad message id")]
+    Mid,
+    #[error("bad escape sequence")]
+    Escape,
+    #[error("argument is not UTF-8")]
+    Utf8,
+}
+
+fn unescape(arg: &str) -> Result<String, ParseError> {
+    if arg == "\\@" {
+        return Ok(String::new());
+    }
+    let mut out = String::with_capacity(arg.len());
+    let mut chars = arg.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        out.push(match chars.next() {
+            Some('\\') => '\\',
+            Some('_') => ' ',
+            Some('0') => '\0',
+            Some('n') => '\n',
+            Some('r') => '\r',
+            Some('e') => '\x1b',
+            Some('t') => '\t',
+            _ => return Err(ParseError::Escape),
+        });
+    }
+    Ok(out)
+}
+
+fn escape(arg: &str) -> String {
+    if arg.is_empty() {
+        return "\\@".into();
+    }
+    let mut out = String::with_capacity(arg.len());
+    for c in arg.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            ' ' => out.push_str("\\_"),
+            '\0' => out.push_str("\\0"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\x1b' => out.push_str("\\e"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+impl Message {
+    pub fn new(kind: Kind, name: &str, mid: Option<u32>, args: Vec<String>) -> Message {
+        Message { kind, name: name.into(), mid, args }
+    }
+
+    /// Parse one line (without its terminator).
+    pub fn parse(line: &[u8]) -> Result<Message, ParseError> {
+        let line = std::str::from_utf8(line).map_err(|_| ParseError::Utf8)?;
+        let mut words = line.split([' ', '\t']).filter(|w| !w.is_empty());
+        let head = words.next().ok_or(ParseError::Empty)?;
+        let kind = match head.as_bytes()[0] {
+            b'?' => Kind::Request,
+            b'!' => Kind::Reply,
+            b'#' => Kind::Inform,
+            _ => return Err(ParseError::Type),
+        };
+        let head = &head[1..];
+        let (name, mid) = match head.split_once('[') {
+            Some((n, rest)) => {
+                let id = rest.strip_suffix(']').ok_or(ParseError::Mid)?;
+                let id: u32 = id.parse().map_err(|_| ParseError::Mid)?;
+                if id == 0 {
+                    return Err(ParseError::Mid);
+                }
+                (n, Some(id))
+            }
+            None => (head, None),
+        };
+        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        if !valid {
+            return Err(ParseError::Name(name.into()));
+        }
+        let args = words.map(unescape).collect::<Result<_, _>>()?;
+        Ok(Message { kind, name: name.into(), mid, args })
+    }
+
+    /// The wire form, newline-terminated.
+    pub fn to_line(&self) -> String {
+        let sigil = match self.kind {
+            Kind::Request => '?',
+            Kind::Reply => '!',
+            Kind::Inform => '#',
+        };
+        let mut s = format!("{sigil}{}", self.name);
+        if let Some(m) = self.mid {
+            s.push_str(&format!("[{m}]"));
+        }
+        for a in &self.args {
+            s.push(' ');
+            s.push_str(&escape(a));
+        }
+        s.push('\n');
+        s
+    }
+}
+
+/// katcp sensor status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Unknown,
+    Nominal,
+    Warn,
+    Error,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Unknown => "unknown",
+            Status::Nominal => "nominal",
+            Status::Warn => "warn",
+            Status::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sensor {
+    pub description: String,
+    pub units: String,
+    /// katcp type: integer, float, boolean, string, timestamp.
+    pub kind: &'static str,
+    pub value: String,
+    pub status: Status,
+    pub timestamp: f64,
+}
+
+/// The sensor table a program updates and the server reads.
+#[derive(Debug, Default)]
+pub struct Sensors(Mutex<BTreeMap<String, Sensor>>);
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+}
+
+impl Sensors {
+    pub fn add(&self, name: &str, description: &str, units: &str, kind: &'static str, value: impl ToString) {
+        let s = Sensor {
+            description: description.into(),
+            units: units.into(),
+            kind,
+            value: value.to_string(),
+            status: Status::Nominal,
+            timestamp: now(),
+        };
+        self.lock().insert(name.into(), s);
+    }
+
+    pub fn set(&self, name: &str, value: impl ToString, status: Status) {
+        if let Some(s) = self.lock().get_mut(name) {
+            s.value = value.to_string();
+            s.status = status;
+            s.timestamp = now();
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Sensor> {
+        self.lock().get(name).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Sensor>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sensors matching `filter`: all, one by name, or a `/regex/`-free substring match.
+    fn matching(&self, filter: Option<&str>) -> Vec<(String, Sensor)> {
+        self.lock()
+            .iter()
+            .filter(|(n, _)| filter.is_none_or(|f| *n == f))
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect()
+    }
+}
+
+/// A program's own requests.
+pub trait Handler: Send + Sync {
+    /// (name, one-line description) of each request the handler serves.
+    fn requests(&self) -> Vec<(&'static str, &'static str)>;
+    /// Serve `name`; `None` if it is not one of ours. `Err` becomes a `fail` reply.
+    fn handle(&self, name: &str, args: &[String]) -> Option<Result<Vec<String>, String>>;
+}
+
+const STANDARD: [(&str, &str); 5] = [
+    ("help", "List requests, or describe one: ?help [name]"),
+    ("watchdog", "Check that the server is alive"),
+    ("version-list", "List software versions"),
+    ("sensor-list", "List sensors: ?sensor-list [name]"),
+    ("sensor-value", "Read sensors: ?sensor-value [name]"),
+];
+
+/// Answer one message; returns the lines to send.
+pub fn respond(msg: &Message, sensors: &Sensors, handler: &dyn Handler, program: &str) -> Vec<Message> {
+    let reply = |args: Vec<String>| Message::new(Kind::Reply, &msg.name, msg.mid, args);
+    let inform = |args: Vec<String>| Message::new(Kind::Inform, &msg.name, msg.mid, args);
+    let ok = |mut rest: Vec<String>| {
+        rest.insert(0, "ok".into());
+        reply(rest)
+    };
+    let fail = |why: String| reply(vec!["fail".into(), why]);
+    if msg.kind != Kind::Request {
+        return vec![];
+    }
+    let arg0 = msg.args.first().map(String::as_str);
+    match msg.name.as_str() {
+        "help" => {
+            let mut all: Vec<(&str, &str)> = STANDARD.to_vec();
+            all.extend(handler.requests());
+            let chosen: Vec<_> = all.into_iter().filter(|(n, _)| arg0.is_none_or(|a| a == *n)).collect();
+            if chosen.is_empty() {
+                return vec![fail(format!("unknown request {:?}", arg0.unwrap_or_default()))];
+            }
+            let mut out: Vec<Message> = chosen.iter().map(|(n, d)| inform(vec![n.to_string(), d.to_string()])).collect();
+            out.push(ok(vec![chosen.len().to_string()]));
+            out
+        }
+        "watchdog" => vec![ok(vec![])],
+        "version-list" => vec![
+            inform(vec!["katcp-protocol".into(), "5.1-MIB".into()]),
+            inform(vec![program.into(), env!("CARGO_PKG_VERSION").into()]),
+            ok(vec!["2".into()]),
+        ],
+        "sensor-list" | "sensor-value" => {
+            let found = sensors.matching(arg0);
+            if found.is_empty() && arg0.is_some() {
+                return vec![fail(format!("unknown sensor {:?}", arg0.unwrap_or_default()))];
+            }
+            let mut out: Vec<Message> = found
+                .iter()
+                .map(|(n, s)| {
+                    if msg.name == "sensor-list" {
+                        inform(vec![n.clone(), s.description.clone(), s.units.clone(), s.kind.into()])
+                    } else {
+                        inform(vec![format!("{:.6}", s.timestamp), "1".into(), n.clone(), s.status.as_str().into(), s.value.clone()])
+                    }
+                })
+                .collect();
+            out.push(ok(vec![found.len().to_string()]));
+            out
+        }
+        name => match handler.handle(name, &msg.args) {
+            Some(Ok(args)) => vec![ok(args)],
+            Some(Err(why)) => vec![fail(why)],
+            None => vec![reply(vec!["invalid".into(), format!("Unknown request {name}.")])],
+        },
+    }
+}
+
+fn serve_client(stream: TcpStream, sensors: Arc<Sensors>, handler: Arc<dyn Handler>, program: String) -> io::Result<()> {
+    let mut w = stream.try_clone()?;
+    w.write_all(Message::new(Kind::Inform, "version-connect", None, vec!["katcp-protocol".into(), "5.1-MIB".into()]).to_line().as_bytes())?;
+    w.write_all(Message::new(Kind::Inform, "version-connect", None, vec![program.clone(), env!("CARGO_PKG_VERSION").into()]).to_line().as_bytes())?;
+    let mut r = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = (&mut r).take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        while line.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+            line.pop();
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let out = match Message::parse(&line) {
+            Ok(m) => respond(&m, &sensors, handler.as_ref(), &program),
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed katcp message");
+                vec![Message::new(Kind::Inform, "log", None, vec!["warn".into(), format!("{:.6}", now()), "katcp".into(), format!("malformed message: {e}")])]
+            }
+        };
+        for m in out {
+            w.write_all(m.to_line().as_bytes())?;
+        }
+    }
+}
+
+/// Start the server on `addr` (port 0 picks one); returns the bound address.
+pub fn serve(addr: SocketAddr, sensors: Arc<Sensors>, handler: Arc<dyn Handler>, program: &str) -> io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let local = listener.local_addr()?;
+    let program = program.to_string();
+    std::thread::Builder::new().name("katcp".into()).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(stream) = conn else { continue };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(3600)));
+            let (s, h, p) = (Arc::clone(&sensors), Arc::clone(&handler), program.clone());
+            let _ = std::thread::Builder::new().name("katcp-client".into()).spawn(move || {
+                if let Err(e) = serve_client(stream, s, h, p) {
+                    tracing::debug!(error = %e, "katcp client gone");
+                }
+            });
+        }
+    })?;
+    Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_escape() {
+        let m = Message::parse(b"?signals[12] cw(0.1,\\_1e6);\\_ \\@ a\\\\b").unwrap();
+        assert_eq!(m.kind, Kind::Request);
+        assert_eq!(m.name, "signals");
+        assert_eq!(m.mid, Some(12));
+        assert_eq!(m.args, ["cw(0.1, 1e6); ", "", "a\\b"]);
+        assert_eq!(m.to_line(), "?signals[12] cw(0.1,\\_1e6);\\_ \\@ a\\\\b\n");
+    }
+
+    #[test]
+    fn malformed_lines() {
+        assert_eq!(Message::parse(b""), Err(ParseError::Empty));
+        assert_eq!(Message::parse(b"help"), Err(ParseError::Type));
+        assert_eq!(Message::parse(b"?1abc"), Err(ParseError::Name("1abc".into())));
+        assert_eq!(Message::parse(b"?x[0]"), Err(ParseError::Mid));
+        assert_eq!(Message::parse(b"?x[1"), Err(ParseError::Mid));
+        assert_eq!(Message::parse(b"?x a\\q"), Err(ParseError::Escape));
+        assert_eq!(Message::parse(&[b'?', b'x', b' ', 0xff]), Err(ParseError::Utf8));
+    }
+
+    struct Echo;
+    impl Handler for Echo {
+        fn requests(&self) -> Vec<(&'static str, &'static str)> {
+            vec![("echo", "Echo arguments")]
+        }
+        fn handle(&self, name: &str, args: &[String]) -> Option<Result<Vec<String>, String>> {
+            (name == "echo").then(|| if args.is_empty() { Err("nothing to echo".into()) } else { Ok(args.to_vec()) })
+        }
+    }
+
+    #[test]
+    fn standard_and_program_requests() {
+        let s = Sensors::default();
+        s.add("period", "Pattern length", "samples", "integer", 8192);
+        let r = |line: &str| respond(&Message::parse(line.as_bytes()).unwrap(), &s, &Echo, "test").iter().map(Message::to_line).collect::<String>();
+        assert_eq!(r("?echo[3] a b"), "!echo[3] ok a b\n");
+        assert_eq!(r("?echo"), "!echo fail nothing\\_to\\_echo\n");
+        assert_eq!(r("?nope"), "!nope invalid Unknown\\_request\\_nope.\n");
+        assert!(r("?sensor-list").ends_with("!sensor-list ok 1\n"));
+        assert!(r("?sensor-value period").contains("period nominal 8192\n"));
+        assert!(r("?sensor-value bogus").starts_with("!sensor-value fail"));
+        assert!(r("?help").ends_with("!help ok 6\n"));
+        assert_eq!(r("!echo ok"), "");
+    }
+}

@@ -1,0 +1,107 @@
+//! `cbf dsim` under a real katcp client (aiokatcp): `?signals` changes the output exactly at the
+//! timestamp it replies with; sensors describe the output; bad requests fail and the
+//! simulator keeps running.
+
+mod common;
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use cbf::net::udp::UdpReceiver;
+use cbf::net::{PacketReceiver, RecvBatch, Received};
+use cbf::sim::pack::unpack;
+use cbf::spead::items::{ItemValue, ADC_SAMPLES_ID, TIMESTAMP_ID};
+use cbf::spead::recv::{HeapStream, HeapStreamConfig};
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn signals_request_takes_effect_at_the_reported_timestamp() {
+    let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 16 << 20).unwrap();
+    let dest = rx.local_addr().unwrap().to_string();
+    let port = free_tcp_port();
+    let _dsim = Kill(
+        Command::new(env!("CARGO_BIN_EXE_cbf"))
+            .args(["dsim", "--adc-sample-rate", "20e6", "--max-period", "65536", "--signals", "0.5;", "--dither-seed", "3"])
+            .args(["--katcp-port", &port.to_string(), "--katcp-host", "127.0.0.1", &dest])
+            .spawn()
+            .unwrap(),
+    );
+    // Wait for the katcp server.
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "dsim katcp server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let replies: Vec<serde_json::Value> = common::run_reference(
+        "katcp_client.py",
+        &[
+            "127.0.0.1",
+            &port.to_string(),
+            r#"["sensor-value", "signals"]"#,
+            r#"["signals", "0.25;", "16384"]"#,
+            r#"["signals", "cw(1);"]"#,
+            r#"["signals", "0.1;", "5000"]"#,
+            r#"["signals", "0.1;", "1048576"]"#,
+            r#"["bogus"]"#,
+            r#"["time"]"#,
+            r#"["sensor-value", "period"]"#,
+            r#"["sensor-value", "signals"]"#,
+        ],
+    )
+    .iter()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    let status = |i: usize| replies[i]["status"].as_str().unwrap().to_string();
+    assert_eq!(replies[0]["informs"][0][4], "0.5;");
+    assert_eq!(status(1), "ok");
+    let switch: u64 = replies[1]["args"][0].as_str().unwrap().parse().unwrap();
+    assert_eq!(switch % 4096, 0);
+    assert_eq!(status(2), "fail", "{:?}", replies[2]);
+    assert!(replies[3]["args"][0].as_str().unwrap().contains("multiple"), "{:?}", replies[3]);
+    assert!(replies[4]["args"][0].as_str().unwrap().contains("maximum"), "{:?}", replies[4]);
+    assert_eq!(status(5), "invalid");
+    let t: f64 = replies[6]["args"][0].as_str().unwrap().parse().unwrap();
+    assert!((t - std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()).abs() < 60.0);
+    assert_eq!(replies[7]["informs"][0][4], "16384");
+    assert_eq!(replies[8]["informs"][0][4], "0.25;");
+
+    // Heaps before the switch carry 0.5 (±1 LSB of dither), heaps from it on carry 0.25.
+    let mut stream = HeapStream::new(HeapStreamConfig::default());
+    let mut batch = RecvBatch::new(64, 9200);
+    let mut heaps = Vec::new();
+    let (mut before, mut after) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (before == 0 || after < 20) && Instant::now() < deadline {
+        if let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
+            for p in batch.iter() {
+                stream.add_packet(p, &mut heaps);
+            }
+        }
+        for h in heaps.drain(..) {
+            let (Some(ItemValue::Immediate(ts)), Some(ItemValue::Bytes(raw))) = (h.item(TIMESTAMP_ID), h.item(ADC_SAMPLES_ID)) else {
+                continue;
+            };
+            let mut codes = vec![0i32; 4096];
+            unpack(raw, 10, &mut codes);
+            let want = if ts < switch { 511.0 * 0.5 } else { 511.0 * 0.25 };
+            assert!(codes.iter().all(|&c| (f64::from(c) - want).abs() <= 1.0), "timestamp {ts} (switch {switch}): {:?}", &codes[..4]);
+            if ts < switch {
+                before += 1;
+            } else {
+                after += 1;
+            }
+        }
+    }
+    assert!(before > 0 && after >= 20, "before {before}, after {after}");
+}
