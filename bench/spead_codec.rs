@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use cbf::spead::recv::{ChunkGroup, ChunkGroupConfig, ChunkStream, HeapStream, HeapStreamConfig, PlaceInput, Placement};
+use cbf::spead::recv::{
+    ChunkGroup, ChunkGroupConfig, ChunkStream, HeapStream, HeapStreamConfig, PlaceInput, Placement,
+};
 use cbf::spead::send::{Heap, PacketGenerator};
 use cbf::spead::wire::ParsedPacket;
 use cbf::spead::Flavour;
@@ -15,7 +17,10 @@ const HEAP: usize = 128 * 1024; // katgpucbf's F heap at 8192 ch / 64 X-engines 
 fn heap(data: &[u8], ts: u64) -> Heap<'_> {
     let mut h = Heap::new();
     h.repeat_pointers = true;
-    h.add_immediate(0x1600, ts).add_immediate(0x4101, 3).add_immediate(0x4103, 0).add_bytes(0x4300, data);
+    h.add_immediate(0x1600, ts)
+        .add_immediate(0x4101, 3)
+        .add_immediate(0x4103, 0)
+        .add_bytes(0x4300, data);
     h
 }
 
@@ -52,7 +57,12 @@ fn bench(c: &mut Criterion) {
     let pk = packets(&data, 64);
     let per_heap = pk.len() / 64;
     g.bench_function("parse_packets_of_one_heap", |b| {
-        b.iter(|| pk[..per_heap].iter().map(|p| ParsedPacket::parse(p).unwrap().repr.payload_length).sum::<usize>())
+        b.iter(|| {
+            pk[..per_heap]
+                .iter()
+                .map(|p| ParsedPacket::parse(p).unwrap().repr.payload_length)
+                .sum::<usize>()
+        })
     });
     g.throughput(Throughput::Bytes((HEAP * 64) as u64));
     g.bench_function("heap_stream_64_heaps", |b| {
@@ -80,7 +90,12 @@ fn bench(c: &mut Criterion) {
             let group = ChunkGroup::new(cfg.clone()).unwrap();
             let place = Arc::new(|p: &PlaceInput<'_>| {
                 let n = p.items[0].unwrap_or(0) / 1000;
-                Placement::Heap { chunk_id: n / 16, heap_index: (n % 16) as usize, heap_offset: (n % 16) as usize * HEAP, extra: 0 }
+                Placement::Heap {
+                    chunk_id: n / 16,
+                    heap_index: (n % 16) as usize,
+                    heap_offset: (n % 16) as usize * HEAP,
+                    extra: 0,
+                }
             });
             let mut s = ChunkStream::new(Arc::clone(&group), place);
             for p in &pk {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 
 use cbf::net::fault::{FaultInjector, Faults};
-use cbf::net::{mem, PacketReceiver, RecvBatch, Received};
+use cbf::net::{mem, PacketReceiver, Received, RecvBatch};
 use cbf::spead::recv::chunk::PlaceFn;
 use cbf::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, ChunkStream, PlaceInput, Placement};
 use cbf::spead::send::{Heap, PacketGenerator};
@@ -53,14 +53,19 @@ fn config(n_streams: usize) -> ChunkGroupConfig {
 }
 
 fn payload(n: u64, pol: u64) -> Vec<u8> {
-    (0..HEAP_BYTES).map(|i| (i as u64 * 7 + n * 13 + pol * 101) as u8).collect()
+    (0..HEAP_BYTES)
+        .map(|i| (i as u64 * 7 + n * 13 + pol * 101) as u8)
+        .collect()
 }
 
 /// Packets of heap n (timestamp n·step) for `pol`, in order.
 fn heap_packets(n: u64, pol: u64) -> Vec<Vec<u8>> {
     let mut h = Heap::new();
     h.repeat_pointers = true;
-    h.add_immediate(0x1600, n * TS_STEP).add_immediate(0x3101, pol).add_immediate(0x3102, n + 1000 * pol).add_bytes(0x3300, payload(n, pol));
+    h.add_immediate(0x1600, n * TS_STEP)
+        .add_immediate(0x3101, pol)
+        .add_immediate(0x3102, n + 1000 * pol)
+        .add_bytes(0x3300, payload(n, pol));
     let mut g = PacketGenerator::new(&h, n * 2 + pol, Flavour::SPEAD_64_48, 1472).unwrap();
     let mut v = Vec::new();
     loop {
@@ -73,7 +78,10 @@ fn heap_packets(n: u64, pol: u64) -> Vec<Vec<u8>> {
 }
 
 /// Run one stream over a receiver to its end; returns the stream's counters.
-fn run_stream(group: Arc<ChunkGroup>, mut rx: impl PacketReceiver) -> cbf::spead::recv::StatsSnapshot {
+fn run_stream(
+    group: Arc<ChunkGroup>,
+    mut rx: impl PacketReceiver,
+) -> cbf::spead::recv::StatsSnapshot {
     let mut s = ChunkStream::new(group, place());
     let mut batch = RecvBatch::new(16, 9200);
     while !s.is_stopped() {
@@ -92,6 +100,7 @@ fn run_stream(group: Arc<ChunkGroup>, mut rx: impl PacketReceiver) -> cbf::spead
     s.finish()
 }
 
+#[allow(clippy::vec_box)] // the ready queue hands out boxed chunks
 fn collect(group: &ChunkGroup) -> Vec<Box<Chunk>> {
     let mut v = Vec::new();
     while let Ok(c) = group.ready().recv() {
@@ -103,13 +112,22 @@ fn collect(group: &ChunkGroup) -> Vec<Box<Chunk>> {
 fn check_present_heap(c: &Chunk, idx: usize) {
     let pol = (idx / HEAPS_PER_POL) as u64;
     let n = c.chunk_id * HEAPS_PER_POL as u64 + (idx % HEAPS_PER_POL) as u64;
-    assert_eq!(&c.data[idx * HEAP_BYTES..(idx + 1) * HEAP_BYTES], &payload(n, pol)[..], "chunk {} heap {idx}", c.chunk_id);
+    assert_eq!(
+        &c.data[idx * HEAP_BYTES..(idx + 1) * HEAP_BYTES],
+        &payload(n, pol)[..],
+        "chunk {} heap {idx}",
+        c.chunk_id
+    );
     assert_eq!(c.extra[idx], n + 1000 * pol);
 }
 
 #[test]
 fn two_streams_fill_shared_chunks_exactly() {
-    let group = ChunkGroup::new(ChunkGroupConfig { max_chunks: 3, ..config(2) }).unwrap();
+    let group = ChunkGroup::new(ChunkGroupConfig {
+        max_chunks: 3,
+        ..config(2)
+    })
+    .unwrap();
     let n_heaps = 40u64;
     // The consumer only records; assertions run on the main thread, so a failure cannot stop
     // chunks from being freed and hang the streams.
@@ -123,7 +141,8 @@ fn two_streams_fill_shared_chunks_exactly() {
                     .map(|idx| {
                         let pol = (idx / HEAPS_PER_POL) as u64;
                         let n = c.chunk_id * HEAPS_PER_POL as u64 + (idx % HEAPS_PER_POL) as u64;
-                        c.data[idx * HEAP_BYTES..(idx + 1) * HEAP_BYTES] == payload(n, pol)[..] && c.extra[idx] == n + 1000 * pol
+                        c.data[idx * HEAP_BYTES..(idx + 1) * HEAP_BYTES] == payload(n, pol)[..]
+                            && c.extra[idx] == n + 1000 * pol
                     })
                     .collect();
                 seen.push((c.chunk_id, present, ok));
@@ -146,9 +165,10 @@ fn two_streams_fill_shared_chunks_exactly() {
     for n in 0..n_heaps {
         for (pol, tx) in txs.iter_mut().enumerate() {
             for p in heap_packets(n, pol as u64) {
-                let mut b = cbf::net::SendBatch::default();
-                b.buf = p.clone();
-                b.packets.push((0, p.len(), 0));
+                let b = cbf::net::SendBatch {
+                    packets: vec![(0, p.len(), 0)],
+                    buf: p,
+                };
                 cbf::net::PacketSender::send_batch(tx, &b).unwrap();
             }
         }
@@ -156,20 +176,31 @@ fn two_streams_fill_shared_chunks_exactly() {
     drop(txs);
     let stats: Vec<_> = streams.into_iter().map(|t| t.join().unwrap()).collect();
     let seen = consumer.join().unwrap();
-    assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), (0..n_heaps / HEAPS_PER_POL as u64).collect::<Vec<_>>());
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (0..n_heaps / HEAPS_PER_POL as u64).collect::<Vec<_>>()
+    );
     for (id, present, ok) in &seen {
         assert!(present.iter().all(|&p| p == 1), "chunk {id}: {present:?}");
         assert!(ok.iter().all(|&o| o), "chunk {id}: wrong data {ok:?}");
     }
     for s in stats {
         assert_eq!(s.heaps, n_heaps);
-        assert_eq!(s.incomplete_heaps_evicted + s.too_old_heaps + s.malformed_total(), 0, "{s:?}");
+        assert_eq!(
+            s.incomplete_heaps_evicted + s.too_old_heaps + s.malformed_total(),
+            0,
+            "{s:?}"
+        );
     }
 }
 
 #[test]
 fn loss_reorder_and_duplicates_have_exact_consequences() {
-    let group = ChunkGroup::new(ChunkGroupConfig { n_chunks: 32, ..config(1) }).unwrap();
+    let group = ChunkGroup::new(ChunkGroupConfig {
+        n_chunks: 32,
+        ..config(1)
+    })
+    .unwrap();
     let n_heaps = 48u64;
     let mut packets = Vec::new();
     let mut lost_heaps = std::collections::HashSet::new();
@@ -211,9 +242,15 @@ fn loss_reorder_and_duplicates_have_exact_consequences() {
         }
     }
     assert_eq!(stats.heaps, present);
-    assert_eq!(stats.duplicate_packets, (0..2 * n_heaps).filter(|k| k % 5 == 0).count() as u64);
+    assert_eq!(
+        stats.duplicate_packets,
+        (0..2 * n_heaps).filter(|k| k % 5 == 0).count() as u64
+    );
     // Incomplete heaps leave through eviction (a later heap needs the slot) or the final flush.
-    assert_eq!(stats.incomplete_heaps_evicted + stats.incomplete_heaps_flushed, lost_heaps.len() as u64);
+    assert_eq!(
+        stats.incomplete_heaps_evicted + stats.incomplete_heaps_flushed,
+        lost_heaps.len() as u64
+    );
 }
 
 #[test]
@@ -224,7 +261,9 @@ fn window_too_old_and_rejected() {
     packets.extend(heap_packets(12, 0)); // chunk 3: window (max 2) slides to [2, 3]
     packets.extend(heap_packets(1, 0)); // chunk 0 again: too old
     let mut bad = Heap::new();
-    bad.add_immediate(0x1600, 1234).add_immediate(0x3101, 0).add_bytes(0x3300, vec![0u8; 10]);
+    bad.add_immediate(0x1600, 1234)
+        .add_immediate(0x3101, 0)
+        .add_bytes(0x3300, vec![0u8; 10]);
     let mut g = PacketGenerator::new(&bad, 99, Flavour::SPEAD_64_48, 1472).unwrap();
     let mut b = Vec::new();
     g.next_packet(&mut b).unwrap();
@@ -240,7 +279,10 @@ fn window_too_old_and_rejected() {
     let ids: Vec<u64> = collect(&group).iter().map(|c| c.chunk_id).collect();
     // Chunk 1 was skipped over by the jump (it would have left the window at once); 2 is delivered empty.
     assert_eq!(ids, [0, 2, 3]);
-    assert_eq!(stats.too_old_heaps, 3, "one per packet of the 3-packet heap");
+    assert_eq!(
+        stats.too_old_heaps, 3,
+        "one per packet of the 3-packet heap"
+    );
     assert_eq!(stats.rejected_heaps[1], 1);
     assert_eq!(stats.rejected_heaps[0], 1);
     assert_eq!(stats.malformed_total(), 1);
@@ -250,9 +292,20 @@ fn window_too_old_and_rejected() {
 #[test]
 fn random_faults_never_corrupt_a_present_heap() {
     for seed in 0..8 {
-        let group = ChunkGroup::new(ChunkGroupConfig { n_chunks: 32, ..config(1) }).unwrap();
-        let packets: Vec<Vec<u8>> = (0..64u64).flat_map(|n| (0..2).flat_map(move |p| heap_packets(n, p))).collect();
-        let faults = Faults { drop: 0.05, reorder: 0.2, duplicate: 0.05, corrupt: 0.0 };
+        let group = ChunkGroup::new(ChunkGroupConfig {
+            n_chunks: 32,
+            ..config(1)
+        })
+        .unwrap();
+        let packets: Vec<Vec<u8>> = (0..64u64)
+            .flat_map(|n| (0..2).flat_map(move |p| heap_packets(n, p)))
+            .collect();
+        let faults = Faults {
+            drop: 0.05,
+            reorder: 0.2,
+            duplicate: 0.05,
+            corrupt: 0.0,
+        };
         let rx = FaultInjector::new(mem::from_packets(packets), faults, seed, 9200);
         let stats = run_stream(Arc::clone(&group), rx);
         let chunks = collect(&group);
@@ -264,16 +317,30 @@ fn random_faults_never_corrupt_a_present_heap() {
             }
         }
         assert_eq!(stats.heaps, present);
-        assert!(present > 64, "seed {seed}: only {present} heaps survived 5 % loss");
+        assert!(
+            present > 64,
+            "seed {seed}: only {present} heaps survived 5 % loss"
+        );
     }
 }
 
 #[test]
 fn corruption_is_counted_never_fatal() {
-    let group = ChunkGroup::new(ChunkGroupConfig { n_chunks: 32, ..config(1) }).unwrap();
-    let packets: Vec<Vec<u8>> = (0..64u64).flat_map(|n| (0..2).flat_map(move |p| heap_packets(n, p))).collect();
+    let group = ChunkGroup::new(ChunkGroupConfig {
+        n_chunks: 32,
+        ..config(1)
+    })
+    .unwrap();
+    let packets: Vec<Vec<u8>> = (0..64u64)
+        .flat_map(|n| (0..2).flat_map(move |p| heap_packets(n, p)))
+        .collect();
     let total = packets.len() as u64;
-    let faults = Faults { drop: 0.0, reorder: 0.0, duplicate: 0.0, corrupt: 0.5 };
+    let faults = Faults {
+        drop: 0.0,
+        reorder: 0.0,
+        duplicate: 0.0,
+        corrupt: 0.5,
+    };
     let rx = FaultInjector::new(mem::from_packets(packets), faults, 42, 9200);
     let stats = run_stream(Arc::clone(&group), rx);
     let _ = collect(&group);

@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use cbf::net::udp::UdpReceiver;
-use cbf::net::{PacketReceiver, RecvBatch, Received};
+use cbf::net::{PacketReceiver, Received, RecvBatch};
 use cbf::sim::pack::unpack;
 use cbf::spead::items::{ItemValue, ADC_SAMPLES_ID, TIMESTAMP_ID};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
@@ -22,7 +22,11 @@ impl Drop for Kill {
 }
 
 fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[test]
@@ -32,15 +36,34 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
     let port = free_tcp_port();
     let _dsim = Kill(
         Command::new(env!("CARGO_BIN_EXE_cbf"))
-            .args(["dsim", "--adc-sample-rate", "20e6", "--max-period", "65536", "--signals", "0.5;", "--dither-seed", "3"])
-            .args(["--katcp-port", &port.to_string(), "--katcp-host", "127.0.0.1", &dest])
+            .args([
+                "dsim",
+                "--adc-sample-rate",
+                "20e6",
+                "--max-period",
+                "65536",
+                "--signals",
+                "0.5;",
+                "--dither-seed",
+                "3",
+            ])
+            .args([
+                "--katcp-port",
+                &port.to_string(),
+                "--katcp-host",
+                "127.0.0.1",
+                &dest,
+            ])
             .spawn()
             .unwrap(),
     );
     // Wait for the katcp server.
     let t0 = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "dsim katcp server did not start");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "dsim katcp server did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let replies: Vec<serde_json::Value> = common::run_reference(
@@ -68,11 +91,26 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
     let switch: u64 = replies[1]["args"][0].as_str().unwrap().parse().unwrap();
     assert_eq!(switch % 4096, 0);
     assert_eq!(status(2), "fail", "{:?}", replies[2]);
-    assert!(replies[3]["args"][0].as_str().unwrap().contains("multiple"), "{:?}", replies[3]);
-    assert!(replies[4]["args"][0].as_str().unwrap().contains("maximum"), "{:?}", replies[4]);
+    assert!(
+        replies[3]["args"][0].as_str().unwrap().contains("multiple"),
+        "{:?}",
+        replies[3]
+    );
+    assert!(
+        replies[4]["args"][0].as_str().unwrap().contains("maximum"),
+        "{:?}",
+        replies[4]
+    );
     assert_eq!(status(5), "invalid");
     let t: f64 = replies[6]["args"][0].as_str().unwrap().parse().unwrap();
-    assert!((t - std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()).abs() < 60.0);
+    assert!(
+        (t - std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64())
+        .abs()
+            < 60.0
+    );
     assert_eq!(replies[7]["informs"][0][4], "16384");
     assert_eq!(replies[8]["informs"][0][4], "0.25;");
 
@@ -89,13 +127,23 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
             }
         }
         for h in heaps.drain(..) {
-            let (Some(ItemValue::Immediate(ts)), Some(ItemValue::Bytes(raw))) = (h.item(TIMESTAMP_ID), h.item(ADC_SAMPLES_ID)) else {
+            let (Some(ItemValue::Immediate(ts)), Some(ItemValue::Bytes(raw))) =
+                (h.item(TIMESTAMP_ID), h.item(ADC_SAMPLES_ID))
+            else {
                 continue;
             };
             let mut codes = vec![0i32; 4096];
             unpack(raw, 10, &mut codes);
-            let want = if ts < switch { 511.0 * 0.5 } else { 511.0 * 0.25 };
-            assert!(codes.iter().all(|&c| (f64::from(c) - want).abs() <= 1.0), "timestamp {ts} (switch {switch}): {:?}", &codes[..4]);
+            let want = if ts < switch {
+                511.0 * 0.5
+            } else {
+                511.0 * 0.25
+            };
+            assert!(
+                codes.iter().all(|&c| (f64::from(c) - want).abs() <= 1.0),
+                "timestamp {ts} (switch {switch}): {:?}",
+                &codes[..4]
+            );
             if ts < switch {
                 before += 1;
             } else {

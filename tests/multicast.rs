@@ -18,8 +18,15 @@ impl Drop for Netns {
 }
 
 fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| panic!("cannot run ip (install iproute2): {e}"));
-    assert!(out.status.success(), "ip {args:?} failed (the multicast test needs root): {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run ip (install iproute2): {e}"));
+    assert!(
+        out.status.success(),
+        "ip {args:?} failed (the multicast test needs root): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -28,10 +35,16 @@ fn dsim_to_capture_over_multicast_between_namespaces() {
     let (a, b) = (format!("cbf-a-{id}"), format!("cbf-b-{id}"));
     let (va, vb) = (format!("cva{id}"), format!("cvb{id}"));
     ip(&["netns", "add", &a]);
-    let _guard_a = Netns { names: vec![a.clone()] };
+    let _guard_a = Netns {
+        names: vec![a.clone()],
+    };
     ip(&["netns", "add", &b]);
-    let _guard_b = Netns { names: vec![b.clone()] };
-    ip(&["link", "add", &va, "mtu", "9000", "type", "veth", "peer", "name", &vb, "mtu", "9000"]);
+    let _guard_b = Netns {
+        names: vec![b.clone()],
+    };
+    ip(&[
+        "link", "add", &va, "mtu", "9000", "type", "veth", "peer", "name", &vb, "mtu", "9000",
+    ]);
     ip(&["link", "set", &va, "netns", &a]);
     ip(&["link", "set", &vb, "netns", &b]);
     ip(&["-n", &a, "addr", "add", "10.99.0.1/24", "dev", &va]);
@@ -48,7 +61,16 @@ fn dsim_to_capture_over_multicast_between_namespaces() {
     // .12, so exactly n + n/2 data heaps (plus one descriptor heap per joined group) arrive.
     let expect = n + n / 2 + 2;
     let capture = Command::new("ip")
-        .args(["netns", "exec", &b, cbf, "capture", "239.10.10.10+1:7148", "--interface", &vb])
+        .args([
+            "netns",
+            "exec",
+            &b,
+            cbf,
+            "capture",
+            "239.10.10.10+1:7148",
+            "--interface",
+            &vb,
+        ])
         .args(["--count", &expect.to_string(), "--duration", "20"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -56,21 +78,57 @@ fn dsim_to_capture_over_multicast_between_namespaces() {
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
     let status = Command::new("ip")
-        .args(["netns", "exec", &a, cbf, "dsim", "--adc-sample-rate", "100e6", "--period", "65536"])
-        .args(["--max-heaps", &n.to_string(), "--interface", &va, "--ttl", "2"])
+        .args([
+            "netns",
+            "exec",
+            &a,
+            cbf,
+            "dsim",
+            "--adc-sample-rate",
+            "100e6",
+            "--period",
+            "65536",
+        ])
+        .args([
+            "--max-heaps",
+            &n.to_string(),
+            "--interface",
+            &va,
+            "--ttl",
+            "2",
+        ])
         .args(["239.10.10.10:7148", "239.10.10.11+1:7148"])
         .status()
         .unwrap();
     assert!(status.success());
     let out = capture.wait_with_output().unwrap();
-    assert!(out.status.success(), "capture failed: {}", String::from_utf8_lossy(&out.stderr));
-    let heaps: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(
+        out.status.success(),
+        "capture failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let heaps: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let ids: Vec<u64> = heaps
         .iter()
         .filter(|h| h["complete"] == true)
-        .filter_map(|h| h["items"].as_array().unwrap().iter().find(|i| i["id"] == "0x3101").map(|i| i["immediate"].as_u64().unwrap()))
+        .filter_map(|h| {
+            h["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|i| i["id"] == "0x3101")
+                .map(|i| i["immediate"].as_u64().unwrap())
+        })
         .collect();
-    assert_eq!(ids.iter().filter(|&&i| i == 0).count() as u64, n, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        ids.iter().filter(|&&i| i == 0).count() as u64,
+        n,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(ids.iter().filter(|&&i| i == 1).count() as u64, n / 2);
     assert_eq!(heaps.len() as u64, expect);
 }

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use cbf::spead::recv::{ChunkGroup, ChunkGroupConfig, ChunkStream, HeapStream, HeapStreamConfig, PlaceInput, Placement};
+use cbf::spead::recv::{
+    ChunkGroup, ChunkGroupConfig, ChunkStream, HeapStream, HeapStreamConfig, PlaceInput, Placement,
+};
 use cbf::spead::DropReason;
 use proptest::prelude::*;
 
@@ -30,7 +32,16 @@ fn make_packet(pointers: &[u64], payload: &[u8]) -> Vec<u8> {
 }
 
 fn good(cnt: u64, len: u64, off: u64, payload: &[u8]) -> Vec<u8> {
-    make_packet(&[imm(1, cnt), imm(2, len), imm(3, off), imm(4, payload.len() as u64), addr(0x1000, 0)], payload)
+    make_packet(
+        &[
+            imm(1, cnt),
+            imm(2, len),
+            imm(3, off),
+            imm(4, payload.len() as u64),
+            addr(0x1000, 0),
+        ],
+        payload,
+    )
 }
 
 fn feed(packets: &[Vec<u8>]) -> (HeapStream, Vec<cbf::spead::recv::ReceivedHeap>) {
@@ -49,19 +60,96 @@ fn each_malformation_is_counted_under_its_cause() {
     let cases: Vec<(&str, Vec<u8>, DropReason)> = vec![
         ("empty", vec![], DropReason::ShortHeader),
         ("partial header", ok[..5].to_vec(), DropReason::ShortHeader),
-        ("partial pointers", ok[..30].to_vec(), DropReason::ShortHeader),
-        ("bad magic", { let mut b = ok.clone(); b[0] = 0x4b; b }, DropReason::BadMagic),
-        ("bad version", { let mut b = ok.clone(); b[1] = 3; b }, DropReason::BadVersion),
-        ("bad item pointer width", { let mut b = ok.clone(); b[2] = 1; b }, DropReason::BadFlavour),
-        ("bad address width", { let mut b = ok.clone(); b[3] = 5; b }, DropReason::BadFlavour),
-        ("no address bits", { let mut b = ok.clone(); b[2] = 8; b[3] = 0; b }, DropReason::BadFlavour),
-        ("partial payload", ok[..ok.len() - 3].to_vec(), DropReason::PayloadPastPacket),
-        ("trailing bytes", { let mut b = ok.clone(); b.extend([0, 0]); b }, DropReason::SizeMismatch),
-        ("offset past heap", good(1, 8, 4, &[1; 8]), DropReason::PayloadPastHeap),
-        ("no heap cnt", make_packet(&[imm(2, 8), imm(3, 0), imm(4, 0)], &[]), DropReason::MissingItems),
-        ("no payload offset", make_packet(&[imm(1, 8), imm(2, 8), imm(4, 0)], &[]), DropReason::MissingItems),
-        ("no payload length", make_packet(&[imm(1, 8), imm(2, 8), imm(3, 0)], &[]), DropReason::MissingItems),
-        ("payload length huge", make_packet(&[imm(1, 1), imm(3, 0), imm(4, (1 << 48) - 1)], &[]), DropReason::PayloadPastPacket),
+        (
+            "partial pointers",
+            ok[..30].to_vec(),
+            DropReason::ShortHeader,
+        ),
+        (
+            "bad magic",
+            {
+                let mut b = ok.clone();
+                b[0] = 0x4b;
+                b
+            },
+            DropReason::BadMagic,
+        ),
+        (
+            "bad version",
+            {
+                let mut b = ok.clone();
+                b[1] = 3;
+                b
+            },
+            DropReason::BadVersion,
+        ),
+        (
+            "bad item pointer width",
+            {
+                let mut b = ok.clone();
+                b[2] = 1;
+                b
+            },
+            DropReason::BadFlavour,
+        ),
+        (
+            "bad address width",
+            {
+                let mut b = ok.clone();
+                b[3] = 5;
+                b
+            },
+            DropReason::BadFlavour,
+        ),
+        (
+            "no address bits",
+            {
+                let mut b = ok.clone();
+                b[2] = 8;
+                b[3] = 0;
+                b
+            },
+            DropReason::BadFlavour,
+        ),
+        (
+            "partial payload",
+            ok[..ok.len() - 3].to_vec(),
+            DropReason::PayloadPastPacket,
+        ),
+        (
+            "trailing bytes",
+            {
+                let mut b = ok.clone();
+                b.extend([0, 0]);
+                b
+            },
+            DropReason::SizeMismatch,
+        ),
+        (
+            "offset past heap",
+            good(1, 8, 4, &[1; 8]),
+            DropReason::PayloadPastHeap,
+        ),
+        (
+            "no heap cnt",
+            make_packet(&[imm(2, 8), imm(3, 0), imm(4, 0)], &[]),
+            DropReason::MissingItems,
+        ),
+        (
+            "no payload offset",
+            make_packet(&[imm(1, 8), imm(2, 8), imm(4, 0)], &[]),
+            DropReason::MissingItems,
+        ),
+        (
+            "no payload length",
+            make_packet(&[imm(1, 8), imm(2, 8), imm(3, 0)], &[]),
+            DropReason::MissingItems,
+        ),
+        (
+            "payload length huge",
+            make_packet(&[imm(1, 1), imm(3, 0), imm(4, (1 << 48) - 1)], &[]),
+            DropReason::PayloadPastPacket,
+        ),
     ];
     for (name, bytes, reason) in cases {
         let (s, heaps) = feed(&[bytes]);
@@ -80,10 +168,17 @@ fn inconsistent_and_duplicate_packets() {
     assert_eq!(heaps.len(), 1);
     assert!(!heaps[0].complete);
     // Overlapping range: a duplicate.
-    let (s, heaps) = feed(&[good(6, 16, 0, &[1; 8]), good(6, 16, 4, &[9; 8]), good(6, 16, 8, &[2; 8])]);
+    let (s, heaps) = feed(&[
+        good(6, 16, 0, &[1; 8]),
+        good(6, 16, 4, &[9; 8]),
+        good(6, 16, 8, &[2; 8]),
+    ]);
     assert_eq!(s.stats().duplicate_packets, 1);
     assert!(heaps[0].complete);
-    assert_eq!(&heaps[0].payload[..], &[1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2][..]);
+    assert_eq!(
+        &heaps[0].payload[..],
+        &[1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2][..]
+    );
     // A late duplicate of a finished heap does not open a new heap.
     let (s, heaps) = feed(&[good(7, 8, 0, &[1; 8]), good(7, 8, 0, &[1; 8])]);
     assert_eq!((s.stats().duplicate_packets, heaps.len()), (1, 1));
@@ -91,7 +186,10 @@ fn inconsistent_and_duplicate_packets() {
 
 #[test]
 fn unsized_heaps_are_delivered_incomplete() {
-    let p = make_packet(&[imm(1, 3), imm(3, 0), imm(4, 4), addr(0x1000, 0)], &[1, 2, 3, 4]);
+    let p = make_packet(
+        &[imm(1, 3), imm(3, 0), imm(4, 4), addr(0x1000, 0)],
+        &[1, 2, 3, 4],
+    );
     let (s, heaps) = feed(&[p]);
     assert_eq!(heaps.len(), 1);
     assert!(!heaps[0].complete);
@@ -114,7 +212,12 @@ fn chunk_stream() -> ChunkStream {
     // A deliberately careless placement: offsets straight from the packet. The chunk machinery
     // must still refuse anything outside the chunk.
     let place = Arc::new(|p: &PlaceInput<'_>| match p.items[0] {
-        Some(ts) => Placement::Heap { chunk_id: ts >> 8, heap_index: (ts & 7) as usize, heap_offset: (ts & 0xff) as usize, extra: ts },
+        Some(ts) => Placement::Heap {
+            chunk_id: ts >> 8,
+            heap_index: (ts & 7) as usize,
+            heap_offset: (ts & 0xff) as usize,
+            extra: ts,
+        },
         None => Placement::Reject(0),
     });
     ChunkStream::new(group, place)
@@ -124,10 +227,25 @@ fn chunk_stream() -> ChunkStream {
 fn chunk_stream_refuses_placements_outside_the_chunk() {
     let mut s = chunk_stream();
     // heap_index 7 ≥ 4 heaps per chunk; offset 200 + length 64 > 256 bytes.
-    s.add_packet(&make_packet(&[imm(1, 1), imm(2, 8), imm(3, 0), imm(4, 8), imm(0x1600, 0x7)], &[0; 8]));
-    s.add_packet(&make_packet(&[imm(1, 2), imm(2, 64), imm(3, 0), imm(4, 8), imm(0x1600, 0xc8)], &[0; 8]));
+    s.add_packet(&make_packet(
+        &[imm(1, 1), imm(2, 8), imm(3, 0), imm(4, 8), imm(0x1600, 0x7)],
+        &[0; 8],
+    ));
+    s.add_packet(&make_packet(
+        &[
+            imm(1, 2),
+            imm(2, 64),
+            imm(3, 0),
+            imm(4, 8),
+            imm(0x1600, 0xc8),
+        ],
+        &[0; 8],
+    ));
     // No HEAP_LENGTH: the chunk path needs it.
-    s.add_packet(&make_packet(&[imm(1, 3), imm(3, 0), imm(4, 8), imm(0x1600, 0x1)], &[0; 8]));
+    s.add_packet(&make_packet(
+        &[imm(1, 3), imm(3, 0), imm(4, 8), imm(0x1600, 0x1)],
+        &[0; 8],
+    ));
     let st = s.finish();
     assert_eq!(st.inconsistent_packets, 3);
     assert_eq!(st.heaps, 0);
@@ -135,7 +253,17 @@ fn chunk_stream_refuses_placements_outside_the_chunk() {
 
 /// A valid packet to mutate.
 fn seed_packet() -> Vec<u8> {
-    make_packet(&[imm(1, 9), imm(2, 16), imm(3, 8), imm(4, 8), imm(0x1600, 0x101), addr(0x1000, 0)], &[5; 8])
+    make_packet(
+        &[
+            imm(1, 9),
+            imm(2, 16),
+            imm(3, 8),
+            imm(4, 8),
+            imm(0x1600, 0x101),
+            addr(0x1000, 0),
+        ],
+        &[5; 8],
+    )
 }
 
 proptest! {
@@ -143,7 +271,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
-        let (s, _) = feed(&[bytes.clone()]);
+        let (s, _) = feed(std::slice::from_ref(&bytes));
         prop_assert_eq!(s.stats().packets, 1);
         let mut c = chunk_stream();
         c.add_packet(&bytes);

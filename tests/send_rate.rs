@@ -11,7 +11,8 @@ use cbf::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
 #[test]
 fn paced_stream_holds_rate_within_one_percent() {
     let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-    rx.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
     let dest = match rx.local_addr().unwrap() {
         std::net::SocketAddr::V4(a) => a,
         _ => unreachable!(),
@@ -37,16 +38,25 @@ fn paced_stream_holds_rate_within_one_percent() {
         ((bytes - n0) as f64, (last - t0).as_secs_f64())
     });
     let tx = UdpSender::new(&[dest], None, 1, 4 << 20).unwrap();
-    let cfg = SendStreamConfig { max_packet_size: 8192 + 72, rate, burst_size: 65536, ..Default::default() };
+    let cfg = SendStreamConfig {
+        max_packet_size: 8192 + 72,
+        rate,
+        burst_size: 65536,
+        ..Default::default()
+    };
     let mut s = SendStream::new(cfg, vec![tx]).unwrap();
     let data = vec![7u8; heap_bytes];
     let mut heap = Heap::new();
     heap.add_immediate(0x1600, 0).add_bytes(0x4300, &data[..]);
     for _ in 0..n_heaps {
-        s.send_heaps(&[HeapRef::new(&heap, 0)], SendMode::Serial).unwrap();
+        s.send_heaps(&[HeapRef::new(&heap, 0)], SendMode::Serial)
+            .unwrap();
     }
     let (bytes, secs) = receiver.join().unwrap();
     let measured = bytes / secs;
     assert!(secs > 1.0, "ran only {secs} s");
-    assert!((measured / rate - 1.0).abs() < 0.01, "measured {measured:.0} B/s for {rate:.0} B/s over {secs:.3} s");
+    assert!(
+        (measured / rate - 1.0).abs() < 0.01,
+        "measured {measured:.0} B/s for {rate:.0} B/s over {secs:.3} s"
+    );
 }

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cbf::net::udp::{UdpReceiver, UdpSender};
-use cbf::net::{PacketReceiver, RecvBatch, Received};
+use cbf::net::{PacketReceiver, Received, RecvBatch};
 use cbf::spead::items::{Descriptor, ItemValue};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig, ReceivedHeap};
 use cbf::spead::send::{Heap, HeapRef, PacketGenerator, SendMode, SendStream, SendStreamConfig};
@@ -39,28 +39,66 @@ fn multipacket_data() -> Vec<u8> {
 /// The same heaps as `case()` in spead2_peer.py, built with cbf's API.
 fn rust_case(name: &str) -> Case {
     let f48 = Flavour::SPEAD_64_48;
-    let mut c = Case { flavour: f48, packet_size: 1472, cnt: (1, 1), heaps: vec![] };
+    let mut c = Case {
+        flavour: f48,
+        packet_size: 1472,
+        cnt: (1, 1),
+        heaps: vec![],
+    };
     let mut h = Heap::new();
     match name {
         "immediates" => {
-            h.add_immediate(0x1600, 0x12_3456_789a).add_immediate(0x3101, 3).add_immediate(0x3102, 0x1_0000_0002);
+            h.add_immediate(0x1600, 0x12_3456_789a)
+                .add_immediate(0x3101, 3)
+                .add_immediate(0x3102, 0x1_0000_0002);
         }
         "addressed" => {
-            h.add_descriptor(&Descriptor::with_dtype(0x1000, "raw", "int8 samples", &[1000], "|i1"), f48);
+            h.add_descriptor(
+                &Descriptor::with_dtype(0x1000, "raw", "int8 samples", &[1000], "|i1"),
+                f48,
+            );
             h.add_small(0x1000, addressed_a());
-            h.add_descriptor(&Descriptor::with_dtype(0x1001, "table", "u32 table", &[5, 7], ">u4"), f48);
+            h.add_descriptor(
+                &Descriptor::with_dtype(0x1001, "table", "u32 table", &[5, 7], ">u4"),
+                f48,
+            );
             h.add_small(0x1001, addressed_b());
         }
         "multipacket_repeat" => {
             h.repeat_pointers = true;
-            h.add_immediate(0x1600, 0xabcdef).add_small(0x4300, multipacket_data());
+            h.add_immediate(0x1600, 0xabcdef)
+                .add_small(0x4300, multipacket_data());
             c.packet_size = 8192 + 72;
         }
         "descriptors" => {
-            h.add_descriptor(&Descriptor::with_format(0x1600, "timestamp", "ADC sample count", &[], &[(b'u', 48)]), f48);
-            h.add_descriptor(&Descriptor::with_dtype(0x4300, "feng_raw", "channelised", &[512, 256, 2, 2], "|i1"), f48);
             h.add_descriptor(
-                &Descriptor::with_format(0x1234, "varlen", "variable", &[None, Some(3)], &[(b'i', 8), (b'f', 32)]),
+                &Descriptor::with_format(
+                    0x1600,
+                    "timestamp",
+                    "ADC sample count",
+                    &[],
+                    &[(b'u', 48)],
+                ),
+                f48,
+            );
+            h.add_descriptor(
+                &Descriptor::with_dtype(
+                    0x4300,
+                    "feng_raw",
+                    "channelised",
+                    &[512, 256, 2, 2],
+                    "|i1",
+                ),
+                f48,
+            );
+            h.add_descriptor(
+                &Descriptor::with_format(
+                    0x1234,
+                    "varlen",
+                    "variable",
+                    &[None, Some(3)],
+                    &[(b'i', 8), (b'f', 32)],
+                ),
                 f48,
             );
         }
@@ -91,7 +129,10 @@ fn rust_case(name: &str) -> Case {
             c.flavour = Flavour::new(40).unwrap();
             c.packet_size = 1000;
             h.add_immediate(0x7fff, 0xffff_ffff);
-            h.add_small(0x1000, (0..300u16).flat_map(u16::to_be_bytes).collect::<Vec<_>>());
+            h.add_small(
+                0x1000,
+                (0..300u16).flat_map(u16::to_be_bytes).collect::<Vec<_>>(),
+            );
         }
         other => panic!("no case {other}"),
     }
@@ -133,7 +174,10 @@ fn cbf_packets(c: &Case) -> Vec<Vec<u8>> {
 fn encoding_is_byte_exact_with_spead2() {
     for name in CASES {
         let want = common::run_reference("spead2_peer.py", &["encode", name]);
-        let got: Vec<String> = cbf_packets(&rust_case(name)).iter().map(|p| common::hex(p)).collect();
+        let got: Vec<String> = cbf_packets(&rust_case(name))
+            .iter()
+            .map(|p| common::hex(p))
+            .collect();
         assert_eq!(got, want, "case {name}");
     }
 }
@@ -141,7 +185,10 @@ fn encoding_is_byte_exact_with_spead2() {
 /// Expected items of the cases sent over UDP, from the case formulas (not from the receiver).
 fn check_heap(name: &str, heap: &ReceivedHeap) {
     assert!(heap.complete, "{name}: heap {} incomplete", heap.cnt);
-    let item = |id| heap.item(id).unwrap_or_else(|| panic!("{name}: item {id:#x} missing"));
+    let item = |id| {
+        heap.item(id)
+            .unwrap_or_else(|| panic!("{name}: item {id:#x} missing"))
+    };
     match name {
         "immediates" => {
             assert_eq!(item(0x1600), ItemValue::Immediate(0x12_3456_789a));
@@ -151,7 +198,10 @@ fn check_heap(name: &str, heap: &ReceivedHeap) {
             assert_eq!(item(0x1000), ItemValue::Bytes(&addressed_a()));
             assert_eq!(item(0x1001), ItemValue::Bytes(&addressed_b()));
             let d: Vec<Descriptor> = heap.descriptors().into_iter().map(Result::unwrap).collect();
-            assert_eq!(d[1], Descriptor::with_dtype(0x1001, "table", "u32 table", &[5, 7], ">u4"));
+            assert_eq!(
+                d[1],
+                Descriptor::with_dtype(0x1001, "table", "u32 table", &[5, 7], ">u4")
+            );
         }
         "multipacket_repeat" => {
             assert_eq!(item(0x1600), ItemValue::Immediate(0xabcdef));
@@ -161,7 +211,10 @@ fn check_heap(name: &str, heap: &ReceivedHeap) {
             for i in [0u64, 57, 199] {
                 assert_eq!(item(0x2000 + i), ItemValue::Immediate(i * 1001));
             }
-            assert_eq!(item(0x1000), ItemValue::Bytes(&(0..100u8).collect::<Vec<_>>()));
+            assert_eq!(
+                item(0x1000),
+                ItemValue::Bytes(&(0..100u8).collect::<Vec<_>>())
+            );
         }
         _ => unreachable!(),
     }
@@ -169,7 +222,12 @@ fn check_heap(name: &str, heap: &ReceivedHeap) {
 
 #[test]
 fn spead2_sends_cbf_receives() {
-    for (name, shuffle) in [("immediates", None), ("addressed", Some("1")), ("multipacket_repeat", Some("2")), ("many_pointers", Some("3"))] {
+    for (name, shuffle) in [
+        ("immediates", None),
+        ("addressed", Some("1")),
+        ("multipacket_repeat", Some("2")),
+        ("many_pointers", Some("3")),
+    ] {
         let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 8 << 20).unwrap();
         let port = rx.local_addr().unwrap().port().to_string();
         let mut args = vec!["send-udp", name, "127.0.0.1", port.as_str()];
@@ -178,7 +236,12 @@ fn spead2_sends_cbf_receives() {
         }
         let sender = std::thread::spawn({
             let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            move || common::run_reference("spead2_peer.py", &args.iter().map(String::as_str).collect::<Vec<_>>())
+            move || {
+                common::run_reference(
+                    "spead2_peer.py",
+                    &args.iter().map(String::as_str).collect::<Vec<_>>(),
+                )
+            }
         });
         // Out-of-order packets of one heap need every packet kept: enough heap slots.
         let mut stream = HeapStream::new(HeapStreamConfig::default());
@@ -206,7 +269,12 @@ fn spead2_sends_cbf_receives() {
 #[test]
 fn cbf_sends_spead2_receives() {
     let port = common::free_udp_port();
-    let names = ["immediates", "addressed", "multipacket_repeat", "many_pointers"];
+    let names = [
+        "immediates",
+        "addressed",
+        "multipacket_repeat",
+        "many_pointers",
+    ];
     let mut child = Command::new(common::python())
         .arg(common::reference_script("spead2_peer.py"))
         .args(["recv-udp", &port.to_string(), &names.len().to_string()])
@@ -219,7 +287,11 @@ fn cbf_sends_spead2_receives() {
     for name in names {
         let c = rust_case(name);
         let tx = UdpSender::new(&[dest], None, 1, 1 << 20).unwrap();
-        let cfg = SendStreamConfig { max_packet_size: c.packet_size, rate: 50e6, ..Default::default() };
+        let cfg = SendStreamConfig {
+            max_packet_size: c.packet_size,
+            rate: 50e6,
+            ..Default::default()
+        };
         let mut s = SendStream::new(cfg, vec![tx]).unwrap();
         let refs: Vec<HeapRef> = c.heaps.iter().map(|h| HeapRef::new(h, 0)).collect();
         s.send_heaps(&refs, SendMode::Serial).unwrap();

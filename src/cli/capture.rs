@@ -15,7 +15,7 @@ use super::shutdown::Shutdown;
 use super::CliError;
 use crate::net::pcap::{PcapDump, PcapReceiver};
 use crate::net::udp::UdpReceiver;
-use crate::net::{parse_endpoints, PacketReceiver, RecvBatch, Received};
+use crate::net::{parse_endpoints, PacketReceiver, Received, RecvBatch};
 use crate::spead::items::{Descriptor, ItemValue};
 use crate::spead::recv::{HeapStream, HeapStreamConfig, ReceivedHeap, StatsSnapshot};
 
@@ -99,7 +99,13 @@ fn descriptor_json(d: &Descriptor) -> Value {
     });
     match &d.numpy_header {
         Some(h) => v["dtype"] = json!(h),
-        None => v["format"] = json!(d.format.iter().map(|(c, b)| json!([(*c as char).to_string(), b])).collect::<Vec<_>>()),
+        None => {
+            v["format"] = json!(d
+                .format
+                .iter()
+                .map(|(c, b)| json!([(*c as char).to_string(), b]))
+                .collect::<Vec<_>>())
+        }
     }
     v
 }
@@ -107,8 +113,14 @@ fn descriptor_json(d: &Descriptor) -> Value {
 fn stats_json(s: &StatsSnapshot, elapsed: f64) -> Value {
     let mut v = serde_json::Map::new();
     v.insert("elapsed_s".into(), json!(elapsed));
-    v.insert("gbps".into(), json!(s.bytes as f64 * 8.0 / elapsed.max(1e-9) / 1e9));
-    v.insert("packets_per_s".into(), json!(s.packets as f64 / elapsed.max(1e-9)));
+    v.insert(
+        "gbps".into(),
+        json!(s.bytes as f64 * 8.0 / elapsed.max(1e-9) / 1e9),
+    );
+    v.insert(
+        "packets_per_s".into(),
+        json!(s.packets as f64 / elapsed.max(1e-9)),
+    );
     for (name, value) in s.fields(&[]) {
         v.insert(name, json!(value));
     }
@@ -116,14 +128,21 @@ fn stats_json(s: &StatsSnapshot, elapsed: f64) -> Value {
 }
 
 /// Where the packets come from.
-pub fn open_source(src: &str, interface: Option<&str>, buffer: usize) -> Result<(Box<dyn PacketReceiver>, SocketAddrV4), CliError> {
+pub fn open_source(
+    src: &str,
+    interface: Option<&str>,
+    buffer: usize,
+) -> Result<(Box<dyn PacketReceiver>, SocketAddrV4), CliError> {
     let path = Path::new(src);
     if path.is_file() {
-        let r = PcapReceiver::open(path, &[]).map_err(|e| CliError::flag("src", format!("{src}: {e}")))?;
+        let r = PcapReceiver::open(path, &[])
+            .map_err(|e| CliError::flag("src", format!("{src}: {e}")))?;
         return Ok((Box::new(r), SocketAddrV4::new([0, 0, 0, 0].into(), 0)));
     }
-    let eps = parse_endpoints(src).map_err(|e| CliError::flag("src", format!("{e} (and no such file)")))?;
-    let r = UdpReceiver::bind(&eps, interface, buffer).map_err(|e| CliError::flag("src", format!("cannot receive on {src}: {e}")))?;
+    let eps = parse_endpoints(src)
+        .map_err(|e| CliError::flag("src", format!("{e} (and no such file)")))?;
+    let r = UdpReceiver::bind(&eps, interface, buffer)
+        .map_err(|e| CliError::flag("src", format!("cannot receive on {src}: {e}")))?;
     Ok((Box::new(r), eps[0]))
 }
 
@@ -138,7 +157,12 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         return Err(CliError::flag("--packet-size", "must be in 64..=65536"));
     }
     let (mut source, dst) = open_source(&args.src, args.interface.as_deref(), args.buffer)?;
-    let mut dump = args.pcap.as_deref().map(PcapDump::create).transpose().map_err(|e| CliError::flag("--pcap", e))?;
+    let mut dump = args
+        .pcap
+        .as_deref()
+        .map(PcapDump::create)
+        .transpose()
+        .map_err(|e| CliError::flag("--pcap", e))?;
     let shutdown = Shutdown::install();
     let mut stream = HeapStream::new(HeapStreamConfig {
         max_heaps: args.max_heaps,
@@ -155,7 +179,11 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
     let mut out = io::BufWriter::new(stdout.lock());
     let src_addr = SocketAddrV4::new([0, 0, 0, 0].into(), 0);
     let limit = args.duration.map(Duration::from_secs_f64);
-    while !shutdown.requested() && !stream.is_stopped() && args.count.is_none_or(|c| n_heaps < c) && limit.is_none_or(|l| start.elapsed() < l) {
+    while !shutdown.requested()
+        && !stream.is_stopped()
+        && args.count.is_none_or(|c| n_heaps < c)
+        && limit.is_none_or(|l| start.elapsed() < l)
+    {
         match source.recv_batch(&mut batch)? {
             Received::End => break,
             Received::Idle => {}
@@ -178,7 +206,11 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
             }
         }
         if args.stats && last_stats.elapsed() >= Duration::from_secs(1) {
-            writeln!(out, "{}", stats_json(&stream.stats(), start.elapsed().as_secs_f64()))?;
+            writeln!(
+                out,
+                "{}",
+                stats_json(&stream.stats(), start.elapsed().as_secs_f64())
+            )?;
             out.flush()?;
             last_stats = Instant::now();
         }

@@ -14,7 +14,7 @@ use super::dsim::{send_loop, DsimArgs};
 use super::shutdown::Shutdown;
 use super::CliError;
 use crate::net::udp::{UdpReceiver, UdpSender};
-use crate::net::{PacketReceiver, RecvBatch, Received};
+use crate::net::{PacketReceiver, Received, RecvBatch};
 use crate::sim::dsim::DigitiserHeaps;
 use crate::spead::items::{ItemValue, ADC_SAMPLES_ID, DIGITISER_ID_ID, TIMESTAMP_ID};
 use crate::spead::recv::{HeapStream, HeapStreamConfig, ReceivedHeap, StatsSnapshot};
@@ -71,7 +71,9 @@ fn check(heap: &ReceivedHeap, dsim: &DigitiserHeaps, tally: &Tally) {
 }
 
 fn free_port() -> Result<u16, CliError> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 pub fn run(args: DemoArgs) -> Result<(), CliError> {
@@ -111,7 +113,10 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         "demo: dsim at {:.0} MS/s × 2 pols, {}-bit, signals {:?} → capture on {:?}, {:.1} s",
         args.adc_sample_rate / 1e6,
         args.sample_bits,
-        plan.signals.iter().map(ToString::to_string).collect::<String>(),
+        plan.signals
+            .iter()
+            .map(ToString::to_string)
+            .collect::<String>(),
         ports,
         args.duration
     );
@@ -119,7 +124,11 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         let (dsim, tally, shutdown) = (Arc::clone(&dsim), Arc::clone(&tally), shutdown.clone());
         move || -> Result<StatsSnapshot, CliError> {
             // Stop heaps arrive on each port separately: end on silence after dsim is done instead.
-            let mut stream = HeapStream::new(HeapStreamConfig { substreams: 2, stop_on_stop_item: false, ..Default::default() });
+            let mut stream = HeapStream::new(HeapStreamConfig {
+                substreams: 2,
+                stop_on_stop_item: false,
+                ..Default::default()
+            });
             let mut batch = RecvBatch::new(64, 9200);
             let mut heaps = Vec::new();
             let give_up = Duration::from_secs(2);
@@ -149,19 +158,30 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         }
     })?;
     let senders = vec![UdpSender::new(&endpoints, None, 1, 1 << 20)?];
-    let mut stream = SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
-    let sent = send_loop(&plan, Arc::clone(&dsim), None, &mut stream, plan.start_timestamp(), &shutdown, |r| {
-        let secs = r.elapsed.as_secs_f64();
-        println!(
-            "  {:5.1} s  dsim {:8} heaps {:6.3} Gb/s   capture {:8} heaps",
-            secs,
-            r.heaps,
-            r.bytes as f64 * 8.0 / secs / 1e9,
-            tally.heaps.load(Relaxed)
-        );
-    })?;
+    let mut stream =
+        SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
+    let sent = send_loop(
+        &plan,
+        Arc::clone(&dsim),
+        None,
+        &mut stream,
+        plan.start_timestamp(),
+        &shutdown,
+        |r| {
+            let secs = r.elapsed.as_secs_f64();
+            println!(
+                "  {:5.1} s  dsim {:8} heaps {:6.3} Gb/s   capture {:8} heaps",
+                secs,
+                r.heaps,
+                r.bytes as f64 * 8.0 / secs / 1e9,
+                tally.heaps.load(Relaxed)
+            );
+        },
+    )?;
     shutdown.request();
-    let stats = receiver.join().map_err(|_| CliError::Run("receiver thread panicked".into()))??;
+    let stats = receiver
+        .join()
+        .map_err(|_| CliError::Run("receiver thread panicked".into()))??;
     let received = tally.heaps.load(Relaxed);
     let lost = sent.heaps.saturating_sub(received);
     let mismatched = tally.mismatched.load(Relaxed);
@@ -178,7 +198,9 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         stats.malformed_total()
     );
     if mismatched > 0 {
-        return Err(CliError::Run(format!("{mismatched} heaps arrived with data that differs from what dsim sent")));
+        return Err(CliError::Run(format!(
+            "{mismatched} heaps arrived with data that differs from what dsim sent"
+        )));
     }
     Ok(())
 }

@@ -104,19 +104,37 @@ impl DsimArgs {
     /// Check every flag; errors name the flag.
     pub fn plan(&self) -> Result<DsimPlan, CliError> {
         if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
-            return Err(CliError::flag("--adc-sample-rate", "must be a positive number of Hz"));
+            return Err(CliError::flag(
+                "--adc-sample-rate",
+                "must be a positive number of Hz",
+            ));
         }
         if !valid_sample_bits(self.sample_bits) {
-            return Err(CliError::flag("--sample-bits", format!("{} is not one of 2–10, 12, 16", self.sample_bits)));
+            return Err(CliError::flag(
+                "--sample-bits",
+                format!("{} is not one of 2–10, 12, 16", self.sample_bits),
+            ));
         }
         if self.heap_samples == 0 || self.heap_samples % 8 != 0 {
-            return Err(CliError::flag("--heap-samples", "must be a positive multiple of 8"));
+            return Err(CliError::flag(
+                "--heap-samples",
+                "must be a positive multiple of 8",
+            ));
         }
         if self.heap_samples * self.sample_bits as usize / 8 + 72 > 65507 {
-            return Err(CliError::flag("--heap-samples", "heap does not fit in one UDP datagram"));
+            return Err(CliError::flag(
+                "--heap-samples",
+                "heap does not fit in one UDP datagram",
+            ));
         }
         if self.max_period == 0 || self.max_period % self.heap_samples != 0 {
-            return Err(CliError::flag("--max-period", format!("must be a positive multiple of --heap-samples ({})", self.heap_samples)));
+            return Err(CliError::flag(
+                "--max-period",
+                format!(
+                    "must be a positive multiple of --heap-samples ({})",
+                    self.heap_samples
+                ),
+            ));
         }
         let period = self.period.unwrap_or(self.max_period);
         if let Err(e) = check_period(period, self.heap_samples, self.max_period) {
@@ -127,7 +145,10 @@ impl DsimArgs {
         }
         if let Some(d) = self.duration {
             if !(d.is_finite() && d >= 0.0) {
-                return Err(CliError::flag("--duration", "must be a non-negative number of seconds"));
+                return Err(CliError::flag(
+                    "--duration",
+                    "must be a non-negative number of seconds",
+                ));
             }
         }
         let dests = self
@@ -136,8 +157,12 @@ impl DsimArgs {
             .map(|d| parse_endpoints(d).map_err(|e| CliError::flag("dest", e)))
             .collect::<Result<Vec<_>, _>>()?;
         let mut seeds = rand::random::<u64>;
-        let signals = signal::parse(&self.signals, dests.len(), &mut seeds).map_err(|e| CliError::flag("--signals", e))?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        let signals = signal::parse(&self.signals, dests.len(), &mut seeds)
+            .map_err(|e| CliError::flag("--signals", e))?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
         let sync_time = self.sync_time.unwrap_or(now);
         if sync_time > now {
             return Err(CliError::flag("--sync-time", "is in the future"));
@@ -165,10 +190,14 @@ impl DsimArgs {
 
 fn check_period(period: usize, heap_samples: usize, max_period: usize) -> Result<(), String> {
     if period == 0 || period % heap_samples != 0 {
-        return Err(format!("period {period} is not a positive multiple of the heap size ({heap_samples})"));
+        return Err(format!(
+            "period {period} is not a positive multiple of the heap size ({heap_samples})"
+        ));
     }
     if period > max_period {
-        return Err(format!("period {period} exceeds the maximum period ({max_period})"));
+        return Err(format!(
+            "period {period} exceeds the maximum period ({max_period})"
+        ));
     }
     Ok(())
 }
@@ -188,34 +217,107 @@ pub struct DsimControl {
 
 impl DsimControl {
     /// Register the sensors that describe the output (saving them reproduces it exactly).
-    pub fn new(plan: &DsimPlan, signals_orig: &str, sensors: Arc<Sensors>, changes: Sender<SignalChange>) -> DsimControl {
+    pub fn new(
+        plan: &DsimPlan,
+        signals_orig: &str,
+        sensors: Arc<Sensors>,
+        changes: Sender<SignalChange>,
+    ) -> DsimControl {
         let c = &plan.config;
         let canonical: String = plan.signals.iter().map(ToString::to_string).collect();
-        sensors.add("signals", "Signal program, canonical (with every seed)", "", "string", canonical);
-        sensors.add("signals-orig", "Signal program as given", "", "string", signals_orig);
-        sensors.add("period", "Samples in the replayed pattern", "samples", "integer", c.period);
-        sensors.add("max-period", "Largest period ?signals accepts", "samples", "integer", plan.max_period);
-        sensors.add("dither-seed", "Seed of the LSB dither", "", "integer", c.dither_seed);
-        sensors.add("adc-sample-rate", "ADC sample rate", "Hz", "float", c.adc_sample_rate);
-        sensors.add("sample-bits", "Bits per sample", "", "integer", c.sample_bits);
-        sensors.add("sync-time", "UNIX time of timestamp 0", "s", "float", plan.sync_time);
-        DsimControl { plan: plan.clone(), sensors, changes }
+        sensors.add(
+            "signals",
+            "Signal program, canonical (with every seed)",
+            "",
+            "string",
+            canonical,
+        );
+        sensors.add(
+            "signals-orig",
+            "Signal program as given",
+            "",
+            "string",
+            signals_orig,
+        );
+        sensors.add(
+            "period",
+            "Samples in the replayed pattern",
+            "samples",
+            "integer",
+            c.period,
+        );
+        sensors.add(
+            "max-period",
+            "Largest period ?signals accepts",
+            "samples",
+            "integer",
+            plan.max_period,
+        );
+        sensors.add(
+            "dither-seed",
+            "Seed of the LSB dither",
+            "",
+            "integer",
+            c.dither_seed,
+        );
+        sensors.add(
+            "adc-sample-rate",
+            "ADC sample rate",
+            "Hz",
+            "float",
+            c.adc_sample_rate,
+        );
+        sensors.add(
+            "sample-bits",
+            "Bits per sample",
+            "",
+            "integer",
+            c.sample_bits,
+        );
+        sensors.add(
+            "sync-time",
+            "UNIX time of timestamp 0",
+            "s",
+            "float",
+            plan.sync_time,
+        );
+        DsimControl {
+            plan: plan.clone(),
+            sensors,
+            changes,
+        }
     }
 
     fn signals(&self, args: &[String]) -> Result<Vec<String>, String> {
         let (text, period) = match args {
             [t] => (t, self.plan.config.period),
-            [t, p] => (t, p.parse::<usize>().map_err(|_| format!("period {p:?} is not an integer"))?),
+            [t, p] => (
+                t,
+                p.parse::<usize>()
+                    .map_err(|_| format!("period {p:?} is not an integer"))?,
+            ),
             _ => return Err("usage: ?signals spec [period]".into()),
         };
         check_period(period, self.plan.config.heap_samples, self.plan.max_period)?;
-        let signals = signal::parse(text, self.plan.dests.len(), &mut rand::random::<u64>).map_err(|e| e.to_string())?;
-        let config = DigitiserConfig { period, ..self.plan.config.clone() };
+        let signals = signal::parse(text, self.plan.dests.len(), &mut rand::random::<u64>)
+            .map_err(|e| e.to_string())?;
+        let config = DigitiserConfig {
+            period,
+            ..self.plan.config.clone()
+        };
         let heaps = Arc::new(DigitiserHeaps::new(config, &signals));
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.changes.send(SignalChange { heaps, started: tx }).map_err(|_| "dsim is shutting down".to_string())?;
-        let ts = rx.recv_timeout(Duration::from_secs(30)).map_err(|_| "the sender did not take the new signal".to_string())?;
-        self.sensors.set("signals", signals.iter().map(ToString::to_string).collect::<String>(), Status::Nominal);
+        self.changes
+            .send(SignalChange { heaps, started: tx })
+            .map_err(|_| "dsim is shutting down".to_string())?;
+        let ts = rx
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| "the sender did not take the new signal".to_string())?;
+        self.sensors.set(
+            "signals",
+            signals.iter().map(ToString::to_string).collect::<String>(),
+            Status::Nominal,
+        );
         self.sensors.set("signals-orig", text, Status::Nominal);
         self.sensors.set("period", period, Status::Nominal);
         Ok(vec![ts.to_string()])
@@ -233,7 +335,13 @@ impl Handler for DsimControl {
     fn handle(&self, name: &str, args: &[String]) -> Option<Result<Vec<String>, String>> {
         match name {
             "signals" => Some(self.signals(args)),
-            "time" => Some(Ok(vec![format!("{:.6}", SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64())])),
+            "time" => Some(Ok(vec![format!(
+                "{:.6}",
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs_f64()
+            )])),
             _ => None,
         }
     }
@@ -252,13 +360,17 @@ pub struct DsimReport {
 impl DsimPlan {
     /// Bytes per second on the wire at the configured rate factor (0 = unlimited).
     pub fn rate(&self) -> f64 {
-        let heaps_per_s = self.config.adc_sample_rate / self.config.heap_samples as f64 * self.dests.len() as f64;
+        let heaps_per_s =
+            self.config.adc_sample_rate / self.config.heap_samples as f64 * self.dests.len() as f64;
         heaps_per_s * self.config.packet_bytes() as f64 * self.rate_factor
     }
 
     /// The first timestamp: the next heap boundary at or after now.
     pub fn start_timestamp(&self) -> u64 {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
         let samples = ((now - self.sync_time).max(0.0) * self.config.adc_sample_rate).ceil() as u64;
         let hs = self.config.heap_samples as u64;
         samples.div_ceil(hs) * hs
@@ -288,18 +400,25 @@ pub fn send_loop<S: PacketSender>(
 ) -> Result<DsimReport, CliError> {
     const STEPS_PER_CALL: usize = 8;
     let n_pols = plan.dests.len();
-    let offsets: Vec<usize> = plan.dests.iter().scan(0, |acc, d| {
-        let o = *acc;
-        *acc += d.len();
-        Some(o)
-    }).collect();
+    let offsets: Vec<usize> = plan
+        .dests
+        .iter()
+        .scan(0, |acc, d| {
+            let o = *acc;
+            *acc += d.len();
+            Some(o)
+        })
+        .collect();
     let hs = plan.config.heap_samples as u64;
     let start = Instant::now();
     let mut last_progress = start;
     let mut last_descriptors: Option<Instant> = None;
     let mut descriptor_cnt = 1u64;
     let descriptor_heap = heaps.descriptor_heap();
-    let mut report = DsimReport { first_timestamp: start_timestamp, ..Default::default() };
+    let mut report = DsimReport {
+        first_timestamp: start_timestamp,
+        ..Default::default()
+    };
     let mut step = 0u64;
     let send_err = |e| CliError::Run(format!("send failed: {e}"));
     loop {
@@ -314,9 +433,16 @@ pub fn send_loop<S: PacketSender>(
             // One descriptor heap per destination, each with its own (odd) cnt: a receiver
             // joined to several destinations must see distinct heaps.
             let refs: Vec<HeapRef> = (0..stream.destinations())
-                .map(|d| HeapRef { heap: &descriptor_heap, cnt: Some(descriptor_cnt + 2 * d as u64), substream: d, unpaced: true })
+                .map(|d| HeapRef {
+                    heap: &descriptor_heap,
+                    cnt: Some(descriptor_cnt + 2 * d as u64),
+                    substream: d,
+                    unpaced: true,
+                })
                 .collect();
-            stream.send_heaps_first(&refs, SendMode::RoundRobin).map_err(send_err)?;
+            stream
+                .send_heaps_first(&refs, SendMode::RoundRobin)
+                .map_err(send_err)?;
             descriptor_cnt += 2 * refs.len() as u64;
             last_descriptors = Some(now);
         }
@@ -324,17 +450,26 @@ pub fn send_loop<S: PacketSender>(
             heaps = change.heaps;
             let _ = change.started.send(start_timestamp + step * hs);
         }
-        let steps = plan.max_heaps.map_or(STEPS_PER_CALL as u64, |m| (m - step).min(STEPS_PER_CALL as u64));
+        let steps = plan.max_heaps.map_or(STEPS_PER_CALL as u64, |m| {
+            (m - step).min(STEPS_PER_CALL as u64)
+        });
         let batch: Vec<(Heap<'_>, usize)> = (0..steps)
             .flat_map(|k| {
                 let s = step + k;
                 let ts = start_timestamp + s * hs;
                 (0..n_pols).map(move |p| (p, s, ts))
             })
-            .map(|(p, s, ts)| (heaps.heap(p, ts), offsets[p] + (s % plan.dests[p].len() as u64) as usize))
+            .map(|(p, s, ts)| {
+                (
+                    heaps.heap(p, ts),
+                    offsets[p] + (s % plan.dests[p].len() as u64) as usize,
+                )
+            })
             .collect();
         let refs: Vec<HeapRef> = batch.iter().map(|(h, d)| HeapRef::new(h, *d)).collect();
-        stream.send_heaps(&refs, SendMode::Serial).map_err(send_err)?;
+        stream
+            .send_heaps(&refs, SendMode::Serial)
+            .map_err(send_err)?;
         step += steps;
         report.heaps = step * n_pols as u64;
         if now - last_progress >= Duration::from_secs(1) {
@@ -350,9 +485,16 @@ pub fn send_loop<S: PacketSender>(
         let mut stop = Heap::new();
         stop.add_end();
         let refs: Vec<HeapRef> = (0..stream.destinations())
-            .map(|d| HeapRef { heap: &stop, cnt: Some(descriptor_cnt + 2 * d as u64), substream: d, unpaced: true })
+            .map(|d| HeapRef {
+                heap: &stop,
+                cnt: Some(descriptor_cnt + 2 * d as u64),
+                substream: d,
+                unpaced: true,
+            })
             .collect();
-        stream.send_heaps_first(&refs, SendMode::RoundRobin).map_err(send_err)?;
+        stream
+            .send_heaps_first(&refs, SendMode::RoundRobin)
+            .map_err(send_err)?;
     }
     let c = stream.counters();
     report.packets = c.packets;
@@ -362,14 +504,23 @@ pub fn send_loop<S: PacketSender>(
 }
 
 /// Open one UDP sender per interface (or one on the default route), each knowing every destination.
-pub fn open_senders(plan: &DsimPlan, interfaces: &[String], ttl: u32, buffer: usize) -> Result<Vec<UdpSender>, CliError> {
+pub fn open_senders(
+    plan: &DsimPlan,
+    interfaces: &[String],
+    ttl: u32,
+    buffer: usize,
+) -> Result<Vec<UdpSender>, CliError> {
     let all: Vec<SocketAddrV4> = plan.dests.iter().flatten().copied().collect();
     if interfaces.is_empty() {
-        return Ok(vec![UdpSender::new(&all, None, ttl, buffer).map_err(|e| CliError::flag("dest", e))?]);
+        return Ok(vec![
+            UdpSender::new(&all, None, ttl, buffer).map_err(|e| CliError::flag("dest", e))?
+        ]);
     }
     interfaces
         .iter()
-        .map(|i| UdpSender::new(&all, Some(i), ttl, buffer).map_err(|e| CliError::flag("--interface", e)))
+        .map(|i| {
+            UdpSender::new(&all, Some(i), ttl, buffer).map_err(|e| CliError::flag("--interface", e))
+        })
         .collect()
 }
 
@@ -386,19 +537,49 @@ pub fn run(args: DsimArgs) -> Result<(), CliError> {
     let senders = open_senders(&plan, &args.interface, args.ttl, args.send_buffer)?;
     let (changes_tx, changes_rx) = crossbeam_channel::bounded(1);
     let sensors = Arc::new(Sensors::default());
-    let control = Arc::new(DsimControl::new(&plan, &args.signals, Arc::clone(&sensors), changes_tx));
-    let katcp_addr = katcp::serve(SocketAddr::new(args.katcp_host, args.katcp_port), sensors, control, "cbf-dsim")
-        .map_err(|e| CliError::flag("--katcp-port", e))?;
+    let control = Arc::new(DsimControl::new(
+        &plan,
+        &args.signals,
+        Arc::clone(&sensors),
+        changes_tx,
+    ));
+    let katcp_addr = katcp::serve(
+        SocketAddr::new(args.katcp_host, args.katcp_port),
+        sensors,
+        control,
+        "cbf-dsim",
+    )
+    .map_err(|e| CliError::flag("--katcp-port", e))?;
     tracing::info!(%katcp_addr, "katcp server listening");
-    let mut stream = SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
+    let mut stream =
+        SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
     let ts0 = plan.start_timestamp();
     let adc = plan.config.adc_sample_rate;
-    tracing::info!(first_timestamp = ts0, rate_gbps = plan.rate() * 8e-9, "sending");
-    let report = send_loop(&plan, heaps, Some(&changes_rx), &mut stream, ts0, &shutdown, |r| {
-        let gbps = r.bytes as f64 * 8.0 / r.elapsed.as_secs_f64() / 1e9;
-        let behind = r.elapsed.as_secs_f64() - (r.heaps / plan.dests.len() as u64) as f64 * plan.config.heap_samples as f64 / adc;
-        tracing::info!(heaps = r.heaps, gbps = format!("{gbps:.3}"), time_error_s = format!("{behind:.4}"), "progress");
-    })?;
+    tracing::info!(
+        first_timestamp = ts0,
+        rate_gbps = plan.rate() * 8e-9,
+        "sending"
+    );
+    let report = send_loop(
+        &plan,
+        heaps,
+        Some(&changes_rx),
+        &mut stream,
+        ts0,
+        &shutdown,
+        |r| {
+            let gbps = r.bytes as f64 * 8.0 / r.elapsed.as_secs_f64() / 1e9;
+            let behind = r.elapsed.as_secs_f64()
+                - (r.heaps / plan.dests.len() as u64) as f64 * plan.config.heap_samples as f64
+                    / adc;
+            tracing::info!(
+                heaps = r.heaps,
+                gbps = format!("{gbps:.3}"),
+                time_error_s = format!("{behind:.4}"),
+                "progress"
+            );
+        },
+    )?;
     let secs = report.elapsed.as_secs_f64().max(1e-9);
     println!(
         "dsim: sent {} heaps, {} packets, {} bytes in {:.3} s ({:.3} Gb/s, {:.0} packets/s)",
@@ -439,19 +620,78 @@ mod tests {
     #[test]
     fn bad_flags_are_named() {
         let d = "127.0.0.1:7148";
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "0", d])), "--adc-sample-rate");
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--sample-bits", "11", d])), "--sample-bits");
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--heap-samples", "12", d])), "--heap-samples");
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--period", "5000", d])), "--period");
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--signals", "cw(1);", d])), "--signals");
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "1.2.3:4"])), "dest");
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--sync-time", "9e12", d])), "--sync-time");
-        assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", "--send-rate-factor=-1", d])), "--send-rate-factor");
+        assert_eq!(
+            flag_of(plan(&["--adc-sample-rate", "0", d])),
+            "--adc-sample-rate"
+        );
+        assert_eq!(
+            flag_of(plan(&[
+                "--adc-sample-rate",
+                "1e9",
+                "--sample-bits",
+                "11",
+                d
+            ])),
+            "--sample-bits"
+        );
+        assert_eq!(
+            flag_of(plan(&[
+                "--adc-sample-rate",
+                "1e9",
+                "--heap-samples",
+                "12",
+                d
+            ])),
+            "--heap-samples"
+        );
+        assert_eq!(
+            flag_of(plan(&["--adc-sample-rate", "1e9", "--period", "5000", d])),
+            "--period"
+        );
+        assert_eq!(
+            flag_of(plan(&[
+                "--adc-sample-rate",
+                "1e9",
+                "--signals",
+                "cw(1);",
+                d
+            ])),
+            "--signals"
+        );
+        assert_eq!(
+            flag_of(plan(&["--adc-sample-rate", "1e9", "1.2.3:4"])),
+            "dest"
+        );
+        assert_eq!(
+            flag_of(plan(&[
+                "--adc-sample-rate",
+                "1e9",
+                "--sync-time",
+                "9e12",
+                d
+            ])),
+            "--sync-time"
+        );
+        assert_eq!(
+            flag_of(plan(&[
+                "--adc-sample-rate",
+                "1e9",
+                "--send-rate-factor=-1",
+                d
+            ])),
+            "--send-rate-factor"
+        );
     }
 
     #[test]
     fn rate_matches_the_adc() {
-        let p = plan(&["--adc-sample-rate", "1712e6", "239.0.0.1+7:7148", "239.0.1.1+7:7148"]).unwrap();
+        let p = plan(&[
+            "--adc-sample-rate",
+            "1712e6",
+            "239.0.0.1+7:7148",
+            "239.0.1.1+7:7148",
+        ])
+        .unwrap();
         // 1712e6/4096 heaps/s per pol × 2 pols × (5120 + 72) bytes.
         assert!((p.rate() - 1712e6 / 4096.0 * 2.0 * 5192.0).abs() < 1e-3);
         assert_eq!(p.dests[1].len(), 8);

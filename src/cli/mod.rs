@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "cbf", version, about = "GPU correlator-beamformer for radio telescopes")]
+#[command(
+    name = "cbf",
+    version,
+    about = "GPU correlator-beamformer for radio telescopes"
+)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
@@ -39,7 +43,9 @@ pub enum Command {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -76,7 +82,10 @@ pub enum CliError {
 
 impl CliError {
     pub fn flag(flag: &'static str, message: impl std::fmt::Display) -> CliError {
-        CliError::Flag { flag, message: message.to_string() }
+        CliError::Flag {
+            flag,
+            message: message.to_string(),
+        }
     }
 }
 

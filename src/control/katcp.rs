@@ -95,7 +95,12 @@ fn escape(arg: &str) -> String {
 
 impl Message {
     pub fn new(kind: Kind, name: &str, mid: Option<u32>, args: Vec<String>) -> Message {
-        Message { kind, name: name.into(), mid, args }
+        Message {
+            kind,
+            name: name.into(),
+            mid,
+            args,
+        }
     }
 
     /// Parse one line (without its terminator).
@@ -127,7 +132,12 @@ impl Message {
             return Err(ParseError::Name(name.into()));
         }
         let args = words.map(unescape).collect::<Result<_, _>>()?;
-        Ok(Message { kind, name: name.into(), mid, args })
+        Ok(Message {
+            kind,
+            name: name.into(),
+            mid,
+            args,
+        })
     }
 
     /// The wire form, newline-terminated.
@@ -186,11 +196,21 @@ pub struct Sensor {
 pub struct Sensors(Mutex<BTreeMap<String, Sensor>>);
 
 fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
 }
 
 impl Sensors {
-    pub fn add(&self, name: &str, description: &str, units: &str, kind: &'static str, value: impl ToString) {
+    pub fn add(
+        &self,
+        name: &str,
+        description: &str,
+        units: &str,
+        kind: &'static str,
+        value: impl ToString,
+    ) {
         let s = Sensor {
             description: description.into(),
             units: units.into(),
@@ -245,7 +265,12 @@ const STANDARD: [(&str, &str); 5] = [
 ];
 
 /// Answer one message; returns the lines to send.
-pub fn respond(msg: &Message, sensors: &Sensors, handler: &dyn Handler, program: &str) -> Vec<Message> {
+pub fn respond(
+    msg: &Message,
+    sensors: &Sensors,
+    handler: &dyn Handler,
+    program: &str,
+) -> Vec<Message> {
     let reply = |args: Vec<String>| Message::new(Kind::Reply, &msg.name, msg.mid, args);
     let inform = |args: Vec<String>| Message::new(Kind::Inform, &msg.name, msg.mid, args);
     let ok = |mut rest: Vec<String>| {
@@ -261,11 +286,20 @@ pub fn respond(msg: &Message, sensors: &Sensors, handler: &dyn Handler, program:
         "help" => {
             let mut all: Vec<(&str, &str)> = STANDARD.to_vec();
             all.extend(handler.requests());
-            let chosen: Vec<_> = all.into_iter().filter(|(n, _)| arg0.is_none_or(|a| a == *n)).collect();
+            let chosen: Vec<_> = all
+                .into_iter()
+                .filter(|(n, _)| arg0.is_none_or(|a| a == *n))
+                .collect();
             if chosen.is_empty() {
-                return vec![fail(format!("unknown request {:?}", arg0.unwrap_or_default()))];
+                return vec![fail(format!(
+                    "unknown request {:?}",
+                    arg0.unwrap_or_default()
+                ))];
             }
-            let mut out: Vec<Message> = chosen.iter().map(|(n, d)| inform(vec![n.to_string(), d.to_string()])).collect();
+            let mut out: Vec<Message> = chosen
+                .iter()
+                .map(|(n, d)| inform(vec![n.to_string(), d.to_string()]))
+                .collect();
             out.push(ok(vec![chosen.len().to_string()]));
             out
         }
@@ -278,15 +312,29 @@ pub fn respond(msg: &Message, sensors: &Sensors, handler: &dyn Handler, program:
         "sensor-list" | "sensor-value" => {
             let found = sensors.matching(arg0);
             if found.is_empty() && arg0.is_some() {
-                return vec![fail(format!("unknown sensor {:?}", arg0.unwrap_or_default()))];
+                return vec![fail(format!(
+                    "unknown sensor {:?}",
+                    arg0.unwrap_or_default()
+                ))];
             }
             let mut out: Vec<Message> = found
                 .iter()
                 .map(|(n, s)| {
                     if msg.name == "sensor-list" {
-                        inform(vec![n.clone(), s.description.clone(), s.units.clone(), s.kind.into()])
+                        inform(vec![
+                            n.clone(),
+                            s.description.clone(),
+                            s.units.clone(),
+                            s.kind.into(),
+                        ])
                     } else {
-                        inform(vec![format!("{:.6}", s.timestamp), "1".into(), n.clone(), s.status.as_str().into(), s.value.clone()])
+                        inform(vec![
+                            format!("{:.6}", s.timestamp),
+                            "1".into(),
+                            n.clone(),
+                            s.status.as_str().into(),
+                            s.value.clone(),
+                        ])
                     }
                 })
                 .collect();
@@ -296,20 +344,48 @@ pub fn respond(msg: &Message, sensors: &Sensors, handler: &dyn Handler, program:
         name => match handler.handle(name, &msg.args) {
             Some(Ok(args)) => vec![ok(args)],
             Some(Err(why)) => vec![fail(why)],
-            None => vec![reply(vec!["invalid".into(), format!("Unknown request {name}.")])],
+            None => vec![reply(vec![
+                "invalid".into(),
+                format!("Unknown request {name}."),
+            ])],
         },
     }
 }
 
-fn serve_client(stream: TcpStream, sensors: Arc<Sensors>, handler: Arc<dyn Handler>, program: String) -> io::Result<()> {
+fn serve_client(
+    stream: TcpStream,
+    sensors: Arc<Sensors>,
+    handler: Arc<dyn Handler>,
+    program: String,
+) -> io::Result<()> {
     let mut w = stream.try_clone()?;
-    w.write_all(Message::new(Kind::Inform, "version-connect", None, vec!["katcp-protocol".into(), "5.1-MIB".into()]).to_line().as_bytes())?;
-    w.write_all(Message::new(Kind::Inform, "version-connect", None, vec![program.clone(), env!("CARGO_PKG_VERSION").into()]).to_line().as_bytes())?;
+    w.write_all(
+        Message::new(
+            Kind::Inform,
+            "version-connect",
+            None,
+            vec!["katcp-protocol".into(), "5.1-MIB".into()],
+        )
+        .to_line()
+        .as_bytes(),
+    )?;
+    w.write_all(
+        Message::new(
+            Kind::Inform,
+            "version-connect",
+            None,
+            vec![program.clone(), env!("CARGO_PKG_VERSION").into()],
+        )
+        .to_line()
+        .as_bytes(),
+    )?;
     let mut r = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = (&mut r).take(MAX_LINE as u64).read_until(b'\n', &mut line)?;
+        let n = (&mut r)
+            .take(MAX_LINE as u64)
+            .read_until(b'\n', &mut line)?;
         if n == 0 {
             return Ok(());
         }
@@ -323,7 +399,17 @@ fn serve_client(stream: TcpStream, sensors: Arc<Sensors>, handler: Arc<dyn Handl
             Ok(m) => respond(&m, &sensors, handler.as_ref(), &program),
             Err(e) => {
                 tracing::warn!(error = %e, "malformed katcp message");
-                vec![Message::new(Kind::Inform, "log", None, vec!["warn".into(), format!("{:.6}", now()), "katcp".into(), format!("malformed message: {e}")])]
+                vec![Message::new(
+                    Kind::Inform,
+                    "log",
+                    None,
+                    vec![
+                        "warn".into(),
+                        format!("{:.6}", now()),
+                        "katcp".into(),
+                        format!("malformed message: {e}"),
+                    ],
+                )]
             }
         };
         for m in out {
@@ -333,22 +419,31 @@ fn serve_client(stream: TcpStream, sensors: Arc<Sensors>, handler: Arc<dyn Handl
 }
 
 /// Start the server on `addr` (port 0 picks one); returns the bound address.
-pub fn serve(addr: SocketAddr, sensors: Arc<Sensors>, handler: Arc<dyn Handler>, program: &str) -> io::Result<SocketAddr> {
+pub fn serve(
+    addr: SocketAddr,
+    sensors: Arc<Sensors>,
+    handler: Arc<dyn Handler>,
+    program: &str,
+) -> io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
     let program = program.to_string();
-    std::thread::Builder::new().name("katcp".into()).spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(stream) = conn else { continue };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(3600)));
-            let (s, h, p) = (Arc::clone(&sensors), Arc::clone(&handler), program.clone());
-            let _ = std::thread::Builder::new().name("katcp-client".into()).spawn(move || {
-                if let Err(e) = serve_client(stream, s, h, p) {
-                    tracing::debug!(error = %e, "katcp client gone");
-                }
-            });
-        }
-    })?;
+    std::thread::Builder::new()
+        .name("katcp".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(stream) = conn else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(3600)));
+                let (s, h, p) = (Arc::clone(&sensors), Arc::clone(&handler), program.clone());
+                let _ = std::thread::Builder::new()
+                    .name("katcp-client".into())
+                    .spawn(move || {
+                        if let Err(e) = serve_client(stream, s, h, p) {
+                            tracing::debug!(error = %e, "katcp client gone");
+                        }
+                    });
+            }
+        })?;
     Ok(local)
 }
 
@@ -370,11 +465,17 @@ mod tests {
     fn malformed_lines() {
         assert_eq!(Message::parse(b""), Err(ParseError::Empty));
         assert_eq!(Message::parse(b"help"), Err(ParseError::Type));
-        assert_eq!(Message::parse(b"?1abc"), Err(ParseError::Name("1abc".into())));
+        assert_eq!(
+            Message::parse(b"?1abc"),
+            Err(ParseError::Name("1abc".into()))
+        );
         assert_eq!(Message::parse(b"?x[0]"), Err(ParseError::Mid));
         assert_eq!(Message::parse(b"?x[1"), Err(ParseError::Mid));
         assert_eq!(Message::parse(b"?x a\\q"), Err(ParseError::Escape));
-        assert_eq!(Message::parse(&[b'?', b'x', b' ', 0xff]), Err(ParseError::Utf8));
+        assert_eq!(
+            Message::parse(&[b'?', b'x', b' ', 0xff]),
+            Err(ParseError::Utf8)
+        );
     }
 
     struct Echo;
@@ -383,7 +484,13 @@ mod tests {
             vec![("echo", "Echo arguments")]
         }
         fn handle(&self, name: &str, args: &[String]) -> Option<Result<Vec<String>, String>> {
-            (name == "echo").then(|| if args.is_empty() { Err("nothing to echo".into()) } else { Ok(args.to_vec()) })
+            (name == "echo").then(|| {
+                if args.is_empty() {
+                    Err("nothing to echo".into())
+                } else {
+                    Ok(args.to_vec())
+                }
+            })
         }
     }
 
@@ -391,7 +498,12 @@ mod tests {
     fn standard_and_program_requests() {
         let s = Sensors::default();
         s.add("period", "Pattern length", "samples", "integer", 8192);
-        let r = |line: &str| respond(&Message::parse(line.as_bytes()).unwrap(), &s, &Echo, "test").iter().map(Message::to_line).collect::<String>();
+        let r = |line: &str| {
+            respond(&Message::parse(line.as_bytes()).unwrap(), &s, &Echo, "test")
+                .iter()
+                .map(Message::to_line)
+                .collect::<String>()
+        };
         assert_eq!(r("?echo[3] a b"), "!echo[3] ok a b\n");
         assert_eq!(r("?echo"), "!echo fail nothing\\_to\\_echo\n");
         assert_eq!(r("?nope"), "!nope invalid Unknown\\_request\\_nope.\n");

@@ -25,7 +25,9 @@ pub fn parse_endpoints(text: &str) -> Result<Vec<SocketAddrV4>, EndpointError> {
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let err = |f: fn(String) -> EndpointError| f(part.to_string());
-        let (host, port) = part.rsplit_once(':').ok_or_else(|| err(EndpointError::Syntax))?;
+        let (host, port) = part
+            .rsplit_once(':')
+            .ok_or_else(|| err(EndpointError::Syntax))?;
         let port: u16 = port.parse().map_err(|_| err(EndpointError::Port))?;
         let (addr, extra) = match host.split_once('+') {
             Some((a, n)) => (a, n.parse::<u32>().map_err(|_| err(EndpointError::Count))?),
@@ -33,7 +35,8 @@ pub fn parse_endpoints(text: &str) -> Result<Vec<SocketAddrV4>, EndpointError> {
         };
         let addr: Ipv4Addr = addr.parse().map_err(|_| err(EndpointError::Address))?;
         let base = u32::from(addr);
-        base.checked_add(extra).ok_or_else(|| err(EndpointError::Overflow))?;
+        base.checked_add(extra)
+            .ok_or_else(|| err(EndpointError::Overflow))?;
         out.extend((0..=extra).map(|i| SocketAddrV4::new(Ipv4Addr::from(base + i), port)));
     }
     if out.is_empty() {
@@ -49,20 +52,40 @@ mod tests {
     #[test]
     fn expands_ranges() {
         let v = parse_endpoints("239.10.10.10+2:7148, 10.0.0.1:7149").unwrap();
-        let want: Vec<SocketAddrV4> = ["239.10.10.10:7148", "239.10.10.11:7148", "239.10.10.12:7148", "10.0.0.1:7149"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+        let want: Vec<SocketAddrV4> = [
+            "239.10.10.10:7148",
+            "239.10.10.11:7148",
+            "239.10.10.12:7148",
+            "10.0.0.1:7149",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
         assert_eq!(v, want);
     }
 
     #[test]
     fn errors_name_the_problem() {
-        assert!(matches!(parse_endpoints("1.2.3.4"), Err(EndpointError::Syntax(_))));
-        assert!(matches!(parse_endpoints("1.2.3:5"), Err(EndpointError::Address(_))));
-        assert!(matches!(parse_endpoints("1.2.3.4:70000"), Err(EndpointError::Port(_))));
-        assert!(matches!(parse_endpoints("1.2.3.4+x:5"), Err(EndpointError::Count(_))));
-        assert!(matches!(parse_endpoints("255.255.255.255+1:5"), Err(EndpointError::Overflow(_))));
+        assert!(matches!(
+            parse_endpoints("1.2.3.4"),
+            Err(EndpointError::Syntax(_))
+        ));
+        assert!(matches!(
+            parse_endpoints("1.2.3:5"),
+            Err(EndpointError::Address(_))
+        ));
+        assert!(matches!(
+            parse_endpoints("1.2.3.4:70000"),
+            Err(EndpointError::Port(_))
+        ));
+        assert!(matches!(
+            parse_endpoints("1.2.3.4+x:5"),
+            Err(EndpointError::Count(_))
+        ));
+        assert!(matches!(
+            parse_endpoints("255.255.255.255+1:5"),
+            Err(EndpointError::Overflow(_))
+        ));
         assert!(matches!(parse_endpoints(" , "), Err(EndpointError::Empty)));
     }
 }

@@ -8,7 +8,7 @@ use std::io;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{PacketReceiver, RecvBatch, Received};
+use super::{PacketReceiver, Received, RecvBatch};
 
 /// Probabilities per packet, each in [0, 1].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -101,6 +101,10 @@ impl<R: PacketReceiver> PacketReceiver for FaultInjector<R> {
                 None => break,
             }
         }
-        Ok(if batch.is_empty() { Received::Idle } else { Received::Packets(batch.len()) })
+        Ok(if batch.is_empty() {
+            Received::Idle
+        } else {
+            Received::Packets(batch.len())
+        })
     }
 }

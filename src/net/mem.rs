@@ -7,15 +7,21 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
-use super::{PacketReceiver, PacketSender, RecvBatch, Received, SendBatch};
+use super::{PacketReceiver, PacketSender, Received, RecvBatch, SendBatch};
 
 /// A connected pair: packets sent on the [`MemSender`] (to any destination) arrive at the
 /// [`MemReceiver`] in order. `capacity` packets may be queued; senders block beyond that.
 pub fn channel(capacity: usize, destinations: usize) -> (MemSender, MemReceiver) {
     let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
     (
-        MemSender { tx, destinations: destinations.max(1) },
-        MemReceiver { rx, timeout: Duration::from_millis(20) },
+        MemSender {
+            tx,
+            destinations: destinations.max(1),
+        },
+        MemReceiver {
+            rx,
+            timeout: Duration::from_millis(20),
+        },
     )
 }
 
@@ -26,7 +32,10 @@ pub fn from_packets(packets: Vec<Vec<u8>>) -> MemReceiver {
         // Unbounded: cannot fail while rx is alive.
         let _ = tx.send(p);
     }
-    MemReceiver { rx, timeout: Duration::ZERO }
+    MemReceiver {
+        rx,
+        timeout: Duration::ZERO,
+    }
 }
 
 pub struct MemSender {
@@ -41,9 +50,9 @@ impl PacketSender for MemSender {
 
     fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()> {
         for (bytes, _) in batch.iter() {
-            self.tx
-                .send(bytes.to_vec())
-                .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "in-memory receiver is gone"))?;
+            self.tx.send(bytes.to_vec()).map_err(|_| {
+                io::Error::new(io::ErrorKind::BrokenPipe, "in-memory receiver is gone")
+            })?;
         }
         Ok(())
     }

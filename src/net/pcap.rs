@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
 use pcap_file::DataLink;
 
-use super::{PacketReceiver, RecvBatch, Received};
+use super::{PacketReceiver, Received, RecvBatch};
 
 fn pcap_err(e: pcap_file::PcapError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
@@ -71,7 +71,12 @@ impl PcapReceiver {
     pub fn open(path: &Path, filter: &[SocketAddrV4]) -> io::Result<Self> {
         let reader = PcapReader::new(BufReader::new(File::open(path)?)).map_err(pcap_err)?;
         let link = reader.header().datalink;
-        Ok(PcapReceiver { reader, link, filter: filter.to_vec(), skipped: 0 })
+        Ok(PcapReceiver {
+            reader,
+            link,
+            filter: filter.to_vec(),
+            skipped: 0,
+        })
     }
 }
 
@@ -83,14 +88,20 @@ impl PacketReceiver for PcapReceiver {
                 None => break,
                 Some(Err(e)) => return Err(pcap_err(e)),
                 Some(Ok(pkt)) => match udp_payload(self.link, &pkt.data) {
-                    Some((dst, payload)) if self.filter.is_empty() || self.filter.contains(&dst) => {
+                    Some((dst, payload))
+                        if self.filter.is_empty() || self.filter.contains(&dst) =>
+                    {
                         batch.push(payload);
                     }
                     _ => self.skipped += 1,
                 },
             }
         }
-        Ok(if batch.is_empty() { Received::End } else { Received::Packets(batch.len()) })
+        Ok(if batch.is_empty() {
+            Received::End
+        } else {
+            Received::Packets(batch.len())
+        })
     }
 }
 
@@ -102,13 +113,26 @@ pub struct PcapDump {
 
 impl PcapDump {
     pub fn create(path: &Path) -> io::Result<Self> {
-        let header = PcapHeader { datalink: DataLink::ETHERNET, snaplen: 65535, ..Default::default() };
-        let writer = PcapWriter::with_header(BufWriter::new(File::create(path)?), header).map_err(pcap_err)?;
-        Ok(PcapDump { writer, frame: Vec::with_capacity(9200) })
+        let header = PcapHeader {
+            datalink: DataLink::ETHERNET,
+            snaplen: 65535,
+            ..Default::default()
+        };
+        let writer = PcapWriter::with_header(BufWriter::new(File::create(path)?), header)
+            .map_err(pcap_err)?;
+        Ok(PcapDump {
+            writer,
+            frame: Vec::with_capacity(9200),
+        })
     }
 
     /// Append one datagram sent from `src` to `dst` (`payload` ≤ 65507 bytes).
-    pub fn write(&mut self, src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) -> io::Result<()> {
+    pub fn write(
+        &mut self,
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+        payload: &[u8],
+    ) -> io::Result<()> {
         let f = &mut self.frame;
         f.clear();
         let mac = |ip: std::net::Ipv4Addr| -> [u8; 6] {
@@ -131,7 +155,10 @@ impl PcapDump {
         ip[9] = 17;
         ip[12..16].copy_from_slice(&src.ip().octets());
         ip[16..20].copy_from_slice(&dst.ip().octets());
-        let sum = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum::<u32>();
+        let sum = ip
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum::<u32>();
         let sum = (sum & 0xffff) + (sum >> 16);
         let sum = !(((sum & 0xffff) + (sum >> 16)) as u16);
         ip[10..12].copy_from_slice(&sum.to_be_bytes());
@@ -141,7 +168,9 @@ impl PcapDump {
         f.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
         f.extend_from_slice(&[0, 0]); // no UDP checksum (allowed over IPv4)
         f.extend_from_slice(payload);
-        let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
         self.writer
             .write_packet(&PcapPacket::new(ts, f.len() as u32, f))
             .map_err(pcap_err)?;

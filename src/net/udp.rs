@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use socket2::{Domain, InterfaceIndexOrAddress, Protocol, SockAddr, Socket, Type};
 
-use super::{PacketReceiver, PacketSender, RecvBatch, Received, SendBatch};
+use super::{PacketReceiver, PacketSender, Received, RecvBatch, SendBatch};
 
 /// How long a receive call waits before returning [`Received::Idle`].
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -71,8 +71,15 @@ impl MsgScratch {
     fn prepare(&mut self, n: usize) {
         if self.msgs.len() < n {
             // SAFETY: mmsghdr and iovec are plain old data; zeroed is a valid empty value.
-            self.msgs.resize_with(n, || unsafe { MaybeUninit::zeroed().assume_init() });
-            self.iovecs.resize(n, libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 });
+            self.msgs
+                .resize_with(n, || unsafe { MaybeUninit::zeroed().assume_init() });
+            self.iovecs.resize(
+                n,
+                libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                },
+            );
         }
     }
 }
@@ -96,7 +103,11 @@ fn set_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
     }
     let got = socket.recv_buffer_size()?;
     if got < bytes {
-        tracing::warn!(requested = bytes, got, "socket receive buffer capped (raise net.core.rmem_max)");
+        tracing::warn!(
+            requested = bytes,
+            got,
+            "socket receive buffer capped (raise net.core.rmem_max)"
+        );
     }
     Ok(())
 }
@@ -112,7 +123,11 @@ impl UdpReceiver {
     /// Bind to every endpoint: unicast endpoints bind their address; multicast groups are
     /// joined on `interface` (a name or an address; the default route when `None`).
     /// `buffer` is SO_RCVBUF in bytes (the kernel may cap it at `net.core.rmem_max`).
-    pub fn bind(endpoints: &[SocketAddrV4], interface: Option<&str>, buffer: usize) -> io::Result<Self> {
+    pub fn bind(
+        endpoints: &[SocketAddrV4],
+        interface: Option<&str>,
+        buffer: usize,
+    ) -> io::Result<Self> {
         let iface = interface.map(resolve_interface).transpose()?;
         let mut ports: Vec<u16> = endpoints.iter().map(|e| e.port()).collect();
         ports.sort_unstable();
@@ -124,7 +139,11 @@ impl UdpReceiver {
             socket.set_reuse_address(true)?;
             set_recv_buffer(&socket, buffer)?;
             socket.set_read_timeout(Some(POLL_INTERVAL))?;
-            let groups: Vec<Ipv4Addr> = eps.iter().map(|e| *e.ip()).filter(Ipv4Addr::is_multicast).collect();
+            let groups: Vec<Ipv4Addr> = eps
+                .iter()
+                .map(|e| *e.ip())
+                .filter(Ipv4Addr::is_multicast)
+                .collect();
             let bind_ip = match (eps.len(), groups.len()) {
                 (1, _) => *eps[0].ip(),
                 _ if groups.is_empty() && eps.iter().all(|e| e.ip() == eps[0].ip()) => *eps[0].ip(),
@@ -145,9 +164,16 @@ impl UdpReceiver {
             sockets.push(socket);
         }
         if sockets.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no endpoints to receive on"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no endpoints to receive on",
+            ));
         }
-        Ok(UdpReceiver { sockets, next: 0, scratch: MsgScratch::default() })
+        Ok(UdpReceiver {
+            sockets,
+            next: 0,
+            scratch: MsgScratch::default(),
+        })
     }
 
     /// The local address of the first socket (useful when binding port 0 in tests).
@@ -155,15 +181,23 @@ impl UdpReceiver {
         self.sockets[0]
             .local_addr()?
             .as_socket_ipv4()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::Other, "not an IPv4 socket"))
+            .ok_or_else(|| io::Error::other("not an IPv4 socket"))
     }
 
-    fn recvmmsg(socket: &Socket, scratch: &mut MsgScratch, batch: &mut RecvBatch, flags: libc::c_int) -> io::Result<usize> {
+    fn recvmmsg(
+        socket: &Socket,
+        scratch: &mut MsgScratch,
+        batch: &mut RecvBatch,
+        flags: libc::c_int,
+    ) -> io::Result<usize> {
         let cap = batch.capacity();
         scratch.prepare(cap);
         let (buf, lens, slot) = batch.raw_parts();
         for i in 0..cap {
-            scratch.iovecs[i] = libc::iovec { iov_base: buf[i * slot..].as_mut_ptr().cast(), iov_len: slot };
+            scratch.iovecs[i] = libc::iovec {
+                iov_base: buf[i * slot..].as_mut_ptr().cast(),
+                iov_len: slot,
+            };
             let m = &mut scratch.msgs[i];
             m.msg_hdr.msg_iov = &mut scratch.iovecs[i];
             m.msg_hdr.msg_iovlen = 1;
@@ -174,7 +208,15 @@ impl UdpReceiver {
             m.msg_len = 0;
         }
         // SAFETY: each iovec points into a distinct slot of `buf`, alive for the call.
-        let n = unsafe { libc::recvmmsg(socket.as_raw_fd(), scratch.msgs.as_mut_ptr(), cap as u32, flags, std::ptr::null_mut()) };
+        let n = unsafe {
+            libc::recvmmsg(
+                socket.as_raw_fd(),
+                scratch.msgs.as_mut_ptr(),
+                cap as u32,
+                flags,
+                std::ptr::null_mut(),
+            )
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -187,7 +229,10 @@ impl UdpReceiver {
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }
 
 impl PacketReceiver for UdpReceiver {
@@ -195,7 +240,12 @@ impl PacketReceiver for UdpReceiver {
         batch.clear();
         if self.sockets.len() == 1 {
             // Block (up to the socket timeout) for the first packet, then take what is queued.
-            return match Self::recvmmsg(&self.sockets[0], &mut self.scratch, batch, libc::MSG_WAITFORONE) {
+            return match Self::recvmmsg(
+                &self.sockets[0],
+                &mut self.scratch,
+                batch,
+                libc::MSG_WAITFORONE,
+            ) {
                 Ok(n) => {
                     batch.set_len(n);
                     Ok(Received::Packets(n))
@@ -207,13 +257,27 @@ impl PacketReceiver for UdpReceiver {
         let mut fds: Vec<libc::pollfd> = self
             .sockets
             .iter()
-            .map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .map(|s| libc::pollfd {
+                fd: s.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
             .collect();
         // SAFETY: fds is a valid array of pollfd for the duration of the call.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_INTERVAL.as_millis() as i32) };
+        let r = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                POLL_INTERVAL.as_millis() as i32,
+            )
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
-            return if is_timeout(&e) { Ok(Received::Idle) } else { Err(e) };
+            return if is_timeout(&e) {
+                Ok(Received::Idle)
+            } else {
+                Err(e)
+            };
         }
         // Round-robin over ready sockets so that one busy socket cannot starve the others.
         let n_sock = self.sockets.len();
@@ -221,7 +285,12 @@ impl PacketReceiver for UdpReceiver {
             let i = (self.next + k) % n_sock;
             if fds[i].revents & libc::POLLIN != 0 {
                 self.next = (i + 1) % n_sock;
-                return match Self::recvmmsg(&self.sockets[i], &mut self.scratch, batch, libc::MSG_DONTWAIT) {
+                return match Self::recvmmsg(
+                    &self.sockets[i],
+                    &mut self.scratch,
+                    batch,
+                    libc::MSG_DONTWAIT,
+                ) {
                     Ok(n) => {
                         batch.set_len(n);
                         Ok(Received::Packets(n))
@@ -244,7 +313,12 @@ pub struct UdpSender {
 
 impl UdpSender {
     /// `interface` (name or address) selects the source address and multicast interface.
-    pub fn new(dests: &[SocketAddrV4], interface: Option<&str>, ttl: u32, buffer: usize) -> io::Result<Self> {
+    pub fn new(
+        dests: &[SocketAddrV4],
+        interface: Option<&str>,
+        ttl: u32,
+        buffer: usize,
+    ) -> io::Result<Self> {
         let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
         socket.set_send_buffer_size(buffer)?;
         socket.set_multicast_ttl_v4(ttl)?;
@@ -255,7 +329,10 @@ impl UdpSender {
             socket.set_multicast_if_v4(&addr)?;
         }
         if dests.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no destinations to send to"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no destinations to send to",
+            ));
         }
         Ok(UdpSender {
             socket,
@@ -281,9 +358,15 @@ impl PacketSender for UdpSender {
             for k in 0..n {
                 let (bytes, dest) = batch.packet(done + k);
                 let addr = self.dests.get(dest).ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidInput, format!("destination {dest} out of range"))
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("destination {dest} out of range"),
+                    )
                 })?;
-                self.scratch.iovecs[k] = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+                self.scratch.iovecs[k] = libc::iovec {
+                    iov_base: bytes.as_ptr() as *mut libc::c_void,
+                    iov_len: bytes.len(),
+                };
                 let m = &mut self.scratch.msgs[k];
                 m.msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
                 m.msg_hdr.msg_namelen = addr.len();
@@ -292,7 +375,14 @@ impl PacketSender for UdpSender {
             }
             // SAFETY: every pointer in msgs refers to memory alive across the call (batch,
             // scratch, dests); the kernel only reads it.
-            let r = unsafe { libc::sendmmsg(self.socket.as_raw_fd(), self.scratch.msgs.as_mut_ptr(), n as u32, 0) };
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.socket.as_raw_fd(),
+                    self.scratch.msgs.as_mut_ptr(),
+                    n as u32,
+                    0,
+                )
+            };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::WouldBlock {

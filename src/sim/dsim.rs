@@ -62,7 +62,10 @@ pub fn quantise(x: f64, bits: u32, d: f64) -> (i32, bool) {
 
 /// Render one polarisation: evaluate, dither, quantise and pack the whole period.
 pub fn render(signal: &Signal, pol: usize, cfg: &DigitiserConfig) -> Pattern {
-    let tb = Timebase { period: cfg.period as u64, adc_sample_rate: cfg.adc_sample_rate };
+    let tb = Timebase {
+        period: cfg.period as u64,
+        adc_sample_rate: cfg.adc_sample_rate,
+    };
     let n_heaps = cfg.period / cfg.heap_samples;
     let heap_bytes = cfg.heap_bytes();
     let mut packed = vec![0u8; n_heaps * heap_bytes];
@@ -73,12 +76,20 @@ pub fn render(signal: &Signal, pol: usize, cfg: &DigitiserConfig) -> Pattern {
         let t0 = (h * cfg.heap_samples) as u64;
         signal.expr.eval(tb, t0, &mut values);
         for (i, (c, &x)) in codes.iter_mut().zip(&values).enumerate() {
-            let d = if signal.dither { unit(mix(cfg.dither_seed, pol as u64 + 16, t0 + i as u64)) - 0.5 } else { 0.0 };
+            let d = if signal.dither {
+                unit(mix(cfg.dither_seed, pol as u64 + 16, t0 + i as u64)) - 0.5
+            } else {
+                0.0
+            };
             let (q, clip) = quantise(x, cfg.sample_bits, d);
             *c = q;
             clipped[h] += u32::from(clip);
         }
-        pack(&codes, cfg.sample_bits, &mut packed[h * heap_bytes..(h + 1) * heap_bytes]);
+        pack(
+            &codes,
+            cfg.sample_bits,
+            &mut packed[h * heap_bytes..(h + 1) * heap_bytes],
+        );
     }
     Pattern { packed, clipped }
 }
@@ -102,7 +113,10 @@ impl DigitiserHeaps {
                     s.spawn(move || render(sig, p, cfg))
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
         });
         DigitiserHeaps { config, patterns }
     }
@@ -135,19 +149,46 @@ impl DigitiserHeaps {
         let f = Flavour::SPEAD_64_48;
         let u48 = [(b'u', 48)];
         let mut heap = Heap::new();
-        heap.add_descriptor(&Descriptor::with_format(TIMESTAMP_ID, "timestamp", "Timestamp of the first sample, in ADC samples since the sync time", &[], &u48), f)
-            .add_descriptor(&Descriptor::with_format(DIGITISER_ID_ID, "digitiser_id", "Digitiser serial number and polarisation (LSB)", &[], &u48), f)
-            .add_descriptor(&Descriptor::with_format(DIGITISER_STATUS_ID, "digitiser_status", "Bit 1: saturation; bits 32-47: saturated sample count", &[], &u48), f)
-            .add_descriptor(
-                &Descriptor::with_format(
-                    ADC_SAMPLES_ID,
-                    "adc_samples",
-                    "Digitised samples, big-endian bit-packed",
-                    &[Some(self.config.heap_samples as u64)],
-                    &[(b'i', u64::from(self.config.sample_bits))],
-                ),
-                f,
-            );
+        heap.add_descriptor(
+            &Descriptor::with_format(
+                TIMESTAMP_ID,
+                "timestamp",
+                "Timestamp of the first sample, in ADC samples since the sync time",
+                &[],
+                &u48,
+            ),
+            f,
+        )
+        .add_descriptor(
+            &Descriptor::with_format(
+                DIGITISER_ID_ID,
+                "digitiser_id",
+                "Digitiser serial number and polarisation (LSB)",
+                &[],
+                &u48,
+            ),
+            f,
+        )
+        .add_descriptor(
+            &Descriptor::with_format(
+                DIGITISER_STATUS_ID,
+                "digitiser_status",
+                "Bit 1: saturation; bits 32-47: saturated sample count",
+                &[],
+                &u48,
+            ),
+            f,
+        )
+        .add_descriptor(
+            &Descriptor::with_format(
+                ADC_SAMPLES_ID,
+                "adc_samples",
+                "Digitised samples, big-endian bit-packed",
+                &[Some(self.config.heap_samples as u64)],
+                &[(b'i', u64::from(self.config.sample_bits))],
+            ),
+            f,
+        );
         heap
     }
 }
@@ -159,7 +200,14 @@ mod tests {
     use crate::sim::signal::Expr;
 
     fn cfg(bits: u32) -> DigitiserConfig {
-        DigitiserConfig { adc_sample_rate: 1712e6, sample_bits: bits, heap_samples: 4096, period: 8192, first_id: 4, dither_seed: 1 }
+        DigitiserConfig {
+            adc_sample_rate: 1712e6,
+            sample_bits: bits,
+            heap_samples: 4096,
+            period: 8192,
+            first_id: 4,
+            dither_seed: 1,
+        }
     }
 
     #[test]
@@ -172,13 +220,20 @@ mod tests {
 
     #[test]
     fn pattern_holds_the_quantised_signal_without_dither() {
-        let sig = Signal { expr: Expr::Cw { amplitude: 0.5, frequency: 1712e6 / 8192.0 * 3.0 }, dither: false };
+        let sig = Signal {
+            expr: Expr::Cw {
+                amplitude: 0.5,
+                frequency: 1712e6 / 8192.0 * 3.0,
+            },
+            dither: false,
+        };
         let c = cfg(10);
         let d = DigitiserHeaps::new(c.clone(), &[sig.clone(), sig]);
         let mut codes = vec![0i32; 8192];
         unpack(&d.patterns[1].packed, 10, &mut codes);
         for (t, &q) in codes.iter().enumerate() {
-            let want = (511.0 * 0.5 * (std::f64::consts::TAU * 3.0 * t as f64 / 8192.0).cos()).round() as i32;
+            let want = (511.0 * 0.5 * (std::f64::consts::TAU * 3.0 * t as f64 / 8192.0).cos())
+                .round() as i32;
             assert_eq!(q, want, "t={t}");
         }
         assert_eq!(d.patterns[1].clipped, [0, 0]);
@@ -186,10 +241,20 @@ mod tests {
 
     #[test]
     fn clipped_samples_are_counted_in_the_status() {
-        let sig = Signal { expr: Expr::Const(2.0), dither: true };
+        let sig = Signal {
+            expr: Expr::Const(2.0),
+            dither: true,
+        };
         let d = DigitiserHeaps::new(cfg(8), &[sig]);
         let heap = d.heap(0, 4096 * 5);
-        let status = heap.items.iter().find(|i| i.0 == DIGITISER_STATUS_ID).unwrap();
-        assert_eq!(status.1, crate::spead::send::ItemData::Immediate((4096 << 32) | 2));
+        let status = heap
+            .items
+            .iter()
+            .find(|i| i.0 == DIGITISER_STATUS_ID)
+            .unwrap();
+        assert_eq!(
+            status.1,
+            crate::spead::send::ItemData::Immediate((4096 << 32) | 2)
+        );
     }
 }

@@ -65,7 +65,14 @@ mod tests {
                 bitstring.push(((s >> b) & 1) as u8);
             }
         }
-        bitstring.chunks(8).map(|c| c.iter().enumerate().fold(0u8, |a, (i, &b)| a | (b << (7 - i)))).collect()
+        bitstring
+            .chunks(8)
+            .map(|c| {
+                c.iter()
+                    .enumerate()
+                    .fold(0u8, |a, (i, &b)| a | (b << (7 - i)))
+            })
+            .collect()
     }
 
     #[test]

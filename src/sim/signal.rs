@@ -90,9 +90,9 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, SignalError> {
                     i += 1;
                 }
             }
-            let v = text[start..i]
-                .parse()
-                .map_err(|_| SignalError::Syntax(format!("bad number {:?}", &text[start..i]), start))?;
+            let v = text[start..i].parse().map_err(|_| {
+                SignalError::Syntax(format!("bad number {:?}", &text[start..i]), start)
+            })?;
             out.push((Tok::Num(v), start));
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
@@ -210,19 +210,25 @@ struct Resolver<'a> {
 
 impl Resolver<'_> {
     fn constant(&mut self, name: &str, n: &Node) -> Result<f64, SignalError> {
-        match self.resolve(n)? {
-            Signal { expr, .. } => fold(&expr).ok_or_else(|| SignalError::NotConstant(name.into())),
-        }
+        let expr = self.resolve(n)?.expr;
+        fold(&expr).ok_or_else(|| SignalError::NotConstant(name.into()))
     }
 
     fn resolve(&mut self, n: &Node) -> Result<Signal, SignalError> {
         let plain = |expr| Ok(Signal { expr, dither: true });
         match n {
             Node::Num(v) => plain(Expr::Const(*v)),
-            Node::Var(name) => self.vars.get(name).cloned().ok_or_else(|| SignalError::Unknown(name.clone())),
+            Node::Var(name) => self
+                .vars
+                .get(name)
+                .cloned()
+                .ok_or_else(|| SignalError::Unknown(name.clone())),
             Node::Neg(a) => plain(Expr::Neg(Box::new(self.resolve(a)?.expr))),
             Node::Bin(op, a, b) => {
-                let (a, b) = (Box::new(self.resolve(a)?.expr), Box::new(self.resolve(b)?.expr));
+                let (a, b) = (
+                    Box::new(self.resolve(a)?.expr),
+                    Box::new(self.resolve(b)?.expr),
+                );
                 plain(match op {
                     '+' => Expr::Add(a, b),
                     '-' => Expr::Sub(a, b),
@@ -243,20 +249,37 @@ impl Resolver<'_> {
                         let amplitude = self.constant(name, &args[0])?;
                         let frequency = self.constant(name, &args[1])?;
                         plain(if name == "cw" {
-                            Expr::Cw { amplitude, frequency }
+                            Expr::Cw {
+                                amplitude,
+                                frequency,
+                            }
                         } else {
-                            Expr::Comb { amplitude, frequency }
+                            Expr::Comb {
+                                amplitude,
+                                frequency,
+                            }
                         })
                     }
                     "multicw" => {
                         arity("5", args.len() == 5)?;
-                        let v: Vec<f64> = args.iter().map(|a| self.constant(name, a)).collect::<Result<_, _>>()?;
+                        let v: Vec<f64> = args
+                            .iter()
+                            .map(|a| self.constant(name, a))
+                            .collect::<Result<_, _>>()?;
                         if v[0] < 1.0 || v[0].fract() != 0.0 {
-                            return Err(SignalError::Value("multicw() count must be a positive integer".into()));
+                            return Err(SignalError::Value(
+                                "multicw() count must be a positive integer".into(),
+                            ));
                         }
-                        let mut e = Expr::Cw { amplitude: v[1], frequency: v[3] };
+                        let mut e = Expr::Cw {
+                            amplitude: v[1],
+                            frequency: v[3],
+                        };
                         for i in 1..v[0] as usize {
-                            let cw = Expr::Cw { amplitude: v[1] + i as f64 * v[2], frequency: v[3] + i as f64 * v[4] };
+                            let cw = Expr::Cw {
+                                amplitude: v[1] + i as f64 * v[2],
+                                frequency: v[3] + i as f64 * v[4],
+                            };
                             e = Expr::Add(Box::new(e), Box::new(cw));
                         }
                         plain(e)
@@ -268,7 +291,9 @@ impl Resolver<'_> {
                             Some(a) => {
                                 let s = self.constant(name, a)?;
                                 if s < 0.0 || s.fract() != 0.0 {
-                                    return Err(SignalError::Value("wgn() seed must be a non-negative integer".into()));
+                                    return Err(SignalError::Value(
+                                        "wgn() seed must be a non-negative integer".into(),
+                                    ));
                                 }
                                 s as u64
                             }
@@ -281,14 +306,22 @@ impl Resolver<'_> {
                         let sig = self.resolve(&args[0])?;
                         let n = self.constant(name, &args[1])?;
                         if n.fract() != 0.0 {
-                            return Err(SignalError::Value("delay() takes a whole number of samples".into()));
+                            return Err(SignalError::Value(
+                                "delay() takes a whole number of samples".into(),
+                            ));
                         }
-                        Ok(Signal { expr: Expr::Delay(Box::new(sig.expr), n as i64), dither: sig.dither })
+                        Ok(Signal {
+                            expr: Expr::Delay(Box::new(sig.expr), n as i64),
+                            dither: sig.dither,
+                        })
                     }
                     "nodither" => {
                         arity("1", args.len() == 1)?;
                         let sig = self.resolve(&args[0])?;
-                        Ok(Signal { expr: sig.expr, dither: false })
+                        Ok(Signal {
+                            expr: sig.expr,
+                            dither: false,
+                        })
                     }
                     _ => Err(SignalError::Unknown(name.clone())),
                 }
@@ -311,18 +344,34 @@ fn fold(e: &Expr) -> Option<f64> {
 
 /// Parse a program into one [`Signal`] per polarisation (a single signal is used for all).
 /// `seeds` is called once per unseeded `wgn()`.
-pub fn parse(text: &str, n_pols: usize, seeds: &mut dyn FnMut() -> u64) -> Result<Vec<Signal>, SignalError> {
+pub fn parse(
+    text: &str,
+    n_pols: usize,
+    seeds: &mut dyn FnMut() -> u64,
+) -> Result<Vec<Signal>, SignalError> {
     let toks = lex(text)?;
-    let mut p = Parser { toks, pos: 0, end: text.len() };
-    let mut r = Resolver { vars: HashMap::new(), seeds };
+    let mut p = Parser {
+        toks,
+        pos: 0,
+        end: text.len(),
+    };
+    let mut r = Resolver {
+        vars: HashMap::new(),
+        seeds,
+    };
     let mut out = Vec::new();
     while p.pos < p.toks.len() {
         let assign = matches!(
-            (p.toks.get(p.pos).map(|t| &t.0), p.toks.get(p.pos + 1).map(|t| &t.0)),
+            (
+                p.toks.get(p.pos).map(|t| &t.0),
+                p.toks.get(p.pos + 1).map(|t| &t.0)
+            ),
             (Some(Tok::Name(_)), Some(Tok::Sym('=')))
         );
         if assign {
-            let Some(Tok::Name(name)) = p.toks.get(p.pos).map(|t| t.0.clone()) else { unreachable!() };
+            let Some(Tok::Name(name)) = p.toks.get(p.pos).map(|t| t.0.clone()) else {
+                unreachable!()
+            };
             p.pos += 2;
             let node = p.expr()?;
             let sig = r.resolve(&node)?;
@@ -375,14 +424,21 @@ impl Expr {
         let at = |i: usize| (t0 + i as u64) % p;
         match self {
             Expr::Const(v) => out.fill(*v),
-            Expr::Cw { amplitude, frequency } => {
-                let k = cycles_per_period(*frequency, p, tb.adc_sample_rate).rem_euclid(p as i64) as u128;
+            Expr::Cw {
+                amplitude,
+                frequency,
+            } => {
+                let k = cycles_per_period(*frequency, p, tb.adc_sample_rate).rem_euclid(p as i64)
+                    as u128;
                 for (i, o) in out.iter_mut().enumerate() {
                     let phase = (k * u128::from(at(i)) % u128::from(p)) as f64 / p as f64;
                     *o = amplitude * (TAU * phase).cos();
                 }
             }
-            Expr::Comb { amplitude, frequency } => {
+            Expr::Comb {
+                amplitude,
+                frequency,
+            } => {
                 let k = cycles_per_period(*frequency, p, tb.adc_sample_rate).unsigned_abs() as u128;
                 for (i, o) in out.iter_mut().enumerate() {
                     let hit = (k * u128::from(at(i)) % u128::from(p)) < k;
@@ -426,8 +482,14 @@ impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Expr::Const(v) => write!(f, "{v:?}"),
-            Expr::Cw { amplitude, frequency } => write!(f, "cw({amplitude:?}, {frequency:?})"),
-            Expr::Comb { amplitude, frequency } => write!(f, "comb({amplitude:?}, {frequency:?})"),
+            Expr::Cw {
+                amplitude,
+                frequency,
+            } => write!(f, "cw({amplitude:?}, {frequency:?})"),
+            Expr::Comb {
+                amplitude,
+                frequency,
+            } => write!(f, "comb({amplitude:?}, {frequency:?})"),
             Expr::Wgn { std, seed } => write!(f, "wgn({std:?}, {seed})"),
             Expr::Delay(e, n) => write!(f, "delay({e}, {n})"),
             Expr::Add(a, b) => write!(f, "({a} + {b})"),
@@ -464,12 +526,37 @@ mod tests {
     fn parses_the_default_and_variables() {
         let s = p("cw(1.0, 232101234.0);", 2).unwrap();
         assert_eq!(s.len(), 2);
-        assert_eq!(s[0].expr, Expr::Cw { amplitude: 1.0, frequency: 232101234.0 });
-        let s = p("x = wgn(0.1); nodither(x + cw(0.2, 1e6)); delay(x, 3) * 2;", 2).unwrap();
+        assert_eq!(
+            s[0].expr,
+            Expr::Cw {
+                amplitude: 1.0,
+                frequency: 232101234.0
+            }
+        );
+        let s = p(
+            "x = wgn(0.1); nodither(x + cw(0.2, 1e6)); delay(x, 3) * 2;",
+            2,
+        )
+        .unwrap();
         assert!(!s[0].dither && s[1].dither);
-        assert_eq!(s[1].expr, Expr::Mul(Box::new(Expr::Delay(Box::new(Expr::Wgn { std: 0.1, seed: 101 }), 3)), Box::new(Expr::Const(2.0))));
+        assert_eq!(
+            s[1].expr,
+            Expr::Mul(
+                Box::new(Expr::Delay(
+                    Box::new(Expr::Wgn {
+                        std: 0.1,
+                        seed: 101
+                    }),
+                    3
+                )),
+                Box::new(Expr::Const(2.0))
+            )
+        );
         // The variable's seed is drawn once: both uses are the same noise.
-        assert_eq!(s[0].to_string(), "nodither((wgn(0.1, 101) + cw(0.2, 1000000.0)));");
+        assert_eq!(
+            s[0].to_string(),
+            "nodither((wgn(0.1, 101) + cw(0.2, 1000000.0)));"
+        );
         let again = p(&format!("{}{}", s[0], s[1]), 2).unwrap();
         assert_eq!(again, s);
     }
@@ -479,16 +566,28 @@ mod tests {
         assert!(matches!(p("cw(1);", 1), Err(SignalError::Arity(..))));
         assert!(matches!(p("foo(1);", 1), Err(SignalError::Unknown(_))));
         assert!(matches!(p("cw(1, 2)", 1), Err(SignalError::Syntax(..))));
-        assert!(matches!(p("cw(wgn(1), 2);", 1), Err(SignalError::NotConstant(_))));
-        assert!(matches!(p("1; 2; 3;", 2), Err(SignalError::Count { got: 3, want: 2 })));
+        assert!(matches!(
+            p("cw(wgn(1), 2);", 1),
+            Err(SignalError::NotConstant(_))
+        ));
+        assert!(matches!(
+            p("1; 2; 3;", 2),
+            Err(SignalError::Count { got: 3, want: 2 })
+        ));
         assert!(matches!(p("1 $ 2;", 1), Err(SignalError::Syntax(..))));
         assert!(matches!(p("y;", 1), Err(SignalError::Unknown(_))));
     }
 
     #[test]
     fn cw_is_a_periodic_cosine() {
-        let tb = Timebase { period: 1024, adc_sample_rate: 1024.0 };
-        let e = Expr::Cw { amplitude: 0.5, frequency: 3.2 }; // rounds to 3 cycles per period
+        let tb = Timebase {
+            period: 1024,
+            adc_sample_rate: 1024.0,
+        };
+        let e = Expr::Cw {
+            amplitude: 0.5,
+            frequency: 3.2,
+        }; // rounds to 3 cycles per period
         let mut v = vec![0.0; 2048];
         e.eval(tb, 0, &mut v);
         for (t, x) in v.iter().enumerate() {
@@ -502,7 +601,10 @@ mod tests {
 
     #[test]
     fn noise_has_the_requested_moments() {
-        let tb = Timebase { period: 1 << 20, adc_sample_rate: 1.0 };
+        let tb = Timebase {
+            period: 1 << 20,
+            adc_sample_rate: 1.0,
+        };
         let mut v = vec![0.0; 1 << 18];
         Expr::Wgn { std: 0.25, seed: 7 }.eval(tb, 0, &mut v);
         let n = v.len() as f64;
@@ -515,9 +617,16 @@ mod tests {
 
     #[test]
     fn comb_has_k_impulses_per_period() {
-        let tb = Timebase { period: 1000, adc_sample_rate: 1000.0 };
+        let tb = Timebase {
+            period: 1000,
+            adc_sample_rate: 1000.0,
+        };
         let mut v = vec![0.0; 1000];
-        Expr::Comb { amplitude: 1.0, frequency: 10.0 }.eval(tb, 0, &mut v);
+        Expr::Comb {
+            amplitude: 1.0,
+            frequency: 10.0,
+        }
+        .eval(tb, 0, &mut v);
         let hits: Vec<usize> = (0..1000).filter(|&i| v[i] != 0.0).collect();
         assert_eq!(hits, (0..10).map(|i| i * 100).collect::<Vec<_>>());
     }

@@ -65,7 +65,9 @@ pub fn resolve_items<'a>(
     payload: &'a [u8],
 ) -> Vec<(u64, ItemValue<'a>)> {
     let end = payload.len() as u64;
-    let mut order: Vec<usize> = (0..pointers.len()).filter(|&i| !pointers[i].immediate).collect();
+    let mut order: Vec<usize> = (0..pointers.len())
+        .filter(|&i| !pointers[i].immediate)
+        .collect();
     order.sort_by_key(|&i| (pointers[i].value, i));
     let mut extent = vec![0u64; pointers.len()];
     for (k, &i) in order.iter().enumerate() {
@@ -81,7 +83,10 @@ pub fn resolve_items<'a>(
             }
             let stop = extent[i].min(end);
             let start = p.value.min(stop);
-            (p.id, ItemValue::Bytes(&payload[start as usize..stop as usize]))
+            (
+                p.id,
+                ItemValue::Bytes(&payload[start as usize..stop as usize]),
+            )
         })
         .collect()
 }
@@ -116,7 +121,13 @@ pub enum DescriptorError {
 
 impl Descriptor {
     /// A descriptor with a SPEAD format (`fmt`), e.g. `[(b'u', 48)]` for an immediate.
-    pub fn with_format(id: u64, name: &str, description: &str, shape: &[Dim], fmt: &[(u8, u64)]) -> Self {
+    pub fn with_format(
+        id: u64,
+        name: &str,
+        description: &str,
+        shape: &[Dim],
+        fmt: &[(u8, u64)],
+    ) -> Self {
         Descriptor {
             id,
             name: name.into(),
@@ -241,7 +252,10 @@ impl Descriptor {
                     if b.len() % (1 + fb) != 0 {
                         return Err(DescriptorError::Field(id));
                     }
-                    d.format = b.chunks_exact(1 + fb).map(|e| (e[0], be_uint(&e[1..]))).collect();
+                    d.format = b
+                        .chunks_exact(1 + fb)
+                        .map(|e| (e[0], be_uint(&e[1..])))
+                        .collect();
                 }
                 _ => {}
             }
@@ -266,7 +280,10 @@ mod tests {
     const TIMESTAMP_DESCRIPTOR: &str = "53040206000000098001000000000001800200000000000e8003000000000000800400000000000e801400000000160000100000000000000011000000000009001300000000000b001200000000000e74696d657374616d707473750030";
 
     fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
     }
 
     #[test]
@@ -291,7 +308,10 @@ mod tests {
     #[test]
     fn resolve_handles_bad_addresses() {
         let f = Flavour::SPEAD_64_48;
-        let ptrs = [f.decode(f.encode_address(0x1000, 100)), f.decode(f.encode_address(0x1001, 2))];
+        let ptrs = [
+            f.decode(f.encode_address(0x1000, 100)),
+            f.decode(f.encode_address(0x1001, 2)),
+        ];
         let payload = [1u8, 2, 3, 4];
         let items = resolve_items(&ptrs, &payload);
         assert_eq!(items[0], (0x1000, ItemValue::Bytes(&[])));

@@ -418,7 +418,7 @@ mod tests {
                 IMM | (2 << 48) | len,
                 IMM | (3 << 48) | off,
                 IMM | (4 << 48) | payload.len() as u64,
-                (0x1000 << 48) | 0,
+                0x1000 << 48,
             ],
             payload,
         )
@@ -449,12 +449,51 @@ mod tests {
         let cases: Vec<(Vec<u8>, DropReason)> = vec![
             (good[..7].to_vec(), DropReason::ShortHeader),
             (good[..20].to_vec(), DropReason::ShortHeader),
-            ({ let mut b = good.clone(); b[0] = 0x54; b }, DropReason::BadMagic),
-            ({ let mut b = good.clone(); b[1] = 3; b }, DropReason::BadVersion),
-            ({ let mut b = good.clone(); b[2] = 3; b }, DropReason::BadFlavour),
-            ({ let mut b = good.clone(); b[2] = 0; b[3] = 8; b }, DropReason::BadFlavour),
-            (good[..good.len() - 1].to_vec(), DropReason::PayloadPastPacket),
-            ({ let mut b = good.clone(); b.push(0); b }, DropReason::SizeMismatch),
+            (
+                {
+                    let mut b = good.clone();
+                    b[0] = 0x54;
+                    b
+                },
+                DropReason::BadMagic,
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[1] = 3;
+                    b
+                },
+                DropReason::BadVersion,
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[2] = 3;
+                    b
+                },
+                DropReason::BadFlavour,
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[2] = 0;
+                    b[3] = 8;
+                    b
+                },
+                DropReason::BadFlavour,
+            ),
+            (
+                good[..good.len() - 1].to_vec(),
+                DropReason::PayloadPastPacket,
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b.push(0);
+                    b
+                },
+                DropReason::SizeMismatch,
+            ),
             (basic(&[1, 2, 3, 4], 10, 7), DropReason::PayloadPastHeap),
             (
                 make_packet(2, 6, &[IMM | (1 << 48), IMM | (3 << 48)], &[]),
@@ -467,7 +506,11 @@ mod tests {
             ),
         ];
         for (bytes, reason) in cases {
-            assert_eq!(ParsedPacket::parse(&bytes).unwrap_err(), reason, "{bytes:02x?}");
+            assert_eq!(
+                ParsedPacket::parse(&bytes).unwrap_err(),
+                reason,
+                "{bytes:02x?}"
+            );
         }
     }
 
@@ -497,10 +540,11 @@ mod tests {
     fn emit_into_dirty_buffer() {
         let mut buf = vec![0xa5; 16];
         emit_header(Flavour::SPEAD_64_48, 1, &mut buf);
-        emit_pointer(Flavour::SPEAD_64_48.encode_immediate(1, 0x0203), 0, &mut buf);
-        assert_eq!(
-            buf,
-            [0x53, 4, 2, 6, 0, 0, 0, 1, 0x80, 1, 0, 0, 0, 0, 2, 3]
+        emit_pointer(
+            Flavour::SPEAD_64_48.encode_immediate(1, 0x0203),
+            0,
+            &mut buf,
         );
+        assert_eq!(buf, [0x53, 4, 2, 6, 0, 0, 0, 1, 0x80, 1, 0, 0, 0, 0, 2, 3]);
     }
 }

@@ -19,7 +19,9 @@ pub fn python() -> PathBuf {
 }
 
 pub fn reference_script(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/reference")
+        .join(name)
 }
 
 /// Run a reference script to completion and return its stdout lines; panics with stderr on failure.
@@ -34,12 +36,19 @@ pub fn run_reference(script: &str, args: &[&str]) -> Vec<String> {
         "{script} {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// A UDP port that was free a moment ago on 127.0.0.1.
 pub fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn hex(b: &[u8]) -> String {

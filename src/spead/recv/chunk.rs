@@ -250,7 +250,11 @@ impl ChunkGroup {
 
     /// Hand evicting chunks at the front of the window to the ready queue.
     fn flush_ready(state: &mut GroupState) {
-        while state.slots.front().is_some_and(|s| s.evicting && s.writers == 0) {
+        while state
+            .slots
+            .front()
+            .is_some_and(|s| s.evicting && s.writers == 0)
+        {
             if let Some(slot) = state.slots.pop_front() {
                 if let Some(tx) = &state.ready_tx {
                     // Bounded by n_chunks, which is every chunk: never full.
@@ -311,7 +315,13 @@ impl ChunkGroup {
                     extra: chunk.extra.as_mut_ptr(),
                 };
                 let id = st.next;
-                st.slots.push_back(Slot { id, chunk, ptrs, writers: 0, evicting: false });
+                st.slots.push_back(Slot {
+                    id,
+                    chunk,
+                    ptrs,
+                    writers: 0,
+                    evicting: false,
+                });
                 st.next += 1;
             }
             if st.next > chunk_id {

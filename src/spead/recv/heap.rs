@@ -77,7 +77,10 @@ impl ReceivedHeap {
 
     /// The first item with `id`.
     pub fn item(&self, id: u64) -> Option<ItemValue<'_>> {
-        self.items().into_iter().find(|(i, _)| *i == id).map(|(_, v)| v)
+        self.items()
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, v)| v)
     }
 }
 
@@ -161,7 +164,9 @@ impl HeapStream {
             }
         };
         let repr = packet.repr;
-        if repr.heap_length.is_some_and(|l| l > self.config.max_heap_bytes as u64)
+        if repr
+            .heap_length
+            .is_some_and(|l| l > self.config.max_heap_bytes as u64)
             || repr.payload_offset + repr.payload_length as u64 > self.config.max_heap_bytes as u64
         {
             StreamStats::add(&self.stats.inconsistent_packets, 1);
@@ -324,7 +329,10 @@ mod tests {
         let mut s = HeapStream::new(HeapStreamConfig::default());
         let mut out = Vec::new();
         s.add_packet(&packets(&heap, 1, 1024)[0], &mut out);
-        assert_eq!(s.add_packet(&packets(&stop, 2, 1024)[0], &mut out), Added::Stopped);
+        assert_eq!(
+            s.add_packet(&packets(&stop, 2, 1024)[0], &mut out),
+            Added::Stopped
+        );
         assert_eq!(out.len(), 1);
         assert!(!out[0].complete);
         assert_eq!(s.stats().incomplete_heaps_flushed, 1);

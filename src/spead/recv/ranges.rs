@@ -63,7 +63,10 @@ pub struct RecentCnts {
 
 impl RecentCnts {
     pub fn new(len: usize) -> RecentCnts {
-        RecentCnts { ring: vec![u64::MAX; len.max(1)], next: 0 }
+        RecentCnts {
+            ring: vec![u64::MAX; len.max(1)],
+            next: 0,
+        }
     }
 
     pub fn insert(&mut self, cnt: u64) {

@@ -127,8 +127,14 @@ impl StatsSnapshot {
             ("batches".into(), self.batches),
             ("max_batch".into(), self.max_batch),
             ("heaps".into(), self.heaps),
-            ("incomplete_heaps_evicted".into(), self.incomplete_heaps_evicted),
-            ("incomplete_heaps_flushed".into(), self.incomplete_heaps_flushed),
+            (
+                "incomplete_heaps_evicted".into(),
+                self.incomplete_heaps_evicted,
+            ),
+            (
+                "incomplete_heaps_flushed".into(),
+                self.incomplete_heaps_flushed,
+            ),
             ("too_old_heaps".into(), self.too_old_heaps),
             ("duplicate_packets".into(), self.duplicate_packets),
             ("inconsistent_packets".into(), self.inconsistent_packets),

@@ -29,7 +29,10 @@ pub enum ItemData<'a> {
     Immediate(u64),
     /// Sent as payload bytes. With `allow_immediate`, data no wider than the address field
     /// is right-aligned into an immediate pointer instead (spead2's `allow_immediate`).
-    Bytes { data: Cow<'a, [u8]>, allow_immediate: bool },
+    Bytes {
+        data: Cow<'a, [u8]>,
+        allow_immediate: bool,
+    },
 }
 
 /// One heap: an ordered list of items.
@@ -155,7 +158,10 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
         let max_pointers_per_packet = (max_packet_size - (PREFIX_LEN + POINTER_LEN)) / POINTER_LEN;
         let item_packets = heap.items.len() / max_pointers_per_packet + 1;
         if heap.repeat_pointers && item_packets > 1 {
-            return Err(PacketiseError::TooManyPointers(max_packet_size, heap.items.len()));
+            return Err(PacketiseError::TooManyPointers(
+                max_packet_size,
+                heap.items.len(),
+            ));
         }
         let min_payload = (item_packets as u64 - 1) * POINTER_LEN as u64 + 1;
         let need_null_item = payload_size < min_payload;
@@ -207,9 +213,21 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
         let pkt = &mut out[start..];
         emit_header(f, (n_pointers + 4) as u16, pkt);
         emit_pointer(f.encode_immediate(HEAP_CNT_ID, self.cnt), 0, pkt);
-        emit_pointer(f.encode_immediate(HEAP_LENGTH_ID, self.payload_size), 1, pkt);
-        emit_pointer(f.encode_immediate(PAYLOAD_OFFSET_ID, self.payload_offset), 2, pkt);
-        emit_pointer(f.encode_immediate(PAYLOAD_LENGTH_ID, payload_len as u64), 3, pkt);
+        emit_pointer(
+            f.encode_immediate(HEAP_LENGTH_ID, self.payload_size),
+            1,
+            pkt,
+        );
+        emit_pointer(
+            f.encode_immediate(PAYLOAD_OFFSET_ID, self.payload_offset),
+            2,
+            pkt,
+        );
+        emit_pointer(
+            f.encode_immediate(PAYLOAD_LENGTH_ID, payload_len as u64),
+            3,
+            pkt,
+        );
         for i in 0..n_pointers {
             let raw = match heap.items.get(self.next_pointer) {
                 None => f.encode_address(NULL_ID, self.next_address),
@@ -217,7 +235,8 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
                     Some(v) => f.encode_immediate(*id, v),
                     None => {
                         let raw = f.encode_address(*id, self.next_address);
-                        self.next_address += payload_of(data, max_immediate).map_or(0, |d| d.len()) as u64;
+                        self.next_address +=
+                            payload_of(data, max_immediate).map_or(0, |d| d.len()) as u64;
                         raw
                     }
                 },
@@ -240,7 +259,9 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
                     }
                     Some(bytes) => {
                         let n = (bytes.len() - self.next_item_offset).min(payload_len);
-                        out.extend_from_slice(&bytes[self.next_item_offset..self.next_item_offset + n]);
+                        out.extend_from_slice(
+                            &bytes[self.next_item_offset..self.next_item_offset + n],
+                        );
                         self.next_item_offset += n;
                         if self.next_item_offset == bytes.len() {
                             self.next_item += 1;

@@ -81,7 +81,8 @@ impl RateLimiter {
         // The burst cannot really start before the call; the catch-up bound runs from there.
         let actual = start.max(now);
         self.nominal = Some(nominal + Duration::from_secs_f64(bytes as f64 * self.sec_per_byte));
-        self.catch_up = Some(actual + Duration::from_secs_f64(bytes as f64 * self.sec_per_byte_burst));
+        self.catch_up =
+            Some(actual + Duration::from_secs_f64(bytes as f64 * self.sec_per_byte_burst));
         start
     }
 }
@@ -102,7 +103,10 @@ mod tests {
         }
         let elapsed = (now - t0).as_secs_f64();
         let expected = 1000.0 * 65536.0 / 1e9;
-        assert!((elapsed - expected).abs() / expected < 0.01, "{elapsed} vs {expected}");
+        assert!(
+            (elapsed - expected).abs() / expected < 0.01,
+            "{elapsed} vs {expected}"
+        );
     }
 
     #[test]

@@ -112,7 +112,10 @@ impl<S: PacketSender> SendStream<S> {
     /// One stream over `interfaces` (at least one), all with the same destination list.
     pub fn new(config: SendStreamConfig, interfaces: Vec<S>) -> Result<Self, SendError> {
         if interfaces.is_empty() {
-            return Err(SendError::Io(io::Error::new(io::ErrorKind::InvalidInput, "no send interface")));
+            return Err(SendError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no send interface",
+            )));
         }
         let share = config.rate / interfaces.len() as f64;
         let ifaces = interfaces
@@ -172,18 +175,32 @@ impl<S: PacketSender> SendStream<S> {
     }
 
     /// Send heaps together on the least-loaded interface.
-    pub fn send_heaps(&mut self, heaps: &[HeapRef<'_, '_>], mode: SendMode) -> Result<(), SendError> {
+    pub fn send_heaps(
+        &mut self,
+        heaps: &[HeapRef<'_, '_>],
+        mode: SendMode,
+    ) -> Result<(), SendError> {
         let now = Instant::now();
         let iface = self.least_loaded(now);
         self.send_on(iface, heaps, mode, now)
     }
 
     /// Send heaps on the first interface (descriptors, stop heaps).
-    pub fn send_heaps_first(&mut self, heaps: &[HeapRef<'_, '_>], mode: SendMode) -> Result<(), SendError> {
+    pub fn send_heaps_first(
+        &mut self,
+        heaps: &[HeapRef<'_, '_>],
+        mode: SendMode,
+    ) -> Result<(), SendError> {
         self.send_on(0, heaps, mode, Instant::now())
     }
 
-    fn send_on(&mut self, iface: usize, heaps: &[HeapRef<'_, '_>], mode: SendMode, now: Instant) -> Result<(), SendError> {
+    fn send_on(
+        &mut self,
+        iface: usize,
+        heaps: &[HeapRef<'_, '_>],
+        mode: SendMode,
+        now: Instant,
+    ) -> Result<(), SendError> {
         let n_dest = self.destinations();
         let mut gens = Vec::with_capacity(heaps.len());
         for h in heaps {
@@ -194,7 +211,15 @@ impl<S: PacketSender> SendStream<S> {
                 Some(c) => c,
                 None => self.take_cnt(),
             };
-            gens.push((PacketGenerator::new(h.heap, cnt, self.config.flavour, self.config.max_packet_size)?, h));
+            gens.push((
+                PacketGenerator::new(
+                    h.heap,
+                    cnt,
+                    self.config.flavour,
+                    self.config.max_packet_size,
+                )?,
+                h,
+            ));
         }
         self.ifaces[iface].limiter.wake(now);
         self.batch.clear();
@@ -202,7 +227,7 @@ impl<S: PacketSender> SendStream<S> {
         match mode {
             SendMode::Serial => {
                 for (g, h) in gens.iter_mut() {
-                    if h.unpaced != !paced {
+                    if h.unpaced == paced {
                         self.flush(iface, paced)?;
                         paced = !h.unpaced;
                     }
@@ -285,8 +310,8 @@ pub fn sleep_until(at: Instant) {
 mod tests {
     use super::*;
     use crate::net::mem;
+    use crate::net::{PacketReceiver, Received, RecvBatch};
     use crate::spead::recv::{HeapStream, HeapStreamConfig};
-    use crate::net::{PacketReceiver, RecvBatch, Received};
 
     fn drain(rx: &mut mem::MemReceiver) -> Vec<Vec<u8>> {
         let mut b = RecvBatch::new(64, 9200);
@@ -300,7 +325,15 @@ mod tests {
     #[test]
     fn round_robin_interleaves_and_cnt_sequence_steps() {
         let (tx, mut rx) = mem::channel(1000, 2);
-        let mut s = SendStream::new(SendStreamConfig { cnt_first: 5, cnt_step: 3, ..Default::default() }, vec![tx]).unwrap();
+        let mut s = SendStream::new(
+            SendStreamConfig {
+                cnt_first: 5,
+                cnt_step: 3,
+                ..Default::default()
+            },
+            vec![tx],
+        )
+        .unwrap();
         let data = vec![1u8; 3000];
         let mut a = Heap::new();
         a.add_bytes(0x1000, &data[..]);
@@ -310,7 +343,12 @@ mod tests {
         let pkts = drain(&mut rx);
         let cnts: Vec<u64> = pkts
             .iter()
-            .map(|p| crate::spead::wire::ParsedPacket::parse(p).unwrap().repr.heap_cnt)
+            .map(|p| {
+                crate::spead::wire::ParsedPacket::parse(p)
+                    .unwrap()
+                    .repr
+                    .heap_cnt
+            })
             .collect();
         assert_eq!(cnts, [5, 8, 5, 8, 5, 8]);
     }
@@ -323,7 +361,11 @@ mod tests {
         let mut a = Heap::new();
         a.add_immediate(0x1600, 99).add_bytes(0x1000, &data[..]);
         a.repeat_pointers = true;
-        s.send_heaps(&[HeapRef::new(&a, 0), HeapRef::new(&a, 0)], SendMode::Serial).unwrap();
+        s.send_heaps(
+            &[HeapRef::new(&a, 0), HeapRef::new(&a, 0)],
+            SendMode::Serial,
+        )
+        .unwrap();
         assert!(matches!(
             s.send_heaps(&[HeapRef::new(&a, 1)], SendMode::Serial),
             Err(SendError::Substream(1, 1))
@@ -335,7 +377,10 @@ mod tests {
             hs.add_packet(&p, &mut out);
         }
         assert_eq!(out.len(), 2);
-        assert!(out.iter().all(|h| h.complete && h.item(0x1000) == Some(crate::spead::items::ItemValue::Bytes(&data))));
+        assert!(out
+            .iter()
+            .all(|h| h.complete
+                && h.item(0x1000) == Some(crate::spead::items::ItemValue::Bytes(&data))));
         assert_eq!(out[1].cnt, 2);
     }
 
@@ -344,18 +389,42 @@ mod tests {
         let (tx0, mut rx0) = mem::channel(10_000, 1);
         let (tx1, mut rx1) = mem::channel(10_000, 1);
         // 40 MB/s over two interfaces: each paced at 20 MB/s; 64 heaps of 8 KiB.
-        let cfg = SendStreamConfig { rate: 40e6, max_packet_size: 9000, burst_size: 8192, ..Default::default() };
+        let cfg = SendStreamConfig {
+            rate: 40e6,
+            max_packet_size: 9000,
+            burst_size: 8192,
+            ..Default::default()
+        };
         let mut s = SendStream::new(cfg, vec![tx0, tx1]).unwrap();
         let data = vec![3u8; 8192];
         let mut h = Heap::new();
         h.add_bytes(0x4300, &data[..]);
         let mut d = Heap::new();
-        d.add_descriptor(&crate::spead::items::Descriptor::with_format(0x1600, "timestamp", "", &[], &[(b'u', 48)]), Flavour::SPEAD_64_48);
+        d.add_descriptor(
+            &crate::spead::items::Descriptor::with_format(
+                0x1600,
+                "timestamp",
+                "",
+                &[],
+                &[(b'u', 48)],
+            ),
+            Flavour::SPEAD_64_48,
+        );
         for _ in 0..4 {
-            s.send_heaps_first(&[HeapRef { heap: &d, cnt: None, substream: 0, unpaced: true }], SendMode::Serial).unwrap();
+            s.send_heaps_first(
+                &[HeapRef {
+                    heap: &d,
+                    cnt: None,
+                    substream: 0,
+                    unpaced: true,
+                }],
+                SendMode::Serial,
+            )
+            .unwrap();
         }
         for _ in 0..64 {
-            s.send_heaps(&[HeapRef::new(&h, 0)], SendMode::Serial).unwrap();
+            s.send_heaps(&[HeapRef::new(&h, 0)], SendMode::Serial)
+                .unwrap();
         }
         drop(s);
         let (p0, p1) = (drain(&mut rx0), drain(&mut rx1));
