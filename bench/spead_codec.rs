@@ -2,6 +2,7 @@
 //! and assembling them through the generic heap assembler and the chunk path.
 //! Run: `cargo bench --bench spead_codec`. Figures go to bench/RESULTS.md.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use cbf::spead::recv::{
@@ -25,8 +26,12 @@ fn heap(data: &[u8], ts: u64) -> Heap<'_> {
 }
 
 fn packets(data: &[u8], n_heaps: u64) -> Vec<Vec<u8>> {
+    packets_from(data, n_heaps, 0)
+}
+
+fn packets_from(data: &[u8], n_heaps: u64, first: u64) -> Vec<Vec<u8>> {
     let mut v = Vec::new();
-    for i in 0..n_heaps {
+    for i in first..first + n_heaps {
         let h = heap(data, i * 1000);
         let mut g = PacketGenerator::new(&h, i, Flavour::SPEAD_64_48, 8192 + 72).unwrap();
         loop {
@@ -66,13 +71,20 @@ fn bench(c: &mut Criterion) {
     });
     g.throughput(Throughput::Bytes((HEAP * 64) as u64));
     g.bench_function("heap_stream_64_heaps", |b| {
+        // One stream for all iterations, buffers recycled as `cbf capture` does; a fresh cnt
+        // range per iteration so that heaps are new.
+        let mut s = HeapStream::new(HeapStreamConfig::default());
+        let mut out = Vec::new();
+        let mut round = 0u64;
+        let rounds: Vec<Vec<Vec<u8>>> = (0..4).map(|r| packets_from(&data, 64, r * 64)).collect();
         b.iter(|| {
-            let mut s = HeapStream::new(HeapStreamConfig::default());
-            let mut out = Vec::new();
-            for p in &pk {
+            for p in &rounds[(round % 4) as usize] {
                 s.add_packet(p, &mut out);
+                for h in out.drain(..) {
+                    s.recycle(h);
+                }
             }
-            out.len()
+            round += 1;
         })
     });
     let cfg = ChunkGroupConfig {
@@ -86,25 +98,30 @@ fn bench(c: &mut Criterion) {
         reject_reasons: vec!["no_timestamp"],
     };
     g.bench_function("chunk_stream_64_heaps", |b| {
+        // One group and stream for all iterations (chunks allocated once, as in an engine);
+        // each iteration's heaps land in the next chunk ids.
+        let group = ChunkGroup::new(cfg.clone()).unwrap();
+        let round = Arc::new(AtomicU64::new(0));
+        let r = Arc::clone(&round);
+        let place = Arc::new(move |p: &PlaceInput<'_>| {
+            let n = p.items[0].unwrap_or(0) / 1000 + 64 * r.load(Relaxed);
+            Placement::Heap {
+                chunk_id: n / 16,
+                heap_index: (n % 16) as usize,
+                heap_offset: (n % 16) as usize * HEAP,
+                extra: 0,
+            }
+        });
+        let mut s = ChunkStream::new(Arc::clone(&group), place);
         b.iter(|| {
-            let group = ChunkGroup::new(cfg.clone()).unwrap();
-            let place = Arc::new(|p: &PlaceInput<'_>| {
-                let n = p.items[0].unwrap_or(0) / 1000;
-                Placement::Heap {
-                    chunk_id: n / 16,
-                    heap_index: (n % 16) as usize,
-                    heap_offset: (n % 16) as usize * HEAP,
-                    extra: 0,
-                }
-            });
-            let mut s = ChunkStream::new(Arc::clone(&group), place);
             for p in &pk {
                 s.add_packet(p);
-                if let Ok(c) = group.ready().try_recv() {
-                    group.free(c);
-                }
             }
-            s.finish().heaps
+            s.release_old();
+            while let Ok(c) = group.ready().try_recv() {
+                group.free(c);
+            }
+            round.fetch_add(1, Relaxed);
         })
     });
     g.finish();

@@ -196,14 +196,14 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
                 }
             }
         }
-        for h in heaps.drain(..) {
-            if args.count.is_some_and(|c| n_heaps >= c) {
-                break;
+        for h in std::mem::take(&mut heaps) {
+            if args.count.is_none_or(|c| n_heaps < c) {
+                n_heaps += 1;
+                if !args.stats {
+                    writeln!(out, "{}", heap_json(&h))?;
+                }
             }
-            n_heaps += 1;
-            if !args.stats {
-                writeln!(out, "{}", heap_json(&h))?;
-            }
+            stream.recycle(h);
         }
         if args.stats && last_stats.elapsed() >= Duration::from_secs(1) {
             writeln!(

@@ -91,7 +91,7 @@ struct LiveHeap {
 }
 
 impl LiveHeap {
-    fn new(cnt: u64, flavour: Flavour) -> LiveHeap {
+    fn new(cnt: u64, flavour: Flavour, payload: Vec<u8>) -> LiveHeap {
         LiveHeap {
             heap: ReceivedHeap {
                 cnt,
@@ -99,7 +99,7 @@ impl LiveHeap {
                 complete: false,
                 heap_length: None,
                 received: 0,
-                payload: Vec::new(),
+                payload,
                 pointers: Vec::new(),
             },
             ranges: PayloadRanges::default(),
@@ -123,6 +123,9 @@ pub struct HeapStream {
     live: Vec<VecDeque<LiveHeap>>,
     stats: StreamStats,
     recent: RecentCnts,
+    /// Payload buffers handed back through [`HeapStream::recycle`], reused for new heaps so
+    /// that a steady stream does not allocate (or page-fault) per heap.
+    pool: Vec<Vec<u8>>,
     stopped: bool,
 }
 
@@ -138,6 +141,7 @@ impl HeapStream {
             live: (0..substreams).map(|_| VecDeque::new()).collect(),
             stats: StreamStats::default(),
             recent: RecentCnts::new(2 * config.max_heaps.max(1) * substreams),
+            pool: Vec::new(),
             stopped: false,
         }
     }
@@ -187,7 +191,8 @@ impl HeapStream {
                         out.push(old.heap);
                     }
                 }
-                queue.push_back(LiveHeap::new(repr.heap_cnt, repr.flavour));
+                let buffer = self.pool.pop().unwrap_or_default();
+                queue.push_back(LiveHeap::new(repr.heap_cnt, repr.flavour, buffer));
                 queue.len() - 1
             }
         };
@@ -248,6 +253,15 @@ impl HeapStream {
             return Added::Stopped;
         }
         Added::Accepted
+    }
+
+    /// Return a delivered heap's payload buffer for reuse (optional; bounded).
+    pub fn recycle(&mut self, heap: ReceivedHeap) {
+        if self.pool.len() < self.config.max_heaps * self.config.substreams + 4 {
+            let mut payload = heap.payload;
+            payload.clear();
+            self.pool.push(payload);
+        }
     }
 
     /// Hand over every heap in flight (incomplete ones counted as flushed).
