@@ -116,7 +116,7 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
 
     // Heaps before the switch carry 0.5 (±1 LSB of dither), heaps from it on carry 0.25.
     let mut stream = HeapStream::new(HeapStreamConfig::default());
-    let mut batch = RecvBatch::new(64, 9200);
+    let mut batch = RecvBatch::new(64, rx.slot_size(9200));
     let mut heaps = Vec::new();
     let (mut before, mut after) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(20);

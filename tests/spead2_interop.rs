@@ -245,7 +245,7 @@ fn spead2_sends_cbf_receives() {
         });
         // Out-of-order packets of one heap need every packet kept: enough heap slots.
         let mut stream = HeapStream::new(HeapStreamConfig::default());
-        let mut batch = RecvBatch::new(32, 9200);
+        let mut batch = RecvBatch::new(32, rx.slot_size(9200));
         let mut heaps = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(20);
         while !stream.is_stopped() && Instant::now() < deadline {

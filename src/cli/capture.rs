@@ -170,7 +170,7 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         stop_on_stop_item: !args.ignore_stop,
         ..Default::default()
     });
-    let mut batch = RecvBatch::new(64, args.packet_size);
+    let mut batch = RecvBatch::new(64, source.slot_size(args.packet_size));
     let mut heaps = Vec::new();
     let mut n_heaps = 0u64;
     let start = Instant::now();

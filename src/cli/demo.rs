@@ -129,7 +129,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
                 stop_on_stop_item: false,
                 ..Default::default()
             });
-            let mut batch = RecvBatch::new(64, 9200);
+            let mut batch = RecvBatch::new(64, rx.slot_size(9200));
             let mut heaps = Vec::new();
             let give_up = Duration::from_secs(2);
             let mut done_at: Option<Instant> = None;

@@ -41,11 +41,12 @@ pub struct FaultInjector<R> {
 
 impl<R: PacketReceiver> FaultInjector<R> {
     pub fn new(inner: R, faults: Faults, seed: u64, slot_size: usize) -> Self {
+        let scratch = RecvBatch::new(64, inner.slot_size(slot_size));
         FaultInjector {
             inner,
             faults,
             rng: SmallRng::seed_from_u64(seed),
-            scratch: RecvBatch::new(64, slot_size),
+            scratch,
             pending: Vec::new(),
             counts: FaultCounts::default(),
         }
@@ -85,6 +86,10 @@ impl<R: PacketReceiver> FaultInjector<R> {
 }
 
 impl<R: PacketReceiver> PacketReceiver for FaultInjector<R> {
+    fn slot_size(&self, max_packet: usize) -> usize {
+        self.inner.slot_size(max_packet)
+    }
+
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
         if self.pending.is_empty() {

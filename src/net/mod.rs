@@ -25,17 +25,23 @@ pub enum Received {
     End,
 }
 
-/// Caller-owned receive memory: `capacity` slots of `slot_size` bytes each, plus lengths.
+/// Caller-owned receive memory: `capacity` slots of `slot_size` bytes each. A transport fills
+/// slot `i` with one datagram, or with several equal-sized packets coalesced by the kernel
+/// (UDP GRO); [`RecvBatch::iter`] yields the packets either way.
 ///
-/// A transport writes packet `i` into slot `i`. A datagram longer than a slot is truncated to
-/// the slot, and the SPEAD parser then refuses it (its payload length points past the packet),
-/// so oversized packets are counted rather than silently cut.
+/// A datagram longer than a slot is truncated to the slot, and the SPEAD parser then refuses
+/// it (its payload length points past the packet), so oversized packets are counted rather
+/// than silently cut.
 #[derive(Debug)]
 pub struct RecvBatch {
     buf: Vec<u8>,
     slot_size: usize,
-    lens: Vec<usize>,
-    len: usize,
+    /// Bytes in each filled slot, and the segment size when the slot holds coalesced packets
+    /// (0 = one packet).
+    slots: Vec<(usize, usize)>,
+    filled: usize,
+    /// (start, length) of every packet, in order.
+    packets: Vec<(usize, usize)>,
 }
 
 impl RecvBatch {
@@ -44,74 +50,106 @@ impl RecvBatch {
         RecvBatch {
             buf: vec![0u8; capacity * slot_size],
             slot_size,
-            lens: vec![0; capacity],
-            len: 0,
+            slots: vec![(0, 0); capacity],
+            filled: 0,
+            packets: Vec::with_capacity(capacity),
         }
     }
 
+    /// Slots (datagrams) per batch.
     pub fn capacity(&self) -> usize {
-        self.lens.len()
+        self.slots.len()
     }
 
     pub fn slot_size(&self) -> usize {
         self.slot_size
     }
 
+    /// Packets in the batch.
     pub fn len(&self) -> usize {
-        self.len
+        self.packets.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.packets.is_empty()
     }
 
     pub fn clear(&mut self) {
-        self.len = 0;
+        self.filled = 0;
+        self.packets.clear();
     }
 
     /// Packet `i` of the batch.
     pub fn packet(&self, i: usize) -> &[u8] {
-        let start = i * self.slot_size;
-        &self.buf[start..start + self.lens[i]]
+        let (start, len) = self.packets[i];
+        &self.buf[start..start + len]
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
-        (0..self.len).map(|i| self.packet(i))
+        self.packets.iter().map(|&(s, l)| &self.buf[s..s + l])
     }
 
-    /// Copy a packet into the next slot (for transports that do not DMA); false when full.
-    /// Packets longer than a slot are truncated (and will fail SPEAD parsing).
+    /// Copy a packet into the next slot (for transports that do not receive in place); false
+    /// when full. Packets longer than a slot are truncated (and will fail SPEAD parsing).
     pub fn push(&mut self, packet: &[u8]) -> bool {
-        if self.len == self.capacity() {
+        if self.filled == self.capacity() {
             return false;
         }
         let n = packet.len().min(self.slot_size);
-        let start = self.len * self.slot_size;
+        let start = self.filled * self.slot_size;
         self.buf[start..start + n].copy_from_slice(&packet[..n]);
-        self.lens[self.len] = n;
-        self.len += 1;
+        self.slots[self.filled] = (n, 0);
+        self.filled += 1;
+        self.packets.push((start, n));
         true
     }
 
-    /// The raw slots and length table, for transports that receive in place.
-    pub(crate) fn raw_parts(&mut self) -> (&mut [u8], &mut [usize], usize) {
-        (&mut self.buf, &mut self.lens, self.slot_size)
+    /// The raw slot memory and the (length, segment size) table, for transports that receive
+    /// in place; call [`RecvBatch::set_filled`] afterwards.
+    pub(crate) fn raw_parts(&mut self) -> (&mut [u8], &mut [(usize, usize)], usize) {
+        (&mut self.buf, &mut self.slots, self.slot_size)
     }
 
-    pub(crate) fn set_len(&mut self, n: usize) {
-        self.len = n.min(self.capacity());
+    /// Declare the first `n` slots filled and split them into packets.
+    pub(crate) fn set_filled(&mut self, n: usize) {
+        self.filled = n.min(self.capacity());
+        self.packets.clear();
+        for (i, &(len, seg)) in self.slots[..self.filled].iter().enumerate() {
+            let start = i * self.slot_size;
+            let len = len.min(self.slot_size);
+            if seg == 0 || seg >= len {
+                self.packets.push((start, len));
+            } else {
+                let mut off = 0;
+                while off < len {
+                    let l = seg.min(len - off);
+                    self.packets.push((start + off, l));
+                    off += l;
+                }
+            }
+        }
     }
 }
 
 /// Receive a batch of packets into caller-owned memory.
 pub trait PacketReceiver: Send {
-    /// Replace the batch's contents with up to `batch.capacity()` packets.
+    /// Replace the batch's contents with up to `batch.capacity()` datagrams.
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received>;
+
+    /// The slot size a [`RecvBatch`] needs for packets of up to `max_packet` bytes (larger
+    /// where the transport coalesces packets).
+    fn slot_size(&self, max_packet: usize) -> usize {
+        max_packet
+    }
 }
 
 impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         (**self).recv_batch(batch)
+    }
+
+    fn slot_size(&self, max_packet: usize) -> usize {
+        (**self).slot_size(max_packet)
     }
 }
 
@@ -148,6 +186,34 @@ impl SendBatch {
 
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], usize)> {
         (0..self.packets.len()).map(|i| self.packet(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesced_slots_split_into_packets() {
+        let mut b = RecvBatch::new(3, 100);
+        {
+            let (buf, slots, slot) = b.raw_parts();
+            buf[..10].copy_from_slice(&[1; 10]);
+            slots[0] = (10, 0);
+            for (i, x) in buf[slot..slot + 25].iter_mut().enumerate() {
+                *x = i as u8;
+            }
+            slots[1] = (25, 10); // 10 + 10 + 5
+        }
+        b.set_filled(2);
+        let got: Vec<Vec<u8>> = b.iter().map(<[u8]>::to_vec).collect();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0], [1; 10]);
+        assert_eq!(got[1], (0..10).collect::<Vec<u8>>());
+        assert_eq!(got[3], (20..25).collect::<Vec<u8>>());
+        b.clear();
+        assert!(b.push(&[9; 200]));
+        assert_eq!(b.packet(0).len(), 100);
     }
 }
 
