@@ -189,6 +189,23 @@ impl SendBatch {
     }
 }
 
+/// Send a batch of packets. Destinations are indices into the transport's destination list.
+pub trait PacketSender: Send {
+    /// Number of destinations this sender knows.
+    fn destinations(&self) -> usize;
+    /// Send every packet of the batch (blocking until the kernel or device took them).
+    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()>;
+}
+
+impl<S: PacketSender + ?Sized> PacketSender for Box<S> {
+    fn destinations(&self) -> usize {
+        (**self).destinations()
+    }
+    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()> {
+        (**self).send_batch(batch)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,22 +231,5 @@ mod tests {
         b.clear();
         assert!(b.push(&[9; 200]));
         assert_eq!(b.packet(0).len(), 100);
-    }
-}
-
-/// Send a batch of packets. Destinations are indices into the transport's destination list.
-pub trait PacketSender: Send {
-    /// Number of destinations this sender knows.
-    fn destinations(&self) -> usize;
-    /// Send every packet of the batch (blocking until the kernel or device took them).
-    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()>;
-}
-
-impl<S: PacketSender + ?Sized> PacketSender for Box<S> {
-    fn destinations(&self) -> usize {
-        (**self).destinations()
-    }
-    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()> {
-        (**self).send_batch(batch)
     }
 }
