@@ -165,10 +165,8 @@ fn two_streams_fill_shared_chunks_exactly() {
     for n in 0..n_heaps {
         for (pol, tx) in txs.iter_mut().enumerate() {
             for p in heap_packets(n, pol as u64) {
-                let b = cbf::net::SendBatch {
-                    packets: vec![(0, p.len(), 0)],
-                    buf: p,
-                };
+                let mut b = cbf::net::SendBatch::default();
+                b.push_packet(&p, 0);
                 cbf::net::PacketSender::send_batch(tx, &b).unwrap();
             }
         }

@@ -48,9 +48,9 @@ impl PacketSender for MemSender {
         self.destinations
     }
 
-    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()> {
-        for (bytes, _) in batch.iter() {
-            self.tx.send(bytes.to_vec()).map_err(|_| {
+    fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
+        for i in 0..batch.len() {
+            self.tx.send(batch.to_vec(i)).map_err(|_| {
                 io::Error::new(io::ErrorKind::BrokenPipe, "in-memory receiver is gone")
             })?;
         }

@@ -153,18 +153,32 @@ impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
     }
 }
 
-/// Packets to send: contiguous bytes, each packet with a destination index.
+/// Packets to send, without copying payload: each packet is its header bytes (in `headers`)
+/// followed by payload slices borrowed from the heaps being sent, plus a destination index.
 #[derive(Debug, Default)]
-pub struct SendBatch {
-    pub buf: Vec<u8>,
-    /// (start, length, destination index) per packet.
-    pub packets: Vec<(usize, usize, usize)>,
+pub struct SendBatch<'a> {
+    headers: Vec<u8>,
+    parts: Vec<&'a [u8]>,
+    packets: Vec<OutPacket>,
+    bytes: usize,
 }
 
-impl SendBatch {
+/// Where one packet of a [`SendBatch`] lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutPacket {
+    header: (usize, usize),
+    parts: (usize, usize),
+    /// Total bytes on the wire (header and payload).
+    pub len: usize,
+    pub dest: usize,
+}
+
+impl<'a> SendBatch<'a> {
     pub fn clear(&mut self) {
-        self.buf.clear();
+        self.headers.clear();
+        self.parts.clear();
         self.packets.clear();
+        self.bytes = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -175,17 +189,94 @@ impl SendBatch {
         self.packets.is_empty()
     }
 
+    /// Bytes of all packets.
     pub fn bytes(&self) -> usize {
-        self.buf.len()
+        self.bytes
     }
 
-    pub fn packet(&self, i: usize) -> (&[u8], usize) {
-        let (start, len, dest) = self.packets[i];
-        (&self.buf[start..start + len], dest)
+    /// Header bytes written so far; the next packet's header is appended here.
+    pub fn header_buf(&mut self) -> &mut Vec<u8> {
+        &mut self.headers
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], usize)> {
-        (0..self.packets.len()).map(|i| self.packet(i))
+    /// Payload slices so far; the next packet's slices are appended here.
+    pub fn parts_buf(&mut self) -> &mut Vec<&'a [u8]> {
+        &mut self.parts
+    }
+
+    /// Both buffers at once, for a generator that writes a header and its payload slices.
+    pub fn bufs(&mut self) -> (&mut Vec<u8>, &mut Vec<&'a [u8]>) {
+        (&mut self.headers, &mut self.parts)
+    }
+
+    /// The same (empty) batch for borrows of another lifetime, keeping its allocations:
+    /// how a sender reuses one batch across calls whose heaps live for different times.
+    pub fn reuse<'b>(mut self) -> SendBatch<'b> {
+        self.parts.clear();
+        SendBatch {
+            headers: {
+                self.headers.clear();
+                self.headers
+            },
+            // An empty Vec<&'a [u8]> becomes an empty Vec<&'b [u8]>; collecting a by-value
+            // iterator of the same layout reuses the allocation.
+            parts: self
+                .parts
+                .into_iter()
+                .map(|_| -> &'b [u8] { &[] })
+                .collect(),
+            packets: {
+                self.packets.clear();
+                self.packets
+            },
+            bytes: 0,
+        }
+    }
+
+    /// Close the packet whose header starts at `header_start` and whose payload slices start
+    /// at `parts_start`.
+    pub fn finish_packet(&mut self, header_start: usize, parts_start: usize, dest: usize) {
+        let header = (header_start, self.headers.len() - header_start);
+        let parts = (parts_start, self.parts.len() - parts_start);
+        let len = header.1
+            + self.parts[parts_start..]
+                .iter()
+                .map(|p| p.len())
+                .sum::<usize>();
+        self.packets.push(OutPacket {
+            header,
+            parts,
+            len,
+            dest,
+        });
+        self.bytes += len;
+    }
+
+    /// Append a packet given as one contiguous slice.
+    pub fn push_packet(&mut self, bytes: &'a [u8], dest: usize) {
+        let (h, p) = (self.headers.len(), self.parts.len());
+        self.parts.push(bytes);
+        self.finish_packet(h, p, dest);
+    }
+
+    pub fn packet(&self, i: usize) -> &OutPacket {
+        &self.packets[i]
+    }
+
+    /// The pieces of packet `i` in wire order: its header, then its payload slices.
+    pub fn pieces(&self, i: usize) -> impl Iterator<Item = &[u8]> {
+        let p = &self.packets[i];
+        std::iter::once(&self.headers[p.header.0..p.header.0 + p.header.1])
+            .chain(self.parts[p.parts.0..p.parts.0 + p.parts.1].iter().copied())
+    }
+
+    /// Packet `i` copied into one buffer (for transports that need contiguous bytes).
+    pub fn to_vec(&self, i: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.packets[i].len);
+        for piece in self.pieces(i) {
+            v.extend_from_slice(piece);
+        }
+        v
     }
 }
 
@@ -194,14 +285,14 @@ pub trait PacketSender: Send {
     /// Number of destinations this sender knows.
     fn destinations(&self) -> usize;
     /// Send every packet of the batch (blocking until the kernel or device took them).
-    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()>;
+    fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()>;
 }
 
 impl<S: PacketSender + ?Sized> PacketSender for Box<S> {
     fn destinations(&self) -> usize {
         (**self).destinations()
     }
-    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()> {
+    fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
         (**self).send_batch(batch)
     }
 }

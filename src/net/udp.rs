@@ -84,7 +84,8 @@ struct MsgScratch {
 unsafe impl Send for MsgScratch {}
 
 impl MsgScratch {
-    /// Size for `n` messages (allocates only when growing).
+    /// Size for `n` messages (allocates only when growing). The sender's iovec list is
+    /// rebuilt per call and may hold several iovecs per message.
     fn prepare(&mut self, n: usize) {
         if self.msgs.len() < n {
             // SAFETY: mmsghdr is plain old data; zeroed is a valid empty header.
@@ -371,6 +372,8 @@ pub struct UdpSender {
     gso: bool,
     /// Packets in each message of the current call.
     counts: Vec<usize>,
+    /// Per message: (first iovec, iovecs, destination, segment size).
+    runs: Vec<(usize, usize, usize, usize)>,
 }
 
 impl UdpSender {
@@ -402,6 +405,7 @@ impl UdpSender {
             scratch: MsgScratch::default(),
             gso: true,
             counts: Vec::new(),
+            runs: Vec::new(),
         })
     }
 }
@@ -414,48 +418,66 @@ impl PacketSender for UdpSender {
         self.dests.len()
     }
 
-    fn send_batch(&mut self, batch: &SendBatch) -> io::Result<()> {
+    fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
         let mut done = 0; // packets sent
         while done < batch.len() {
-            // Up to SEND_CHUNK messages, each one packet or a GSO run: contiguous packets to one
-            // destination, all of one size except that the last may be shorter.
+            // Up to SEND_CHUNK messages, each one packet or a GSO run: packets to one
+            // destination, all of one size except that the last may be shorter. A message's
+            // iovecs are its packets' headers and borrowed payload slices, in order.
             self.scratch.prepare(SEND_CHUNK);
+            self.scratch.iovecs.clear();
             self.counts.clear();
+            self.runs.clear();
             let mut p = done;
             while p < batch.len() && self.counts.len() < SEND_CHUNK {
-                let (start, len, dest) = batch.packets[p];
-                let addr = self.dests.get(dest).ok_or_else(|| {
-                    io::Error::new(
+                let first = *batch.packet(p);
+                if first.dest >= self.dests.len() {
+                    return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
-                        format!("destination {dest} out of range"),
-                    )
-                })?;
-                let (mut n, mut bytes) = (1, len);
+                        format!("destination {} out of range", first.dest),
+                    ));
+                }
+                let (mut n, mut bytes) = (1, first.len);
                 while self.gso && p + n < batch.len() && n < GSO_MAX_SEGMENTS {
-                    let (s2, l2, d2) = batch.packets[p + n];
-                    let prev = batch.packets[p + n - 1].1;
-                    if d2 != dest
-                        || s2 != start + bytes
-                        || l2 > len
-                        || prev != len
-                        || bytes + l2 > GSO_MAX_BYTES
+                    let next = batch.packet(p + n);
+                    let prev = batch.packet(p + n - 1).len;
+                    if next.dest != first.dest
+                        || next.len > first.len
+                        || prev != first.len
+                        || bytes + next.len > GSO_MAX_BYTES
                     {
                         break;
                     }
-                    bytes += l2;
+                    bytes += next.len;
                     n += 1;
                 }
-                let k = self.counts.len();
-                self.scratch.iovecs[k] = libc::iovec {
-                    iov_base: batch.buf[start..].as_ptr() as *mut libc::c_void,
-                    iov_len: bytes,
-                };
+                let iov_start = self.scratch.iovecs.len();
+                for q in p..p + n {
+                    for piece in batch.pieces(q) {
+                        self.scratch.iovecs.push(libc::iovec {
+                            iov_base: piece.as_ptr() as *mut libc::c_void,
+                            iov_len: piece.len(),
+                        });
+                    }
+                }
+                self.runs.push((
+                    iov_start,
+                    self.scratch.iovecs.len() - iov_start,
+                    first.dest,
+                    first.len,
+                ));
+                self.counts.push(n);
+                p += n;
+            }
+            // The iovec array is complete (no more reallocation): point the headers into it.
+            for (k, &(iov_start, iov_len, dest, seg)) in self.runs.iter().enumerate() {
+                let addr = &self.dests[dest];
                 let m = &mut self.scratch.msgs[k];
                 m.msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
                 m.msg_hdr.msg_namelen = addr.len();
-                m.msg_hdr.msg_iov = &mut self.scratch.iovecs[k];
-                m.msg_hdr.msg_iovlen = 1;
-                if n > 1 {
+                m.msg_hdr.msg_iov = self.scratch.iovecs[iov_start..].as_mut_ptr();
+                m.msg_hdr.msg_iovlen = iov_len as _;
+                if self.counts[k] > 1 {
                     m.msg_hdr.msg_control = self.scratch.controls[k].as_mut_ptr().cast();
                     // SAFETY: CMSG_SPACE(2) (16 bytes) fits the 32-byte aligned buffer; the
                     // header and the u16 segment size are written through the CMSG macros.
@@ -465,17 +487,15 @@ impl PacketSender for UdpSender {
                         (*c).cmsg_level = libc::SOL_UDP;
                         (*c).cmsg_type = libc::UDP_SEGMENT;
                         (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, len as u16);
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg as u16);
                     }
                 } else {
                     m.msg_hdr.msg_control = std::ptr::null_mut();
                     m.msg_hdr.msg_controllen = 0;
                 }
-                self.counts.push(n);
-                p += n;
             }
-            // SAFETY: every pointer in msgs refers to memory alive across the call (batch,
-            // scratch, dests); the kernel only reads it.
+            // SAFETY: every pointer in msgs refers to memory alive across the call (the batch's
+            // headers and the heaps it borrows, scratch, dests); the kernel only reads it.
             let r = unsafe {
                 libc::sendmmsg(
                     self.socket.as_raw_fd(),

@@ -191,6 +191,25 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
 
     /// Append the next packet to `out`; returns its length, or `None` when the heap is done.
     pub fn next_packet(&mut self, out: &mut Vec<u8>) -> Option<usize> {
+        let start = out.len();
+        let mut parts = Vec::new();
+        self.next_packet_parts(out, &mut parts)?;
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        Some(out.len() - start)
+    }
+
+    /// The next packet without copying payload: its header (special items and item pointers)
+    /// is appended to `header`, and the payload follows as slices borrowed from the heap's
+    /// items, appended to `parts`. Returns the packet's length, or `None` when the heap is done.
+    pub fn next_packet_parts(
+        &mut self,
+        header: &mut Vec<u8>,
+        parts: &mut Vec<&'h [u8]>,
+    ) -> Option<usize> {
+        /// Source of the zero padding after the last item (spead2 pads with zeros).
+        static ZEROS: [u8; 64] = [0; 64];
         if self.payload_offset >= self.payload_size {
             return None;
         }
@@ -208,9 +227,10 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
         let mut payload_len = ((self.payload_size - self.payload_offset) as usize)
             .min(self.max_packet_size - n_pointers * POINTER_LEN - PREFIX_LEN);
         let header_len = PREFIX_LEN + n_pointers * POINTER_LEN;
-        let start = out.len();
-        out.resize(start + header_len, 0);
-        let pkt = &mut out[start..];
+        let packet_len = header_len + payload_len;
+        let start = header.len();
+        header.resize(start + header_len, 0);
+        let pkt = &mut header[start..];
         emit_header(f, (n_pointers + 4) as u16, pkt);
         emit_pointer(f.encode_immediate(HEAP_CNT_ID, self.cnt), 0, pkt);
         emit_pointer(
@@ -249,8 +269,9 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
             match heap.items.get(self.next_item) {
                 None => {
                     // Zero padding after the last item, marked by the NULL pointer.
-                    out.resize(out.len() + payload_len, 0);
-                    payload_len = 0;
+                    let n = payload_len.min(ZEROS.len());
+                    parts.push(&ZEROS[..n]);
+                    payload_len -= n;
                 }
                 Some((_, data)) => match payload_of(data, max_immediate) {
                     None => {
@@ -259,9 +280,7 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
                     }
                     Some(bytes) => {
                         let n = (bytes.len() - self.next_item_offset).min(payload_len);
-                        out.extend_from_slice(
-                            &bytes[self.next_item_offset..self.next_item_offset + n],
-                        );
+                        parts.push(&bytes[self.next_item_offset..self.next_item_offset + n]);
                         self.next_item_offset += n;
                         if self.next_item_offset == bytes.len() {
                             self.next_item += 1;
@@ -272,7 +291,7 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
                 },
             }
         }
-        Some(out.len() - start)
+        Some(packet_len)
     }
 }
 

@@ -10,7 +10,8 @@
 //! address width.
 //!
 //! Sending is synchronous on the caller's thread: packets are written into one reusable
-//! [`SendBatch`] (the payload's only copy in user space) and handed to the transport in bursts.
+//! [`SendBatch`] as headers plus payload slices borrowed from the heaps (no payload copy in
+//! user space) and handed to the transport in bursts.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -104,7 +105,8 @@ pub struct SendStream<S: PacketSender> {
     config: SendStreamConfig,
     ifaces: Vec<Interface<S>>,
     next_cnt: u64,
-    batch: SendBatch,
+    /// Storage of the per-call [`SendBatch`], kept so that steady sending does not allocate.
+    spare: SendBatch<'static>,
     counters: SendCounters,
 }
 
@@ -129,7 +131,7 @@ impl<S: PacketSender> SendStream<S> {
             next_cnt: config.cnt_first,
             config,
             ifaces,
-            batch: SendBatch::default(),
+            spare: SendBatch::default(),
             counters: SendCounters::default(),
         })
     }
@@ -222,18 +224,32 @@ impl<S: PacketSender> SendStream<S> {
             ));
         }
         self.ifaces[iface].limiter.wake(now);
-        self.batch.clear();
+        let mut batch = std::mem::take(&mut self.spare).reuse();
+        let result = self.send_generated(&mut batch, iface, &mut gens, mode, heaps);
+        batch.clear();
+        self.spare = batch.reuse();
+        result
+    }
+
+    fn send_generated<'h>(
+        &mut self,
+        batch: &mut SendBatch<'h>,
+        iface: usize,
+        gens: &mut [(PacketGenerator<'h, '_>, &HeapRef<'_, '_>)],
+        mode: SendMode,
+        heaps: &[HeapRef<'_, '_>],
+    ) -> Result<(), SendError> {
         let mut paced = !heaps.iter().all(|h| h.unpaced);
         match mode {
             SendMode::Serial => {
                 for (g, h) in gens.iter_mut() {
                     if h.unpaced == paced {
-                        self.flush(iface, paced)?;
+                        self.flush(batch, iface, paced)?;
                         paced = !h.unpaced;
                     }
-                    while self.push_packet(g, h.substream) {
-                        if self.batch.bytes() >= self.config.burst_size {
-                            self.flush(iface, paced)?;
+                    while push_packet(batch, g, h.substream) {
+                        if batch.bytes() >= self.config.burst_size {
+                            self.flush(batch, iface, paced)?;
                         }
                     }
                     self.counters.heaps += 1;
@@ -244,10 +260,10 @@ impl<S: PacketSender> SendStream<S> {
                 while live > 0 {
                     live = 0;
                     for (g, h) in gens.iter_mut() {
-                        if self.push_packet(g, h.substream) {
+                        if push_packet(batch, g, h.substream) {
                             live += 1;
-                            if self.batch.bytes() >= self.config.burst_size {
-                                self.flush(iface, paced)?;
+                            if batch.bytes() >= self.config.burst_size {
+                                self.flush(batch, iface, paced)?;
                             }
                         }
                     }
@@ -255,36 +271,47 @@ impl<S: PacketSender> SendStream<S> {
                 self.counters.heaps += gens.len() as u64;
             }
         }
-        self.flush(iface, paced)
+        self.flush(batch, iface, paced)
     }
 
-    fn push_packet(&mut self, g: &mut PacketGenerator<'_, '_>, dest: usize) -> bool {
-        let start = self.batch.buf.len();
-        match g.next_packet(&mut self.batch.buf) {
-            Some(len) => {
-                self.batch.packets.push((start, len, dest));
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn flush(&mut self, iface: usize, paced: bool) -> Result<(), SendError> {
-        if self.batch.is_empty() {
+    fn flush(
+        &mut self,
+        batch: &mut SendBatch<'_>,
+        iface: usize,
+        paced: bool,
+    ) -> Result<(), SendError> {
+        if batch.is_empty() {
             return Ok(());
         }
-        let bytes = self.batch.bytes();
+        let bytes = batch.bytes();
         let i = &mut self.ifaces[iface];
         if paced {
             let now = Instant::now();
             let at = i.limiter.reserve(now, bytes);
             sleep_until(at);
         }
-        i.tx.send_batch(&self.batch)?;
-        self.counters.packets += self.batch.len() as u64;
+        i.tx.send_batch(batch)?;
+        self.counters.packets += batch.len() as u64;
         self.counters.bytes += bytes as u64;
-        self.batch.clear();
+        batch.clear();
         Ok(())
+    }
+}
+
+/// Generate the next packet of `g` into `batch`; false when the heap is done.
+fn push_packet<'h>(
+    batch: &mut SendBatch<'h>,
+    g: &mut PacketGenerator<'h, '_>,
+    dest: usize,
+) -> bool {
+    let (h, p) = (batch.header_buf().len(), batch.parts_buf().len());
+    let (headers, parts) = batch.bufs();
+    match g.next_packet_parts(headers, parts) {
+        Some(_) => {
+            batch.finish_packet(h, p, dest);
+            true
+        }
+        None => false,
     }
 }
 
