@@ -430,20 +430,8 @@ pub fn send_loop<S: PacketSender>(
             break;
         }
         if last_descriptors.is_none_or(|t| now - t >= DESCRIPTOR_INTERVAL) {
-            // One descriptor heap per destination, each with its own (odd) cnt: a receiver
-            // joined to several destinations must see distinct heaps.
-            let refs: Vec<HeapRef> = (0..stream.destinations())
-                .map(|d| HeapRef {
-                    heap: &descriptor_heap,
-                    cnt: Some(descriptor_cnt + 2 * d as u64),
-                    substream: d,
-                    unpaced: true,
-                })
-                .collect();
-            stream
-                .send_heaps_first(&refs, SendMode::RoundRobin)
-                .map_err(send_err)?;
-            descriptor_cnt += 2 * refs.len() as u64;
+            descriptor_cnt =
+                to_every_destination(stream, &descriptor_heap, descriptor_cnt).map_err(send_err)?;
             last_descriptors = Some(now);
         }
         if let Some(change) = changes.and_then(|c| c.try_recv().ok()) {
@@ -487,23 +475,33 @@ pub fn send_loop<S: PacketSender>(
     if plan.send_stop {
         let mut stop = Heap::new();
         stop.add_end();
-        let refs: Vec<HeapRef> = (0..stream.destinations())
-            .map(|d| HeapRef {
-                heap: &stop,
-                cnt: Some(descriptor_cnt + 2 * d as u64),
-                substream: d,
-                unpaced: true,
-            })
-            .collect();
-        stream
-            .send_heaps_first(&refs, SendMode::RoundRobin)
-            .map_err(send_err)?;
+        to_every_destination(stream, &stop, descriptor_cnt).map_err(send_err)?;
     }
     let c = stream.counters();
     report.packets = c.packets;
     report.bytes = c.bytes;
     report.elapsed = start.elapsed();
     Ok(report)
+}
+
+/// Send `heap` once to every destination, unpaced, on the first interface, each copy with its
+/// own odd cnt from `first_cnt` (a receiver joined to several destinations must see distinct
+/// heaps); returns the next free cnt.
+fn to_every_destination<S: PacketSender>(
+    stream: &mut SendStream<S>,
+    heap: &Heap<'_>,
+    first_cnt: u64,
+) -> Result<u64, crate::spead::send::stream::SendError> {
+    let refs: Vec<HeapRef> = (0..stream.destinations())
+        .map(|d| HeapRef {
+            heap,
+            cnt: Some(first_cnt + 2 * d as u64),
+            substream: d,
+            unpaced: true,
+        })
+        .collect();
+    stream.send_heaps_first(&refs, SendMode::RoundRobin)?;
+    Ok(first_cnt + 2 * refs.len() as u64)
 }
 
 /// Open one UDP sender per interface (or one on the default route), each knowing every destination.

@@ -166,6 +166,8 @@ fn gro_segment(hdr: &libc::msghdr) -> usize {
 /// A UDP receiver over one or more sockets (one per distinct port).
 pub struct UdpReceiver {
     sockets: Vec<Socket>,
+    /// poll() table, one entry per socket, reused every call.
+    fds: Vec<libc::pollfd>,
     next: usize,
     scratch: MsgScratch,
     gro: bool,
@@ -223,6 +225,14 @@ impl UdpReceiver {
         }
         let gro = sockets.iter().all(enable_gro);
         Ok(UdpReceiver {
+            fds: vec![
+                libc::pollfd {
+                    fd: -1,
+                    events: 0,
+                    revents: 0
+                };
+                sockets.len()
+            ],
             sockets,
             next: 0,
             scratch: MsgScratch::default(),
@@ -316,15 +326,14 @@ impl PacketReceiver for UdpReceiver {
                 Err(e) => Err(e),
             };
         }
-        let mut fds: Vec<libc::pollfd> = self
-            .sockets
-            .iter()
-            .map(|s| libc::pollfd {
+        for (fd, s) in self.fds.iter_mut().zip(&self.sockets) {
+            *fd = libc::pollfd {
                 fd: s.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
-            })
-            .collect();
+            };
+        }
+        let fds = &mut self.fds;
         // SAFETY: fds is a valid array of pollfd for the duration of the call.
         let r = unsafe {
             libc::poll(
