@@ -21,6 +21,12 @@ pub enum EndpointError {
 }
 
 /// Parse a comma-separated endpoint list, expanding `+N` ranges.
+///
+/// ```
+/// let eps = cbf::net::parse_endpoints("239.10.10.10+1:7148,10.0.0.1:7149").unwrap();
+/// assert_eq!(eps.len(), 3);
+/// assert_eq!(eps[1].to_string(), "239.10.10.11:7148");
+/// ```
 pub fn parse_endpoints(text: &str) -> Result<Vec<SocketAddrV4>, EndpointError> {
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {

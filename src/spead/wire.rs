@@ -352,6 +352,18 @@ pub struct ParsedPacket<'a> {
 
 impl<'a> ParsedPacket<'a> {
     /// Validate outside bytes completely; the only entry point receivers use.
+    ///
+    /// ```
+    /// use cbf::spead::wire::{DropReason, ParsedPacket};
+    /// // Header (SPEAD-64-48, 3 items), HEAP_CNT = 1, PAYLOAD_OFFSET = 0, PAYLOAD_LENGTH = 2.
+    /// let mut p = vec![0x53, 4, 2, 6, 0, 0, 0, 3];
+    /// for (id, v) in [(1u64, 1u64), (3, 0), (4, 2)] {
+    ///     p.extend_from_slice(&((1 << 63) | (id << 48) | v).to_be_bytes());
+    /// }
+    /// p.extend_from_slice(&[7, 8]);
+    /// assert_eq!(ParsedPacket::parse(&p).unwrap().payload(), &[7, 8]);
+    /// assert_eq!(ParsedPacket::parse(&p[..p.len() - 1]).unwrap_err(), DropReason::PayloadPastPacket);
+    /// ```
     pub fn parse(bytes: &'a [u8]) -> Result<ParsedPacket<'a>, DropReason> {
         let packet = Packet::new_checked(bytes)?;
         let repr = PacketRepr::parse(&packet)?;
