@@ -34,6 +34,7 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
     let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 16 << 20).unwrap();
     let dest = rx.local_addr().unwrap().to_string();
     let port = free_tcp_port();
+    let metrics_port = free_tcp_port();
     let _dsim = Kill(
         Command::new(env!("CARGO_BIN_EXE_cbf"))
             .args([
@@ -54,6 +55,7 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
                 "127.0.0.1",
                 &dest,
             ])
+            .args(["--prometheus-port", &metrics_port.to_string()])
             .spawn()
             .unwrap(),
     );
@@ -152,4 +154,21 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
         }
     }
     assert!(before > 0 && after >= 20, "before {before}, after {after}");
+
+    // Prometheus: katgpucbf's dsim metric names, with values that move.
+    std::thread::sleep(Duration::from_millis(1100)); // metrics refresh once a second
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
+    std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+    let value = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing: {text}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert!(value("dsim_output_heaps ") > 0.0);
+    assert!(value("dsim_output_bytes ") > value("dsim_output_heaps ") * 5120.0);
+    assert!(value("dsim_time_error_s ").abs() < 1.0, "{text}");
 }

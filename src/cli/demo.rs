@@ -98,6 +98,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         send_stop: true,
         katcp_port: 0,
         katcp_host: std::net::Ipv4Addr::LOCALHOST.into(),
+        prometheus_port: None,
         dest: dests,
     };
     let plan = dsim_args.plan().map_err(|e| match e {

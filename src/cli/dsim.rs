@@ -80,6 +80,10 @@ pub struct DsimArgs {
     /// Address the katcp server listens on.
     #[arg(long, default_value = "0.0.0.0")]
     pub katcp_host: std::net::IpAddr,
+    /// Serve Prometheus metrics (`dsim_output_heaps`, `dsim_output_bytes`,
+    /// `dsim_time_error_s`) at http://HOST:PORT/metrics.
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
     /// One destination list per polarisation: A.B.C.D[+N]:port[,...].
     #[arg(required = true)]
     pub dest: Vec<String>,
@@ -504,6 +508,58 @@ fn to_every_destination<S: PacketSender>(
     Ok(first_cnt + 2 * refs.len() as u64)
 }
 
+/// dsim's Prometheus metrics, with katgpucbf's names (facts §1.8).
+struct DsimMetrics {
+    registry: prometheus::Registry,
+    heaps: prometheus::IntCounter,
+    bytes: prometheus::IntCounter,
+    time_error: prometheus::Gauge,
+}
+
+impl DsimMetrics {
+    fn new() -> Result<DsimMetrics, CliError> {
+        let err = |e: prometheus::Error| CliError::Run(format!("metrics: {e}"));
+        let registry = prometheus::Registry::new_custom(Some("dsim".into()), None).map_err(err)?;
+        let heaps = prometheus::IntCounter::new("output_heaps", "Heaps sent").map_err(err)?;
+        let bytes = prometheus::IntCounter::new("output_bytes", "Bytes sent, headers included")
+            .map_err(err)?;
+        let time_error = prometheus::Gauge::new(
+            "time_error_s",
+            "Wall-clock time minus the time of the data being sent",
+        )
+        .map_err(err)?;
+        for m in [
+            Box::new(heaps.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(bytes.clone()),
+            Box::new(time_error.clone()),
+        ] {
+            registry.register(m).map_err(err)?;
+        }
+        Ok(DsimMetrics {
+            registry,
+            heaps,
+            bytes,
+            time_error,
+        })
+    }
+
+    /// Bring the metrics up to `r`; returns the time error in seconds (positive: behind).
+    fn update(&self, plan: &DsimPlan, r: &DsimReport) -> f64 {
+        self.heaps.inc_by(r.heaps.saturating_sub(self.heaps.get()));
+        self.bytes.inc_by(r.bytes.saturating_sub(self.bytes.get()));
+        let per_pol = r.heaps / plan.dests.len() as u64;
+        let data_time = plan.sync_time
+            + (r.first_timestamp + per_pol * plan.config.heap_samples as u64) as f64
+                / plan.config.adc_sample_rate;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.time_error.set(now - data_time);
+        now - data_time
+    }
+}
+
 /// Open one UDP sender per interface (or one on the default route), each knowing every destination.
 pub fn open_senders(
     plan: &DsimPlan,
@@ -555,12 +611,20 @@ pub fn run(args: DsimArgs) -> Result<(), CliError> {
     let mut stream =
         SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
     let ts0 = plan.start_timestamp();
-    let adc = plan.config.adc_sample_rate;
     tracing::info!(
         first_timestamp = ts0,
         rate_gbps = plan.rate() * 8e-9,
         "sending"
     );
+    let metrics = DsimMetrics::new()?;
+    if let Some(port) = args.prometheus_port {
+        let addr = crate::control::metrics::serve(
+            SocketAddr::new(args.katcp_host, port),
+            metrics.registry.clone(),
+        )
+        .map_err(|e| CliError::flag("--prometheus-port", e))?;
+        tracing::info!(%addr, "Prometheus metrics at /metrics");
+    }
     let report = send_loop(
         &plan,
         heaps,
@@ -570,17 +634,16 @@ pub fn run(args: DsimArgs) -> Result<(), CliError> {
         &shutdown,
         |r| {
             let gbps = r.bytes as f64 * 8.0 / r.elapsed.as_secs_f64() / 1e9;
-            let behind = r.elapsed.as_secs_f64()
-                - (r.heaps / plan.dests.len() as u64) as f64 * plan.config.heap_samples as f64
-                    / adc;
+            let time_error = metrics.update(&plan, r);
             tracing::info!(
                 heaps = r.heaps,
                 gbps = format!("{gbps:.3}"),
-                time_error_s = format!("{behind:.4}"),
+                time_error_s = format!("{time_error:.4}"),
                 "progress"
             );
         },
     )?;
+    metrics.update(&plan, &report);
     let secs = report.elapsed.as_secs_f64().max(1e-9);
     println!(
         "dsim: sent {} heaps, {} packets, {} bytes in {:.3} s ({:.3} Gb/s, {:.0} packets/s)",

@@ -1,3 +1,5 @@
-//! The control plane: katcp requests and sensors ([`katcp`]).
+//! The control plane: katcp requests and sensors ([`katcp`]) and Prometheus metrics
+//! ([`metrics`]).
 
 pub mod katcp;
+pub mod metrics;
