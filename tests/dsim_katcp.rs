@@ -7,9 +7,9 @@ mod common;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use cbf::dsp::samples::unpack;
 use cbf::net::udp::UdpReceiver;
 use cbf::net::{PacketReceiver, Received, RecvBatch};
-use cbf::sim::pack::unpack;
 use cbf::spead::items::{ItemValue, ADC_SAMPLES_ID, TIMESTAMP_ID};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
 

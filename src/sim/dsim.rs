@@ -6,8 +6,8 @@
 //! bit-packed). Heap counters: data 2, 4, 6, …, descriptors 1, 3, 5, ….
 #![deny(unsafe_code)]
 
-use super::pack::{pack, packed_len};
 use super::signal::{mix, unit, Signal, Timebase};
+use crate::dsp::samples::{pack, packed_len};
 use crate::spead::items::{
     Descriptor, ADC_SAMPLES_ID, DIGITISER_ID_ID, DIGITISER_STATUS_ID, TIMESTAMP_ID,
 };
@@ -196,7 +196,7 @@ impl DigitiserHeaps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::pack::unpack;
+    use crate::dsp::samples::unpack;
     use crate::sim::signal::Expr;
 
     fn cfg(bits: u32) -> DigitiserConfig {

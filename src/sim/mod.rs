@@ -1,6 +1,5 @@
-//! Signal generators: the digitiser simulator (`cbf dsim`): its signal language ([`signal`]),
-//! the bit packing of samples ([`pack`]) and the digitiser heaps ([`dsim`]).
+//! Signal generators: the digitiser simulator (`cbf dsim`): its signal language ([`signal`])
+//! and the digitiser heaps ([`dsim`]); sample packing is in `crate::dsp::samples`.
 
 pub mod dsim;
-pub mod pack;
 pub mod signal;

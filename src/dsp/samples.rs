@@ -1,6 +1,7 @@
-//! Big-endian bit packing of signed samples, the digitiser's wire format (seed 000 §Decode):
-//! samples of `bits` bits, two's complement, concatenated most significant bit first, with no
-//! padding between samples.
+//! Digitiser samples: big-endian bit-packed signed integers (seed 000 §Decode), `bits` bits
+//! each, two's complement, concatenated most significant bit first with no padding. [`unpack`]
+//! is the decode step of the F-engine (the oracle for the GPU's fused decode); [`pack`] is
+//! what dsim sends.
 #![deny(unsafe_code)]
 
 /// Sample widths a digitiser heap may carry (katgpucbf `--sample-bits`).

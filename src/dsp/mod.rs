@@ -1,0 +1,7 @@
+//! The CPU implementation of every signal-processing operation: the backend when there is no
+//! GPU, and the oracle every CUDA kernel is checked against. Pure functions over slices, no I/O.
+//! Each function's doc cites the seed section it implements and states every buffer's shape,
+//! type and layout.
+
+pub mod pfb;
+pub mod samples;
