@@ -3,5 +3,9 @@
 //! Each function's doc cites the seed section it implements and states every buffer's shape,
 //! type and layout.
 
+pub mod delay;
 pub mod pfb;
+pub mod postproc;
+pub mod presence;
+pub mod random;
 pub mod samples;

@@ -6,7 +6,8 @@
 //! bit-packed). Heap counters: data 2, 4, 6, …, descriptors 1, 3, 5, ….
 #![deny(unsafe_code)]
 
-use super::signal::{mix, unit, Signal, Timebase};
+use super::signal::{Signal, Timebase};
+use crate::dsp::random::{mix, unit};
 use crate::dsp::samples::{pack, packed_len};
 use crate::spead::items::{
     Descriptor, ADC_SAMPLES_ID, DIGITISER_ID_ID, DIGITISER_STATUS_ID, TIMESTAMP_ID,

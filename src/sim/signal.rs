@@ -24,6 +24,8 @@ use std::collections::HashMap;
 use std::f64::consts::TAU;
 use std::fmt;
 
+use crate::dsp::random::{mix, unit};
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SignalError {
     #[error("--signals: {0} at position {1}")]
@@ -392,22 +394,6 @@ pub fn parse(
 /// Round a frequency to whole cycles per period: returns cycles per period.
 pub fn cycles_per_period(frequency: f64, period: u64, adc_sample_rate: f64) -> i64 {
     (frequency * period as f64 / adc_sample_rate).round() as i64
-}
-
-/// A 64-bit mixing function (SplitMix64's finaliser) over a key: the counter-based generator
-/// behind noise and dither, so every sample is a pure function of (seed, stream, index).
-pub fn mix(seed: u64, stream: u64, index: u64) -> u64 {
-    let mut z = seed
-        .wrapping_add(stream.wrapping_mul(0xd1b5_4a32_d192_ed03))
-        .wrapping_add(index.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// Uniform in [0, 1) from 53 random bits.
-pub fn unit(bits: u64) -> f64 {
-    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
 /// Evaluation context: the pattern length and the ADC rate that turn Hz into cycles.

@@ -1,0 +1,219 @@
+//! The F-engine delay model, exactly as katgpucbf's fgpu applies it
+//! (`../shared/reference/fengine_delay_convention.md` §1, §2, §5).
+//!
+//! A model (d, dr, p, pr) loaded with start t0 gives, for an **output** spectrum timestamp T:
+//!
+//! ```text
+//! D(T) = D0 + dr·(T − t0)           samples (D0 = d·fs)
+//! φ(T) = wrap(p + (pr/fs)·(T − t0))  rad, wrapped to [−π, π)
+//! c(T) = rint(D(T))                 coarse delay, round half to even
+//! δ(T) = D(T) − c(T)                fine delay, in [−½, ½]
+//! ```
+//!
+//! The model is inverted: the spectrum at T reads input samples [T − c, T − c + taps·2N), so
+//! a positive delay reads earlier input. A model applies to every spectrum with T ≥ t0; a new
+//! model discards queued models starting at or after its own start. Pure: no clock.
+#![deny(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::f64::consts::PI;
+
+/// One linear model, in per-sample units.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearDelayModel {
+    /// Start, in ADC samples since the sync time.
+    pub t0: i64,
+    /// Delay at t0, in samples.
+    pub delay: f64,
+    /// Delay rate, samples per sample (unitless).
+    pub delay_rate: f64,
+    /// Phase at t0, in rad, wrapped.
+    pub phase: f64,
+    /// Phase rate, in rad per sample.
+    pub phase_rate: f64,
+    /// The request's own numbers (s, s/s, rad, rad/s), for the delay sensor.
+    pub request: (f64, f64, f64, f64),
+}
+
+/// Why a `?delays` model is refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DelayError {
+    #[error("Start time cannot be prior to the sync time")]
+    BeforeSync,
+    #[error("delay rate {0} must be less than 1 in magnitude")]
+    Rate(f64),
+    #[error("delay model values must be finite")]
+    NotFinite,
+}
+
+/// Wrap to [−π, π).
+pub fn wrap_angle(a: f64) -> f64 {
+    (a + PI).rem_euclid(2.0 * PI) - PI
+}
+
+impl LinearDelayModel {
+    /// The all-zero model in force before any `?delays`.
+    pub const ZERO: LinearDelayModel = LinearDelayModel {
+        t0: 0,
+        delay: 0.0,
+        delay_rate: 0.0,
+        phase: 0.0,
+        phase_rate: 0.0,
+        request: (0.0, 0.0, 0.0, 0.0),
+    };
+
+    /// From a `?delays` request: `start` UNIX seconds, d s, dr s/s, p rad, pr rad/s.
+    pub fn from_request(
+        start: f64,
+        sync_time: f64,
+        fs: f64,
+        d: f64,
+        dr: f64,
+        p: f64,
+        pr: f64,
+    ) -> Result<Self, DelayError> {
+        if ![start, d, dr, p, pr].iter().all(|v| v.is_finite()) {
+            return Err(DelayError::NotFinite);
+        }
+        let t0 = ((start - sync_time) * fs).round();
+        if t0 < 0.0 {
+            return Err(DelayError::BeforeSync);
+        }
+        if dr.abs() >= 1.0 {
+            return Err(DelayError::Rate(dr));
+        }
+        Ok(LinearDelayModel {
+            t0: t0 as i64,
+            delay: d * fs,
+            delay_rate: dr,
+            phase: wrap_angle(p),
+            phase_rate: pr / fs,
+            request: (d, dr, p, pr),
+        })
+    }
+
+    /// (coarse delay c, fine delay δ, phase φ) for the output spectrum at timestamp `t`.
+    pub fn at(&self, t: i64) -> (i64, f64, f64) {
+        let dt = (t - self.t0) as f64;
+        let d = self.delay + self.delay_rate * dt;
+        let c = d.round_ties_even();
+        (
+            c as i64,
+            d - c,
+            wrap_angle(self.phase + self.phase_rate * dt),
+        )
+    }
+}
+
+/// The models of one input: the current one and those queued for the future.
+#[derive(Debug, Clone)]
+pub struct DelayModels {
+    current: LinearDelayModel,
+    queued: VecDeque<LinearDelayModel>,
+}
+
+impl Default for DelayModels {
+    fn default() -> Self {
+        DelayModels {
+            current: LinearDelayModel::ZERO,
+            queued: VecDeque::new(),
+        }
+    }
+}
+
+impl DelayModels {
+    /// Queue a model; queued models starting at or after its start are discarded.
+    pub fn add(&mut self, model: LinearDelayModel) {
+        self.queued.retain(|m| m.t0 < model.t0);
+        self.queued.push_back(model);
+    }
+
+    /// The model for the spectrum at `t`, advancing past models that have started. Spectrum
+    /// timestamps must not decrease between calls.
+    pub fn model_at(&mut self, t: i64) -> &LinearDelayModel {
+        while self.queued.front().is_some_and(|m| m.t0 <= t) {
+            if let Some(m) = self.queued.pop_front() {
+                self.current = m;
+            }
+        }
+        &self.current
+    }
+
+    /// The model now in force (for the delay sensor).
+    pub fn current(&self) -> &LinearDelayModel {
+        &self.current
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coarse_fine_split_rounds_half_to_even() {
+        let m = |d: f64| LinearDelayModel {
+            delay: d,
+            ..LinearDelayModel::ZERO
+        };
+        assert_eq!(m(2.5).at(0), (2, 0.5, 0.0));
+        assert_eq!(m(3.5).at(0), (4, -0.5, 0.0));
+        assert_eq!(m(-2.5).at(0).0, -2);
+        let (c, f, _) = m(7.3).at(0);
+        assert_eq!(c, 7);
+        assert!((f - 0.3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn request_units_and_refusals() {
+        let fs = 1712e6;
+        let m = LinearDelayModel::from_request(1000.5, 1000.0, fs, 1e-6, 1e-9, 4.0, 2.0).unwrap();
+        assert_eq!(m.t0, (0.5 * fs) as i64);
+        assert!((m.delay - 1712.0).abs() < 1e-9);
+        assert!(
+            (m.phase - (4.0 - 2.0 * PI)).abs() < 1e-12,
+            "wrapped on entry"
+        );
+        assert!((m.phase_rate - 2.0 / fs).abs() < 1e-20);
+        // Rates are referenced to t0.
+        let (c, f, p) = m.at(m.t0 + 1_000_000);
+        assert!(((c as f64 + f) - (1712.0 + 1e-3)).abs() < 1e-9);
+        assert!((p - wrap_angle(4.0 + 2.0 / fs * 1e6)).abs() < 1e-12);
+        assert_eq!(
+            LinearDelayModel::from_request(999.0, 1000.0, fs, 0.0, 0.0, 0.0, 0.0),
+            Err(DelayError::BeforeSync)
+        );
+        assert_eq!(
+            LinearDelayModel::from_request(1001.0, 1000.0, fs, 0.0, 1.0, 0.0, 0.0),
+            Err(DelayError::Rate(1.0))
+        );
+        assert_eq!(
+            LinearDelayModel::from_request(1001.0, 1000.0, fs, f64::NAN, 0.0, 0.0, 0.0),
+            Err(DelayError::NotFinite)
+        );
+    }
+
+    #[test]
+    fn models_switch_per_spectrum_and_later_loads_replace_queued_ones() {
+        let m = |t0: i64, d: f64| LinearDelayModel {
+            t0,
+            delay: d,
+            ..LinearDelayModel::ZERO
+        };
+        let mut q = DelayModels::default();
+        q.add(m(1000, 1.0));
+        q.add(m(3000, 3.0));
+        q.add(m(2000, 2.0)); // discards the model at 3000
+        let step = 512;
+        let seen: Vec<f64> = (0..8).map(|s| q.model_at(s * step).delay).collect();
+        // Spectra at 0, 512 keep zero; 1024 ≥ 1000 takes model 1; 2048 ≥ 2000 takes model 2.
+        assert_eq!(seen, [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]);
+        assert_eq!(q.current().delay, 2.0);
+    }
+
+    #[test]
+    fn wrap_is_half_open() {
+        assert!((wrap_angle(PI) + PI).abs() < 1e-15);
+        assert!((wrap_angle(-PI) + PI).abs() < 1e-15);
+        assert!((wrap_angle(3.0 * PI / 2.0) + PI / 2.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,268 @@
+//! F-engine post-processing after the channelising FFT (seed 000 §Postprocessing;
+//! `../shared/reference/fengine_delay_convention.md` §3, §6): fine delay, phase and complex
+//! gain, dither, saturating quantisation with clip counts, and the partial transpose to the F
+//! heap layout (channel, spectrum, pol, re/im).
+//!
+//! For channel k of a spectrum with coarse delay c, fine delay δ and phase φ:
+//!
+//! ```text
+//! θ_k = −π·δ·(k − N/2)/N + φ + (π/2)·(c mod 4)
+//! Y_k = g_k · e^{jθ_k} · X_k
+//! q   = round_half_even(clamp(Y + u, −qmax, qmax)),  u ~ U(−½, ½) per part (if dithered)
+//! ```
+//!
+//! The slope pivots on the centre channel N/2, and the (π/2)(c mod 4) term makes the net phase
+//! at the centre channel exactly φ however the delay splits into coarse and fine. qmax is 127
+//! for 8-bit output and 7 for 4-bit, so −128 (−8) is never produced. A complex value counts as
+//! clipped once if either part lay outside [−qmax, qmax].
+#![deny(unsafe_code)]
+
+use std::f64::consts::PI;
+
+use num_complex::Complex32;
+
+use super::random::{dither_f32, mix};
+
+/// The delay terms of one spectrum of one polarisation (from `dsp::delay`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SpectrumDelay {
+    pub coarse: i64,
+    pub fine: f64,
+    pub phase: f64,
+}
+
+/// θ_k for all channels, in f64 (the oracle; a GPU uses sincospi in f32).
+pub fn phase_slope(channels: usize, d: &SpectrumDelay) -> impl Iterator<Item = f64> + '_ {
+    let n = channels as f64;
+    let fixed = d.phase + PI / 2.0 * d.coarse.rem_euclid(4) as f64;
+    (0..channels).map(move |k| -PI * d.fine * (k as f64 - n / 2.0) / n + fixed)
+}
+
+/// Y_k = g_k·e^{jθ_k}·X_k for one spectrum: `x`, `gains`, `out` are `channels` long; `out` is
+/// overwritten.
+pub fn correct(x: &[Complex32], gains: &[Complex32], d: &SpectrumDelay, out: &mut [Complex32]) {
+    for (((o, &xk), &g), theta) in out
+        .iter_mut()
+        .zip(x)
+        .zip(gains)
+        .zip(phase_slope(x.len(), d))
+    {
+        let (s, c) = theta.sin_cos();
+        *o = g * Complex32::new(c as f32, s as f32) * xk;
+    }
+}
+
+/// Output sample width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputBits {
+    Eight,
+    /// Packed two's complement nibbles, real in the high nibble, imaginary in the low.
+    Four,
+}
+
+impl OutputBits {
+    pub fn qmax(self) -> f32 {
+        match self {
+            OutputBits::Eight => 127.0,
+            OutputBits::Four => 7.0,
+        }
+    }
+}
+
+/// Saturating quantisation of one part with dither `u`: (value, clipped).
+#[inline]
+pub fn quantise(v: f32, u: f32, qmax: f32) -> (i8, bool) {
+    let x = v + u;
+    let clipped = !(-qmax..=qmax).contains(&x);
+    (x.clamp(-qmax, qmax).round_ties_even() as i8, clipped)
+}
+
+/// The dither for (seed, spectrum timestamp, channel, pol, part): a pure function, so a GPU can
+/// produce the same value.
+#[inline]
+pub fn dither(seed: u64, timestamp: i64, channel: usize, pol: usize, part: usize) -> f32 {
+    let stream = ((timestamp as u64) << 2) | ((pol as u64) << 1) | part as u64;
+    dither_f32(mix(seed, stream, channel as u64))
+}
+
+/// One F heap's worth of post-processing.
+pub struct HeapInput<'a> {
+    /// Per pol: `spectra × channels` FFT output, spectrum-major.
+    pub spectra: [&'a [Complex32]; 2],
+    /// Per pol: `channels` complex gains.
+    pub gains: [&'a [Complex32]; 2],
+    /// Per pol: one [`SpectrumDelay`] per spectrum.
+    pub delays: [&'a [SpectrumDelay]; 2],
+    /// Timestamp of each spectrum (dither key).
+    pub timestamps: &'a [i64],
+    /// Dither seed, or no dither.
+    pub dither: Option<u64>,
+}
+
+/// Correct, dither, quantise and transpose one heap. `out` is `channels × spectra × 2 pols × 2`
+/// int8 (re, im), channel-major, **overwritten**. Returns the clipped-value count per pol.
+pub fn postproc_heap(input: &HeapInput<'_>, channels: usize, out: &mut [i8]) -> [u64; 2] {
+    let n_spectra = input.timestamps.len();
+    assert_eq!(out.len(), channels * n_spectra * 4);
+    let qmax = OutputBits::Eight.qmax();
+    let mut clips = [0u64; 2];
+    let mut y = vec![Complex32::default(); channels];
+    for (pol, clipped) in clips.iter_mut().enumerate() {
+        for (s, &ts) in input.timestamps.iter().enumerate() {
+            let x = &input.spectra[pol][s * channels..(s + 1) * channels];
+            correct(x, input.gains[pol], &input.delays[pol][s], &mut y);
+            for (k, v) in y.iter().enumerate() {
+                let u = |part| {
+                    input
+                        .dither
+                        .map_or(0.0, |seed| dither(seed, ts, k, pol, part))
+                };
+                let (re, c0) = quantise(v.re, u(0), qmax);
+                let (im, c1) = quantise(v.im, u(1), qmax);
+                let at = ((k * n_spectra + s) * 2 + pol) * 2;
+                out[at] = re;
+                out[at + 1] = im;
+                *clipped += u64::from(c0 || c1);
+            }
+        }
+    }
+    clips
+}
+
+/// Pack (re, im) pairs already quantised to ±7 into bytes, real in the high nibble.
+pub fn pack_4bit(pairs: &[i8], out: &mut [u8]) {
+    for (o, p) in out.iter_mut().zip(pairs.chunks_exact(2)) {
+        *o = ((p[0] as u8) << 4) | (p[1] as u8 & 0x0f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dsp::delay::LinearDelayModel;
+    use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
+
+    #[test]
+    fn quantiser_rounds_ties_to_even_and_saturates_symmetrically() {
+        assert_eq!(quantise(0.5, 0.0, 127.0), (0, false));
+        assert_eq!(quantise(1.5, 0.0, 127.0), (2, false));
+        assert_eq!(quantise(-2.5, 0.0, 127.0), (-2, false));
+        assert_eq!(quantise(127.4, 0.0, 127.0), (127, true));
+        assert_eq!(quantise(-1000.0, 0.0, 127.0), (-127, true));
+        assert_eq!(quantise(-7.6, 0.0, 7.0), (-7, true));
+        assert_eq!(quantise(126.8, 0.3, 127.0), (127, true));
+    }
+
+    #[test]
+    fn dithered_values_stay_within_one_lsb() {
+        for i in 0..10_000 {
+            let v = (i as f32 - 5000.0) * 0.0123;
+            let u = dither(99, i, 5, i as usize % 2, 0);
+            let (q, _) = quantise(v, u, 127.0);
+            assert!((f32::from(q) - v).abs() <= 1.0, "{v} → {q}");
+        }
+    }
+
+    #[test]
+    fn four_bit_packing() {
+        let mut out = [0u8; 2];
+        pack_4bit(&[-7, 7, 3, -1], &mut out);
+        assert_eq!(out, [0x97, 0x3f]);
+    }
+
+    /// The heap layout is (channel, spectrum, pol, re/im), and gains act before quantisation.
+    #[test]
+    fn transpose_layout_and_gain() {
+        let (channels, spectra) = (4, 3);
+        let x: Vec<Complex32> = (0..channels * spectra)
+            .map(|i| Complex32::new(i as f32, -(i as f32)))
+            .collect();
+        let g1 = vec![Complex32::new(1.0, 0.0); channels];
+        let g2 = vec![Complex32::new(2.0, 0.0); channels];
+        let d = vec![SpectrumDelay::default(); spectra];
+        let input = HeapInput {
+            spectra: [&x, &x],
+            gains: [&g1, &g2],
+            delays: [&d, &d],
+            timestamps: &[0, 8, 16],
+            dither: None,
+        };
+        let mut out = vec![0i8; channels * spectra * 4];
+        let clips = postproc_heap(&input, channels, &mut out);
+        assert_eq!(clips, [0, 0]);
+        for k in 0..channels {
+            for s in 0..spectra {
+                let at = ((k * spectra + s) * 2) * 2;
+                let v = (s * channels + k) as i8;
+                assert_eq!(&out[at..at + 4], &[v, -v, 2 * v, -2 * v], "k{k} s{s}");
+            }
+        }
+    }
+
+    /// The convention's net effect (fengine_delay_convention.md §4): for a tone at the centre of
+    /// channel k, arg Y_k(D, p) − arg Y_k(0, 0) = p − π·D·(k − N/2)/N, whatever D is.
+    #[test]
+    fn delay_and_phase_give_the_katgpucbf_phase_slope() {
+        let (channels, taps) = (64usize, 4usize);
+        let step = 2 * channels;
+        let w = pfb_weights(step, taps, 1.0, Window::Hann);
+        let tones = [3usize, 17, 32, 45, 60];
+        let n_in = step * (taps + 200);
+        let x: Vec<i32> = (0..n_in)
+            .map(|t| {
+                tones
+                    .iter()
+                    .map(|&k| 300.0 * (2.0 * PI * (k * t) as f64 / step as f64 + k as f64).cos())
+                    .sum::<f64>()
+                    .round() as i32
+            })
+            .collect();
+        let gains = vec![Complex32::new(1.0, 0.0); channels];
+        let mut fft = ChannelFft::new(step);
+        let spectrum = |model: &LinearDelayModel, t: i64, fft: &mut ChannelFft| -> Vec<Complex32> {
+            let (c, fine, phase) = model.at(t);
+            let start = (t - c) as usize;
+            let mut frame = vec![0.0; step];
+            pfb_fir(&x, &w, step, &[start], &mut frame);
+            let mut xk = vec![Complex32::default(); channels];
+            fft.run(&frame, &mut xk);
+            let mut y = vec![Complex32::default(); channels];
+            correct(
+                &xk,
+                &gains,
+                &SpectrumDelay {
+                    coarse: c,
+                    fine,
+                    phase,
+                },
+                &mut y,
+            );
+            y
+        };
+        let t = (step * 100) as i64;
+        let reference = spectrum(&LinearDelayModel::ZERO, t, &mut fft);
+        for (d, p) in [
+            (3.4, 0.3),
+            (0.0, -1.0),
+            (-42.0, 2.0),
+            (2.5, 0.0),
+            (8192.3, 1.5),
+            (0.5, -3.0),
+            (-3.6, 0.7),
+        ] {
+            let model = LinearDelayModel {
+                delay: d,
+                phase: p,
+                ..LinearDelayModel::ZERO
+            };
+            let y = spectrum(&model, t, &mut fft);
+            for &k in &tones {
+                let got = f64::from((y[k] / reference[k]).arg());
+                let want = p - PI * d * (k as f64 - channels as f64 / 2.0) / channels as f64;
+                let err = crate::dsp::delay::wrap_angle(got - want);
+                assert!(err.abs() < 2e-3, "D={d} p={p} k={k}: {got} vs {want}");
+                assert!((y[k].norm() / reference[k].norm() - 1.0).abs() < 1e-3);
+            }
+        }
+    }
+}
