@@ -3,6 +3,8 @@
 //! Each function's doc cites the seed section it implements and states every buffer's shape,
 //! type and layout.
 
+pub mod beamform;
+pub mod correlate;
 pub mod delay;
 pub mod pfb;
 pub mod postproc;
