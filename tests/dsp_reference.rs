@@ -206,3 +206,165 @@ fn beamformer_matches_numpy_within_quantisation() {
         assert!(c >= e);
     }
 }
+
+fn run_ddc_ref(args: &[String], stdin: &[u8]) -> Vec<u8> {
+    let mut child = Command::new(common::python())
+        .arg(common::reference_script("ddc_reference.py"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+#[test]
+fn ddc_filter_design_matches_scipy_remez() {
+    use cbf::dsp::ddc::{ddc_weights_discard, ddc_weights_no_discard};
+    let cases: Vec<(Vec<String>, Vec<f32>)> = vec![
+        (
+            vec!["discard".into(), "64".into(), "4".into(), "0.005".into()],
+            ddc_weights_discard(64, 4, 0.005).unwrap(),
+        ),
+        (
+            vec!["discard".into(), "128".into(), "8".into(), "0.005".into()],
+            ddc_weights_discard(128, 8, 0.005).unwrap(),
+        ),
+        (
+            vec!["discard".into(), "61".into(), "6".into(), "0.01".into()],
+            ddc_weights_discard(61, 6, 0.01).unwrap(),
+        ),
+        (
+            vec![
+                "nodiscard".into(),
+                "64".into(),
+                "8".into(),
+                "0.8".into(),
+                "0.005".into(),
+            ],
+            ddc_weights_no_discard(64, 8, 0.8, 0.005).unwrap(),
+        ),
+    ];
+    for (args, got) in cases {
+        let mut a = vec!["weights".to_string()];
+        a.extend(args.clone());
+        let want: Vec<f64> = run_ddc_ref(&a, &[])
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(got.len(), want.len());
+        // Compared by the quantity Remez minimises, the maximum weighted error over the
+        // specified bands (between them the response is free): cbf's design must be at least
+        // as good as scipy's (pm-remez converges more tightly than scipy's 16× grid), allowing
+        // for cbf rounding its taps to f32. Tap values themselves are ill-conditioned where the
+        // optimum error reaches f64 noise and are not compared.
+        let s: f64 = args[2].parse().unwrap();
+        let response = |h: &[f64], f: f64| -> f64 {
+            let (re, im) = h.iter().enumerate().fold((0.0, 0.0), |(re, im), (k, &v)| {
+                let a = -std::f64::consts::TAU * f * k as f64;
+                (re + v * a.cos(), im + v * a.sin())
+            });
+            re.hypot(im) / s.sqrt()
+        };
+        let got64: Vec<f64> = got.iter().map(|&v| f64::from(v)).collect();
+        // (low, high, desired, weight) in cycles per subsampled sample (scipy's fs = S units).
+        let bands: Vec<(f64, f64, f64, f64)> = if args[0] == "discard" {
+            let wp: f64 = args[3].parse().unwrap();
+            let mut b = vec![(0.0, 0.25, 1.0, wp)];
+            let mut x = 0.75;
+            while x < s / 2.0 {
+                b.push((x, (x + 0.5).min(s / 2.0), 0.0, 1.0));
+                x += 1.0;
+            }
+            b
+        } else {
+            let (pf, wp): (f64, f64) = (args[3].parse().unwrap(), args[4].parse().unwrap());
+            vec![
+                (0.0, pf / 2.0, 1.0, wp),
+                (1.0 - pf / 2.0, s / 2.0, 0.0, 1.0),
+            ]
+        };
+        let max_err = |h: &[f64]| -> f64 {
+            let mut m = 0.0f64;
+            for &(lo, hi, want, weight) in &bands {
+                for i in 0..=400 {
+                    let f = (lo + (hi - lo) * i as f64 / 400.0) / s;
+                    m = m.max((response(h, f) - want).abs() * weight);
+                }
+            }
+            m
+        };
+        let (ours, theirs) = (max_err(&got64), max_err(&want));
+        assert!(
+            ours <= theirs * 1.001 + 1e-7,
+            "{args:?}: weighted error {ours} vs scipy's {theirs}"
+        );
+        // Passband (¼ of the subsampled rate) flat to ±1e-3 (weight_pass lets it ripple), and
+        // the aliasing bands suppressed.
+        if args[0] == "discard" {
+            for i in 0..=100 {
+                let f = 0.25 / s * i as f64 / 100.0;
+                assert!(
+                    (response(&got64, f) - 1.0).abs() < 1e-2,
+                    "{args:?} passband at {f}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn ddc_matches_an_exact_mixer_reference() {
+    use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
+    for (bits, s, t_first) in [
+        (10u32, 4usize, 123_456_789_012u64),
+        (8, 8, 5),
+        (12, 6, (1 << 33) + 17),
+    ] {
+        let h = ddc_weights_discard(16 * s, s, 0.005).unwrap();
+        let n_out = 50;
+        let nx = s * (n_out - 1) + h.len();
+        let lim = 1i64 << (bits - 1);
+        let x: Vec<i32> = (0..nx as u64)
+            .map(|i| {
+                (cbf::dsp::random::mix(bits as u64, 3, i) % (2 * lim as u64 - 1)) as i32
+                    - (lim as i32 - 1)
+            })
+            .collect();
+        let step = mixer_step(0.2718281828);
+        let mut got = vec![Complex32::default(); n_out];
+        ddc(&x, &h, s, step, t_first, &mut got);
+        let mut stdin: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        stdin.extend(h.iter().flat_map(|v| v.to_le_bytes()));
+        let args: Vec<String> = [
+            "ddc".to_string(),
+            s.to_string(),
+            step.to_string(),
+            t_first.to_string(),
+            n_out.to_string(),
+            nx.to_string(),
+        ]
+        .to_vec();
+        let want: Vec<(f64, f64)> = run_ddc_ref(&args, &stdin)
+            .chunks_exact(16)
+            .map(|c| {
+                (
+                    f64::from_le_bytes(c[..8].try_into().unwrap()),
+                    f64::from_le_bytes(c[8..].try_into().unwrap()),
+                )
+            })
+            .collect();
+        let scale = f64::from(1u32 << bits);
+        let mut sq = 0.0;
+        for (g, w) in got.iter().zip(&want) {
+            let e = (f64::from(g.re) - w.0).hypot(f64::from(g.im) - w.1);
+            // katgpucbf's DDC tolerance: atol 2e-5·2^bits, RMS < 2e-6·2^bits.
+            assert!(e <= 2e-5 * scale, "{bits} bits: {g} vs {w:?}");
+            sq += e * e;
+        }
+        assert!((sq / n_out as f64).sqrt() < 2e-6 * scale);
+    }
+}

@@ -5,6 +5,7 @@
 
 pub mod beamform;
 pub mod correlate;
+pub mod ddc;
 pub mod delay;
 pub mod pfb;
 pub mod postproc;
