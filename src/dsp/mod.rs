@@ -7,6 +7,7 @@ pub mod beamform;
 pub mod correlate;
 pub mod ddc;
 pub mod delay;
+pub mod frb;
 pub mod pfb;
 pub mod postproc;
 pub mod presence;
