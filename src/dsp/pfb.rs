@@ -107,6 +107,18 @@ pub fn pfb_fir(
     power
 }
 
+/// Copy the head of the next chunk (`next`, packed samples) into the tail of `chunk`, whose
+/// first `body_bytes` hold this chunk's own samples (seed 000 §Polyphase Filter Bank: "copy the
+/// start of the next chunk to the end of the current one"). The tail must cover the PFB
+/// footprint (taps·step samples) plus the largest differential coarse delay
+/// (`--max-delay-diff`); presence flags of the copied heaps travel with it (the caller ANDs
+/// them in, `dsp::presence`).
+pub fn extend_tail(chunk: &mut [u8], body_bytes: usize, next: &[u8]) {
+    let tail = &mut chunk[body_bytes..];
+    let n = tail.len().min(next.len());
+    tail[..n].copy_from_slice(&next[..n]);
+}
+
 /// The channelising FFT: a real-to-complex transform of each `step`-sample spectrum, keeping
 /// bins `0 .. step/2` (the Nyquist bin is dropped). Plan once, run many times.
 pub struct ChannelFft {
@@ -216,6 +228,65 @@ mod tests {
                 prop_assert_eq!(power[s], p);
             }
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16))]
+
+        /// Linearity of the channeliser: ch(a·x + b·y) = a·ch(x) + b·ch(y) (within f32).
+        #[test]
+        fn channeliser_is_linear(seed in any::<u64>(), a in -3i32..4, b in -3i32..4) {
+            let (step, taps) = (64usize, 4usize);
+            let w = pfb_weights(step, taps, 1.0, Window::Hann);
+            let x = random_samples(step * taps, 8, seed);
+            let y = random_samples(step * taps, 8, seed ^ 7);
+            let z: Vec<i32> = x.iter().zip(&y).map(|(&p, &q)| a * p + b * q).collect();
+            let run = |v: &[i32]| {
+                let mut f = vec![0.0; step];
+                pfb_fir(v, &w, step, &[0], &mut f);
+                let mut o = vec![Complex32::default(); step / 2];
+                ChannelFft::new(step).run(&f, &mut o);
+                o
+            };
+            let (cx, cy, cz) = (run(&x), run(&y), run(&z));
+            let peak = cz.iter().map(|c| c.norm()).fold(1.0f32, f32::max);
+            for k in 0..step / 2 {
+                let lin = cx[k] * a as f32 + cy[k] * b as f32;
+                prop_assert!((cz[k] - lin).norm() <= 1e-5 * peak * 8.0, "k{}: {} vs {}", k, cz[k], lin);
+            }
+        }
+    }
+
+    /// A PFB window that crosses a chunk boundary: with the head of the next chunk copied to
+    /// the tail of this one ([`super::extend_tail`]), spectra near the end of the chunk equal
+    /// those computed on the continuous stream.
+    #[test]
+    fn footprint_across_chunk_boundary() {
+        use crate::dsp::samples::{pack, packed_len, unpack};
+        let (step, taps, bits) = (32usize, 4usize, 10u32);
+        let chunk = 8 * step; // samples per chunk
+        let tail = taps * step + 8; // PFB footprint plus a differential coarse delay of 8
+        let stream = random_samples(3 * chunk, bits, 21);
+        let mut packed = vec![0u8; packed_len(stream.len(), bits)];
+        pack(&stream, bits, &mut packed);
+        let cb = packed_len(chunk, bits);
+        // Chunk 1 with its tail filled from chunk 2.
+        let mut chunk1 = vec![0u8; packed_len(chunk + tail, bits)];
+        chunk1[..cb].copy_from_slice(&packed[cb..2 * cb]);
+        super::extend_tail(&mut chunk1, cb, &packed[2 * cb..3 * cb]);
+        let mut local = vec![0i32; chunk + tail];
+        unpack(&chunk1, bits, &mut local);
+        let w = pfb_weights(step, taps, 1.0, Window::Hann);
+        // Spectra starting in the last step of chunk 1, and one pushed 8 samples past its end
+        // by the differential coarse delay: every window reaches into the copied tail.
+        let starts: Vec<usize> = vec![chunk - step, chunk - step + 3, chunk + 7];
+        let mut a = vec![0.0; starts.len() * step];
+        let pa = pfb_fir(&local, &w, step, &starts, &mut a);
+        let global: Vec<usize> = starts.iter().map(|s| s + chunk).collect();
+        let mut b = vec![0.0; starts.len() * step];
+        let pb = pfb_fir(&stream, &w, step, &global, &mut b);
+        assert_eq!(a, b);
+        assert_eq!(pa, pb);
     }
 
     /// With one rect tap the filter bank is a plain DFT: compare with the definition in f64.

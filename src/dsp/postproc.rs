@@ -19,7 +19,7 @@
 
 use std::f64::consts::PI;
 
-use num_complex::Complex32;
+use num_complex::{Complex32, Complex64};
 
 use super::random::{dither_f32, mix};
 
@@ -39,16 +39,16 @@ pub fn phase_slope(channels: usize, d: &SpectrumDelay) -> impl Iterator<Item = f
 }
 
 /// Y_k = g_k·e^{jθ_k}·X_k for one spectrum: `x`, `gains`, `out` are `channels` long; `out` is
-/// overwritten.
+/// overwritten. θ_k is linear in k, so e^{jθ_k} is formed by a complex recurrence in f64
+/// (one sin/cos pair per spectrum; the rounding drift over 32768 channels is ~1e-12 rad).
 pub fn correct(x: &[Complex32], gains: &[Complex32], d: &SpectrumDelay, out: &mut [Complex32]) {
-    for (((o, &xk), &g), theta) in out
-        .iter_mut()
-        .zip(x)
-        .zip(gains)
-        .zip(phase_slope(x.len(), d))
-    {
-        let (s, c) = theta.sin_cos();
-        *o = g * Complex32::new(c as f32, s as f32) * xk;
+    let mut thetas = phase_slope(x.len(), d);
+    let Some(theta0) = thetas.next() else { return };
+    let mut rot = Complex64::from_polar(1.0, theta0);
+    let step = Complex64::from_polar(1.0, -PI * d.fine / x.len() as f64);
+    for ((o, &xk), &g) in out.iter_mut().zip(x).zip(gains) {
+        *o = g * Complex32::new(rot.re as f32, rot.im as f32) * xk;
+        rot *= step;
     }
 }
 
@@ -100,11 +100,17 @@ pub struct HeapInput<'a> {
 }
 
 /// Correct, dither, quantise and transpose one heap. `out` is `channels × spectra × 2 pols × 2`
-/// int8 (re, im), channel-major, **overwritten**. Returns the clipped-value count per pol.
-pub fn postproc_heap(input: &HeapInput<'_>, channels: usize, out: &mut [i8]) -> [u64; 2] {
+/// int8 (re, im), channel-major, **overwritten**, each value within ±qmax of `bits` (for
+/// 4-bit output, [`pack_4bit`] then packs the pairs). Returns the clipped-value count per pol.
+pub fn postproc_heap(
+    input: &HeapInput<'_>,
+    channels: usize,
+    bits: OutputBits,
+    out: &mut [i8],
+) -> [u64; 2] {
     let n_spectra = input.timestamps.len();
     assert_eq!(out.len(), channels * n_spectra * 4);
-    let qmax = OutputBits::Eight.qmax();
+    let qmax = bits.qmax();
     let mut clips = [0u64; 2];
     let mut y = vec![Complex32::default(); channels];
     for (pol, clipped) in clips.iter_mut().enumerate() {
@@ -170,6 +176,25 @@ mod tests {
         assert_eq!(out, [0x97, 0x3f]);
     }
 
+    #[test]
+    fn four_bit_heaps_saturate_at_seven() {
+        let x = [Complex32::new(6.6, -9.0), Complex32::new(-2.5, 0.4)];
+        let g = [Complex32::new(1.0, 0.0); 2];
+        let d = [SpectrumDelay::default()];
+        let input = HeapInput {
+            spectra: [&x, &x],
+            gains: [&g, &g],
+            delays: [&d, &d],
+            timestamps: &[0],
+            dither: None,
+        };
+        let mut out = vec![0i8; 2 * 4];
+        let clips = postproc_heap(&input, 2, OutputBits::Four, &mut out);
+        assert_eq!(&out[..4], &[7, -7, 7, -7]);
+        assert_eq!(&out[4..], &[-2, 0, -2, 0]);
+        assert_eq!(clips, [1, 1]);
+    }
+
     /// The heap layout is (channel, spectrum, pol, re/im), and gains act before quantisation.
     #[test]
     fn transpose_layout_and_gain() {
@@ -188,7 +213,7 @@ mod tests {
             dither: None,
         };
         let mut out = vec![0i8; channels * spectra * 4];
-        let clips = postproc_heap(&input, channels, &mut out);
+        let clips = postproc_heap(&input, channels, OutputBits::Eight, &mut out);
         assert_eq!(clips, [0, 0]);
         for k in 0..channels {
             for s in 0..spectra {

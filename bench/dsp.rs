@@ -1,0 +1,148 @@
+//! CPU backend speed of each `src/dsp` operation, per core (criterion). Throughput is in the
+//! operation's natural input unit (digitiser samples, complex samples, visibilities), stated
+//! per benchmark. Run: `cargo bench --bench dsp`; figures go to bench/RESULTS.md.
+
+use cbf::dsp::beamform::{beamform, Beam, BeamShape};
+use cbf::dsp::correlate::{correlate_accumulate, CorrShape};
+use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
+use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
+use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
+use cbf::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
+use cbf::dsp::samples::{pack, packed_len, unpack};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use num_complex::{Complex32, Complex64};
+
+fn samples(n: usize) -> Vec<i32> {
+    (0..n).map(|i| ((i * 7919) % 1023) as i32 - 511).collect()
+}
+
+fn fengine(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fengine");
+    let n = 1 << 20;
+    let x = samples(n);
+    let mut packed = vec![0u8; packed_len(n, 10)];
+    pack(&x, 10, &mut packed);
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("unpack_10bit", |b| {
+        let mut out = vec![0i32; n];
+        b.iter(|| unpack(&packed, 10, &mut out))
+    });
+    for channels in [4096usize, 32768] {
+        let step = 2 * channels;
+        let taps = 16;
+        let w = pfb_weights(step, taps, 1.0, Window::Hann);
+        let spectra = 16;
+        let x = samples(step * (taps + spectra));
+        let starts: Vec<usize> = (0..spectra).map(|s| s * step).collect();
+        let mut frames = vec![0.0f32; spectra * step];
+        g.throughput(Throughput::Elements((spectra * step) as u64));
+        g.bench_function(format!("pfb_fir_16taps_{channels}ch"), |b| {
+            b.iter(|| pfb_fir(&x, &w, step, &starts, &mut frames))
+        });
+        let mut fft = ChannelFft::new(step);
+        let mut out = vec![Complex32::default(); spectra * channels];
+        g.bench_function(format!("fft_{channels}ch"), |b| {
+            b.iter(|| fft.run(&frames, &mut out))
+        });
+        let spectra_per_heap = 256 * 4096 / channels.max(4096);
+        let spec: Vec<Complex32> = (0..spectra_per_heap * channels)
+            .map(|i| Complex32::new((i % 97) as f32, -((i % 89) as f32)))
+            .collect();
+        let gains = vec![Complex32::new(0.5, 0.1); channels];
+        let delays = vec![
+            SpectrumDelay {
+                coarse: 3,
+                fine: 0.2,
+                phase: 0.4
+            };
+            spectra_per_heap
+        ];
+        let ts: Vec<i64> = (0..spectra_per_heap as i64)
+            .map(|s| s * step as i64)
+            .collect();
+        let input = HeapInput {
+            spectra: [&spec, &spec],
+            gains: [&gains, &gains],
+            delays: [&delays, &delays],
+            timestamps: &ts,
+            dither: Some(1),
+        };
+        let mut heap = vec![0i8; channels * spectra_per_heap * 4];
+        // Two digitiser samples per output complex value and polarisation.
+        g.throughput(Throughput::Elements(
+            (2 * channels * spectra_per_heap * 2) as u64,
+        ));
+        g.bench_function(format!("postproc_dither_{channels}ch"), |b| {
+            b.iter(|| postproc_heap(&input, channels, OutputBits::Eight, &mut heap))
+        });
+    }
+    g.finish();
+}
+
+fn narrowband(c: &mut Criterion) {
+    let mut g = c.benchmark_group("narrowband");
+    let s = 8;
+    let h = ddc_weights_discard(16 * s, s, 0.005).unwrap();
+    let n_out = 8192;
+    let x = samples(s * (n_out - 1) + h.len());
+    let mut y = vec![Complex32::default(); n_out];
+    g.throughput(Throughput::Elements((s * n_out) as u64));
+    g.bench_function("ddc_subsampling8_128taps", |b| {
+        b.iter(|| ddc(&x, &h, s, mixer_step(0.3), 0, &mut y))
+    });
+    g.finish();
+}
+
+fn xb(c: &mut Criterion) {
+    let mut g = c.benchmark_group("xbengine");
+    let shape = CorrShape {
+        n_ants: 64,
+        channels: 4,
+        spectra: 256,
+    };
+    let x: Vec<i8> = (0..shape.input_len())
+        .map(|i| ((i * 31) % 255) as i8)
+        .collect();
+    let mut acc = vec![0i64; shape.vis_len()];
+    // Complex input samples (antenna × channel × spectrum × pol).
+    g.throughput(Throughput::Elements(
+        (shape.n_ants * shape.channels * shape.spectra * 2) as u64,
+    ));
+    g.bench_function("correlate_64ants", |b| {
+        b.iter(|| correlate_accumulate(shape, &x, &mut acc))
+    });
+    let bshape = BeamShape {
+        n_ants: 64,
+        channels: 4,
+        spectra: 256,
+    };
+    let beams: Vec<Beam> = (0..8)
+        .map(|i| Beam {
+            pol: i % 2,
+            weights: vec![Complex64::new(0.01, 0.0); 64],
+            delays: vec![0.001 * i as f64; 64],
+        })
+        .collect();
+    let ts: Vec<i64> = (0..256).collect();
+    let mut out = vec![0i8; 8 * 4 * 256 * 2];
+    g.bench_function("beamform_64ants_8beams", |b| {
+        b.iter(|| beamform(bshape, &x, &[true; 64], &beams, &ts, Some(3), &mut out))
+    });
+    let (m, n) = (8, 8);
+    let positions: Vec<(usize, usize)> = (0..m * n).map(|c| (c / n, c % n)).collect();
+    let grid = DishGrid::new(m, n, &positions).unwrap();
+    let fshape = FrbShape { times: 64, t_ds: 8 };
+    let e: Vec<Complex64> = (0..fshape.times * 2 * 64)
+        .map(|i| Complex64::new((i % 7) as f64, (i % 5) as f64))
+        .collect();
+    let w = vec![Complex64::new(1.0, 0.0); 2 * m * n];
+    // Complex dish samples (time × pol × dish).
+    g.throughput(Throughput::Elements((fshape.times * 2 * 64) as u64));
+    g.bench_function("frb_intensities_64dishes_8x8", |b| {
+        b.iter(|| intensities(&grid, fshape, &e, &w))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, fengine, narrowband, xb);
+criterion_main!(benches);
