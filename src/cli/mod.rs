@@ -4,6 +4,7 @@
 pub mod capture;
 pub mod demo;
 pub mod dsim;
+pub mod fengine;
 pub mod shutdown;
 
 use std::process::ExitCode;
@@ -36,6 +37,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Digitiser simulator: signal language, 2–16-bit samples, paced at the ADC rate.
     Dsim(dsim::DsimArgs),
+    /// Wideband F-engine (CPU backend): digitiser heaps in, channelised F heaps out.
+    Fengine(fengine::FengineArgs),
     /// Receive any SPEAD stream: one JSON line per heap, or statistics; optional pcap dump.
     Capture(capture::CaptureArgs),
 }
@@ -61,6 +64,7 @@ pub fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a),
         Command::Dsim(a) => dsim::run(a),
         Command::Capture(a) => capture::run(a),
+        Command::Fengine(a) => fengine::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,72 @@
+//! F heaps on the wire (facts §1.9 "F heap"): one heap per destination per output batch, each
+//! carrying `channels / destinations` consecutive channels: items timestamp, feng_id,
+//! frequency (first channel index) as immediates and feng_raw, int8 of shape
+//! (channels per substream, spectra per heap, 2 pols, 2), with every pointer in every packet.
+#![deny(unsafe_code)]
+
+use crate::spead::items::{Descriptor, FENG_ID_ID, FENG_RAW_ID, FREQUENCY_ID, TIMESTAMP_ID};
+use crate::spead::send::Heap;
+use crate::spead::Flavour;
+
+/// The heap for destination `dest` from a whole output heap (`data`: channels × spectra × 2 × 2).
+pub fn f_heap<'a>(
+    data: &'a [i8],
+    timestamp: u64,
+    feng_id: u64,
+    dest: usize,
+    channels_per_dest: usize,
+    spectra: usize,
+) -> Heap<'a> {
+    let bytes = channels_per_dest * spectra * 4;
+    // int8 two's complement is the wire format: the bytes as they are.
+    let raw: &'a [u8] = bytemuck::cast_slice(&data[dest * bytes..(dest + 1) * bytes]);
+    let mut h = Heap::new();
+    h.repeat_pointers = true;
+    h.add_immediate(TIMESTAMP_ID, timestamp)
+        .add_immediate(FENG_ID_ID, feng_id)
+        .add_immediate(FREQUENCY_ID, (dest * channels_per_dest) as u64)
+        .add_bytes(FENG_RAW_ID, raw);
+    h
+}
+
+/// The descriptor heap of an F stream.
+pub fn descriptor_heap(channels_per_dest: usize, spectra: usize) -> Heap<'static> {
+    let f = Flavour::SPEAD_64_48;
+    let u48 = [(b'u', 48)];
+    let mut h = Heap::new();
+    h.add_descriptor(
+        &Descriptor::with_format(
+            TIMESTAMP_ID,
+            "timestamp",
+            "Timestamp of the first spectrum, in ADC samples since the sync time",
+            &[],
+            &u48,
+        ),
+        f,
+    )
+    .add_descriptor(
+        &Descriptor::with_format(FENG_ID_ID, "feng_id", "Antenna (F-engine) index", &[], &u48),
+        f,
+    )
+    .add_descriptor(
+        &Descriptor::with_format(
+            FREQUENCY_ID,
+            "frequency",
+            "First channel in the heap",
+            &[],
+            &u48,
+        ),
+        f,
+    )
+    .add_descriptor(
+        &Descriptor::with_dtype(
+            FENG_RAW_ID,
+            "feng_raw",
+            "Channelised complex data (channel, spectrum, pol, re/im)",
+            &[channels_per_dest as u64, spectra as u64, 2, 2],
+            "|i1",
+        ),
+        f,
+    );
+    h
+}

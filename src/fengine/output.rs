@@ -1,0 +1,144 @@
+//! `--wideband name=…,channels=…,dst=…[,taps=16][,w_cutoff=1.0][,window_function=hann]
+//! [,dither=uniform][,jones_per_batch=…]` (katgpucbf fgpu, facts §1.3), parsed and validated
+//! with errors that name the flag and the key.
+#![deny(unsafe_code)]
+
+use std::net::SocketAddrV4;
+
+use crate::dsp::pfb::Window;
+use crate::net::parse_endpoints;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WidebandOutput {
+    pub name: String,
+    pub channels: usize,
+    pub dst: Vec<SocketAddrV4>,
+    pub taps: usize,
+    pub w_cutoff: f64,
+    pub window: Window,
+    pub dither: bool,
+    pub jones_per_batch: Option<usize>,
+}
+
+impl WidebandOutput {
+    /// Parse the sub-option string; `Err` is a message for the `--wideband` flag.
+    pub fn parse(text: &str) -> Result<WidebandOutput, String> {
+        let mut name = None;
+        let mut channels = None;
+        let mut dst = None;
+        let mut out = WidebandOutput {
+            name: String::new(),
+            channels: 0,
+            dst: vec![],
+            taps: 16,
+            w_cutoff: 1.0,
+            window: Window::Hann,
+            dither: true,
+            jones_per_batch: None,
+        };
+        for part in text.split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not key=value"))?;
+            let num = |what: &str| format!("{k}={v:?}: {what}");
+            match k {
+                "name" => name = Some(v.to_string()),
+                "channels" => {
+                    channels = Some(v.parse::<usize>().map_err(|_| num("not an integer"))?)
+                }
+                "dst" => dst = Some(parse_endpoints(v).map_err(|e| format!("dst: {e}"))?),
+                "taps" => out.taps = v.parse().map_err(|_| num("not an integer"))?,
+                "w_cutoff" => out.w_cutoff = v.parse().map_err(|_| num("not a number"))?,
+                "window_function" => {
+                    out.window = match v {
+                        "hann" => Window::Hann,
+                        "rect" => Window::Rect,
+                        _ => return Err(num("must be hann or rect")),
+                    }
+                }
+                "dither" => {
+                    out.dither = match v {
+                        "uniform" => true,
+                        "none" => false,
+                        _ => return Err(num("must be uniform or none")),
+                    }
+                }
+                "jones_per_batch" => {
+                    out.jones_per_batch = Some(v.parse().map_err(|_| num("not an integer"))?)
+                }
+                _ => return Err(format!("unknown key {k:?}")),
+            }
+        }
+        out.name = name.ok_or("missing name=")?;
+        out.channels = channels.ok_or("missing channels=")?;
+        out.dst = dst.ok_or("missing dst=")?;
+        if out.channels < 2 || !out.channels.is_power_of_two() {
+            return Err(format!(
+                "channels={} must be a power of two ≥ 2",
+                out.channels
+            ));
+        }
+        if out.channels % out.dst.len() != 0 {
+            return Err(format!(
+                "channels={} is not divisible by the {} destinations",
+                out.channels,
+                out.dst.len()
+            ));
+        }
+        if out.taps == 0 {
+            return Err("taps must be at least 1".into());
+        }
+        if !out.w_cutoff.is_finite() || out.w_cutoff < 0.0 {
+            return Err(format!("w_cutoff={} must be ≥ 0", out.w_cutoff));
+        }
+        Ok(out)
+    }
+
+    /// Spectra per output heap for `jones_per_batch` (this output's own, or the engine's).
+    pub fn spectra_per_heap(&self, default_jones: usize) -> Result<usize, String> {
+        let j = self.jones_per_batch.unwrap_or(default_jones);
+        if j % self.channels != 0 || j < self.channels {
+            return Err(format!(
+                "jones_per_batch={j} must be a positive multiple of channels={}",
+                self.channels
+            ));
+        }
+        Ok(j / self.channels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_refuses() {
+        let o = WidebandOutput::parse("name=wide1,channels=4096,dst=239.10.11.0+3:7148,taps=4,window_function=rect,dither=none").unwrap();
+        assert_eq!(
+            (
+                o.name.as_str(),
+                o.channels,
+                o.dst.len(),
+                o.taps,
+                o.window,
+                o.dither
+            ),
+            ("wide1", 4096, 4, 4, Window::Rect, false)
+        );
+        assert_eq!(o.spectra_per_heap(1 << 20), Ok(256));
+        for (text, needle) in [
+            ("channels=8,dst=1.2.3.4:5", "name"),
+            ("name=a,channels=12,dst=1.2.3.4:5", "power of two"),
+            ("name=a,channels=8,dst=1.2.3.4+2:5", "divisible"),
+            ("name=a,channels=8,dst=1.2.3.4:5,bogus=1", "unknown key"),
+            (
+                "name=a,channels=8,dst=1.2.3.4:5,window_function=kaiser",
+                "hann or rect",
+            ),
+            ("name=a,channels=x,dst=1.2.3.4:5", "not an integer"),
+        ] {
+            let e = WidebandOutput::parse(text).unwrap_err();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! One wideband output's processing, on the CPU backend, in seed 000's structure: a front end
+//! (decode + PFB FIR, one spectrum at a time at the input offset its coarse delay gives) and a
+//! back end (FFT + post-processing) that runs once a whole output heap of spectra is ready, so
+//! the two run at their own cadences.
+//!
+//! Spectra sit on the output grid T = k·2N. Spectrum T of polarisation p reads input samples
+//! [T − c_p(T), T − c_p(T) + taps·2N) (fengine_delay_convention.md §2). A spectrum is handled by
+//! the chunk in which its earlier-starting polarisation's window starts; the chunk's samples
+//! are extended by the head of the next chunk (the tail: PFB footprint plus the largest
+//! differential coarse delay). A spectrum whose window would start before the current chunk
+//! (a jump in delay, or a lost chunk) skips the output ahead to the next heap boundary. A heap
+//! with any spectrum touched by missing input is emitted as invalid, so the engine does not
+//! send it and counts it (facts §1.10).
+#![deny(unsafe_code)]
+
+use num_complex::Complex32;
+
+use super::output::WidebandOutput;
+use super::place::InputLayout;
+use crate::dsp::delay::DelayModels;
+use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft};
+use crate::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
+use crate::dsp::presence::spectra_valid;
+use crate::dsp::samples::{packed_len, unpack};
+use crate::spead::recv::Chunk;
+
+/// A finished output heap (both polarisations, all channels).
+pub struct OutputHeap<'a> {
+    pub timestamp: u64,
+    /// channels × spectra_per_heap × 2 pols × (re, im), int8.
+    pub data: &'a [i8],
+    pub clips: [u64; 2],
+    /// Every spectrum had all its input.
+    pub valid: bool,
+}
+
+pub struct Pipeline {
+    pub output: WidebandOutput,
+    layout: InputLayout,
+    bits: u32,
+    step: usize,
+    spectra_per_heap: usize,
+    tail: usize,
+    weights: Vec<f32>,
+    fft: ChannelFft,
+    pub gains: [Vec<Complex32>; 2],
+    pub delays: [DelayModels; 2],
+    dither_seed: Option<u64>,
+    /// Next output spectrum timestamp.
+    next_t: u64,
+    started: bool,
+    // Per-heap accumulation (front end → back end).
+    frames: [Vec<f32>; 2],
+    spectra: [Vec<Complex32>; 2],
+    heap_delays: [Vec<SpectrumDelay>; 2],
+    heap_ts: Vec<i64>,
+    heap_valid: bool,
+    heap: Vec<i8>,
+    samples: [Vec<i32>; 2],
+    present: [Vec<bool>; 2],
+}
+
+/// Samples of tail needed: footprint plus differential delay, rounded up to whole heaps.
+pub fn tail_samples(taps: usize, step: usize, max_delay_diff: usize, heap_samples: usize) -> usize {
+    (taps * step + max_delay_diff).div_ceil(heap_samples) * heap_samples
+}
+
+impl Pipeline {
+    pub fn new(
+        output: WidebandOutput,
+        layout: InputLayout,
+        bits: u32,
+        spectra_per_heap: usize,
+        max_delay_diff: usize,
+        gain: Complex32,
+        dither_seed: u64,
+    ) -> Pipeline {
+        let step = 2 * output.channels;
+        let tail = tail_samples(
+            output.taps,
+            step,
+            max_delay_diff,
+            layout.heap_samples as usize,
+        );
+        let total = layout.chunk_samples as usize + tail;
+        let channels = output.channels;
+        Pipeline {
+            weights: pfb_weights(step, output.taps, output.w_cutoff, output.window),
+            fft: ChannelFft::new(step),
+            gains: [vec![gain; channels], vec![gain; channels]],
+            delays: [DelayModels::default(), DelayModels::default()],
+            dither_seed: output.dither.then_some(dither_seed),
+            layout,
+            bits,
+            step,
+            spectra_per_heap,
+            tail,
+            next_t: 0,
+            started: false,
+            frames: [
+                vec![0.0; spectra_per_heap * step],
+                vec![0.0; spectra_per_heap * step],
+            ],
+            spectra: [
+                vec![Complex32::default(); spectra_per_heap * channels],
+                vec![Complex32::default(); spectra_per_heap * channels],
+            ],
+            heap_delays: [
+                Vec::with_capacity(spectra_per_heap),
+                Vec::with_capacity(spectra_per_heap),
+            ],
+            heap_ts: Vec::with_capacity(spectra_per_heap),
+            heap_valid: true,
+            heap: vec![0i8; channels * spectra_per_heap * 4],
+            samples: [vec![0; total], vec![0; total]],
+            present: [Vec::new(), Vec::new()],
+            output,
+        }
+    }
+
+    /// Samples a heap covers.
+    pub fn heap_span(&self) -> u64 {
+        (self.spectra_per_heap * self.step) as u64
+    }
+
+    fn reset_heap(&mut self) {
+        for p in 0..2 {
+            self.heap_delays[p].clear();
+        }
+        self.heap_ts.clear();
+        self.heap_valid = true;
+    }
+
+    /// Process chunk `chunk` (with `next`, the following chunk, for the tail, if it arrived);
+    /// `emit` receives every output heap completed. Returns the number of heaps skipped because
+    /// their input started before the chunk (a gap).
+    pub fn process(
+        &mut self,
+        chunk: &Chunk,
+        next: Option<&Chunk>,
+        mut emit: impl FnMut(&OutputHeap<'_>),
+    ) -> u64 {
+        let l = self.layout;
+        let cs = l.chunk_samples as usize;
+        let start = chunk.chunk_id * l.chunk_samples;
+        let end = start + l.chunk_samples;
+        let per_pol = l.heaps_per_pol();
+        let tail_heaps = self.tail / l.heap_samples as usize;
+        let tail_bytes = packed_len(self.tail, self.bits);
+        for p in 0..2 {
+            let pb = l.pol_bytes();
+            unpack(
+                &chunk.data[p * pb..(p + 1) * pb],
+                self.bits,
+                &mut self.samples[p][..cs],
+            );
+            self.present[p].clear();
+            self.present[p].extend(
+                chunk.present[p * per_pol..(p + 1) * per_pol]
+                    .iter()
+                    .map(|&v| v != 0),
+            );
+            match next.filter(|n| n.chunk_id == chunk.chunk_id + 1) {
+                Some(n) => {
+                    unpack(
+                        &n.data[p * pb..p * pb + tail_bytes],
+                        self.bits,
+                        &mut self.samples[p][cs..],
+                    );
+                    self.present[p].extend(
+                        n.present[p * per_pol..p * per_pol + tail_heaps]
+                            .iter()
+                            .map(|&v| v != 0),
+                    );
+                }
+                None => {
+                    self.samples[p][cs..].fill(0);
+                    self.present[p].extend(std::iter::repeat_n(false, tail_heaps));
+                }
+            }
+        }
+        if !self.started {
+            // Start at the first heap boundary of the output grid in this chunk.
+            self.next_t = start.div_ceil(self.heap_span()) * self.heap_span();
+            self.started = true;
+        }
+        let window = self.output.taps * self.step;
+        let mut skipped = 0;
+        loop {
+            let t = self.next_t as i64;
+            let d = [
+                self.delays[0].model_at(t).at(t),
+                self.delays[1].model_at(t).at(t),
+            ];
+            let s = [t - d[0].0, t - d[1].0];
+            let first = s[0].min(s[1]);
+            if first >= end as i64 {
+                break; // belongs to the next chunk
+            }
+            let latest_end = s[0].max(s[1]) + window as i64;
+            if first < start as i64 || latest_end > (end as usize + self.tail) as i64 {
+                // Input no longer (or not) available: skip to the next heap boundary.
+                if !self.heap_ts.is_empty() {
+                    skipped += 1;
+                }
+                self.reset_heap();
+                let span = self.heap_span();
+                self.next_t = (self.next_t / span + 1) * span;
+                continue;
+            }
+            let k = self.heap_ts.len();
+            for p in 0..2 {
+                let off = (s[p] - start as i64) as usize;
+                let frame = &mut self.frames[p][k * self.step..(k + 1) * self.step];
+                pfb_fir(&self.samples[p], &self.weights, self.step, &[off], frame);
+                let ok =
+                    spectra_valid(&self.present[p], l.heap_samples as usize, &[off], window)[0];
+                self.heap_valid &= ok;
+                self.heap_delays[p].push(SpectrumDelay {
+                    coarse: d[p].0,
+                    fine: d[p].1,
+                    phase: d[p].2,
+                });
+            }
+            self.heap_ts.push(t);
+            self.next_t += self.step as u64;
+            if self.heap_ts.len() == self.spectra_per_heap {
+                for p in 0..2 {
+                    self.fft.run(&self.frames[p], &mut self.spectra[p]);
+                }
+                let input = HeapInput {
+                    spectra: [&self.spectra[0], &self.spectra[1]],
+                    gains: [&self.gains[0], &self.gains[1]],
+                    delays: [&self.heap_delays[0], &self.heap_delays[1]],
+                    timestamps: &self.heap_ts,
+                    dither: self.dither_seed,
+                };
+                let clips = postproc_heap(
+                    &input,
+                    self.output.channels,
+                    OutputBits::Eight,
+                    &mut self.heap,
+                );
+                emit(&OutputHeap {
+                    timestamp: self.heap_ts[0] as u64,
+                    data: &self.heap,
+                    clips,
+                    valid: self.heap_valid,
+                });
+                self.reset_heap();
+            }
+        }
+        skipped
+    }
+}
