@@ -206,3 +206,220 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
         }
     }
 }
+
+mod common;
+
+/// katcp against the running engine (aiokatcp): bad requests fail, good ones take effect; a
+/// phase loaded with `?delays` at a future start appears exactly from the first spectrum at or
+/// after that start (fengine_delay_convention.md §5), as +90° on pol 0 relative to pol 1.
+#[test]
+fn katcp_gains_and_a_future_phase_step() {
+    let (fs, channels, k0, sph) = (2e6f64, 256usize, 37usize, 64usize);
+    let cbf = env!("CARGO_BIN_EXE_cbf");
+    let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
+    let out_port = rx.local_addr().unwrap().port();
+    let in_port = free_udp_port();
+    let katcp_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let sync = (now - 100.0).floor();
+    let _feng = Kill(
+        Command::new(cbf)
+            .args([
+                "fengine",
+                "--src",
+                &format!("127.0.0.1:{in_port}"),
+                "--adc-sample-rate",
+                &fs.to_string(),
+                "--sync-time",
+                &sync.to_string(),
+            ])
+            .args([
+                "--recv-chunk-samples",
+                "65536",
+                "--jones-per-batch",
+                &(channels * sph).to_string(),
+                "--max-delay-diff",
+                "0",
+                "--gain",
+                "0.02",
+            ])
+            .args([
+                "--katcp-port",
+                &katcp_port.to_string(),
+                "--katcp-host",
+                "127.0.0.1",
+                "--duration",
+                "8",
+            ])
+            .args([
+                "--wideband",
+                &format!("name=wide,channels={channels},dst=127.0.0.1:{out_port}"),
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let tone = k0 as f64 * fs / (2 * channels) as f64;
+    let _dsim = Kill(
+        Command::new(cbf)
+            .args([
+                "dsim",
+                "--adc-sample-rate",
+                &fs.to_string(),
+                "--period",
+                "65536",
+                "--duration",
+                "5",
+                "--katcp-port",
+                "0",
+                "--sync-time",
+                &sync.to_string(),
+            ])
+            .args([
+                "--signals",
+                &format!("cw(0.3, {tone});"),
+                &format!("127.0.0.1:{in_port}"),
+                &format!("127.0.0.1:{in_port}"),
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        + 1.5;
+    let t0 = ((start - sync) * fs).round() as u64;
+    let q = |v: &[&str]| serde_json::to_string(v).unwrap();
+    let replies: Vec<serde_json::Value> = common::run_reference(
+        "katcp_client.py",
+        &[
+            "127.0.0.1",
+            &katcp_port.to_string(),
+            &q(&["gain", "wide", "2"]),
+            &q(&["gain", "nope", "0"]),
+            &q(&["gain", "wide", "0"]),
+            &q(&["gain", "wide", "0", "1", "2"]),
+            &q(&["gain", "wide", "0", "nan"]),
+            &q(&[
+                "delays",
+                "wide",
+                &start.to_string(),
+                "0,0:1.5707963267948966,0",
+                "0,0:0,0",
+            ]),
+            &q(&["delays", "wide", &start.to_string(), "0,0:0,0"]),
+            &q(&[
+                "delays",
+                "wide",
+                &(sync - 10.0).to_string(),
+                "0,0:0,0",
+                "0,0:0,0",
+            ]),
+            &q(&["delays", "wide", &start.to_string(), "x", "0,0:0,0"]),
+            &q(&["gain-all", "wide", "0.02"]),
+            &q(&["sensor-value", "wide.input0.eq"]),
+        ],
+    )
+    .iter()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    let status: Vec<&str> = replies
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        status,
+        ["fail", "fail", "ok", "fail", "fail", "ok", "fail", "fail", "fail", "ok", "ok"],
+        "{replies:?}"
+    );
+    assert_eq!(replies[2]["args"][0], "0.02+0j");
+    assert!(replies[7]["args"][0]
+        .as_str()
+        .unwrap()
+        .contains("prior to the sync time"));
+    assert_eq!(replies[10]["informs"][0][4], "0.02+0j");
+
+    // Per spectrum: the phase of pol 0 relative to pol 1 in channel k0.
+    let mut stream = HeapStream::new(HeapStreamConfig::default());
+    let mut batch = RecvBatch::new(64, rx.slot_size(9200));
+    let mut heaps = Vec::new();
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(7);
+    while Instant::now() < deadline && after.len() < 4 * sph {
+        if let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
+            for p in batch.iter() {
+                stream.add_packet(p, &mut heaps);
+            }
+        }
+        for h in heaps.drain(..) {
+            let (Some(ItemValue::Immediate(ts)), Some(ItemValue::Bytes(raw))) =
+                (h.item(TIMESTAMP_ID), h.item(FENG_RAW_ID))
+            else {
+                continue;
+            };
+            for s in 0..sph {
+                let at = |pol: usize| {
+                    let i = ((k0 * sph + s) * 2 + pol) * 2;
+                    num_complex::Complex64::new(
+                        f64::from(raw[i] as i8),
+                        f64::from(raw[i + 1] as i8),
+                    )
+                };
+                let rel = at(0) * at(1).conj();
+                let t = ts + (s * 2 * channels) as u64;
+                if t < t0 {
+                    before.push((t, rel));
+                } else {
+                    after.push((t, rel));
+                }
+            }
+        }
+    }
+    assert!(
+        before.len() >= sph && after.len() >= 4 * sph,
+        "before {} after {}",
+        before.len(),
+        after.len()
+    );
+    let mean_deg = |v: &[(u64, num_complex::Complex64)]| {
+        v.iter()
+            .map(|x| x.1)
+            .sum::<num_complex::Complex64>()
+            .arg()
+            .to_degrees()
+    };
+    let last_before = &before[before.len() - sph..];
+    assert!(
+        mean_deg(last_before).abs() < 1.0,
+        "before: {}",
+        mean_deg(last_before)
+    );
+    assert!(
+        (mean_deg(&after) - 90.0).abs() < 1.0,
+        "after: {}",
+        mean_deg(&after)
+    );
+    // The switch is exact to the spectrum: the first spectrum at or after t0 already has it.
+    let first = after.iter().min_by_key(|x| x.0).unwrap();
+    let last = before.iter().max_by_key(|x| x.0).unwrap();
+    assert!(
+        first.0 < t0 + 2 * channels as u64,
+        "t0 {t0}: last before {}, first after {}",
+        last.0,
+        first.0
+    );
+    assert!(
+        (first.1.arg().to_degrees() - 90.0).abs() < 10.0,
+        "first spectrum after t0: {}",
+        first.1.arg().to_degrees()
+    );
+}

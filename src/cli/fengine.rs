@@ -3,7 +3,9 @@
 //! each `--wideband` output has its own pipeline and send stream; output heaps touched by lost
 //! input are not sent and are counted.
 
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +14,9 @@ use num_complex::Complex32;
 
 use super::shutdown::Shutdown;
 use super::CliError;
+use crate::control::katcp::{self, Sensors};
 use crate::dsp::samples::{packed_len, valid_sample_bits};
+use crate::fengine::control::{parse_complex, EngineControl, OutputState};
 use crate::fengine::heaps::{descriptor_heap, f_heap};
 use crate::fengine::output::WidebandOutput;
 use crate::fengine::pipeline::{tail_samples, Pipeline};
@@ -82,33 +86,18 @@ pub struct FengineArgs {
     /// Stop after this many seconds.
     #[arg(long)]
     pub duration: Option<f64>,
-}
-
-/// Parse a complex number as katcp/Python writes it: `1.5`, `0.5+0.25j`, `-2j`.
-pub fn parse_complex(text: &str) -> Option<Complex32> {
-    let t = text.trim().trim_start_matches('(').trim_end_matches(')');
-    if let Some(body) = t.strip_suffix('j') {
-        // Split at the last sign that is not an exponent sign or the leading sign.
-        let bytes = body.as_bytes();
-        let split = (1..bytes.len()).rev().find(|&i| {
-            (bytes[i] == b'+' || bytes[i] == b'-') && !matches!(bytes[i - 1], b'e' | b'E')
-        });
-        return match split {
-            Some(i) => Some(Complex32::new(
-                body[..i].parse().ok()?,
-                body[i..].parse().ok()?,
-            )),
-            None => Some(Complex32::new(
-                0.0,
-                if body.is_empty() || body == "+" {
-                    1.0
-                } else {
-                    body.parse().ok()?
-                },
-            )),
-        };
-    }
-    t.parse::<f32>().ok().map(|re| Complex32::new(re, 0.0))
+    /// UNIX time of timestamp 0 (for `?delays` start times) [default: now].
+    #[arg(long)]
+    pub sync_time: Option<f64>,
+    /// katcp port (`?gain`, `?gain-all`, `?delays`, `?capture-start/stop`, sensors); 0 picks one.
+    #[arg(long, default_value_t = 7147)]
+    pub katcp_port: u16,
+    /// Address the katcp and Prometheus servers listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub katcp_host: std::net::IpAddr,
+    /// Serve Prometheus metrics (katgpucbf's fgpu names) at /metrics on this port.
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
 }
 
 struct Plan {
@@ -207,9 +196,66 @@ struct Output {
     pipeline: Pipeline,
     stream: SendStream<UdpSender>,
     spectra_per_heap: usize,
+    gains_version: u64,
     sent: u64,
     skipped: u64,
     clipped: [u64; 2],
+}
+
+/// fgpu's Prometheus metrics (facts §1.8) for the outputs.
+struct FengineMetrics {
+    registry: prometheus::Registry,
+    heaps: prometheus::IntCounterVec,
+    bytes: prometheus::IntCounterVec,
+    skipped: prometheus::IntCounterVec,
+    clipped: prometheus::IntCounterVec,
+}
+
+impl FengineMetrics {
+    fn new() -> Result<FengineMetrics, CliError> {
+        let err = |e: prometheus::Error| CliError::Run(format!("metrics: {e}"));
+        let registry = prometheus::Registry::new_custom(Some("fgpu".into()), None).map_err(err)?;
+        let vec = |name: &str, help: &str, labels: &[&str]| {
+            prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels)
+        };
+        let heaps = vec("output_heaps", "Heaps sent", &["stream"]).map_err(err)?;
+        let bytes = vec("output_bytes", "Bytes sent", &["stream"]).map_err(err)?;
+        let skipped = vec(
+            "output_skipped_heaps",
+            "Output batches not sent because input was missing",
+            &["stream"],
+        )
+        .map_err(err)?;
+        let clipped = vec(
+            "output_clipped_samples",
+            "Output values saturated",
+            &["stream", "pol"],
+        )
+        .map_err(err)?;
+        for m in [&heaps, &bytes, &skipped, &clipped] {
+            registry.register(Box::new(m.clone())).map_err(err)?;
+        }
+        Ok(FengineMetrics {
+            registry,
+            heaps,
+            bytes,
+            skipped,
+            clipped,
+        })
+    }
+
+    fn update(&self, stream: &str, heaps: u64, bytes: u64, skipped: u64, clipped: [u64; 2]) {
+        let set = |c: prometheus::IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
+        set(self.heaps.with_label_values(&[stream]), heaps);
+        set(self.bytes.with_label_values(&[stream]), bytes);
+        set(self.skipped.with_label_values(&[stream]), skipped);
+        for (pol, v) in clipped.iter().enumerate() {
+            set(
+                self.clipped.with_label_values(&[stream, &pol.to_string()]),
+                *v,
+            );
+        }
+    }
 }
 
 fn open_source(
@@ -238,8 +284,9 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     let group = ChunkGroup::new(ChunkGroupConfig {
         heaps_per_chunk: 2 * per_pol,
         chunk_bytes: 2 * layout.pol_bytes(),
-        max_chunks: 2,
-        n_chunks: 6,
+        // Three chunks in flight: the polarisations may arrive out of step by up to a chunk.
+        max_chunks: 3,
+        n_chunks: 8,
         n_streams: 1,
         max_heaps: 16,
         items: ITEMS.to_vec(),
@@ -276,6 +323,48 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                 stream.finish()
             }
         })?;
+    let sync_time = args.sync_time.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64()
+    });
+    let sensors = Arc::new(Sensors::default());
+    let control = Arc::new(EngineControl::new(
+        plan.outputs
+            .iter()
+            .map(|(o, _)| OutputState {
+                name: o.name.clone(),
+                channels: o.channels,
+                gains: [vec![plan.gain; o.channels], vec![plan.gain; o.channels]],
+                gains_version: 0,
+                new_delays: [Vec::new(), Vec::new()],
+                capture: true,
+                default_gain: plan.gain,
+            })
+            .collect(),
+        Arc::clone(&sensors),
+        args.adc_sample_rate,
+        sync_time,
+        layout.chunk_samples,
+    ));
+    let katcp_addr = katcp::serve(
+        SocketAddr::new(args.katcp_host, args.katcp_port),
+        Arc::clone(&sensors),
+        control.clone(),
+        "cbf-fengine",
+    )
+    .map_err(|e| CliError::flag("--katcp-port", e))?;
+    tracing::info!(%katcp_addr, "katcp server listening");
+    let metrics = FengineMetrics::new()?;
+    if let Some(port) = args.prometheus_port {
+        let addr = crate::control::metrics::serve(
+            SocketAddr::new(args.katcp_host, port),
+            metrics.registry.clone(),
+        )
+        .map_err(|e| CliError::flag("--prometheus-port", e))?;
+        tracing::info!(%addr, "Prometheus metrics at /metrics");
+    }
     let mut outputs = Vec::new();
     for (o, sph) in plan.outputs {
         let dests = o.dst.clone();
@@ -313,6 +402,7 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
             ),
             stream,
             spectra_per_heap: sph,
+            gains_version: 0,
             sent: 0,
             skipped: 0,
             clipped: [0; 2],
@@ -356,7 +446,27 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         }
         if let Some(chunk) = prev.take() {
             chunks += 1;
-            for out in &mut outputs {
+            for (i, out) in outputs.iter_mut().enumerate() {
+                // Pick up requests made since the last chunk.
+                let capture = match control.outputs[i].lock() {
+                    Ok(mut st) => {
+                        if st.gains_version != out.gains_version {
+                            out.pipeline.gains = st.gains.clone();
+                            out.gains_version = st.gains_version;
+                        }
+                        for pol in 0..2 {
+                            for m in st.new_delays[pol].drain(..) {
+                                out.pipeline.delays[pol].add(m);
+                            }
+                        }
+                        st.capture
+                    }
+                    Err(_) => true,
+                };
+                let before = [
+                    *out.pipeline.delays[0].current(),
+                    *out.pipeline.delays[1].current(),
+                ];
                 let channels = out.pipeline.output.channels;
                 let n_dst = out.pipeline.output.dst.len();
                 let sph = out.spectra_per_heap;
@@ -370,6 +480,9 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                 *skipped += out.pipeline.process(&chunk, next.as_deref(), |h| {
                     if !h.valid {
                         *skipped += 1;
+                        return;
+                    }
+                    if !capture {
                         return;
                     }
                     clipped[0] += h.clips[0];
@@ -392,6 +505,22 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                 if let Some(e) = err {
                     return Err(CliError::Run(format!("send failed: {e}")));
                 }
+                for (pol, was) in before.iter().enumerate() {
+                    let now = *out.pipeline.delays[pol].current();
+                    if now != *was {
+                        control.delay_in_effect(&out.pipeline.output.name, pol, &now);
+                    }
+                }
+                control
+                    .processed
+                    .fetch_max(out.pipeline.next_timestamp(), Ordering::Relaxed);
+                metrics.update(
+                    &out.pipeline.output.name,
+                    out.sent * out.pipeline.output.dst.len() as u64,
+                    out.stream.counters().bytes,
+                    out.skipped,
+                    out.clipped,
+                );
             }
             group.free(chunk);
         }
@@ -424,22 +553,4 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn complex_numbers_as_katcp_writes_them() {
-        assert_eq!(parse_complex("1.5"), Some(Complex32::new(1.5, 0.0)));
-        assert_eq!(parse_complex("0.5+0.25j"), Some(Complex32::new(0.5, 0.25)));
-        assert_eq!(parse_complex("(1-2j)"), Some(Complex32::new(1.0, -2.0)));
-        assert_eq!(parse_complex("-2j"), Some(Complex32::new(0.0, -2.0)));
-        assert_eq!(
-            parse_complex("1e-3+1e+2j"),
-            Some(Complex32::new(1e-3, 100.0))
-        );
-        assert_eq!(parse_complex("x"), None);
-    }
 }

@@ -118,6 +118,11 @@ impl Pipeline {
         }
     }
 
+    /// Timestamp of the next output spectrum to be produced.
+    pub fn next_timestamp(&self) -> u64 {
+        self.next_t
+    }
+
     /// Samples a heap covers.
     pub fn heap_span(&self) -> u64 {
         (self.spectra_per_heap * self.step) as u64

@@ -1,0 +1,339 @@
+//! The F-engine's katcp requests and sensors (katgpucbf fgpu, facts §1.6, §1.7;
+//! fengine_delay_convention.md §1, §5, §6): `?gain`, `?gain-all`, `?delays`,
+//! `?capture-start`, `?capture-stop`. Requests change shared state that the processing thread
+//! picks up at its next chunk; every malformed or impossible request gets a `fail` naming what
+//! was wrong, and the engine keeps running.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use num_complex::Complex32;
+
+use crate::control::katcp::{Handler, Sensors, Status};
+use crate::dsp::delay::LinearDelayModel;
+
+/// What one output's requests have set, picked up by the processing thread.
+#[derive(Debug, Clone)]
+pub struct OutputState {
+    pub name: String,
+    pub channels: usize,
+    pub gains: [Vec<Complex32>; 2],
+    /// Bumped on every gain change, so the pipeline copies only when needed.
+    pub gains_version: u64,
+    /// Models loaded but not yet handed to the pipeline.
+    pub new_delays: [Vec<LinearDelayModel>; 2],
+    pub capture: bool,
+    pub default_gain: Complex32,
+}
+
+/// Shared between the katcp threads and the processing thread.
+pub struct EngineControl {
+    pub outputs: Vec<Mutex<OutputState>>,
+    pub sensors: Arc<Sensors>,
+    pub adc_sample_rate: f64,
+    pub sync_time: f64,
+    /// Timestamp up to which output has been assembled (set by the processing thread).
+    pub processed: AtomicU64,
+    /// Span of one input chunk in samples (the latency of a change).
+    pub chunk_samples: u64,
+}
+
+/// Parse a complex number as katcp/Python writes it: `1.5`, `0.5+0.25j`, `-2j`.
+pub fn parse_complex(text: &str) -> Option<Complex32> {
+    let t = text.trim().trim_start_matches('(').trim_end_matches(')');
+    if let Some(body) = t.strip_suffix('j') {
+        // Split at the last sign that is not an exponent sign or the leading sign.
+        let bytes = body.as_bytes();
+        let split = (1..bytes.len()).rev().find(|&i| {
+            (bytes[i] == b'+' || bytes[i] == b'-') && !matches!(bytes[i - 1], b'e' | b'E')
+        });
+        return match split {
+            Some(i) => Some(Complex32::new(
+                body[..i].parse().ok()?,
+                body[i..].parse().ok()?,
+            )),
+            None => Some(Complex32::new(
+                0.0,
+                if body.is_empty() || body == "+" {
+                    1.0
+                } else {
+                    body.parse().ok()?
+                },
+            )),
+        };
+    }
+    t.parse::<f32>().ok().map(|re| Complex32::new(re, 0.0))
+}
+
+fn format_gains(g: &[Complex32]) -> String {
+    let fmt = |c: &Complex32| format!("{}{:+}j", c.re, c.im);
+    if g.iter().all(|v| *v == g[0]) {
+        fmt(&g[0])
+    } else {
+        g.iter().map(fmt).collect::<Vec<_>>().join(" ")
+    }
+}
+
+impl EngineControl {
+    pub fn new(
+        outputs: Vec<OutputState>,
+        sensors: Arc<Sensors>,
+        adc_sample_rate: f64,
+        sync_time: f64,
+        chunk_samples: u64,
+    ) -> EngineControl {
+        sensors.add(
+            "steady-state-timestamp",
+            "Heaps with this timestamp or later reflect all earlier requests",
+            "",
+            "integer",
+            0,
+        );
+        for o in &outputs {
+            for p in 0..2 {
+                sensors.add(
+                    &format!("{}.input{p}.eq", o.name),
+                    "Complex gain per channel (one value when all equal)",
+                    "",
+                    "string",
+                    format_gains(&o.gains[p]),
+                );
+                sensors.add(
+                    &format!("{}.input{p}.delay", o.name),
+                    "(loadmcnt, delay s, delay rate, phase rad, phase rate rad/s)",
+                    "",
+                    "string",
+                    "(0, 0.0, 0.0, 0.0, 0.0)",
+                );
+            }
+        }
+        EngineControl {
+            outputs: outputs.into_iter().map(Mutex::new).collect(),
+            sensors,
+            adc_sample_rate,
+            sync_time,
+            processed: AtomicU64::new(0),
+            chunk_samples,
+        }
+    }
+
+    fn output(&self, name: &str) -> Result<&Mutex<OutputState>, String> {
+        self.outputs
+            .iter()
+            .find(|o| o.lock().map(|o| o.name == name).unwrap_or(false))
+            .ok_or_else(|| format!("no output stream named {name:?}"))
+    }
+
+    /// A change is in effect from the next chunk not yet processed.
+    fn bump_steady_state(&self) {
+        let at = self.processed.load(Ordering::Relaxed) + 2 * self.chunk_samples;
+        let old = self
+            .sensors
+            .get("steady-state-timestamp")
+            .and_then(|s| s.value.parse::<u64>().ok())
+            .unwrap_or(0);
+        self.sensors
+            .set("steady-state-timestamp", at.max(old), Status::Nominal);
+    }
+
+    fn parse_gains(
+        values: &[String],
+        channels: usize,
+        default: Complex32,
+    ) -> Result<Vec<Complex32>, String> {
+        if values.len() == 1 && values[0] == "default" {
+            return Ok(vec![default; channels]);
+        }
+        let g: Vec<Complex32> = values
+            .iter()
+            .map(|v| {
+                parse_complex(v).ok_or_else(|| "invalid formatting of complex number".to_string())
+            })
+            .collect::<Result<_, _>>()?;
+        if g.iter().any(|c| !c.re.is_finite() || !c.im.is_finite()) {
+            return Err("non-finite gains are not permitted".into());
+        }
+        match g.len() {
+            1 => Ok(vec![g[0]; channels]),
+            n if n == channels => Ok(g),
+            n => Err(format!("expected 1 or {channels} values, received {n}")),
+        }
+    }
+
+    fn gain(&self, args: &[String]) -> Result<Vec<String>, String> {
+        let [stream, input, values @ ..] = args else {
+            return Err("usage: ?gain stream input [value...]".into());
+        };
+        let pol: usize = match input.as_str() {
+            "0" => 0,
+            "1" => 1,
+            _ => return Err(format!("input {input:?} must be 0 or 1")),
+        };
+        let out = self.output(stream)?;
+        let mut o = out.lock().map_err(|_| "state poisoned".to_string())?;
+        if values.is_empty() {
+            return Ok(vec![format_gains(&o.gains[pol])]);
+        }
+        let g = Self::parse_gains(values, o.channels, o.default_gain)?;
+        o.gains[pol] = g;
+        o.gains_version += 1;
+        self.sensors.set(
+            &format!("{}.input{pol}.eq", o.name),
+            format_gains(&o.gains[pol]),
+            Status::Nominal,
+        );
+        drop(o);
+        self.bump_steady_state();
+        Ok(vec![])
+    }
+
+    fn gain_all(&self, args: &[String]) -> Result<Vec<String>, String> {
+        let [stream, values @ ..] = args else {
+            return Err("usage: ?gain-all stream value...|default".into());
+        };
+        if values.is_empty() {
+            return Err("no gains given".into());
+        }
+        let out = self.output(stream)?;
+        let mut o = out.lock().map_err(|_| "state poisoned".to_string())?;
+        let g = Self::parse_gains(values, o.channels, o.default_gain)?;
+        for pol in 0..2 {
+            o.gains[pol] = g.clone();
+            self.sensors.set(
+                &format!("{}.input{pol}.eq", o.name),
+                format_gains(&g),
+                Status::Nominal,
+            );
+        }
+        o.gains_version += 1;
+        drop(o);
+        self.bump_steady_state();
+        Ok(vec![])
+    }
+
+    fn delays(&self, args: &[String]) -> Result<Vec<String>, String> {
+        let [stream, start, models @ ..] = args else {
+            return Err("usage: ?delays stream start \"d,dr:p,pr\" \"d,dr:p,pr\"".into());
+        };
+        if models.len() != 2 {
+            return Err(format!(
+                "expected 2 delay models, received {}",
+                models.len()
+            ));
+        }
+        let start: f64 = start
+            .parse()
+            .map_err(|_| format!("start time {start:?} is not a number"))?;
+        let mut parsed = Vec::new();
+        for m in models {
+            let bad = || format!("delay model {m:?} is not of the form d,dr:p,pr");
+            let (delay, phase) = m.split_once(':').ok_or_else(bad)?;
+            let (d, dr) = delay.split_once(',').ok_or_else(bad)?;
+            let (p, pr) = phase.split_once(',').ok_or_else(bad)?;
+            let v: Vec<f64> = [d, dr, p, pr]
+                .iter()
+                .map(|s| s.trim().parse::<f64>().map_err(|_| bad()))
+                .collect::<Result<_, _>>()?;
+            parsed.push(
+                LinearDelayModel::from_request(
+                    start,
+                    self.sync_time,
+                    self.adc_sample_rate,
+                    v[0],
+                    v[1],
+                    v[2],
+                    v[3],
+                )
+                .map_err(|e| e.to_string())?,
+            );
+        }
+        let out = self.output(stream)?;
+        let mut o = out.lock().map_err(|_| "state poisoned".to_string())?;
+        for (pol, m) in parsed.into_iter().enumerate() {
+            o.new_delays[pol].push(m);
+        }
+        drop(o);
+        self.bump_steady_state();
+        Ok(vec![])
+    }
+
+    fn capture(&self, args: &[String], on: bool) -> Result<Vec<String>, String> {
+        let [stream] = args else {
+            return Err(format!(
+                "usage: ?capture-{} stream",
+                if on { "start" } else { "stop" }
+            ));
+        };
+        let out = self.output(stream)?;
+        out.lock()
+            .map_err(|_| "state poisoned".to_string())?
+            .capture = on;
+        Ok(vec![])
+    }
+
+    /// Update the delay sensor when a model becomes the current one (called by the processing thread).
+    pub fn delay_in_effect(&self, output: &str, pol: usize, m: &LinearDelayModel) {
+        let (d, dr, p, pr) = m.request;
+        self.sensors.set(
+            &format!("{output}.input{pol}.delay"),
+            format!("({}, {d}, {dr}, {p}, {pr})", m.t0),
+            Status::Nominal,
+        );
+    }
+}
+
+impl Handler for EngineControl {
+    fn requests(&self) -> Vec<(&'static str, &'static str)> {
+        vec![
+            (
+                "gain",
+                "Read or set per-channel gains: ?gain stream input [value...]",
+            ),
+            (
+                "gain-all",
+                "Set the gains of both inputs: ?gain-all stream value...|default",
+            ),
+            (
+                "delays",
+                "Load delay models: ?delays stream start \"d,dr:p,pr\" \"d,dr:p,pr\"",
+            ),
+            (
+                "capture-start",
+                "Start sending an output: ?capture-start stream",
+            ),
+            (
+                "capture-stop",
+                "Stop sending an output: ?capture-stop stream",
+            ),
+        ]
+    }
+
+    fn handle(&self, name: &str, args: &[String]) -> Option<Result<Vec<String>, String>> {
+        Some(match name {
+            "gain" => self.gain(args),
+            "gain-all" => self.gain_all(args),
+            "delays" => self.delays(args),
+            "capture-start" => self.capture(args, true),
+            "capture-stop" => self.capture(args, false),
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn complex_numbers_as_katcp_writes_them() {
+        assert_eq!(parse_complex("1.5"), Some(Complex32::new(1.5, 0.0)));
+        assert_eq!(parse_complex("0.5+0.25j"), Some(Complex32::new(0.5, 0.25)));
+        assert_eq!(parse_complex("(1-2j)"), Some(Complex32::new(1.0, -2.0)));
+        assert_eq!(parse_complex("-2j"), Some(Complex32::new(0.0, -2.0)));
+        assert_eq!(
+            parse_complex("1e-3+1e+2j"),
+            Some(Complex32::new(1e-3, 100.0))
+        );
+        assert_eq!(parse_complex("x"), None);
+    }
+}
