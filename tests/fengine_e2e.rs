@@ -33,7 +33,7 @@ fn free_udp_port() -> u16 {
 
 #[test]
 fn tone_at_a_channel_centre_lands_in_that_channel() {
-    let (fs, channels, taps, k0) = (2e6, 256usize, 16usize, 37usize);
+    let (fs, channels, taps, k0) = (2e6, 256usize, 16usize, 38usize);
     let (sph, gain) = (64usize, 0.02f64);
     let cbf = env!("CARGO_BIN_EXE_cbf");
     // Both output destinations (127.0.0.1 and 127.0.0.2) on one port: one socket on 0.0.0.0.
@@ -47,6 +47,9 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
     )
     .unwrap();
     let out_port = rx.local_addr().unwrap().port();
+    // A second output with half the channels, processed from the same input.
+    let mut rx2 = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
+    let out2_port = rx2.local_addr().unwrap().port();
     let in_port = free_udp_port();
     let _feng = Kill(
         Command::new(cbf)
@@ -78,6 +81,14 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
             .args([
                 "--wideband",
                 &format!("name=wide,channels={channels},dst=127.0.0.1+1:{out_port},taps={taps}"),
+            ])
+            .args([
+                "--wideband",
+                &format!(
+                    "name=half,channels={},dst=127.0.0.1:{out2_port},taps=8,jones_per_batch={}",
+                    channels / 2,
+                    channels / 2 * sph
+                ),
             ])
             .spawn()
             .unwrap(),
@@ -150,6 +161,38 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
             e[(first / 128) as usize] = Some(raw.iter().map(|&b| b as i8).collect());
         }
     }
+    // The second output: channel k0/2 of 128 holds the same tone.
+    let mut stream2 = HeapStream::new(HeapStreamConfig::default());
+    let mut batch2 = RecvBatch::new(64, rx2.slot_size(9200));
+    let mut peaks = Vec::new();
+    while let Received::Packets(_) = rx2.recv_batch(&mut batch2).unwrap() {
+        let mut hs = Vec::new();
+        for p in batch2.iter() {
+            stream2.add_packet(p, &mut hs);
+        }
+        for h in hs {
+            if let Some(ItemValue::Bytes(raw)) = h.item(FENG_RAW_ID) {
+                let power = |k: usize| {
+                    (0..sph)
+                        .map(|s| {
+                            f64::from(raw[(k * sph + s) * 4] as i8).powi(2)
+                                + f64::from(raw[(k * sph + s) * 4 + 1] as i8).powi(2)
+                        })
+                        .sum::<f64>()
+                };
+                peaks.push(
+                    (0..channels / 2)
+                        .max_by(|&a, &b| power(a).total_cmp(&power(b)))
+                        .unwrap(),
+                );
+            }
+        }
+    }
+    assert!(peaks.len() >= 10, "second output: {} heaps", peaks.len());
+    assert!(
+        peaks.iter().skip(1).all(|&k| k == k0 / 2),
+        "second output peaks {peaks:?}"
+    );
     let complete: Vec<_> = spectra
         .values()
         .filter(|v| v.iter().all(Option::is_some))
