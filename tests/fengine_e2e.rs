@@ -466,3 +466,132 @@ fn katcp_gains_and_a_future_phase_step() {
         first.1.arg().to_degrees()
     );
 }
+
+/// Missing input skips exactly the affected output heaps (facts §1.10): digitiser heaps are
+/// written to a pcap file with two of them left out (one per polarisation), the engine
+/// channelises the file offline (`--src file.pcap`), and the output heaps that arrive are
+/// exactly those whose every spectrum window avoids the holes; the rest are counted skipped.
+#[test]
+fn lost_input_skips_exactly_the_affected_output_heaps() {
+    use cbf::net::pcap::PcapDump;
+    use cbf::sim::dsim::{DigitiserConfig, DigitiserHeaps};
+    use cbf::sim::signal::{Expr, Signal};
+    use cbf::spead::send::PacketGenerator;
+    use cbf::spead::Flavour;
+
+    let (channels, taps, sph, hs, chunk) = (256usize, 16usize, 64usize, 4096u64, 65536u64);
+    let n_heaps = 4 * chunk / hs; // per polarisation: four chunks
+    let dropped = [(0usize, 20u64), (1usize, 45u64)]; // (pol, heap index)
+    let cfg = DigitiserConfig {
+        adc_sample_rate: 2e6,
+        sample_bits: 10,
+        heap_samples: hs as usize,
+        period: chunk as usize,
+        first_id: 0,
+        dither_seed: 1,
+    };
+    let sig = Signal {
+        expr: Expr::Wgn { std: 0.1, seed: 3 },
+        dither: true,
+    };
+    let dig = DigitiserHeaps::new(cfg, &[sig.clone(), sig]);
+    let dir = std::env::temp_dir().join(format!("cbf-lost-{}.pcap", std::process::id()));
+    {
+        let mut dump = PcapDump::create(&dir).unwrap();
+        let (src, dst) = (
+            "10.0.0.1:7000".parse().unwrap(),
+            "239.1.1.1:7148".parse().unwrap(),
+        );
+        for h in 0..n_heaps {
+            for pol in 0..2 {
+                if dropped.contains(&(pol, h)) {
+                    continue;
+                }
+                let heap = dig.heap(pol, h * hs);
+                let mut g = PacketGenerator::new(
+                    &heap,
+                    2 * (2 * h + pol as u64) + 2,
+                    Flavour::SPEAD_64_48,
+                    8192,
+                )
+                .unwrap();
+                let mut buf = Vec::new();
+                g.next_packet(&mut buf).unwrap();
+                dump.write(src, dst, &buf).unwrap();
+            }
+        }
+        dump.finish().unwrap();
+    }
+    // Expected: heap k of the output (spectra T = k·span + s·step) is sent iff every window
+    // [T, T + taps·step) lies inside the recording and misses every dropped heap.
+    let step = 2 * channels as u64;
+    let span = sph as u64 * step;
+    let total = n_heaps * hs;
+    let window_ok = |t: u64| {
+        t + taps as u64 * step <= total
+            && dropped
+                .iter()
+                .all(|&(_, h)| t + taps as u64 * step <= h * hs || t >= (h + 1) * hs)
+    };
+    let expected: Vec<u64> = (0..total / span)
+        .map(|k| k * span)
+        .filter(|&t0| (0..sph as u64).all(|s| window_ok(t0 + s * step)))
+        .collect();
+    let expected_skipped = total / span - expected.len() as u64;
+    assert!(expected_skipped >= 3, "the holes must matter: {expected:?}");
+
+    let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
+    let port = rx.local_addr().unwrap().port();
+    let out = Command::new(env!("CARGO_BIN_EXE_cbf"))
+        .args([
+            "fengine",
+            "--src",
+            dir.to_str().unwrap(),
+            "--adc-sample-rate",
+            "2e6",
+            "--katcp-port",
+            "0",
+            "--katcp-host",
+            "127.0.0.1",
+        ])
+        .args([
+            "--recv-chunk-samples",
+            &chunk.to_string(),
+            "--jones-per-batch",
+            &(channels * sph).to_string(),
+            "--max-delay-diff",
+            "0",
+            "--send-rate-factor",
+            "0",
+        ])
+        .args([
+            "--wideband",
+            &format!("name=wide,channels={channels},dst=127.0.0.1:{port},taps={taps}"),
+        ])
+        .output()
+        .unwrap();
+    std::fs::remove_file(&dir).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("skipped {expected_skipped},")),
+        "{stdout}"
+    );
+    let mut stream = HeapStream::new(HeapStreamConfig::default());
+    let mut batch = RecvBatch::new(64, rx.slot_size(9200));
+    let mut heaps = Vec::new();
+    while let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
+        for p in batch.iter() {
+            stream.add_packet(p, &mut heaps);
+        }
+    }
+    let got: Vec<u64> = heaps
+        .iter()
+        .filter_map(|h| h.item(TIMESTAMP_ID).and_then(|v| v.as_u64()))
+        .collect();
+    assert_eq!(got, expected);
+}
