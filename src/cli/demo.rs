@@ -1,73 +1,41 @@
-//! `cbf demo`: the chain on loopback with defaults. For now dsim → capture: a simulated
-//! dual-polarisation digitiser sends to two UDP ports on 127.0.0.1 and an in-process receiver
-//! checks every heap it assembles against the pattern dsim rendered (timestamp, digitiser_id
-//! and every sample byte), printing live rates and a summary. Later engines slot in between.
+//! `cbf demo`: the chain on loopback with defaults: dsim → fengine → capture. A simulated
+//! dual-polarisation digitiser sends a tone at the centre of one channel plus noise to an
+//! in-process F-engine (CPU backend), whose F heaps an in-process receiver assembles; it prints
+//! live rates and a one-line spectrum summary (the peak channel per polarisation, which must be
+//! the tone's channel), and fails if the tone is not where it was put.
 
-use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 
 use super::dsim::{send_loop, DsimArgs};
+use super::fengine::FengineArgs;
 use super::shutdown::Shutdown;
 use super::CliError;
+use crate::dsp::pfb::{pfb_weights, Window};
 use crate::net::udp::{UdpReceiver, UdpSender};
 use crate::net::{PacketReceiver, Received, RecvBatch};
 use crate::sim::dsim::DigitiserHeaps;
-use crate::spead::items::{ItemValue, ADC_SAMPLES_ID, DIGITISER_ID_ID, TIMESTAMP_ID};
-use crate::spead::recv::{HeapStream, HeapStreamConfig, ReceivedHeap, StatsSnapshot};
+use crate::spead::items::{ItemValue, FENG_RAW_ID, FREQUENCY_ID};
+use crate::spead::recv::{HeapStream, HeapStreamConfig};
 use crate::spead::send::SendStream;
 
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// ADC sample rate in Hz of the simulated digitiser.
-    #[arg(long, default_value_t = 100e6)]
+    #[arg(long, default_value_t = 20e6)]
     pub adc_sample_rate: f64,
     /// Seconds to run.
     #[arg(long, default_value_t = 5.0)]
     pub duration: f64,
-    /// Signal program for dsim.
-    #[arg(long, default_value = "cw(0.5, 12.5e6) + wgn(0.05);")]
-    pub signals: String,
-    /// Bits per sample.
-    #[arg(long, default_value_t = 10)]
-    pub sample_bits: u32,
-}
-
-/// Checks of what the receiver saw.
-#[derive(Debug, Default)]
-struct Tally {
-    heaps: AtomicU64,
-    incomplete: AtomicU64,
-    mismatched: AtomicU64,
-}
-
-fn check(heap: &ReceivedHeap, dsim: &DigitiserHeaps, tally: &Tally) {
-    if heap.item(TIMESTAMP_ID).is_none() {
-        return; // descriptors or a stop heap
-    }
-    if !heap.complete {
-        tally.incomplete.fetch_add(1, Relaxed);
-        return;
-    }
-    tally.heaps.fetch_add(1, Relaxed);
-    let ts = heap.item(TIMESTAMP_ID).and_then(|v| v.as_u64());
-    let id = heap.item(DIGITISER_ID_ID).and_then(|v| v.as_u64());
-    let ok = match (ts, id, heap.item(ADC_SAMPLES_ID)) {
-        (Some(ts), Some(id), Some(ItemValue::Bytes(samples))) => {
-            let pol = (id & 1) as usize;
-            let want = dsim.heap(pol, ts);
-            want.items.iter().any(|(i, d)| {
-                *i == ADC_SAMPLES_ID && matches!(d, crate::spead::send::ItemData::Bytes { data, .. } if data.as_ref() == samples)
-            })
-        }
-        _ => false,
-    };
-    if !ok {
-        tally.mismatched.fetch_add(1, Relaxed);
-    }
+    /// F-engine channels.
+    #[arg(long, default_value_t = 1024)]
+    pub channels: usize,
+    /// Channel whose centre the test tone sits at.
+    #[arg(long, default_value_t = 300)]
+    pub tone_channel: usize,
 }
 
 fn free_port() -> Result<u16, CliError> {
@@ -77,93 +45,147 @@ fn free_port() -> Result<u16, CliError> {
 }
 
 pub fn run(args: DemoArgs) -> Result<(), CliError> {
-    let ports = [free_port()?, free_port()?];
-    let dests: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    if args.tone_channel >= args.channels {
+        return Err(CliError::flag(
+            "--tone-channel",
+            format!("must be below --channels ({})", args.channels),
+        ));
+    }
+    let (in_port, out_port) = (free_port()?, free_port()?);
+    let spectra_per_heap = 256;
+    let chunk = (spectra_per_heap * 2 * args.channels).max(1 << 18);
+    let tone = args.tone_channel as f64 * args.adc_sample_rate / (2 * args.channels) as f64;
     let dsim_args = DsimArgs {
         adc_sample_rate: args.adc_sample_rate,
-        sample_bits: args.sample_bits,
+        sample_bits: 10,
         heap_samples: 4096,
-        signals: args.signals.clone(),
+        signals: format!("cw(0.2, {tone}) + wgn(0.02);"),
         sync_time: None,
         first_id: 0,
         dither_seed: None,
-        period: None,
-        max_period: 1 << 20,
+        period: Some(chunk),
+        max_period: chunk,
         max_heaps: None,
         duration: Some(args.duration),
         send_rate_factor: 1.0,
         interface: vec![],
         ttl: 1,
         send_buffer: 1 << 20,
-        send_stop: true,
+        send_stop: false,
         katcp_port: 0,
         katcp_host: std::net::Ipv4Addr::LOCALHOST.into(),
         prometheus_port: None,
-        dest: dests,
+        dest: vec![
+            format!("127.0.0.1:{in_port}"),
+            format!("127.0.0.1:{in_port}"),
+        ],
     };
-    let plan = dsim_args.plan().map_err(|e| match e {
-        CliError::Flag { flag, message } => CliError::Run(format!("demo: dsim {flag}: {message}")),
-        other => other,
-    })?;
-    let shutdown = Shutdown::install();
-    let endpoints: Vec<SocketAddrV4> = plan.dests.iter().flatten().copied().collect();
-    let mut rx = UdpReceiver::bind(&endpoints, None, 64 << 20)?;
-    let dsim = Arc::new(DigitiserHeaps::new(plan.config.clone(), &plan.signals));
-    let tally = Arc::new(Tally::default());
+    let plan = dsim_args
+        .plan()
+        .map_err(|e| CliError::Run(format!("demo: dsim {e}")))?;
+    let feng_args = FengineArgs {
+        src: format!("127.0.0.1:{in_port}"),
+        recv_interface: None,
+        recv_buffer: 64 << 20,
+        adc_sample_rate: args.adc_sample_rate,
+        feng_id: 0,
+        array_size: 1,
+        dig_sample_bits: 10,
+        recv_packet_samples: 4096,
+        recv_chunk_samples: chunk,
+        jones_per_batch: spectra_per_heap * args.channels,
+        max_delay_diff: 0,
+        send_rate_factor: 1.1,
+        send_packet_payload: 8192,
+        send_interface: None,
+        send_ttl: 1,
+        // Scale the tone's channel to about 30 of the 8-bit output's 127.
+        gain: format!(
+            "{}",
+            30.0 / (0.2 * 511.0 / 2.0
+                * pfb_weights(2 * args.channels, 16, 1.0, Window::Hann)
+                    .iter()
+                    .map(|&w| f64::from(w))
+                    .sum::<f64>())
+        ),
+        dither_seed: None,
+        wideband: vec![format!(
+            "name=demo,channels={},dst=127.0.0.1:{out_port}",
+            args.channels
+        )],
+        duration: Some(args.duration + 2.0),
+        sync_time: None,
+        katcp_port: 0,
+        katcp_host: std::net::Ipv4Addr::LOCALHOST.into(),
+        prometheus_port: None,
+    };
     println!(
-        "demo: dsim at {:.0} MS/s × 2 pols, {}-bit, signals {:?} → capture on {:?}, {:.1} s",
+        "demo: dsim ({:.0} MS/s, tone at the centre of channel {}) → fengine ({} channels, CPU) → capture, {:.1} s",
         args.adc_sample_rate / 1e6,
-        args.sample_bits,
-        plan.signals
-            .iter()
-            .map(ToString::to_string)
-            .collect::<String>(),
-        ports,
+        args.tone_channel,
+        args.channels,
         args.duration
     );
+    // The receiver: accumulate power per channel and polarisation over every F heap.
+    let mut rx = UdpReceiver::bind(
+        &[format!("127.0.0.1:{out_port}")
+            .parse()
+            .map_err(|_| CliError::Run("bad address".into()))?],
+        None,
+        64 << 20,
+    )?;
+    let power = Arc::new(Mutex::new(vec![[0.0f64; 2]; args.channels]));
+    let f_heaps = Arc::new(AtomicU64::new(0));
+    let stop = Shutdown::manual();
     let receiver = std::thread::Builder::new().name("demo-rx".into()).spawn({
-        let (dsim, tally, shutdown) = (Arc::clone(&dsim), Arc::clone(&tally), shutdown.clone());
-        move || -> Result<StatsSnapshot, CliError> {
-            // Stop heaps arrive on each port separately: end on silence after dsim is done instead.
-            let mut stream = HeapStream::new(HeapStreamConfig {
-                substreams: 2,
-                stop_on_stop_item: false,
-                ..Default::default()
-            });
+        let (power, f_heaps, stop) = (Arc::clone(&power), Arc::clone(&f_heaps), stop.clone());
+        move || -> Result<(), CliError> {
+            let mut stream = HeapStream::new(HeapStreamConfig::default());
             let mut batch = RecvBatch::new(64, rx.slot_size(9200));
             let mut heaps = Vec::new();
-            let give_up = Duration::from_secs(2);
-            let mut done_at: Option<Instant> = None;
-            while done_at.is_none_or(|t| t.elapsed() < give_up) {
-                if shutdown.requested() && done_at.is_none() {
-                    done_at = Some(Instant::now());
-                }
-                match rx.recv_batch(&mut batch)? {
-                    Received::Packets(_) => {
-                        for p in batch.iter() {
-                            stream.add_packet(p, &mut heaps);
-                        }
+            while !stop.requested() {
+                if let Received::Packets(_) = rx.recv_batch(&mut batch)? {
+                    for p in batch.iter() {
+                        stream.add_packet(p, &mut heaps);
                     }
-                    _ if done_at.is_some() => break,
-                    _ => {}
                 }
                 for h in heaps.drain(..) {
-                    check(&h, &dsim, &tally);
+                    let (Some(ItemValue::Immediate(first)), Some(ItemValue::Bytes(raw))) =
+                        (h.item(FREQUENCY_ID), h.item(FENG_RAW_ID))
+                    else {
+                        continue;
+                    };
+                    let cps = raw.len() / (spectra_per_heap * 4);
+                    let mut pw = power.lock().map_err(|_| CliError::Run("poisoned".into()))?;
+                    // Layout (channel, spectrum, pol, re/im): each 4 bytes are one spectrum of one
+                    // channel, both polarisations.
+                    for (i, v) in raw.chunks_exact(4).enumerate().take(cps * spectra_per_heap) {
+                        let k = first as usize + i / spectra_per_heap;
+                        for pol in 0..2 {
+                            let (re, im) =
+                                (f64::from(v[2 * pol] as i8), f64::from(v[2 * pol + 1] as i8));
+                            pw[k][pol] += re * re + im * im;
+                        }
+                    }
+                    f_heaps.fetch_add(1, Relaxed);
                 }
             }
-            stream.flush(&mut heaps);
-            for h in heaps.drain(..) {
-                check(&h, &dsim, &tally);
-            }
-            Ok(stream.stats())
+            Ok(())
         }
     })?;
-    let senders = vec![UdpSender::new(&endpoints, None, 1, 1 << 20)?];
+    let engine = std::thread::Builder::new()
+        .name("demo-fengine".into())
+        .spawn(move || super::fengine::run(feng_args))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let heaps = Arc::new(DigitiserHeaps::new(plan.config.clone(), &plan.signals));
+    let all: Vec<std::net::SocketAddrV4> = plan.dests.iter().flatten().copied().collect();
+    let senders = vec![UdpSender::new(&all, None, 1, 1 << 20)?];
     let mut stream =
         SendStream::new(plan.send_config(), senders).map_err(|e| CliError::Run(e.to_string()))?;
+    let shutdown = Shutdown::install();
     let sent = send_loop(
         &plan,
-        Arc::clone(&dsim),
+        heaps,
         None,
         &mut stream,
         plan.start_timestamp(),
@@ -171,37 +193,46 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         |r| {
             let secs = r.elapsed.as_secs_f64();
             println!(
-                "  {:5.1} s  dsim {:8} heaps {:6.3} Gb/s   capture {:8} heaps",
-                secs,
+                "  {secs:5.1} s  dsim {:8} heaps {:6.3} Gb/s   F heaps received {:6}",
                 r.heaps,
                 r.bytes as f64 * 8.0 / secs / 1e9,
-                tally.heaps.load(Relaxed)
+                f_heaps.load(Relaxed)
             );
         },
     )?;
-    shutdown.request();
-    let stats = receiver
+    engine
+        .join()
+        .map_err(|_| CliError::Run("engine thread panicked".into()))??;
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.request();
+    receiver
         .join()
         .map_err(|_| CliError::Run("receiver thread panicked".into()))??;
-    let received = tally.heaps.load(Relaxed);
-    let lost = sent.heaps.saturating_sub(received);
-    let mismatched = tally.mismatched.load(Relaxed);
-    let secs = sent.elapsed.as_secs_f64().max(1e-9);
+    let pw = power.lock().map_err(|_| CliError::Run("poisoned".into()))?;
+    let peak = |pol: usize| {
+        (0..args.channels)
+            .max_by(|&a, &b| pw[a][pol].total_cmp(&pw[b][pol]))
+            .unwrap_or(0)
+    };
+    let (p0, p1) = (peak(0), peak(1));
+    let n = f_heaps.load(Relaxed);
     println!(
-        "demo: sent {} heaps ({:.3} Gb/s, {:.0} packets/s); received {} complete, {} incomplete, {} lost, {} with wrong data; malformed packets {}",
+        "demo: dsim sent {} heaps ({:.3} Gb/s); capture received {} F heaps; peak channel pol0 {}, pol1 {} (tone in channel {}): {}",
         sent.heaps,
-        sent.bytes as f64 * 8.0 / secs / 1e9,
-        sent.packets as f64 / secs,
-        received,
-        tally.incomplete.load(Relaxed),
-        lost,
-        mismatched,
-        stats.malformed_total()
+        sent.bytes as f64 * 8.0 / sent.elapsed.as_secs_f64().max(1e-9) / 1e9,
+        n,
+        p0,
+        p1,
+        args.tone_channel,
+        if p0 == args.tone_channel && p1 == args.tone_channel && n > 0 { "OK" } else { "WRONG" }
     );
-    if mismatched > 0 {
-        return Err(CliError::Run(format!(
-            "{mismatched} heaps arrived with data that differs from what dsim sent"
-        )));
+    if n == 0 || p0 != args.tone_channel || p1 != args.tone_channel {
+        return Err(CliError::Run(
+            "the tone did not come out in its channel".into(),
+        ));
     }
     Ok(())
 }
