@@ -144,5 +144,58 @@ fn xb(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fengine, narrowband, xb);
+/// The F-engine's whole per-output processing of one input chunk (both polarisations:
+/// unpack, PFB, FFT, post-processing), as `cbf fengine` runs it on one core.
+fn fengine_pipeline(c: &mut Criterion) {
+    use cbf::fengine::output::WidebandOutput;
+    use cbf::fengine::pipeline::Pipeline;
+    use cbf::fengine::place::InputLayout;
+    use cbf::spead::recv::Chunk;
+    let mut g = c.benchmark_group("fengine_pipeline");
+    g.sample_size(10);
+    let chunk_samples = 1usize << 22;
+    let layout = InputLayout {
+        heap_samples: 4096,
+        heap_bytes: 5120,
+        chunk_samples: chunk_samples as u64,
+    };
+    let per_pol = layout.heaps_per_pol();
+    // Two consecutive chunks of pseudo-random 10-bit data, every heap present.
+    let chunks: Vec<Chunk> = (0..2u64)
+        .map(|id| Chunk {
+            chunk_id: id,
+            data: (0..2 * layout.pol_bytes())
+                .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+                .collect(),
+            present: vec![1u8; 2 * per_pol].into_boxed_slice(),
+            extra: vec![0u64; 2 * per_pol].into_boxed_slice(),
+        })
+        .collect();
+    for channels in [4096usize, 32768] {
+        let out =
+            WidebandOutput::parse(&format!("name=b,channels={channels},dst=127.0.0.1:9")).unwrap();
+        let sph = (1 << 20) / channels;
+        g.throughput(Throughput::Elements(2 * chunk_samples as u64));
+        g.bench_function(format!("process_chunk_{channels}ch_16taps"), |b| {
+            b.iter_batched(
+                || {
+                    Pipeline::new(
+                        out.clone(),
+                        layout,
+                        10,
+                        sph,
+                        0,
+                        Complex32::new(0.01, 0.0),
+                        1,
+                    )
+                },
+                |mut p| p.process(&chunks[0], Some(&chunks[1]), |h| assert!(h.valid)),
+                criterion::BatchSize::LargeInput,
+            )
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, fengine, narrowband, xb, fengine_pipeline);
 criterion_main!(benches);

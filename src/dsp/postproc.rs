@@ -74,7 +74,17 @@ impl OutputBits {
 pub fn quantise(v: f32, u: f32, qmax: f32) -> (i8, bool) {
     let x = v + u;
     let clipped = !(-qmax..=qmax).contains(&x);
-    (x.clamp(-qmax, qmax).round_ties_even() as i8, clipped)
+    (round_ties_even(x.clamp(-qmax, qmax)) as i8, clipped)
+}
+
+/// Round to nearest, ties to even, for |x| < 2²²: adding and removing 1.5·2²³ leaves the
+/// integer part in the mantissa's last place under IEEE round-to-nearest-even, which is exactly
+/// the rounding wanted. `f32::round_ties_even` is a libm call on baseline x86-64 (no SSE4.1
+/// `roundss`) and cost a third of the post-processing time.
+#[inline]
+fn round_ties_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
 }
 
 /// The dither for (seed, spectrum timestamp, channel, pol, part): a pure function, so a GPU can
@@ -157,6 +167,14 @@ mod tests {
         assert_eq!(quantise(-1000.0, 0.0, 127.0), (-127, true));
         assert_eq!(quantise(-7.6, 0.0, 7.0), (-7, true));
         assert_eq!(quantise(126.8, 0.3, 127.0), (127, true));
+    }
+
+    #[test]
+    fn fast_rounding_matches_the_standard_library() {
+        for i in -40_000..40_000 {
+            let x = i as f32 * 0.003_906_25; // includes every half-integer in ±156
+            assert_eq!(round_ties_even(x), x.round_ties_even(), "{x}");
+        }
     }
 
     #[test]

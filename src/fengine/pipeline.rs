@@ -20,7 +20,6 @@ use super::place::InputLayout;
 use crate::dsp::delay::DelayModels;
 use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft};
 use crate::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
-use crate::dsp::presence::spectra_valid;
 use crate::dsp::samples::{packed_len, unpack};
 use crate::spead::recv::Chunk;
 
@@ -58,6 +57,8 @@ pub struct Pipeline {
     heap: Vec<i8>,
     samples: [Vec<i32>; 2],
     present: [Vec<bool>; 2],
+    /// Prefix sums of missing heaps over `present`, per pol (seed 000 §Missing data).
+    missing: [Vec<u32>; 2],
 }
 
 /// Samples of tail needed: footprint plus differential delay, rounded up to whole heaps.
@@ -114,6 +115,7 @@ impl Pipeline {
             heap: vec![0i8; channels * spectra_per_heap * 4],
             samples: [vec![0; total], vec![0; total]],
             present: [Vec::new(), Vec::new()],
+            missing: [Vec::new(), Vec::new()],
             output,
         }
     }
@@ -138,7 +140,7 @@ impl Pipeline {
 
     /// Process chunk `chunk` (with `next`, the following chunk, for the tail, if it arrived);
     /// `emit` receives every output heap completed. Returns the number of heaps skipped because
-    /// their input started before the chunk (a gap).
+    /// their input was not there (a gap in the chunks, or a delay jump), whole or partial.
     pub fn process(
         &mut self,
         chunk: &Chunk,
@@ -184,6 +186,14 @@ impl Pipeline {
                 }
             }
         }
+        for p in 0..2 {
+            let m = &mut self.missing[p];
+            m.clear();
+            m.push(0);
+            for &ok in &self.present[p] {
+                m.push(m[m.len() - 1] + u32::from(!ok));
+            }
+        }
         if !self.started {
             // Start at the first heap boundary of the output grid in this chunk.
             self.next_t = start.div_ceil(self.heap_span()) * self.heap_span();
@@ -204,10 +214,9 @@ impl Pipeline {
             }
             let latest_end = s[0].max(s[1]) + window as i64;
             if first < start as i64 || latest_end > (end as usize + self.tail) as i64 {
-                // Input no longer (or not) available: skip to the next heap boundary.
-                if !self.heap_ts.is_empty() {
-                    skipped += 1;
-                }
+                // Input no longer (or never) available: the heap containing next_t is lost
+                // (counted, partial or not), and the output skips to the next heap boundary.
+                skipped += 1;
                 self.reset_heap();
                 let span = self.heap_span();
                 self.next_t = (self.next_t / span + 1) * span;
@@ -218,9 +227,10 @@ impl Pipeline {
                 let off = (s[p] - start as i64) as usize;
                 let frame = &mut self.frames[p][k * self.step..(k + 1) * self.step];
                 pfb_fir(&self.samples[p], &self.weights, self.step, &[off], frame);
-                let ok =
-                    spectra_valid(&self.present[p], l.heap_samples as usize, &[off], window)[0];
-                self.heap_valid &= ok;
+                // Every input heap under the window arrived (prefix sums make this O(1)).
+                let hs = l.heap_samples as usize;
+                let (first_heap, last_heap) = (off / hs, (off + window - 1) / hs);
+                self.heap_valid &= self.missing[p][last_heap + 1] == self.missing[p][first_heap];
                 self.heap_delays[p].push(SpectrumDelay {
                     coarse: d[p].0,
                     fine: d[p].1,
