@@ -554,3 +554,83 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        a: FengineArgs,
+    }
+
+    /// Plan with good defaults, `extra` (flag, value) pairs replacing or adding flags.
+    fn flag_of(extra: &[&str]) -> &'static str {
+        let mut args: Vec<(String, String)> = [
+            ("--src", "127.0.0.1:7148"),
+            ("--adc-sample-rate", "1712e6"),
+            ("--recv-chunk-samples", "4194304"),
+            ("--max-delay-diff", "0"),
+            ("--wideband", "name=w,channels=1024,dst=239.0.0.1+3:7148"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for pair in extra.chunks(2) {
+            match args.iter_mut().find(|(k, _)| k == pair[0]) {
+                Some(slot) => slot.1 = pair[1].to_string(),
+                None => args.push((pair[0].to_string(), pair[1].to_string())),
+            }
+        }
+        let mut v = vec!["fengine".to_string()];
+        for (k, val) in args {
+            v.push(format!("{k}={val}"));
+        }
+        match Wrap::try_parse_from(v).unwrap().a.plan() {
+            Err(CliError::Flag { flag, .. }) => flag,
+            Err(e) => panic!("{e}"),
+            Ok(_) => "ok",
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        assert_eq!(flag_of(&[]), "ok");
+        assert_eq!(flag_of(&["--adc-sample-rate", "-1"]), "--adc-sample-rate");
+        assert_eq!(flag_of(&["--dig-sample-bits", "11"]), "--dig-sample-bits");
+        assert_eq!(
+            flag_of(&["--recv-packet-samples", "100"]),
+            "--recv-packet-samples"
+        );
+        assert_eq!(
+            flag_of(&["--recv-chunk-samples", "1000"]),
+            "--recv-chunk-samples"
+        );
+        assert_eq!(
+            flag_of(&["--feng-id", "5", "--array-size", "4"]),
+            "--feng-id"
+        );
+        assert_eq!(flag_of(&["--send-rate-factor", "-2"]), "--send-rate-factor");
+        assert_eq!(flag_of(&["--gain", "abc"]), "--gain");
+        assert_eq!(
+            flag_of(&["--wideband", "name=w,channels=1000,dst=239.0.0.1:7148"]),
+            "--wideband"
+        );
+        assert_eq!(
+            flag_of(&["--wideband", "name=w,channels=1024,dst=239.0.0.1+2:7148"]),
+            "--wideband"
+        );
+        assert_eq!(flag_of(&["--jones-per-batch", "1000"]), "--jones-per-batch");
+        // A chunk too small for the heap span (1024 ch × 1024 spectra × 2 = 2 Mi samples).
+        assert_eq!(
+            flag_of(&["--recv-chunk-samples", "65536"]),
+            "--recv-chunk-samples"
+        );
+        assert_eq!(
+            flag_of(&["--max-delay-diff", "5000000"]),
+            "--max-delay-diff"
+        );
+    }
+}
