@@ -2,9 +2,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
 use num_complex::Complex32;
 
@@ -23,19 +20,10 @@ fn numpy_pfb(
         window.to_string(),
     ];
     args.extend(starts.iter().map(ToString::to_string));
-    let mut child = Command::new(common::python())
-        .arg(common::reference_script("pfb_reference.py"))
-        .args(&args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
     let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-    child.stdin.take().unwrap().write_all(&bytes).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
+    let stdout = common::run_reference_bytes("pfb_reference.py", &args, &bytes);
     let f = |c: &[u8]| f64::from_le_bytes(c.try_into().unwrap());
-    let (w, s) = out.stdout.split_at(step * taps * 8);
+    let (w, s) = stdout.split_at(step * taps * 8);
     let weights = w.chunks_exact(8).map(f).collect();
     let spectra = s
         .chunks_exact(16)
@@ -91,18 +79,9 @@ fn pfb_weights_and_channeliser_match_numpy() {
 }
 
 fn run_xb(cmd: &str, dims: [usize; 3], stdin: &[u8]) -> Vec<u8> {
-    let mut child = Command::new(common::python())
-        .arg(common::reference_script("xb_reference.py"))
-        .arg(cmd)
-        .args(dims.iter().map(ToString::to_string))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    out.stdout
+    let mut args = vec![cmd.to_string()];
+    args.extend(dims.iter().map(ToString::to_string));
+    common::run_reference_bytes("xb_reference.py", &args, stdin)
 }
 
 fn random_i8(n: usize, seed: u64) -> Vec<i8> {
@@ -208,17 +187,7 @@ fn beamformer_matches_numpy_within_quantisation() {
 }
 
 fn run_ddc_ref(args: &[String], stdin: &[u8]) -> Vec<u8> {
-    let mut child = Command::new(common::python())
-        .arg(common::reference_script("ddc_reference.py"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    out.stdout
+    common::run_reference_bytes("ddc_reference.py", args, stdin)
 }
 
 #[test]

@@ -54,3 +54,25 @@ pub fn free_udp_port() -> u16 {
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+/// Run a reference script with `stdin` bytes and return its stdout bytes; panics on failure.
+pub fn run_reference_bytes(script: &str, args: &[String], stdin: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(python())
+        .arg(reference_script(script))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("cannot start reference Python");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin)
+        .expect("write to reference script");
+    let out = child.wait_with_output().expect("reference script");
+    assert!(out.status.success(), "{script} {args:?} failed");
+    out.stdout
+}
