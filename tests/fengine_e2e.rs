@@ -595,3 +595,164 @@ fn lost_input_skips_exactly_the_affected_output_heaps() {
         .collect();
     assert_eq!(got, expected);
 }
+
+/// A delay loaded with `?delays` gives katgpucbf's phase slope across channels
+/// (fengine_delay_convention.md §4): with tones at several channel centres, pol 0 delayed by
+/// D = 2.5 samples (a half-sample fine part, rounded half to even to coarse 2) and no phase,
+/// its phase relative to pol 1 is −π·D·(k − N/2)/N in channel k, within 1°.
+#[test]
+fn delay_gives_the_phase_slope_across_channels() {
+    let (fs, channels, sph) = (2e6f64, 256usize, 64usize);
+    let tones = [40usize, 80, 120, 160, 200];
+    let cbf = env!("CARGO_BIN_EXE_cbf");
+    let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
+    let out_port = rx.local_addr().unwrap().port();
+    let in_port = free_udp_port();
+    let katcp_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sync = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        - 50.0)
+        .floor();
+    let _feng = Kill(
+        Command::new(cbf)
+            .args([
+                "fengine",
+                "--src",
+                &format!("127.0.0.1:{in_port}"),
+                "--adc-sample-rate",
+                &fs.to_string(),
+                "--sync-time",
+                &sync.to_string(),
+            ])
+            .args([
+                "--recv-chunk-samples",
+                "65536",
+                "--jones-per-batch",
+                &(channels * sph).to_string(),
+                "--max-delay-diff",
+                "16",
+                "--gain",
+                "0.1",
+            ])
+            .args([
+                "--katcp-port",
+                &katcp_port.to_string(),
+                "--katcp-host",
+                "127.0.0.1",
+                "--duration",
+                "8",
+            ])
+            .args([
+                "--wideband",
+                &format!("name=wide,channels={channels},dst=127.0.0.1:{out_port}"),
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let spacing = 40.0 * fs / (2 * channels) as f64;
+    let _dsim = Kill(
+        Command::new(cbf)
+            .args([
+                "dsim",
+                "--adc-sample-rate",
+                &fs.to_string(),
+                "--period",
+                "65536",
+                "--duration",
+                "5",
+                "--katcp-port",
+                "0",
+                "--sync-time",
+                &sync.to_string(),
+            ])
+            .args([
+                "--signals",
+                &format!("multicw(5, 0.05, 0, {spacing}, {spacing});"),
+                &format!("127.0.0.1:{in_port}"),
+                &format!("127.0.0.1:{in_port}"),
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        + 1.0;
+    let t0 = ((start - sync) * fs).round() as u64;
+    let d_samples = 2.5;
+    let q = serde_json::to_string(&[
+        "delays",
+        "wide",
+        &start.to_string(),
+        &format!("{},0:0,0", d_samples / fs),
+        "0,0:0,0",
+    ])
+    .unwrap();
+    let r: serde_json::Value = serde_json::from_str(
+        &common::run_reference(
+            "katcp_client.py",
+            &["127.0.0.1", &katcp_port.to_string(), &q],
+        )[0],
+    )
+    .unwrap();
+    assert_eq!(r["status"], "ok", "{r}");
+
+    let mut stream = HeapStream::new(HeapStreamConfig::default());
+    let mut batch = RecvBatch::new(64, rx.slot_size(9200));
+    let mut heaps = Vec::new();
+    let mut after = vec![num_complex::Complex64::default(); tones.len()];
+    let mut n_after = 0;
+    let deadline = Instant::now() + Duration::from_secs(7);
+    while Instant::now() < deadline && n_after < 4 * sph {
+        if let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
+            for p in batch.iter() {
+                stream.add_packet(p, &mut heaps);
+            }
+        }
+        for h in heaps.drain(..) {
+            let (Some(ItemValue::Immediate(ts)), Some(ItemValue::Bytes(raw))) =
+                (h.item(TIMESTAMP_ID), h.item(FENG_RAW_ID))
+            else {
+                continue;
+            };
+            for s in 0..sph {
+                if ts + ((s * 2 * channels) as u64) < t0 {
+                    continue;
+                }
+                n_after += 1;
+                for (i, &k) in tones.iter().enumerate() {
+                    let at = |pol: usize| {
+                        let j = ((k * sph + s) * 2 + pol) * 2;
+                        num_complex::Complex64::new(
+                            f64::from(raw[j] as i8),
+                            f64::from(raw[j + 1] as i8),
+                        )
+                    };
+                    after[i] += at(0) * at(1).conj();
+                }
+            }
+        }
+    }
+    assert!(n_after >= 4 * sph, "only {n_after} spectra after the load");
+    for (i, &k) in tones.iter().enumerate() {
+        let want = -std::f64::consts::PI * d_samples * (k as f64 - channels as f64 / 2.0)
+            / channels as f64;
+        let err = (after[i].arg() - want + std::f64::consts::PI).rem_euclid(std::f64::consts::TAU)
+            - std::f64::consts::PI;
+        assert!(
+            err.to_degrees().abs() < 1.0,
+            "channel {k}: {:.2}° vs {:.2}°",
+            after[i].arg().to_degrees(),
+            want.to_degrees()
+        );
+    }
+}
