@@ -370,6 +370,8 @@ fn katcp_gains_and_a_future_phase_step() {
             &q(&["delays", "wide", &start.to_string(), "x", "0,0:0,0"]),
             &q(&["gain-all", "wide", "0.02"]),
             &q(&["sensor-value", "wide.input0.eq"]),
+            &q(&["sensor-value", "input0.dig-rms-dbfs"]),
+            &q(&["sensor-value", "input1.dig-clip-cnt"]),
         ],
     )
     .iter()
@@ -381,7 +383,10 @@ fn katcp_gains_and_a_future_phase_step() {
         .collect();
     assert_eq!(
         status,
-        ["fail", "fail", "ok", "fail", "fail", "ok", "fail", "fail", "fail", "ok", "ok"],
+        [
+            "fail", "fail", "ok", "fail", "fail", "ok", "fail", "fail", "fail", "ok", "ok", "ok",
+            "ok"
+        ],
         "{replies:?}"
     );
     assert_eq!(replies[2]["args"][0], "0.02+0j");
@@ -390,6 +395,17 @@ fn katcp_gains_and_a_future_phase_step() {
         .unwrap()
         .contains("prior to the sync time"));
     assert_eq!(replies[10]["informs"][0][4], "0.02+0j");
+    // A 0.3 full-scale tone: RMS 0.3·511/√2 of a 512 full scale, −13.6 dBFS (dither adds
+    // 1/12 LSB², negligible), nominal; nothing saturated.
+    let dbfs: f64 = replies[11]["informs"][0][4]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let want = 20.0 * (0.3 * 511.0 / 2f64.sqrt() / 512.0).log10();
+    assert!((dbfs - want).abs() < 0.1, "dig-rms-dbfs {dbfs} vs {want}");
+    assert_eq!(replies[11]["informs"][0][3], "nominal");
+    assert_eq!(replies[12]["informs"][0][4], "0");
 
     // Per spectrum: the phase of pol 0 relative to pol 1 in channel k0.
     let mut stream = HeapStream::new(HeapStreamConfig::default());

@@ -205,6 +205,9 @@ struct Output {
 /// fgpu's Prometheus metrics (facts §1.8) for the outputs.
 struct FengineMetrics {
     registry: prometheus::Registry,
+    input: prometheus::IntCounterVec,
+    input_chunks: prometheus::IntCounter,
+    input_rejects: prometheus::IntCounterVec,
     heaps: prometheus::IntCounterVec,
     bytes: prometheus::IntCounterVec,
     skipped: prometheus::IntCounterVec,
@@ -235,13 +238,74 @@ impl FengineMetrics {
         for m in [&heaps, &bytes, &skipped, &clipped] {
             registry.register(Box::new(m.clone())).map_err(err)?;
         }
+        // input_heaps, input_missing_heaps, input_clipped_samples, each by pol.
+        let input = vec("input", "Input heaps by kind and pol", &["kind", "pol"]).map_err(err)?;
+        let input_chunks =
+            prometheus::IntCounter::new("input_chunks", "Input chunks processed").map_err(err)?;
+        let input_rejects = vec(
+            "input_rejected",
+            "Input heaps dropped, by cause",
+            &["cause"],
+        )
+        .map_err(err)?;
+        registry.register(Box::new(input.clone())).map_err(err)?;
+        registry
+            .register(Box::new(input_chunks.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(input_rejects.clone()))
+            .map_err(err)?;
         Ok(FengineMetrics {
             registry,
+            input,
+            input_chunks,
+            input_rejects,
             heaps,
             bytes,
             skipped,
             clipped,
         })
+    }
+
+    fn input(
+        &self,
+        chunks: u64,
+        heaps: [u64; 2],
+        missing: [u64; 2],
+        clipped: [u64; 2],
+        rx: &StatsSnapshot,
+    ) {
+        let set = |c: prometheus::IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
+        set(self.input_chunks.clone(), chunks);
+        for pol in 0..2 {
+            let p = pol.to_string();
+            set(self.input.with_label_values(&["heaps", &p]), heaps[pol]);
+            set(
+                self.input.with_label_values(&["missing_heaps", &p]),
+                missing[pol],
+            );
+            set(
+                self.input.with_label_values(&["clipped_samples", &p]),
+                clipped[pol],
+            );
+        }
+        set(
+            self.input_rejects.with_label_values(&["too_old_heaps"]),
+            rx.too_old_heaps,
+        );
+        set(
+            self.input_rejects.with_label_values(&["metadata_heaps"]),
+            rx.rejected_heaps[0],
+        );
+        set(
+            self.input_rejects
+                .with_label_values(&["bad_timestamp_heaps"]),
+            rx.rejected_heaps[1],
+        );
+        set(
+            self.input_rejects.with_label_values(&["malformed_packets"]),
+            rx.malformed_total(),
+        );
     }
 
     fn update(&self, stream: &str, heaps: u64, bytes: u64, skipped: u64, clipped: [u64; 2]) {
@@ -294,14 +358,14 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     })
     .map_err(|e| CliError::Run(e.to_string()))?;
     let mut source = open_source(&args.src, args.recv_interface.as_deref(), args.recv_buffer)?;
+    let place = Arc::new(move |p: &crate::spead::recv::PlaceInput<'_>| layout.place(p));
+    let mut stream = ChunkStream::new(Arc::clone(&group), place);
+    let rx_stats = stream.stats();
     let receiver = std::thread::Builder::new()
         .name("fengine-rx".into())
         .spawn({
-            let group = Arc::clone(&group);
             let shutdown = shutdown.clone();
             move || -> StatsSnapshot {
-                let place = Arc::new(move |p: &crate::spead::recv::PlaceInput<'_>| layout.place(p));
-                let mut stream = ChunkStream::new(Arc::clone(&group), place);
                 let mut batch = RecvBatch::new(64, source.slot_size(9200));
                 while !stream.is_stopped() && !shutdown.requested() {
                     match source.recv_batch(&mut batch) {
@@ -415,6 +479,7 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     let mut prev: Option<Box<crate::spead::recv::Chunk>> = None;
     let deadline = args.duration.map(|d| start + Duration::from_secs_f64(d));
     let mut chunks = 0u64;
+    let (mut input_heaps, mut input_missing, mut dig_clipped) = ([0u64; 2], [0u64; 2], [0u64; 2]);
     loop {
         if deadline.is_some_and(|d| Instant::now() >= d) || shutdown.requested() {
             group.stop();
@@ -446,6 +511,17 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         }
         if let Some(chunk) = prev.take() {
             chunks += 1;
+            // Input statistics from the chunk: heaps present and saturation counts per pol.
+            for pol in 0..2 {
+                let range = pol * per_pol..(pol + 1) * per_pol;
+                let present = chunk.present[range.clone()]
+                    .iter()
+                    .filter(|&&v| v != 0)
+                    .count() as u64;
+                input_heaps[pol] += present;
+                input_missing[pol] += per_pol as u64 - present;
+                dig_clipped[pol] += chunk.extra[range].iter().sum::<u64>();
+            }
             for (i, out) in outputs.iter_mut().enumerate() {
                 // Pick up requests made since the last chunk.
                 let capture = match control.outputs[i].lock() {
@@ -522,6 +598,23 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                     out.clipped,
                 );
             }
+            let power = outputs
+                .first_mut()
+                .map_or([None, None], |o| o.pipeline.take_dig_power());
+            let full_scale = f64::from((1u32 << (args.dig_sample_bits - 1)) as f32);
+            control.input_stats(
+                chunk.chunk_id * layout.chunk_samples,
+                dig_clipped,
+                power,
+                full_scale,
+            );
+            metrics.input(
+                chunks,
+                input_heaps,
+                input_missing,
+                dig_clipped,
+                &rx_stats.snapshot(),
+            );
             group.free(chunk);
         }
         match next {

@@ -89,6 +89,29 @@ impl EngineControl {
             "integer",
             0,
         );
+        sensors.add(
+            "rx.timestamp",
+            "Timestamp of the latest input chunk processed",
+            "",
+            "integer",
+            0,
+        );
+        for p in 0..2 {
+            sensors.add(
+                &format!("input{p}.dig-clip-cnt"),
+                "Digitiser samples saturated (from digitiser_status)",
+                "",
+                "integer",
+                0,
+            );
+            sensors.add(
+                &format!("input{p}.dig-rms-dbfs"),
+                "Digitiser RMS relative to full scale",
+                "dBFS",
+                "float",
+                "nan",
+            );
+        }
         for o in &outputs {
             for p in 0..2 {
                 sensors.add(
@@ -269,6 +292,40 @@ impl EngineControl {
             .map_err(|_| "state poisoned".to_string())?
             .capture = on;
         Ok(vec![])
+    }
+
+    /// Update the input statistics after a chunk: saturated samples so far, and the RMS
+    /// level (katgpucbf: nominal within −30…−10 dBFS, warn outside, error beyond −33/−7).
+    pub fn input_stats(
+        &self,
+        timestamp: u64,
+        clipped: [u64; 2],
+        mean_power: [Option<f64>; 2],
+        full_scale: f64,
+    ) {
+        self.sensors.set("rx.timestamp", timestamp, Status::Nominal);
+        for p in 0..2 {
+            self.sensors.set(
+                &format!("input{p}.dig-clip-cnt"),
+                clipped[p],
+                Status::Nominal,
+            );
+            if let Some(pw) = mean_power[p] {
+                let dbfs = 10.0 * (pw.max(1e-30) / (full_scale * full_scale)).log10();
+                let status = if (-30.0..=-10.0).contains(&dbfs) {
+                    Status::Nominal
+                } else if (-33.0..=-7.0).contains(&dbfs) {
+                    Status::Warn
+                } else {
+                    Status::Error
+                };
+                self.sensors.set(
+                    &format!("input{p}.dig-rms-dbfs"),
+                    format!("{dbfs:.3}"),
+                    status,
+                );
+            }
+        }
     }
 
     /// Update the delay sensor when a model becomes the current one (called by the processing thread).

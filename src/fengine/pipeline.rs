@@ -59,6 +59,9 @@ pub struct Pipeline {
     present: [Vec<bool>; 2],
     /// Prefix sums of missing heaps over `present`, per pol (seed 000 §Missing data).
     missing: [Vec<u32>; 2],
+    /// Σx² and sample count per pol since the caller last took them ([`Pipeline::take_dig_power`]).
+    dig_power: [i64; 2],
+    dig_samples: [u64; 2],
 }
 
 /// Samples of tail needed: footprint plus differential delay, rounded up to whole heaps.
@@ -116,8 +119,20 @@ impl Pipeline {
             samples: [vec![0; total], vec![0; total]],
             present: [Vec::new(), Vec::new()],
             missing: [Vec::new(), Vec::new()],
+            dig_power: [0; 2],
+            dig_samples: [0; 2],
             output,
         }
+    }
+
+    /// Mean input power per polarisation since the last call (None where no samples).
+    pub fn take_dig_power(&mut self) -> [Option<f64>; 2] {
+        let out = [0, 1].map(|p| {
+            (self.dig_samples[p] > 0).then(|| self.dig_power[p] as f64 / self.dig_samples[p] as f64)
+        });
+        self.dig_power = [0; 2];
+        self.dig_samples = [0; 2];
+        out
     }
 
     /// Timestamp of the next output spectrum to be produced.
@@ -226,7 +241,11 @@ impl Pipeline {
             for p in 0..2 {
                 let off = (s[p] - start as i64) as usize;
                 let frame = &mut self.frames[p][k * self.step..(k + 1) * self.step];
-                pfb_fir(&self.samples[p], &self.weights, self.step, &[off], frame);
+                // Digitiser power over the last step of each window: with consecutive spectra,
+                // every sample once (seed 000 §Digitiser sample statistics).
+                let power = pfb_fir(&self.samples[p], &self.weights, self.step, &[off], frame);
+                self.dig_power[p] += power[0];
+                self.dig_samples[p] += self.step as u64;
                 // Every input heap under the window arrived (prefix sums make this O(1)).
                 let hs = l.heap_samples as usize;
                 let (first_heap, last_heap) = (off / hs, (off + window - 1) / hs);
