@@ -50,13 +50,16 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
     // A second output with half the channels, processed from the same input.
     let mut rx2 = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
     let out2_port = rx2.local_addr().unwrap().port();
-    let in_port = free_udp_port();
+    // Each polarisation to its own port, each port read by its own receive thread.
+    let (in_port, in_port2) = (free_udp_port(), free_udp_port());
     let _feng = Kill(
         Command::new(cbf)
             .args([
                 "fengine",
                 "--src",
-                &format!("127.0.0.1:{in_port}"),
+                &format!("127.0.0.1:{in_port},127.0.0.1:{in_port2}"),
+                "--recv-threads",
+                "2",
                 "--adc-sample-rate",
                 &fs.to_string(),
             ])
@@ -112,7 +115,7 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
             "--signals",
             &format!("cw({amplitude}, {tone});"),
             &format!("127.0.0.1:{in_port}"),
-            &format!("127.0.0.1:{in_port}"),
+            &format!("127.0.0.1:{in_port2}"),
         ])
         .status()
         .unwrap();

@@ -87,6 +87,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         src: format!("127.0.0.1:{in_port}"),
         recv_interface: None,
         recv_buffer: 64 << 20,
+        recv_threads: 1,
         adc_sample_rate: args.adc_sample_rate,
         feng_id: 0,
         array_size: 1,

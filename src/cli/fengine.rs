@@ -38,6 +38,9 @@ pub struct FengineArgs {
     /// Socket receive buffer in bytes.
     #[arg(long, default_value_t = 128 << 20)]
     pub recv_buffer: usize,
+    /// Receive threads; the --src endpoints are dealt round-robin between them.
+    #[arg(long, default_value_t = 1)]
+    pub recv_threads: usize,
     /// ADC sample rate in Hz.
     #[arg(long)]
     pub adc_sample_rate: f64,
@@ -322,21 +325,45 @@ impl FengineMetrics {
     }
 }
 
-fn open_source(
+/// The receive transports: one for a pcap file; for endpoints, `threads` receivers, the
+/// endpoints dealt round-robin between them (each thread its own sockets and groups, as
+/// katgpucbf gives each stream-group member a share of the multicast groups).
+fn open_sources(
     src: &str,
     interface: Option<&str>,
     buffer: usize,
-) -> Result<Box<dyn PacketReceiver>, CliError> {
+    threads: usize,
+) -> Result<Vec<Box<dyn PacketReceiver>>, CliError> {
     if Path::new(src).is_file() {
-        return Ok(Box::new(
+        if threads != 1 {
+            return Err(CliError::flag(
+                "--recv-threads",
+                "a pcap file is read by one thread",
+            ));
+        }
+        return Ok(vec![Box::new(
             PcapReceiver::open(Path::new(src), &[]).map_err(|e| CliError::flag("--src", e))?,
-        ));
+        )]);
     }
     let eps = parse_endpoints(src)
         .map_err(|e| CliError::flag("--src", format!("{e} (and no such file)")))?;
-    Ok(Box::new(
-        UdpReceiver::bind(&eps, interface, buffer).map_err(|e| CliError::flag("--src", e))?,
-    ))
+    if threads == 0 || threads > eps.len() {
+        return Err(CliError::flag(
+            "--recv-threads",
+            format!(
+                "must be between 1 and the number of --src endpoints ({})",
+                eps.len()
+            ),
+        ));
+    }
+    (0..threads)
+        .map(|t| {
+            let mine: Vec<_> = eps.iter().skip(t).step_by(threads).copied().collect();
+            UdpReceiver::bind(&mine, interface, buffer)
+                .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
+                .map_err(|e| CliError::flag("--src", e))
+        })
+        .collect()
 }
 
 pub fn run(args: FengineArgs) -> Result<(), CliError> {
@@ -345,48 +372,64 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     let seed = args.dither_seed.unwrap_or_else(rand::random);
     let layout = plan.layout;
     let per_pol = layout.heaps_per_pol();
+    let sources = open_sources(
+        &args.src,
+        args.recv_interface.as_deref(),
+        args.recv_buffer,
+        args.recv_threads,
+    )?;
     let group = ChunkGroup::new(ChunkGroupConfig {
         heaps_per_chunk: 2 * per_pol,
         chunk_bytes: 2 * layout.pol_bytes(),
         // Three chunks in flight: the polarisations may arrive out of step by up to a chunk.
         max_chunks: 3,
         n_chunks: 8,
-        n_streams: 1,
+        n_streams: sources.len(),
         max_heaps: 16,
         items: ITEMS.to_vec(),
         reject_reasons: REJECT_REASONS.to_vec(),
     })
     .map_err(|e| CliError::Run(e.to_string()))?;
-    let mut source = open_source(&args.src, args.recv_interface.as_deref(), args.recv_buffer)?;
     let place = Arc::new(move |p: &crate::spead::recv::PlaceInput<'_>| layout.place(p));
-    let mut stream = ChunkStream::new(Arc::clone(&group), place);
-    let rx_stats = stream.stats();
-    let receiver = std::thread::Builder::new()
-        .name("fengine-rx".into())
-        .spawn({
-            let shutdown = shutdown.clone();
-            move || -> StatsSnapshot {
-                let mut batch = RecvBatch::new(64, source.slot_size(9200));
-                while !stream.is_stopped() && !shutdown.requested() {
-                    match source.recv_batch(&mut batch) {
-                        Ok(Received::Packets(n)) => {
-                            stream.note_batch(n);
-                            for p in batch.iter() {
-                                stream.add_packet(p);
+    let mut rx_stats = Vec::new();
+    let mut receivers = Vec::new();
+    for (i, mut source) in sources.into_iter().enumerate() {
+        let mut stream = ChunkStream::new(Arc::clone(&group), place.clone());
+        rx_stats.push(stream.stats());
+        let shutdown = shutdown.clone();
+        receivers.push(
+            std::thread::Builder::new()
+                .name(format!("fengine-rx{i}"))
+                .spawn(move || -> StatsSnapshot {
+                    let mut batch = RecvBatch::new(64, source.slot_size(9200));
+                    while !stream.is_stopped() && !shutdown.requested() {
+                        match source.recv_batch(&mut batch) {
+                            Ok(Received::Packets(n)) => {
+                                stream.note_batch(n);
+                                for p in batch.iter() {
+                                    stream.add_packet(p);
+                                }
+                            }
+                            Ok(Received::Idle) => {}
+                            Ok(Received::End) => break,
+                            Err(e) => {
+                                tracing::error!(error = %e, "receive failed");
+                                break;
                             }
                         }
-                        Ok(Received::Idle) => {}
-                        Ok(Received::End) => break,
-                        Err(e) => {
-                            tracing::error!(error = %e, "receive failed");
-                            break;
-                        }
+                        stream.release_old();
                     }
-                    stream.release_old();
-                }
-                stream.finish()
-            }
-        })?;
+                    stream.finish()
+                })?,
+        );
+    }
+    let rx_snapshot = || {
+        let mut total = StatsSnapshot::default();
+        for s in &rx_stats {
+            total.merge(&s.snapshot());
+        }
+        total
+    };
     let sync_time = args.sync_time.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -613,7 +656,7 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                 input_heaps,
                 input_missing,
                 dig_clipped,
-                &rx_stats.snapshot(),
+                &rx_snapshot(),
             );
             group.free(chunk);
         }
@@ -622,9 +665,13 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
             None => break,
         }
     }
-    let rx = receiver
-        .join()
-        .map_err(|_| CliError::Run("receive thread panicked".into()))?;
+    let mut rx = StatsSnapshot::default();
+    for r in receivers {
+        rx.merge(
+            &r.join()
+                .map_err(|_| CliError::Run("receive thread panicked".into()))?,
+        );
+    }
     let reject = |i: usize| rx.rejected_heaps[i];
     println!(
         "fengine: input chunks {chunks}, heaps {}, incomplete {}, too old {}, metadata {}, bad timestamp {}, malformed {}",
