@@ -291,6 +291,7 @@ impl EngineControl {
         out.lock()
             .map_err(|_| "state poisoned".to_string())?
             .capture = on;
+        self.bump_steady_state();
         Ok(vec![])
     }
 
