@@ -787,6 +787,11 @@ fn gains_leakage_and_capture_control() {
     let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
     let out_port = rx.local_addr().unwrap().port();
     let in_port = free_udp_port();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let katcp_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -819,6 +824,7 @@ fn gains_leakage_and_capture_control() {
                 "--duration",
                 "12",
             ])
+            .args(["--prometheus-port", &metrics_port.to_string()])
             .args([
                 "--wideband",
                 &format!("name=wide,channels={channels},dst=127.0.0.1:{out_port}"),
@@ -961,5 +967,26 @@ fn gains_leakage_and_capture_control() {
         resumed.len() >= 5,
         "only {} heaps after capture-start",
         resumed.len()
+    );
+
+    // Prometheus, katgpucbf's fgpu names.
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
+    std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut text).unwrap();
+    let value = |prefix: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("{prefix} missing:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(value("fgpu_input_heaps{pol=\"0\"}") > 100.0);
+    assert!(value("fgpu_input_chunks ") > 10.0);
+    assert_eq!(value("fgpu_input_too_old_heaps "), 0.0);
+    assert!(value("fgpu_output_heaps{stream=\"wide\"}") > 10.0);
+    assert!(
+        value("fgpu_output_clipped_samples{pol=\"0\",stream=\"wide\"}") > 0.0,
+        "the ×100 gain saturates the tone"
     );
 }

@@ -205,69 +205,75 @@ struct Output {
     clipped: [u64; 2],
 }
 
-/// fgpu's Prometheus metrics (facts §1.8) for the outputs.
+/// fgpu's Prometheus metrics, with katgpucbf's names (facts §1.8; namespace `fgpu`).
 struct FengineMetrics {
     registry: prometheus::Registry,
-    input: prometheus::IntCounterVec,
-    input_chunks: prometheus::IntCounter,
-    input_rejects: prometheus::IntCounterVec,
-    heaps: prometheus::IntCounterVec,
-    bytes: prometheus::IntCounterVec,
-    skipped: prometheus::IntCounterVec,
-    clipped: prometheus::IntCounterVec,
+    counters: std::collections::HashMap<&'static str, prometheus::IntCounterVec>,
 }
+
+/// (name, help, labels) of every metric.
+const METRICS: [(&str, &str, &[&str]); 11] = [
+    ("input_heaps", "Digitiser heaps received", &["pol"]),
+    (
+        "input_missing_heaps",
+        "Digitiser heaps missing from processed chunks",
+        &["pol"],
+    ),
+    (
+        "input_clipped_samples",
+        "Digitiser samples saturated (digitiser_status)",
+        &["pol"],
+    ),
+    ("input_chunks", "Input chunks processed", &[]),
+    (
+        "input_too_old_heaps",
+        "Heaps that arrived after their chunk left the window",
+        &[],
+    ),
+    (
+        "input_metadata_heaps",
+        "Heaps without samples or timestamp",
+        &[],
+    ),
+    (
+        "input_bad_timestamp_heaps",
+        "Heaps with a timestamp off the heap grid",
+        &[],
+    ),
+    ("output_heaps", "Heaps sent", &["stream"]),
+    ("output_bytes", "Bytes sent", &["stream"]),
+    (
+        "output_skipped_heaps",
+        "Output heaps not sent because input was missing",
+        &["stream"],
+    ),
+    (
+        "output_clipped_samples",
+        "Output values saturated",
+        &["stream", "pol"],
+    ),
+];
 
 impl FengineMetrics {
     fn new() -> Result<FengineMetrics, CliError> {
         let err = |e: prometheus::Error| CliError::Run(format!("metrics: {e}"));
         let registry = prometheus::Registry::new_custom(Some("fgpu".into()), None).map_err(err)?;
-        let vec = |name: &str, help: &str, labels: &[&str]| {
-            prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels)
-        };
-        let heaps = vec("output_heaps", "Heaps sent", &["stream"]).map_err(err)?;
-        let bytes = vec("output_bytes", "Bytes sent", &["stream"]).map_err(err)?;
-        let skipped = vec(
-            "output_skipped_heaps",
-            "Output batches not sent because input was missing",
-            &["stream"],
-        )
-        .map_err(err)?;
-        let clipped = vec(
-            "output_clipped_samples",
-            "Output values saturated",
-            &["stream", "pol"],
-        )
-        .map_err(err)?;
-        for m in [&heaps, &bytes, &skipped, &clipped] {
-            registry.register(Box::new(m.clone())).map_err(err)?;
+        let mut counters = std::collections::HashMap::new();
+        for (name, help, labels) in METRICS {
+            let c = prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels)
+                .map_err(err)?;
+            registry.register(Box::new(c.clone())).map_err(err)?;
+            counters.insert(name, c);
         }
-        // input_heaps, input_missing_heaps, input_clipped_samples, each by pol.
-        let input = vec("input", "Input heaps by kind and pol", &["kind", "pol"]).map_err(err)?;
-        let input_chunks =
-            prometheus::IntCounter::new("input_chunks", "Input chunks processed").map_err(err)?;
-        let input_rejects = vec(
-            "input_rejected",
-            "Input heaps dropped, by cause",
-            &["cause"],
-        )
-        .map_err(err)?;
-        registry.register(Box::new(input.clone())).map_err(err)?;
-        registry
-            .register(Box::new(input_chunks.clone()))
-            .map_err(err)?;
-        registry
-            .register(Box::new(input_rejects.clone()))
-            .map_err(err)?;
-        Ok(FengineMetrics {
-            registry,
-            input,
-            input_chunks,
-            input_rejects,
-            heaps,
-            bytes,
-            skipped,
-            clipped,
-        })
+        Ok(FengineMetrics { registry, counters })
+    }
+
+    /// Bring a counter up to `value` (the engine keeps totals; counters only move forward).
+    fn set(&self, name: &str, labels: &[&str], value: u64) {
+        if let Some(c) = self.counters.get(name) {
+            let c = c.with_label_values(labels);
+            c.inc_by(value.saturating_sub(c.get()));
+        }
     }
 
     fn input(
@@ -278,49 +284,24 @@ impl FengineMetrics {
         clipped: [u64; 2],
         rx: &StatsSnapshot,
     ) {
-        let set = |c: prometheus::IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
-        set(self.input_chunks.clone(), chunks);
+        self.set("input_chunks", &[], chunks);
         for pol in 0..2 {
             let p = pol.to_string();
-            set(self.input.with_label_values(&["heaps", &p]), heaps[pol]);
-            set(
-                self.input.with_label_values(&["missing_heaps", &p]),
-                missing[pol],
-            );
-            set(
-                self.input.with_label_values(&["clipped_samples", &p]),
-                clipped[pol],
-            );
+            self.set("input_heaps", &[&p], heaps[pol]);
+            self.set("input_missing_heaps", &[&p], missing[pol]);
+            self.set("input_clipped_samples", &[&p], clipped[pol]);
         }
-        set(
-            self.input_rejects.with_label_values(&["too_old_heaps"]),
-            rx.too_old_heaps,
-        );
-        set(
-            self.input_rejects.with_label_values(&["metadata_heaps"]),
-            rx.rejected_heaps[0],
-        );
-        set(
-            self.input_rejects
-                .with_label_values(&["bad_timestamp_heaps"]),
-            rx.rejected_heaps[1],
-        );
-        set(
-            self.input_rejects.with_label_values(&["malformed_packets"]),
-            rx.malformed_total(),
-        );
+        self.set("input_too_old_heaps", &[], rx.too_old_heaps);
+        self.set("input_metadata_heaps", &[], rx.rejected_heaps[0]);
+        self.set("input_bad_timestamp_heaps", &[], rx.rejected_heaps[1]);
     }
 
     fn update(&self, stream: &str, heaps: u64, bytes: u64, skipped: u64, clipped: [u64; 2]) {
-        let set = |c: prometheus::IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
-        set(self.heaps.with_label_values(&[stream]), heaps);
-        set(self.bytes.with_label_values(&[stream]), bytes);
-        set(self.skipped.with_label_values(&[stream]), skipped);
+        self.set("output_heaps", &[stream], heaps);
+        self.set("output_bytes", &[stream], bytes);
+        self.set("output_skipped_heaps", &[stream], skipped);
         for (pol, v) in clipped.iter().enumerate() {
-            set(
-                self.clipped.with_label_values(&[stream, &pol.to_string()]),
-                *v,
-            );
+            self.set("output_clipped_samples", &[stream, &pol.to_string()], *v);
         }
     }
 }
