@@ -990,3 +990,94 @@ fn gains_leakage_and_capture_control() {
         "the ×100 gain saturates the tone"
     );
 }
+
+/// spead2 as the receiver of the F heaps: its `ItemGroup` decodes feng_raw through the
+/// descriptors cbf sends (first after (feng_id + 1) × 5 s, katgpucbf's stagger), with the
+/// shape (channels per substream, spectra, 2, 2) int8, and finds the tone in its channel.
+#[test]
+fn spead2_decodes_f_heaps_through_their_descriptors() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let (fs, channels, sph, k0) = (2e6f64, 256usize, 64usize, 38usize);
+    let cbf = env!("CARGO_BIN_EXE_cbf");
+    let out_port = free_udp_port();
+    let in_port = free_udp_port();
+    let mut spead2 = Kill(
+        Command::new(common::python())
+            .arg(common::reference_script("spead2_peer.py"))
+            .args(["recv-fheaps", &out_port.to_string(), "4"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(spead2.0.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let _feng = Kill(
+        Command::new(cbf)
+            .args([
+                "fengine",
+                "--src",
+                &format!("127.0.0.1:{in_port}"),
+                "--adc-sample-rate",
+                &fs.to_string(),
+                "--gain",
+                "0.02",
+                "--katcp-port",
+                "0",
+            ])
+            .args([
+                "--recv-chunk-samples",
+                "65536",
+                "--jones-per-batch",
+                &(channels * sph).to_string(),
+                "--max-delay-diff",
+                "0",
+                "--duration",
+                "9",
+            ])
+            .args([
+                "--wideband",
+                &format!("name=wide,channels={channels},dst=127.0.0.1:{out_port}"),
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let tone = k0 as f64 * fs / (2 * channels) as f64;
+    let _dsim = Kill(
+        Command::new(cbf)
+            .args([
+                "dsim",
+                "--adc-sample-rate",
+                &fs.to_string(),
+                "--period",
+                "65536",
+                "--duration",
+                "8",
+                "--katcp-port",
+                "0",
+            ])
+            .args([
+                "--signals",
+                &format!("cw(0.3, {tone});"),
+                &format!("127.0.0.1:{in_port}"),
+                &format!("127.0.0.1:{in_port}"),
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    let heaps: Vec<serde_json::Value> = (0..4)
+        .map(|_| serde_json::from_str(&lines.next().expect("spead2 ended early").unwrap()).unwrap())
+        .collect();
+    for h in &heaps {
+        assert_eq!(h["feng_id"], 0);
+        assert_eq!(h["frequency"], 0);
+        assert_eq!(h["shape"], serde_json::json!([channels, sph, 2, 2]));
+        assert_eq!(h["dtype"], "int8");
+        assert_eq!(h["peak"], serde_json::json!([k0, k0]));
+        assert_eq!(
+            h["timestamp"].as_u64().unwrap() % (sph * 2 * channels) as u64,
+            0
+        );
+    }
+}

@@ -10,6 +10,10 @@ Usage:
   spead2_peer.py send-udp CASE HOST PORT [--shuffle SEED]
                                         send the case's packets over UDP (optionally reordered
                                         within each heap), then a stop heap
+  spead2_peer.py recv-fheaps PORT N     receive F-engine heaps with spead2 until N data heaps
+                                        have been decoded through their descriptors; one JSON
+                                        line per heap: timestamp, feng_id, frequency, feng_raw
+                                        shape and dtype, peak channel per pol
   spead2_peer.py recv-udp PORT N        receive N heaps with spead2 and print one JSON line
                                         per heap: cnt, raw items by id (immediate value
                                         or payload hex), ItemGroup-decoded values of
@@ -178,6 +182,34 @@ def main():
                     {"id": d.id, "name": text(d.name), "description": text(d.description), "shape": list(d.shape)}
                     for d in heap.get_descriptors()
                 ],
+            }
+            print(json.dumps(out), flush=True)
+            got += 1
+            if got == n:
+                break
+        stream.stop()
+    elif cmd == "recv-fheaps":
+        port, n = int(sys.argv[2]), int(sys.argv[3])
+        stream = spead2.recv.Stream(spead2.ThreadPool(), spead2.recv.StreamConfig(max_heaps=8))
+        stream.add_udp_reader(port, bind_hostname="127.0.0.1", buffer_size=8 << 20)
+        print("ready", flush=True)
+        ig = spead2.ItemGroup()
+        got = 0
+        for heap in stream:
+            ig.update(heap)
+            if "feng_raw" not in ig or ig["feng_raw"].value is None or not heap.get_items():
+                continue  # before the first descriptors, or a descriptor-only heap
+            if not any(it.id == 0x4300 for it in heap.get_items()):
+                continue
+            raw = ig["feng_raw"].value  # (channels per substream, spectra, pol, re/im) int8
+            power = (raw.astype(np.float64) ** 2).sum(axis=(1, 3))  # (channel, pol)
+            out = {
+                "timestamp": int(ig["timestamp"].value),
+                "feng_id": int(ig["feng_id"].value),
+                "frequency": int(ig["frequency"].value),
+                "shape": list(raw.shape),
+                "dtype": str(raw.dtype),
+                "peak": [int(np.argmax(power[:, 0])), int(np.argmax(power[:, 1]))],
             }
             print(json.dumps(out), flush=True)
             got += 1
