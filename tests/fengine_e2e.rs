@@ -996,6 +996,17 @@ fn gains_leakage_and_capture_control() {
 /// shape (channels per substream, spectra, 2, 2) int8, and finds the tone in its channel.
 #[test]
 fn spead2_decodes_f_heaps_through_their_descriptors() {
+    spead2_decodes_f_heaps(8);
+}
+
+/// The same with `--send-sample-bits 4`: feng_raw is described as SPEAD format ('i', 4), which
+/// spead2 unpacks (real in the high nibble of each byte).
+#[test]
+fn spead2_decodes_four_bit_f_heaps() {
+    spead2_decodes_f_heaps(4);
+}
+
+fn spead2_decodes_f_heaps(bits: u32) {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let (fs, channels, sph, k0) = (2e6f64, 256usize, 64usize, 38usize);
@@ -1016,6 +1027,8 @@ fn spead2_decodes_f_heaps_through_their_descriptors() {
         Command::new(cbf)
             .args([
                 "fengine",
+                "--send-sample-bits",
+                &bits.to_string(),
                 "--src",
                 &format!("127.0.0.1:{in_port}"),
                 "--adc-sample-rate",
@@ -1073,7 +1086,9 @@ fn spead2_decodes_f_heaps_through_their_descriptors() {
         assert_eq!(h["feng_id"], 0);
         assert_eq!(h["frequency"], 0);
         assert_eq!(h["shape"], serde_json::json!([channels, sph, 2, 2]));
-        assert_eq!(h["dtype"], "int8");
+        if bits == 8 {
+            assert_eq!(h["dtype"], "int8");
+        }
         assert_eq!(h["peak"], serde_json::json!([k0, k0]));
         assert_eq!(
             h["timestamp"].as_u64().unwrap() % (sph * 2 * channels) as u64,

@@ -97,6 +97,7 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         jones_per_batch: spectra_per_heap * args.channels,
         max_delay_diff: 0,
         send_rate_factor: 1.1,
+        send_sample_bits: 8,
         send_packet_payload: 8192,
         send_interface: None,
         send_ttl: 1,

@@ -15,6 +15,7 @@ use num_complex::Complex32;
 use super::shutdown::Shutdown;
 use super::CliError;
 use crate::control::katcp::{self, Sensors};
+use crate::dsp::postproc::OutputBits;
 use crate::dsp::samples::{packed_len, valid_sample_bits};
 use crate::fengine::control::{parse_complex, EngineControl, OutputState};
 use crate::fengine::heaps::{descriptor_heap, f_heap};
@@ -68,6 +69,9 @@ pub struct FengineArgs {
     /// Output rate as a multiple of the data rate (0 = unlimited).
     #[arg(long, default_value_t = 1.1)]
     pub send_rate_factor: f64,
+    /// Bits per output sample (real or imaginary part): 8, or 4 (packed, real in the high nibble).
+    #[arg(long, default_value_t = 8)]
+    pub send_sample_bits: u32,
     /// Payload bytes per output packet.
     #[arg(long, default_value_t = 8192)]
     pub send_packet_payload: usize,
@@ -140,6 +144,12 @@ impl FengineArgs {
             return Err(CliError::flag(
                 "--feng-id",
                 format!("must be less than --array-size ({})", self.array_size),
+            ));
+        }
+        if !matches!(self.send_sample_bits, 4 | 8) {
+            return Err(CliError::flag(
+                "--send-sample-bits",
+                format!("{} is not 4 or 8", self.send_sample_bits),
             ));
         }
         if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
@@ -464,7 +474,8 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         )
         .map_err(|e| CliError::flag("--send-interface", e))?;
         let cps = o.channels / dests.len();
-        let payload = cps * sph * 4;
+        let value_bytes = if args.send_sample_bits == 4 { 2 } else { 4 };
+        let payload = cps * sph * value_bytes;
         let max_packet = args.send_packet_payload + 72;
         let packets = payload.div_ceil(args.send_packet_payload);
         let heaps_per_s = args.adc_sample_rate / (sph * 2 * o.channels) as f64 * dests.len() as f64;
@@ -479,15 +490,21 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         let stream = SendStream::new(cfg, vec![tx]).map_err(|e| CliError::Run(e.to_string()))?;
         tracing::info!(output = %o.name, channels = o.channels, destinations = dests.len(), rate_gbps = rate * 8e-9, "wideband output");
         outputs.push(Output {
-            pipeline: Pipeline::new(
-                o,
-                layout,
-                args.dig_sample_bits,
-                sph,
-                args.max_delay_diff,
-                plan.gain,
-                seed,
-            ),
+            pipeline: {
+                let mut p = Pipeline::new(
+                    o,
+                    layout,
+                    args.dig_sample_bits,
+                    sph,
+                    args.max_delay_diff,
+                    plan.gain,
+                    seed,
+                );
+                if args.send_sample_bits == 4 {
+                    p.set_output_bits(OutputBits::Four);
+                }
+                p
+            },
             stream,
             spectra_per_heap: sph,
             gains_version: 0,
@@ -502,6 +519,7 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     let descriptor_period = Duration::from_secs(5 * args.array_size.min(1 << 20));
     let mut prev: Option<Box<crate::spead::recv::Chunk>> = None;
     let deadline = args.duration.map(|d| start + Duration::from_secs_f64(d));
+    let value_bytes = if args.send_sample_bits == 4 { 2 } else { 4 };
     let mut chunks = 0u64;
     let (mut input_heaps, mut input_missing, mut dig_clipped) = ([0u64; 2], [0u64; 2], [0u64; 2]);
     loop {
@@ -518,6 +536,7 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                 let d = descriptor_heap(
                     out.pipeline.output.channels / out.pipeline.output.dst.len(),
                     out.spectra_per_heap,
+                    args.send_sample_bits,
                 );
                 let refs: Vec<HeapRef> = (0..out.stream.destinations())
                     .map(|i| HeapRef {
@@ -589,7 +608,15 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                     clipped[1] += h.clips[1];
                     let heaps: Vec<Heap<'_>> = (0..n_dst)
                         .map(|d| {
-                            f_heap(h.data, h.timestamp, args.feng_id, d, channels / n_dst, sph)
+                            f_heap(
+                                h.data,
+                                value_bytes,
+                                h.timestamp,
+                                args.feng_id,
+                                d,
+                                channels / n_dst,
+                                sph,
+                            )
                         })
                         .collect();
                     let refs: Vec<HeapRef> = heaps
@@ -735,6 +762,7 @@ mod tests {
         );
         assert_eq!(flag_of(&["--send-rate-factor", "-2"]), "--send-rate-factor");
         assert_eq!(flag_of(&["--gain", "abc"]), "--gain");
+        assert_eq!(flag_of(&["--send-sample-bits", "6"]), "--send-sample-bits");
         assert_eq!(
             flag_of(&["--wideband", "name=w,channels=1000,dst=239.0.0.1:7148"]),
             "--wideband"

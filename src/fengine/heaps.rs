@@ -10,16 +10,18 @@ use crate::spead::Flavour;
 
 /// The heap for destination `dest` from a whole output heap (`data`: channels × spectra × 2 × 2).
 pub fn f_heap<'a>(
-    data: &'a [i8],
+    data: &'a [u8],
+    value_bytes: usize,
     timestamp: u64,
     feng_id: u64,
     dest: usize,
     channels_per_dest: usize,
     spectra: usize,
 ) -> Heap<'a> {
-    let bytes = channels_per_dest * spectra * 4;
-    // int8 two's complement is the wire format: the bytes as they are.
-    let raw: &'a [u8] = bytemuck::cast_slice(&data[dest * bytes..(dest + 1) * bytes]);
+    // Wire bytes are channel-major: each destination's channels are one contiguous run of
+    // `value_bytes` (4 for int8, 2 for packed 4-bit) per channel and spectrum.
+    let bytes = channels_per_dest * spectra * value_bytes;
+    let raw: &'a [u8] = &data[dest * bytes..(dest + 1) * bytes];
     let mut h = Heap::new();
     h.repeat_pointers = true;
     h.add_immediate(TIMESTAMP_ID, timestamp)
@@ -29,10 +31,28 @@ pub fn f_heap<'a>(
     h
 }
 
-/// The descriptor heap of an F stream.
-pub fn descriptor_heap(channels_per_dest: usize, spectra: usize) -> Heap<'static> {
+/// The descriptor heap of an F stream: int8 values as a numpy dtype, 4-bit values as a SPEAD
+/// format ('i', 4), which spead2 unpacks.
+pub fn descriptor_heap(
+    channels_per_dest: usize,
+    spectra: usize,
+    sample_bits: u32,
+) -> Heap<'static> {
     let f = Flavour::SPEAD_64_48;
     let u48 = [(b'u', 48)];
+    let shape = [channels_per_dest as u64, spectra as u64, 2, 2];
+    let what = "Channelised complex data (channel, spectrum, pol, re/im)";
+    let raw = if sample_bits == 4 {
+        Descriptor::with_format(
+            FENG_RAW_ID,
+            "feng_raw",
+            what,
+            &shape.map(Some),
+            &[(b'i', 4)],
+        )
+    } else {
+        Descriptor::with_dtype(FENG_RAW_ID, "feng_raw", what, &shape, "|i1")
+    };
     let mut h = Heap::new();
     h.add_descriptor(
         &Descriptor::with_format(
@@ -58,15 +78,6 @@ pub fn descriptor_heap(channels_per_dest: usize, spectra: usize) -> Heap<'static
         ),
         f,
     )
-    .add_descriptor(
-        &Descriptor::with_dtype(
-            FENG_RAW_ID,
-            "feng_raw",
-            "Channelised complex data (channel, spectrum, pol, re/im)",
-            &[channels_per_dest as u64, spectra as u64, 2, 2],
-            "|i1",
-        ),
-        f,
-    );
+    .add_descriptor(&raw, f);
     h
 }

@@ -19,15 +19,16 @@ use super::output::WidebandOutput;
 use super::place::InputLayout;
 use crate::dsp::delay::DelayModels;
 use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft};
-use crate::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
+use crate::dsp::postproc::{pack_4bit, postproc_heap, HeapInput, OutputBits, SpectrumDelay};
 use crate::dsp::samples::{packed_len, unpack};
 use crate::spead::recv::Chunk;
 
 /// A finished output heap (both polarisations, all channels).
 pub struct OutputHeap<'a> {
     pub timestamp: u64,
-    /// channels × spectra_per_heap × 2 pols × (re, im), int8.
-    pub data: &'a [i8],
+    /// The wire bytes: channels × spectra_per_heap × 2 pols × (re, im), as int8 values or
+    /// packed 4-bit pairs (real in the high nibble), channel-major.
+    pub data: &'a [u8],
     pub clips: [u64; 2],
     /// Every spectrum had all its input.
     pub valid: bool,
@@ -55,6 +56,9 @@ pub struct Pipeline {
     heap_ts: Vec<i64>,
     heap_valid: bool,
     heap: Vec<i8>,
+    out_bits: OutputBits,
+    /// 4-bit output: the packed heap.
+    packed: Vec<u8>,
     samples: [Vec<i32>; 2],
     present: [Vec<bool>; 2],
     /// Prefix sums of missing heaps over `present`, per pol (seed 000 §Missing data).
@@ -116,6 +120,8 @@ impl Pipeline {
             heap_ts: Vec::with_capacity(spectra_per_heap),
             heap_valid: true,
             heap: vec![0i8; channels * spectra_per_heap * 4],
+            out_bits: OutputBits::Eight,
+            packed: Vec::new(),
             samples: [vec![0; total], vec![0; total]],
             present: [Vec::new(), Vec::new()],
             missing: [Vec::new(), Vec::new()],
@@ -133,6 +139,12 @@ impl Pipeline {
         self.dig_power = [0; 2];
         self.dig_samples = [0; 2];
         out
+    }
+
+    /// Output sample width (8-bit by default; 4-bit packs pairs of nibbles).
+    pub fn set_output_bits(&mut self, bits: OutputBits) {
+        self.out_bits = bits;
+        self.packed = vec![0u8; self.heap.len() / 2];
     }
 
     /// Timestamp of the next output spectrum to be produced.
@@ -269,15 +281,18 @@ impl Pipeline {
                     timestamps: &self.heap_ts,
                     dither: self.dither_seed,
                 };
-                let clips = postproc_heap(
-                    &input,
-                    self.output.channels,
-                    OutputBits::Eight,
-                    &mut self.heap,
-                );
+                let clips =
+                    postproc_heap(&input, self.output.channels, self.out_bits, &mut self.heap);
+                let data: &[u8] = match self.out_bits {
+                    OutputBits::Eight => bytemuck::cast_slice(&self.heap),
+                    OutputBits::Four => {
+                        pack_4bit(&self.heap, &mut self.packed);
+                        &self.packed
+                    }
+                };
                 emit(&OutputHeap {
                     timestamp: self.heap_ts[0] as u64,
-                    data: &self.heap,
+                    data,
                     clips,
                     valid: self.heap_valid,
                 });
