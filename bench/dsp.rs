@@ -148,7 +148,7 @@ fn xb(c: &mut Criterion) {
 /// unpack, PFB, FFT, post-processing), as `cbf fengine` runs it on one core.
 fn fengine_pipeline(c: &mut Criterion) {
     use cbf::fengine::output::WidebandOutput;
-    use cbf::fengine::pipeline::Pipeline;
+    use cbf::fengine::pipeline::{Pipeline, PipelineConfig};
     use cbf::fengine::place::InputLayout;
     use cbf::spead::recv::Chunk;
     let mut g = c.benchmark_group("fengine_pipeline");
@@ -179,15 +179,16 @@ fn fengine_pipeline(c: &mut Criterion) {
         g.bench_function(format!("process_chunk_{channels}ch_16taps"), |b| {
             b.iter_batched(
                 || {
-                    Pipeline::new(
-                        out.clone(),
+                    let cfg = PipelineConfig {
                         layout,
-                        10,
-                        sph,
-                        0,
-                        Complex32::new(0.01, 0.0),
-                        1,
-                    )
+                        sample_bits: 10,
+                        spectra_per_heap: sph,
+                        max_delay_diff: 0,
+                        gain: Complex32::new(0.01, 0.0),
+                        dither_seed: 1,
+                        out_bits: OutputBits::Eight,
+                    };
+                    Pipeline::new(out.clone(), cfg)
                 },
                 |mut p| p.process(&chunks[0], Some(&chunks[1]), |h| assert!(h.valid)),
                 criterion::BatchSize::LargeInput,

@@ -20,7 +20,7 @@ use crate::dsp::samples::{packed_len, valid_sample_bits};
 use crate::fengine::control::{parse_complex, EngineControl, OutputState};
 use crate::fengine::heaps::{descriptor_heap, f_heap};
 use crate::fengine::output::WidebandOutput;
-use crate::fengine::pipeline::{tail_samples, Pipeline};
+use crate::fengine::pipeline::{tail_samples, Pipeline, PipelineConfig};
 use crate::fengine::place::{InputLayout, ITEMS, REJECT_REASONS};
 use crate::net::pcap::PcapReceiver;
 use crate::net::udp::{UdpReceiver, UdpSender};
@@ -490,21 +490,22 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         let stream = SendStream::new(cfg, vec![tx]).map_err(|e| CliError::Run(e.to_string()))?;
         tracing::info!(output = %o.name, channels = o.channels, destinations = dests.len(), rate_gbps = rate * 8e-9, "wideband output");
         outputs.push(Output {
-            pipeline: {
-                let mut p = Pipeline::new(
-                    o,
+            pipeline: Pipeline::new(
+                o,
+                PipelineConfig {
                     layout,
-                    args.dig_sample_bits,
-                    sph,
-                    args.max_delay_diff,
-                    plan.gain,
-                    seed,
-                );
-                if args.send_sample_bits == 4 {
-                    p.set_output_bits(OutputBits::Four);
-                }
-                p
-            },
+                    sample_bits: args.dig_sample_bits,
+                    spectra_per_heap: sph,
+                    max_delay_diff: args.max_delay_diff,
+                    gain: plan.gain,
+                    dither_seed: seed,
+                    out_bits: if args.send_sample_bits == 4 {
+                        OutputBits::Four
+                    } else {
+                        OutputBits::Eight
+                    },
+                },
+            ),
             stream,
             spectra_per_heap: sph,
             gains_version: 0,

@@ -15,12 +15,12 @@
 
 use num_complex::Complex32;
 
+use super::backend::{BackEndInput, Backend, CpuBackend};
 use super::output::WidebandOutput;
 use super::place::InputLayout;
 use crate::dsp::delay::DelayModels;
-use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft};
-use crate::dsp::postproc::{pack_4bit, postproc_heap, HeapInput, OutputBits, SpectrumDelay};
-use crate::dsp::samples::{packed_len, unpack};
+use crate::dsp::postproc::{OutputBits, SpectrumDelay};
+use crate::dsp::samples::packed_len;
 use crate::spead::recv::Chunk;
 
 /// A finished output heap (both polarisations, all channels).
@@ -41,25 +41,17 @@ pub struct Pipeline {
     step: usize,
     spectra_per_heap: usize,
     tail: usize,
-    weights: Vec<f32>,
-    fft: ChannelFft,
+    backend: Box<dyn Backend>,
     pub gains: [Vec<Complex32>; 2],
     pub delays: [DelayModels; 2],
     dither_seed: Option<u64>,
     /// Next output spectrum timestamp.
     next_t: u64,
     started: bool,
-    // Per-heap accumulation (front end → back end).
-    frames: [Vec<f32>; 2],
-    spectra: [Vec<Complex32>; 2],
+    // Per-heap bookkeeping (front end → back end).
     heap_delays: [Vec<SpectrumDelay>; 2],
     heap_ts: Vec<i64>,
     heap_valid: bool,
-    heap: Vec<i8>,
-    out_bits: OutputBits,
-    /// 4-bit output: the packed heap.
-    packed: Vec<u8>,
-    samples: [Vec<i32>; 2],
     present: [Vec<bool>; 2],
     /// Prefix sums of missing heaps over `present`, per pol (seed 000 §Missing data).
     missing: [Vec<u32>; 2],
@@ -73,16 +65,31 @@ pub fn tail_samples(taps: usize, step: usize, max_delay_diff: usize, heap_sample
     (taps * step + max_delay_diff).div_ceil(heap_samples) * heap_samples
 }
 
+/// How a pipeline is set up (everything but the output itself).
+#[derive(Debug, Clone, Copy)]
+pub struct PipelineConfig {
+    pub layout: InputLayout,
+    /// Bits per digitiser sample.
+    pub sample_bits: u32,
+    pub spectra_per_heap: usize,
+    pub max_delay_diff: usize,
+    pub gain: Complex32,
+    pub dither_seed: u64,
+    pub out_bits: OutputBits,
+}
+
 impl Pipeline {
-    pub fn new(
-        output: WidebandOutput,
-        layout: InputLayout,
-        bits: u32,
-        spectra_per_heap: usize,
-        max_delay_diff: usize,
-        gain: Complex32,
-        dither_seed: u64,
-    ) -> Pipeline {
+    /// A pipeline on the CPU backend.
+    pub fn new(output: WidebandOutput, cfg: PipelineConfig) -> Pipeline {
+        let PipelineConfig {
+            layout,
+            sample_bits: bits,
+            spectra_per_heap,
+            max_delay_diff,
+            gain,
+            dither_seed,
+            out_bits,
+        } = cfg;
         let step = 2 * output.channels;
         let tail = tail_samples(
             output.taps,
@@ -90,11 +97,17 @@ impl Pipeline {
             max_delay_diff,
             layout.heap_samples as usize,
         );
-        let total = layout.chunk_samples as usize + tail;
         let channels = output.channels;
+        let backend = Box::new(CpuBackend::new(
+            &output,
+            bits,
+            layout.chunk_samples as usize,
+            tail,
+            spectra_per_heap,
+            out_bits,
+        ));
         Pipeline {
-            weights: pfb_weights(step, output.taps, output.w_cutoff, output.window),
-            fft: ChannelFft::new(step),
+            backend,
             gains: [vec![gain; channels], vec![gain; channels]],
             delays: [DelayModels::default(), DelayModels::default()],
             dither_seed: output.dither.then_some(dither_seed),
@@ -105,24 +118,12 @@ impl Pipeline {
             tail,
             next_t: 0,
             started: false,
-            frames: [
-                vec![0.0; spectra_per_heap * step],
-                vec![0.0; spectra_per_heap * step],
-            ],
-            spectra: [
-                vec![Complex32::default(); spectra_per_heap * channels],
-                vec![Complex32::default(); spectra_per_heap * channels],
-            ],
             heap_delays: [
                 Vec::with_capacity(spectra_per_heap),
                 Vec::with_capacity(spectra_per_heap),
             ],
             heap_ts: Vec::with_capacity(spectra_per_heap),
             heap_valid: true,
-            heap: vec![0i8; channels * spectra_per_heap * 4],
-            out_bits: OutputBits::Eight,
-            packed: Vec::new(),
-            samples: [vec![0; total], vec![0; total]],
             present: [Vec::new(), Vec::new()],
             missing: [Vec::new(), Vec::new()],
             dig_power: [0; 2],
@@ -139,12 +140,6 @@ impl Pipeline {
         self.dig_power = [0; 2];
         self.dig_samples = [0; 2];
         out
-    }
-
-    /// Output sample width (8-bit by default; 4-bit packs pairs of nibbles).
-    pub fn set_output_bits(&mut self, bits: OutputBits) {
-        self.out_bits = bits;
-        self.packed = vec![0u8; self.heap.len() / 2];
     }
 
     /// Timestamp of the next output spectrum to be produced.
@@ -175,18 +170,18 @@ impl Pipeline {
         mut emit: impl FnMut(&OutputHeap<'_>),
     ) -> u64 {
         let l = self.layout;
-        let cs = l.chunk_samples as usize;
         let start = chunk.chunk_id * l.chunk_samples;
         let end = start + l.chunk_samples;
         let per_pol = l.heaps_per_pol();
         let tail_heaps = self.tail / l.heap_samples as usize;
         let tail_bytes = packed_len(self.tail, self.bits);
+        let next = next.filter(|n| n.chunk_id == chunk.chunk_id + 1);
         for p in 0..2 {
             let pb = l.pol_bytes();
-            unpack(
+            self.backend.load(
+                p,
                 &chunk.data[p * pb..(p + 1) * pb],
-                self.bits,
-                &mut self.samples[p][..cs],
+                next.map(|n| &n.data[p * pb..p * pb + tail_bytes]),
             );
             self.present[p].clear();
             self.present[p].extend(
@@ -194,23 +189,13 @@ impl Pipeline {
                     .iter()
                     .map(|&v| v != 0),
             );
-            match next.filter(|n| n.chunk_id == chunk.chunk_id + 1) {
-                Some(n) => {
-                    unpack(
-                        &n.data[p * pb..p * pb + tail_bytes],
-                        self.bits,
-                        &mut self.samples[p][cs..],
-                    );
-                    self.present[p].extend(
-                        n.present[p * per_pol..p * per_pol + tail_heaps]
-                            .iter()
-                            .map(|&v| v != 0),
-                    );
-                }
-                None => {
-                    self.samples[p][cs..].fill(0);
-                    self.present[p].extend(std::iter::repeat_n(false, tail_heaps));
-                }
+            match next {
+                Some(n) => self.present[p].extend(
+                    n.present[p * per_pol..p * per_pol + tail_heaps]
+                        .iter()
+                        .map(|&v| v != 0),
+                ),
+                None => self.present[p].extend(std::iter::repeat_n(false, tail_heaps)),
             }
         }
         for p in 0..2 {
@@ -252,11 +237,9 @@ impl Pipeline {
             let k = self.heap_ts.len();
             for p in 0..2 {
                 let off = (s[p] - start as i64) as usize;
-                let frame = &mut self.frames[p][k * self.step..(k + 1) * self.step];
                 // Digitiser power over the last step of each window: with consecutive spectra,
                 // every sample once (seed 000 §Digitiser sample statistics).
-                let power = pfb_fir(&self.samples[p], &self.weights, self.step, &[off], frame);
-                self.dig_power[p] += power[0];
+                self.dig_power[p] += self.backend.front_end(p, off, k);
                 self.dig_samples[p] += self.step as u64;
                 // Every input heap under the window arrived (prefix sums make this O(1)).
                 let hs = l.heap_samples as usize;
@@ -271,25 +254,13 @@ impl Pipeline {
             self.heap_ts.push(t);
             self.next_t += self.step as u64;
             if self.heap_ts.len() == self.spectra_per_heap {
-                for p in 0..2 {
-                    self.fft.run(&self.frames[p], &mut self.spectra[p]);
-                }
-                let input = HeapInput {
-                    spectra: [&self.spectra[0], &self.spectra[1]],
+                let input = BackEndInput {
                     gains: [&self.gains[0], &self.gains[1]],
                     delays: [&self.heap_delays[0], &self.heap_delays[1]],
                     timestamps: &self.heap_ts,
                     dither: self.dither_seed,
                 };
-                let clips =
-                    postproc_heap(&input, self.output.channels, self.out_bits, &mut self.heap);
-                let data: &[u8] = match self.out_bits {
-                    OutputBits::Eight => bytemuck::cast_slice(&self.heap),
-                    OutputBits::Four => {
-                        pack_4bit(&self.heap, &mut self.packed);
-                        &self.packed
-                    }
-                };
+                let (data, clips) = self.backend.back_end(&input);
                 emit(&OutputHeap {
                     timestamp: self.heap_ts[0] as u64,
                     data,
