@@ -4,7 +4,9 @@
 
 mod common;
 
-use std::process::{Child, Command};
+use std::process::Command;
+
+use common::{free_tcp_port, Kill};
 use std::time::{Duration, Instant};
 
 use cbf::dsp::samples::unpack;
@@ -12,22 +14,6 @@ use cbf::net::udp::UdpReceiver;
 use cbf::net::{PacketReceiver, Received, RecvBatch};
 use cbf::spead::items::{ItemValue, ADC_SAMPLES_ID, TIMESTAMP_ID};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[test]
 fn signals_request_takes_effect_at_the_reported_timestamp() {

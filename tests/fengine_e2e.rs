@@ -6,7 +6,19 @@
 //! `dsp::pfb`), and heaps carry
 //! katgpucbf's items (timestamp on the heap grid, feng_id, first channel per destination).
 
-use std::process::{Child, Command};
+mod common;
+
+use std::process::Command;
+
+use common::{free_udp_port, Kill};
+
+/// These tests each run a real engine and simulator in debug builds; on a 2-core machine, run
+/// together they starve one another of CPU and lose input. One at a time, they are reliable.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 use std::time::{Duration, Instant};
 
 use cbf::dsp::pfb::{pfb_weights, Window};
@@ -15,24 +27,9 @@ use cbf::net::{PacketReceiver, Received, RecvBatch};
 use cbf::spead::items::{ItemValue, FENG_ID_ID, FENG_RAW_ID, FREQUENCY_ID, TIMESTAMP_ID};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
 
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn tone_at_a_channel_centre_lands_in_that_channel() {
+    let _serial = serial();
     let (fs, channels, taps, k0) = (2e6, 256usize, 16usize, 38usize);
     let (sph, gain) = (64usize, 0.02f64);
     let cbf = env!("CARGO_BIN_EXE_cbf");
@@ -253,13 +250,12 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
     }
 }
 
-mod common;
-
 /// katcp against the running engine (aiokatcp): bad requests fail, good ones take effect; a
 /// phase loaded with `?delays` at a future start appears exactly from the first spectrum at or
 /// after that start (fengine_delay_convention.md §5), as +90° on pol 0 relative to pol 1.
 #[test]
 fn katcp_gains_and_a_future_phase_step() {
+    let _serial = serial();
     let (fs, channels, k0, sph) = (2e6f64, 256usize, 37usize, 64usize);
     let cbf = env!("CARGO_BIN_EXE_cbf");
     let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
@@ -492,6 +488,7 @@ fn katcp_gains_and_a_future_phase_step() {
 /// exactly those whose every spectrum window avoids the holes; the rest are counted skipped.
 #[test]
 fn lost_input_skips_exactly_the_affected_output_heaps() {
+    let _serial = serial();
     use cbf::net::pcap::PcapDump;
     use cbf::sim::dsim::{DigitiserConfig, DigitiserHeaps};
     use cbf::sim::signal::{Expr, Signal};
@@ -621,6 +618,7 @@ fn lost_input_skips_exactly_the_affected_output_heaps() {
 /// its phase relative to pol 1 is −π·D·(k − N/2)/N in channel k, within 1°.
 #[test]
 fn delay_gives_the_phase_slope_across_channels() {
+    let _serial = serial();
     let (fs, channels, sph) = (2e6f64, 256usize, 64usize);
     let tones = [40usize, 80, 120, 160, 200];
     let cbf = env!("CARGO_BIN_EXE_cbf");
@@ -782,6 +780,7 @@ fn delay_gives_the_phase_slope_across_channels() {
 /// and `?capture-start` resumes it.
 #[test]
 fn gains_leakage_and_capture_control() {
+    let _serial = serial();
     let (fs, channels, sph, k0) = (2e6f64, 256usize, 64usize, 38usize);
     let cbf = env!("CARGO_BIN_EXE_cbf");
     let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
@@ -1007,6 +1006,7 @@ fn spead2_decodes_four_bit_f_heaps() {
 }
 
 fn spead2_decodes_f_heaps(bits: u32) {
+    let _serial = serial();
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let (fs, channels, sph, k0) = (2e6f64, 256usize, 64usize, 38usize);

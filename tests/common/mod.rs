@@ -76,3 +76,22 @@ pub fn run_reference_bytes(script: &str, args: &[String], stdin: &[u8]) -> Vec<u
     assert!(out.status.success(), "{script} {args:?} failed");
     out.stdout
 }
+
+/// A TCP port that was free a moment ago on 127.0.0.1.
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed (and reaped) when the test ends, however it ends.
+pub struct Kill(pub std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
