@@ -4,6 +4,35 @@
 //! its spectra are valid). Prefix sums make each spectrum O(1), as on the GPU.
 #![deny(unsafe_code)]
 
+/// Prefix sums of missing input heaps: whether a sample window touches a missing heap is then
+/// O(1) (the GPU's `present_cumsum`).
+#[derive(Debug, Clone, Default)]
+pub struct MissingPrefix {
+    heap_samples: usize,
+    /// `missing[h]` = number of missing heaps before heap h.
+    missing: Vec<u32>,
+}
+
+impl MissingPrefix {
+    /// Rebuild for `present` (one flag per input heap of `heap_samples` samples), reusing memory.
+    pub fn reset(&mut self, present: impl IntoIterator<Item = bool>, heap_samples: usize) {
+        self.heap_samples = heap_samples;
+        self.missing.clear();
+        self.missing.push(0);
+        for p in present {
+            let last = self.missing[self.missing.len() - 1];
+            self.missing.push(last + u32::from(!p));
+        }
+    }
+
+    /// Every heap under samples [start, start + len) is present (and inside the covered range).
+    pub fn window_ok(&self, start: usize, len: usize) -> bool {
+        let first = start / self.heap_samples;
+        let last = (start + len - 1) / self.heap_samples;
+        last + 1 < self.missing.len() && self.missing[last + 1] == self.missing[first]
+    }
+}
+
 /// Validity of each spectrum. `heap_present[h]` covers input samples `[h·heap_samples,
 /// (h+1)·heap_samples)`; spectrum `s` reads `[starts[s], starts[s] + window)`. Windows
 /// reaching past the last heap are invalid.
@@ -13,18 +42,11 @@ pub fn spectra_valid(
     starts: &[usize],
     window: usize,
 ) -> Vec<bool> {
-    let mut missing = Vec::with_capacity(heap_present.len() + 1);
-    missing.push(0usize);
-    for &p in heap_present {
-        missing.push(missing[missing.len() - 1] + usize::from(!p));
-    }
+    let mut prefix = MissingPrefix::default();
+    prefix.reset(heap_present.iter().copied(), heap_samples);
     starts
         .iter()
-        .map(|&o| {
-            let first = o / heap_samples;
-            let last = (o + window - 1) / heap_samples;
-            last < heap_present.len() && missing[last + 1] == missing[first]
-        })
+        .map(|&o| prefix.window_ok(o, window))
         .collect()
 }
 

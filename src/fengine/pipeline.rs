@@ -20,6 +20,7 @@ use super::output::WidebandOutput;
 use super::place::InputLayout;
 use crate::dsp::delay::DelayModels;
 use crate::dsp::postproc::{OutputBits, SpectrumDelay};
+use crate::dsp::presence::MissingPrefix;
 use crate::dsp::samples::packed_len;
 use crate::spead::recv::Chunk;
 
@@ -53,8 +54,8 @@ pub struct Pipeline {
     heap_ts: Vec<i64>,
     heap_valid: bool,
     present: [Vec<bool>; 2],
-    /// Prefix sums of missing heaps over `present`, per pol (seed 000 §Missing data).
-    missing: [Vec<u32>; 2],
+    /// Missing-heap prefix sums over `present`, per pol (seed 000 §Missing data).
+    missing: [MissingPrefix; 2],
     /// Σx² and sample count per pol since the caller last took them ([`Pipeline::take_dig_power`]).
     dig_power: [i64; 2],
     dig_samples: [u64; 2],
@@ -125,7 +126,7 @@ impl Pipeline {
             heap_ts: Vec::with_capacity(spectra_per_heap),
             heap_valid: true,
             present: [Vec::new(), Vec::new()],
-            missing: [Vec::new(), Vec::new()],
+            missing: [MissingPrefix::default(), MissingPrefix::default()],
             dig_power: [0; 2],
             dig_samples: [0; 2],
             output,
@@ -199,12 +200,7 @@ impl Pipeline {
             }
         }
         for p in 0..2 {
-            let m = &mut self.missing[p];
-            m.clear();
-            m.push(0);
-            for &ok in &self.present[p] {
-                m.push(m[m.len() - 1] + u32::from(!ok));
-            }
+            self.missing[p].reset(self.present[p].iter().copied(), l.heap_samples as usize);
         }
         if !self.started {
             // Start at the first heap boundary of the output grid in this chunk.
@@ -241,10 +237,7 @@ impl Pipeline {
                 // every sample once (seed 000 §Digitiser sample statistics).
                 self.dig_power[p] += self.backend.front_end(p, off, k);
                 self.dig_samples[p] += self.step as u64;
-                // Every input heap under the window arrived (prefix sums make this O(1)).
-                let hs = l.heap_samples as usize;
-                let (first_heap, last_heap) = (off / hs, (off + window - 1) / hs);
-                self.heap_valid &= self.missing[p][last_heap + 1] == self.missing[p][first_heap];
+                self.heap_valid &= self.missing[p].window_ok(off, window);
                 self.heap_delays[p].push(SpectrumDelay {
                     coarse: d[p].0,
                     fine: d[p].1,
