@@ -190,7 +190,12 @@ fn fengine_pipeline(c: &mut Criterion) {
                     };
                     Pipeline::new(out.clone(), cfg)
                 },
-                |mut p| p.process(&chunks[0], Some(&chunks[1]), |h| assert!(h.valid)),
+                |mut p| {
+                    p.process((&chunks[0]).into(), Some((&chunks[1]).into()), |h| {
+                        assert!(h.valid)
+                    })
+                    .unwrap()
+                },
                 criterion::BatchSize::LargeInput,
             )
         });

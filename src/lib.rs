@@ -10,6 +10,7 @@ pub mod cli;
 pub mod control;
 pub mod dsp;
 pub mod fengine;
+pub mod gpu;
 pub mod net;
 pub mod sim;
 pub mod spead;

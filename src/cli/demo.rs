@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use super::dsim::{send_loop, DsimArgs};
-use super::fengine::FengineArgs;
+use super::fengine::{BackendKind, FengineArgs};
 use super::shutdown::Shutdown;
 use super::CliError;
 use crate::dsp::pfb::{pfb_weights, Window};
@@ -94,6 +94,8 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
         dig_sample_bits: 10,
         recv_packet_samples: 4096,
         recv_chunk_samples: chunk,
+        backend: BackendKind::Cpu,
+        gpu_device: 0,
         jones_per_batch: spectra_per_heap * args.channels,
         max_delay_diff: 0,
         send_rate_factor: 1.1,

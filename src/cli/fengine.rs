@@ -1,4 +1,4 @@
-//! `cbf fengine`: the wideband F-engine on the CPU backend (katgpucbf fgpu's flags, facts §1.2,
+//! `cbf fengine`: the wideband F-engine on the CPU or CUDA backend (katgpucbf fgpu's flags, facts §1.2,
 //! §1.3). One stream receives both polarisations into chunks (pol from the digitiser_id LSB);
 //! each `--wideband` output has its own pipeline and send stream; output heaps touched by lost
 //! input are not sent and are counted.
@@ -20,13 +20,22 @@ use crate::dsp::samples::{packed_len, valid_sample_bits};
 use crate::fengine::control::{parse_complex, EngineControl, OutputState};
 use crate::fengine::heaps::{descriptor_heap, f_heap};
 use crate::fengine::output::WidebandOutput;
-use crate::fengine::pipeline::{tail_samples, Pipeline, PipelineConfig};
+use crate::fengine::pipeline::{tail_samples, OutputHeap, Pipeline, PipelineConfig};
 use crate::fengine::place::{InputLayout, ITEMS, REJECT_REASONS};
+use crate::gpu::fengine::{default_unzip, GpuBackend, GpuConfig};
+use crate::gpu::Gpu;
 use crate::net::pcap::PcapReceiver;
 use crate::net::udp::{UdpReceiver, UdpSender};
 use crate::net::{parse_endpoints, PacketReceiver, Received, RecvBatch};
 use crate::spead::recv::{ChunkGroup, ChunkGroupConfig, ChunkStream, StatsSnapshot};
 use crate::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
+
+/// Where the F-engine's DSP runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct FengineArgs {
@@ -60,6 +69,13 @@ pub struct FengineArgs {
     /// Samples per polarisation in an input chunk.
     #[arg(long, default_value_t = 1 << 25)]
     pub recv_chunk_samples: usize,
+    /// Compute backend: `cpu` (src/dsp on the host) or `cuda` (the GPU kernels; needs a CUDA
+    /// driver, NVRTC and cuFFT).
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    pub backend: BackendKind,
+    /// CUDA device ordinal (with --backend cuda).
+    #[arg(long, default_value_t = 0)]
+    pub gpu_device: usize,
     /// Complex values (channels × spectra) per output heap batch.
     #[arg(long, default_value_t = 1 << 20)]
     pub jones_per_batch: usize,
@@ -207,12 +223,105 @@ impl FengineArgs {
 /// A pipeline and its send stream.
 struct Output {
     pipeline: Pipeline,
-    stream: SendStream<UdpSender>,
-    spectra_per_heap: usize,
+    sink: HeapSink,
     gains_version: u64,
+}
+
+/// The output's pipeline on the chosen backend (one GPU context shared by every output).
+fn make_pipeline(
+    args: &FengineArgs,
+    gpu: &mut Option<Arc<Gpu>>,
+    output: WidebandOutput,
+    cfg: PipelineConfig,
+) -> Result<Pipeline, CliError> {
+    match args.backend {
+        BackendKind::Cpu => Ok(Pipeline::new(output, cfg)),
+        BackendKind::Cuda => {
+            let gpu = match gpu {
+                Some(g) => Arc::clone(g),
+                None => {
+                    let g =
+                        Gpu::open(args.gpu_device).map_err(|e| CliError::flag("--backend", e))?;
+                    tracing::info!(device = %g.name, arch = %g.arch, "CUDA backend");
+                    gpu.insert(g).clone()
+                }
+            };
+            let backend = GpuBackend::new(
+                gpu,
+                &output,
+                GpuConfig {
+                    sample_bits: cfg.sample_bits,
+                    body: cfg.layout.chunk_samples as usize,
+                    tail: cfg.tail(&output),
+                    spectra_per_heap: cfg.spectra_per_heap,
+                    out_bits: cfg.out_bits,
+                    unzip: default_unzip(output.channels),
+                    depth: 4,
+                },
+            )
+            .map_err(|e| CliError::flag("--backend", e))?;
+            Ok(Pipeline::with_backend(output, cfg, Box::new(backend)))
+        }
+    }
+}
+
+/// Where an output's finished heaps go: split per destination and sent, or counted.
+struct HeapSink {
+    stream: SendStream<UdpSender>,
+    feng_id: u64,
+    channels: usize,
+    spectra_per_heap: usize,
+    value_bytes: usize,
+    /// `?capture-start` / `?capture-stop` state at the last chunk.
+    capture: bool,
     sent: u64,
     skipped: u64,
     clipped: [u64; 2],
+    err: Option<crate::spead::send::stream::SendError>,
+}
+
+impl HeapSink {
+    fn heap(&mut self, h: &OutputHeap<'_>) {
+        if !h.valid {
+            self.skipped += 1;
+            return;
+        }
+        if !self.capture {
+            return;
+        }
+        self.clipped[0] += h.clips[0];
+        self.clipped[1] += h.clips[1];
+        let n_dst = self.stream.destinations();
+        let heaps: Vec<Heap<'_>> = (0..n_dst)
+            .map(|d| {
+                f_heap(
+                    h.data,
+                    self.value_bytes,
+                    h.timestamp,
+                    self.feng_id,
+                    d,
+                    self.channels / n_dst,
+                    self.spectra_per_heap,
+                )
+            })
+            .collect();
+        let refs: Vec<HeapRef> = heaps
+            .iter()
+            .enumerate()
+            .map(|(d, heap)| HeapRef::new(heap, d))
+            .collect();
+        match self.stream.send_heaps(&refs, SendMode::RoundRobin) {
+            Ok(()) => self.sent += 1,
+            Err(e) => self.err = Some(e),
+        }
+    }
+
+    fn check(&mut self) -> Result<(), CliError> {
+        match self.err.take() {
+            Some(e) => Err(CliError::Run(format!("send failed: {e}"))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// fgpu's Prometheus metrics, with katgpucbf's names (facts §1.8; namespace `fgpu`).
@@ -464,6 +573,7 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         tracing::info!(%addr, "Prometheus metrics at /metrics");
     }
     let mut outputs = Vec::new();
+    let mut gpu = None;
     for (o, sph) in plan.outputs {
         let dests = o.dst.clone();
         let tx = UdpSender::new(
@@ -473,7 +583,8 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
             4 << 20,
         )
         .map_err(|e| CliError::flag("--send-interface", e))?;
-        let cps = o.channels / dests.len();
+        let channels = o.channels;
+        let cps = channels / dests.len();
         let value_bytes = if args.send_sample_bits == 4 { 2 } else { 4 };
         let payload = cps * sph * value_bytes;
         let max_packet = args.send_packet_payload + 72;
@@ -489,29 +600,34 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         };
         let stream = SendStream::new(cfg, vec![tx]).map_err(|e| CliError::Run(e.to_string()))?;
         tracing::info!(output = %o.name, channels = o.channels, destinations = dests.len(), rate_gbps = rate * 8e-9, "wideband output");
-        outputs.push(Output {
-            pipeline: Pipeline::new(
-                o,
-                PipelineConfig {
-                    layout,
-                    sample_bits: args.dig_sample_bits,
-                    spectra_per_heap: sph,
-                    max_delay_diff: args.max_delay_diff,
-                    gain: plan.gain,
-                    dither_seed: seed,
-                    out_bits: if args.send_sample_bits == 4 {
-                        OutputBits::Four
-                    } else {
-                        OutputBits::Eight
-                    },
-                },
-            ),
-            stream,
+        let pcfg = PipelineConfig {
+            layout,
+            sample_bits: args.dig_sample_bits,
             spectra_per_heap: sph,
+            max_delay_diff: args.max_delay_diff,
+            gain: plan.gain,
+            dither_seed: seed,
+            out_bits: if args.send_sample_bits == 4 {
+                OutputBits::Four
+            } else {
+                OutputBits::Eight
+            },
+        };
+        outputs.push(Output {
+            pipeline: make_pipeline(&args, &mut gpu, o, pcfg)?,
+            sink: HeapSink {
+                stream,
+                feng_id: args.feng_id,
+                channels,
+                spectra_per_heap: sph,
+                value_bytes,
+                capture: true,
+                sent: 0,
+                skipped: 0,
+                clipped: [0; 2],
+                err: None,
+            },
             gains_version: 0,
-            sent: 0,
-            skipped: 0,
-            clipped: [0; 2],
         });
     }
     let start = Instant::now();
@@ -520,7 +636,6 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     let descriptor_period = Duration::from_secs(5 * args.array_size.min(1 << 20));
     let mut prev: Option<Box<crate::spead::recv::Chunk>> = None;
     let deadline = args.duration.map(|d| start + Duration::from_secs_f64(d));
-    let value_bytes = if args.send_sample_bits == 4 { 2 } else { 4 };
     let mut chunks = 0u64;
     let (mut input_heaps, mut input_missing, mut dig_clipped) = ([0u64; 2], [0u64; 2], [0u64; 2]);
     loop {
@@ -536,10 +651,10 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
             for out in &mut outputs {
                 let d = descriptor_heap(
                     out.pipeline.output.channels / out.pipeline.output.dst.len(),
-                    out.spectra_per_heap,
+                    out.sink.spectra_per_heap,
                     args.send_sample_bits,
                 );
-                let refs: Vec<HeapRef> = (0..out.stream.destinations())
+                let refs: Vec<HeapRef> = (0..out.sink.stream.destinations())
                     .map(|i| HeapRef {
                         heap: &d,
                         cnt: None,
@@ -547,7 +662,8 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                         unpaced: true,
                     })
                     .collect();
-                out.stream
+                out.sink
+                    .stream
                     .send_heaps(&refs, SendMode::RoundRobin)
                     .map_err(|e| CliError::Run(e.to_string()))?;
             }
@@ -587,52 +703,14 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                     *out.pipeline.delays[0].current(),
                     *out.pipeline.delays[1].current(),
                 ];
-                let channels = out.pipeline.output.channels;
-                let n_dst = out.pipeline.output.dst.len();
-                let sph = out.spectra_per_heap;
-                let (stream, sent, skipped, clipped) = (
-                    &mut out.stream,
-                    &mut out.sent,
-                    &mut out.skipped,
-                    &mut out.clipped,
-                );
-                let mut err = None;
-                *skipped += out.pipeline.process(&chunk, next.as_deref(), |h| {
-                    if !h.valid {
-                        *skipped += 1;
-                        return;
-                    }
-                    if !capture {
-                        return;
-                    }
-                    clipped[0] += h.clips[0];
-                    clipped[1] += h.clips[1];
-                    let heaps: Vec<Heap<'_>> = (0..n_dst)
-                        .map(|d| {
-                            f_heap(
-                                h.data,
-                                value_bytes,
-                                h.timestamp,
-                                args.feng_id,
-                                d,
-                                channels / n_dst,
-                                sph,
-                            )
-                        })
-                        .collect();
-                    let refs: Vec<HeapRef> = heaps
-                        .iter()
-                        .enumerate()
-                        .map(|(d, heap)| HeapRef::new(heap, d))
-                        .collect();
-                    match stream.send_heaps(&refs, SendMode::RoundRobin) {
-                        Ok(()) => *sent += 1,
-                        Err(e) => err = Some(e),
-                    }
-                });
-                if let Some(e) = err {
-                    return Err(CliError::Run(format!("send failed: {e}")));
-                }
+                let Output { pipeline, sink, .. } = out;
+                sink.capture = capture;
+                sink.skipped += pipeline
+                    .process((&*chunk).into(), next.as_deref().map(Into::into), |h| {
+                        sink.heap(h)
+                    })
+                    .map_err(|e| CliError::Run(format!("backend: {e}")))?;
+                sink.check()?;
                 for (pol, was) in before.iter().enumerate() {
                     let now = *out.pipeline.delays[pol].current();
                     if now != *was {
@@ -644,10 +722,10 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                     .fetch_max(out.pipeline.next_timestamp(), Ordering::Relaxed);
                 metrics.update(
                     &out.pipeline.output.name,
-                    out.sent * out.pipeline.output.dst.len() as u64,
-                    out.stream.counters().bytes,
-                    out.skipped,
-                    out.clipped,
+                    out.sink.sent * out.pipeline.output.dst.len() as u64,
+                    out.sink.stream.counters().bytes,
+                    out.sink.skipped,
+                    out.sink.clipped,
                 );
             }
             let power = outputs
@@ -674,6 +752,14 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
             None => break,
         }
     }
+    // The heaps still in the backend.
+    for out in &mut outputs {
+        let Output { pipeline, sink, .. } = out;
+        pipeline
+            .flush(|h| sink.heap(h))
+            .map_err(|e| CliError::Run(format!("backend: {e}")))?;
+        sink.check()?;
+    }
     let mut rx = StatsSnapshot::default();
     for r in receivers {
         rx.merge(
@@ -695,10 +781,10 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         println!(
             "fengine: output {}: sent {} batches, skipped {}, clipped {:?}, {} bytes",
             out.pipeline.output.name,
-            out.sent,
-            out.skipped,
-            out.clipped,
-            out.stream.counters().bytes
+            out.sink.sent,
+            out.sink.skipped,
+            out.sink.clipped,
+            out.sink.stream.counters().bytes
         );
     }
     Ok(())

@@ -5,6 +5,7 @@ pub mod capture;
 pub mod demo;
 pub mod dsim;
 pub mod fengine;
+pub mod selftest;
 pub mod shutdown;
 
 use std::process::ExitCode;
@@ -37,8 +38,10 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Digitiser simulator: signal language, 2–16-bit samples, paced at the ADC rate.
     Dsim(dsim::DsimArgs),
-    /// Wideband F-engine (CPU backend): digitiser heaps in, channelised F heaps out.
+    /// Wideband F-engine (CPU or CUDA backend): digitiser heaps in, channelised F heaps out.
     Fengine(fengine::FengineArgs),
+    /// Check the CUDA kernels against their CPU oracles on fresh random inputs.
+    Selftest(selftest::SelftestArgs),
     /// Receive any SPEAD stream: one JSON line per heap, or statistics; optional pcap dump.
     Capture(capture::CaptureArgs),
 }
@@ -65,6 +68,7 @@ pub fn main() -> ExitCode {
         Command::Dsim(a) => dsim::run(a),
         Command::Capture(a) => capture::run(a),
         Command::Fengine(a) => fengine::run(a),
+        Command::Selftest(a) => selftest::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

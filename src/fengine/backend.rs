@@ -1,9 +1,12 @@
 //! The compute an F-engine pipeline needs, behind one trait so that the engine is written once
-//! and the CUDA backend (issue 6) plugs in beside the CPU one (DESIGN "Data flow": the same
-//! engine code drives both backends). The split follows seed 000: a *front end* (decode + PFB
-//! FIR, one spectrum at a time at its coarse-delay offset) and a *back end* (FFT +
-//! post-processing, once per output heap). Scheduling, delays, presence and heap bookkeeping
-//! stay in `pipeline`.
+//! and drives the CPU and CUDA backends alike (DESIGN "Data flow"). The split follows seed 000:
+//! a *front end* (decode + PFB FIR, one spectrum at a time at its coarse-delay offset) and a
+//! *back end* (FFT + post-processing, once per output heap). Scheduling, delays, presence and
+//! heap bookkeeping stay in `pipeline`.
+//!
+//! The back end is asynchronous so that a GPU can overlap the copies of one heap with the
+//! compute of the next: [`Backend::back_end`] submits a heap, [`Backend::finished`] hands
+//! results back in submission order, at most [`Backend::depth`] heaps being in flight.
 
 use num_complex::Complex32;
 
@@ -11,6 +14,21 @@ use super::output::WidebandOutput;
 use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft};
 use crate::dsp::postproc::{pack_4bit, postproc_heap, HeapInput, OutputBits, SpectrumDelay};
 use crate::dsp::samples::unpack;
+
+/// A backend's failure: the engine stops on it (a GPU fault is not something to run on past).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendError(pub String);
+
+/// One input chunk as the backend sees it.
+#[derive(Clone, Copy)]
+pub struct ChunkInput<'a> {
+    pub id: u64,
+    /// Packed samples, polarisation-major (`2 × pol_bytes`).
+    pub data: &'a [u8],
+    /// The following chunk's data, whose head becomes this chunk's tail (`None`: zeros).
+    pub next: Option<&'a [u8]>,
+}
 
 /// What the back end needs besides the spectra it holds.
 pub struct BackEndInput<'a> {
@@ -20,25 +38,44 @@ pub struct BackEndInput<'a> {
     pub dither: Option<u64>,
 }
 
-/// One output's compute. Buffers live in the backend (host or device memory).
-pub trait Backend: Send {
-    /// Decode polarisation `pol` of the current chunk: `body` is this chunk's packed samples,
-    /// `tail` the next chunk's head (`None` if it is missing: zeros).
-    fn load(&mut self, pol: usize, body: &[u8], tail: Option<&[u8]>);
-    /// Front end: the PFB of the spectrum of `pol` starting at sample `offset` of the loaded
-    /// chunk, into slot `k` of the heap being assembled. Returns the digitiser power of the
-    /// window's last step (int64).
-    fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> i64;
-    /// Back end: FFT and post-process the heap's spectra (both pols); returns the wire bytes
-    /// (channel, spectrum, pol, re/im) and the clip count per pol.
-    fn back_end(&mut self, input: &BackEndInput<'_>) -> (&[u8], [u64; 2]);
+/// A heap the back end finished.
+pub struct Finished<'a> {
+    /// Wire bytes: (channel, spectrum, pol, re/im).
+    pub data: &'a [u8],
+    /// Clipped complex values per pol.
+    pub clips: [u64; 2],
+    /// Σx² of the digitiser samples the heap's spectra counted, per pol (int64).
+    pub power: [i64; 2],
 }
 
-/// The CPU backend: `src/dsp` run on the host.
+/// One output's compute. Buffers live in the backend (host or device memory).
+pub trait Backend: Send {
+    /// Make `chunk` the current input (both polarisations, tail included).
+    fn load(&mut self, chunk: ChunkInput<'_>) -> Result<(), BackendError>;
+    /// Nothing reads the host memory of the chunk last loaded once this returns.
+    fn release(&mut self) -> Result<(), BackendError>;
+    /// Front end: the PFB of the spectrum of `pol` starting at sample `offset` of the loaded
+    /// chunk, into slot `k` of the heap being assembled; its digitiser power (the window's
+    /// last step) goes to the heap's total.
+    fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> Result<(), BackendError>;
+    /// Forget the spectra and power of the heap being assembled (it will not be sent).
+    fn discard(&mut self) -> Result<(), BackendError>;
+    /// Back end: FFT and post-process the heap's spectra (both pols). The caller keeps fewer
+    /// than [`Backend::depth`] heaps in flight.
+    fn back_end(&mut self, input: &BackEndInput<'_>) -> Result<(), BackendError>;
+    /// Most heaps in flight at once.
+    fn depth(&self) -> usize;
+    /// The oldest heap in flight, once done (waiting for it if `wait`); `None` if none is.
+    fn finished(&mut self, wait: bool) -> Result<Option<Finished<'_>>, BackendError>;
+}
+
+/// The CPU backend: `src/dsp` run on the host, one heap at a time.
 pub struct CpuBackend {
     channels: usize,
     step: usize,
     sample_bits: u32,
+    pol_bytes: usize,
+    tail_bytes: usize,
     weights: Vec<f32>,
     fft: ChannelFft,
     samples: [Vec<i32>; 2],
@@ -47,6 +84,8 @@ pub struct CpuBackend {
     heap: Vec<i8>,
     out_bits: OutputBits,
     packed: Vec<u8>,
+    power: [i64; 2],
+    done: Option<([u64; 2], [i64; 2])>,
 }
 
 impl CpuBackend {
@@ -65,6 +104,8 @@ impl CpuBackend {
             channels,
             step,
             sample_bits,
+            pol_bytes: body * sample_bits as usize / 8,
+            tail_bytes: tail * sample_bits as usize / 8,
             weights: pfb_weights(step, output.taps, output.w_cutoff, output.window),
             fft: ChannelFft::new(step),
             samples: [vec![0; body + tail], vec![0; body + tail]],
@@ -86,33 +127,49 @@ impl CpuBackend {
                     0
                 }
             ],
+            power: [0; 2],
+            done: None,
         }
     }
 }
 
 impl Backend for CpuBackend {
-    fn load(&mut self, pol: usize, body: &[u8], tail: Option<&[u8]>) {
-        let n = body.len() * 8 / self.sample_bits as usize;
-        let (head, rest) = self.samples[pol].split_at_mut(n);
-        unpack(body, self.sample_bits, head);
-        match tail {
-            Some(t) => unpack(t, self.sample_bits, rest),
-            None => rest.fill(0),
+    fn load(&mut self, chunk: ChunkInput<'_>) -> Result<(), BackendError> {
+        let (pb, tb) = (self.pol_bytes, self.tail_bytes);
+        let n = pb * 8 / self.sample_bits as usize;
+        for p in 0..2 {
+            let (head, rest) = self.samples[p].split_at_mut(n);
+            unpack(&chunk.data[p * pb..(p + 1) * pb], self.sample_bits, head);
+            match chunk.next {
+                Some(next) => unpack(&next[p * pb..p * pb + tb], self.sample_bits, rest),
+                None => rest.fill(0),
+            }
         }
+        Ok(())
     }
 
-    fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> i64 {
+    fn release(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> Result<(), BackendError> {
         let frame = &mut self.frames[pol][k * self.step..(k + 1) * self.step];
-        pfb_fir(
+        self.power[pol] += pfb_fir(
             &self.samples[pol],
             &self.weights,
             self.step,
             &[offset],
             frame,
-        )[0]
+        )[0];
+        Ok(())
     }
 
-    fn back_end(&mut self, input: &BackEndInput<'_>) -> (&[u8], [u64; 2]) {
+    fn discard(&mut self) -> Result<(), BackendError> {
+        self.power = [0; 2];
+        Ok(())
+    }
+
+    fn back_end(&mut self, input: &BackEndInput<'_>) -> Result<(), BackendError> {
         for p in 0..2 {
             self.fft.run(&self.frames[p], &mut self.spectra[p]);
         }
@@ -124,13 +181,25 @@ impl Backend for CpuBackend {
             dither: input.dither,
         };
         let clips = postproc_heap(&heap, self.channels, self.out_bits, &mut self.heap);
+        if self.out_bits == OutputBits::Four {
+            pack_4bit(&self.heap, &mut self.packed);
+        }
+        self.done = Some((clips, std::mem::take(&mut self.power)));
+        Ok(())
+    }
+
+    fn depth(&self) -> usize {
+        1
+    }
+
+    fn finished(&mut self, _wait: bool) -> Result<Option<Finished<'_>>, BackendError> {
+        let Some((clips, power)) = self.done.take() else {
+            return Ok(None);
+        };
         let data: &[u8] = match self.out_bits {
             OutputBits::Eight => bytemuck::cast_slice(&self.heap),
-            OutputBits::Four => {
-                pack_4bit(&self.heap, &mut self.packed);
-                &self.packed
-            }
+            OutputBits::Four => &self.packed,
         };
-        (data, clips)
+        Ok(Some(Finished { data, clips, power }))
     }
 }

@@ -1,7 +1,9 @@
-//! One wideband output's processing, on the CPU backend, in seed 000's structure: a front end
+//! One wideband output's processing, on any [`Backend`], in seed 000's structure: a front end
 //! (decode + PFB FIR, one spectrum at a time at the input offset its coarse delay gives) and a
 //! back end (FFT + post-processing) that runs once a whole output heap of spectra is ready, so
-//! the two run at their own cadences.
+//! the two run at their own cadences. Heaps come back from the backend in order, up to its
+//! depth later (a GPU overlaps their copies with the next heaps' compute); [`Pipeline::flush`]
+//! collects the last ones.
 //!
 //! Spectra sit on the output grid T = k·2N. Spectrum T of polarisation p reads input samples
 //! [T − c_p(T), T − c_p(T) + taps·2N) (fengine_delay_convention.md §2). A spectrum is handled by
@@ -13,16 +15,38 @@
 //! send it and counts it (facts §1.10).
 #![deny(unsafe_code)]
 
+use std::collections::VecDeque;
+
 use num_complex::Complex32;
 
-use super::backend::{BackEndInput, Backend, CpuBackend};
+use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, CpuBackend};
 use super::output::WidebandOutput;
 use super::place::InputLayout;
 use crate::dsp::delay::DelayModels;
 use crate::dsp::postproc::{OutputBits, SpectrumDelay};
 use crate::dsp::presence::MissingPrefix;
-use crate::dsp::samples::packed_len;
 use crate::spead::recv::Chunk;
+
+/// One received chunk as the pipeline reads it (the engine's [`Chunk`], or any other memory:
+/// the GPU benchmark's pinned buffers).
+#[derive(Clone, Copy)]
+pub struct ChunkView<'a> {
+    pub chunk_id: u64,
+    /// Packed samples, polarisation-major.
+    pub data: &'a [u8],
+    /// Per heap (polarisation-major), non-zero where it arrived.
+    pub present: &'a [u8],
+}
+
+impl<'a> From<&'a Chunk> for ChunkView<'a> {
+    fn from(c: &'a Chunk) -> ChunkView<'a> {
+        ChunkView {
+            chunk_id: c.chunk_id,
+            data: &c.data,
+            present: &c.present,
+        }
+    }
+}
 
 /// A finished output heap (both polarisations, all channels).
 pub struct OutputHeap<'a> {
@@ -38,7 +62,6 @@ pub struct OutputHeap<'a> {
 pub struct Pipeline {
     pub output: WidebandOutput,
     layout: InputLayout,
-    bits: u32,
     step: usize,
     spectra_per_heap: usize,
     tail: usize,
@@ -59,6 +82,8 @@ pub struct Pipeline {
     /// Σx² and sample count per pol since the caller last took them ([`Pipeline::take_dig_power`]).
     dig_power: [i64; 2],
     dig_samples: [u64; 2],
+    /// Heaps submitted to the backend and not yet emitted: (timestamp, valid).
+    in_flight: VecDeque<(u64, bool)>,
 }
 
 /// Samples of tail needed: footprint plus differential delay, rounded up to whole heaps.
@@ -79,41 +104,55 @@ pub struct PipelineConfig {
     pub out_bits: OutputBits,
 }
 
+impl PipelineConfig {
+    /// Samples of tail each chunk is extended by for `output`.
+    pub fn tail(&self, output: &WidebandOutput) -> usize {
+        tail_samples(
+            output.taps,
+            2 * output.channels,
+            self.max_delay_diff,
+            self.layout.heap_samples as usize,
+        )
+    }
+}
+
 impl Pipeline {
     /// A pipeline on the CPU backend.
     pub fn new(output: WidebandOutput, cfg: PipelineConfig) -> Pipeline {
-        let PipelineConfig {
-            layout,
-            sample_bits: bits,
-            spectra_per_heap,
-            max_delay_diff,
-            gain,
-            dither_seed,
-            out_bits,
-        } = cfg;
-        let step = 2 * output.channels;
-        let tail = tail_samples(
-            output.taps,
-            step,
-            max_delay_diff,
-            layout.heap_samples as usize,
-        );
-        let channels = output.channels;
         let backend = Box::new(CpuBackend::new(
             &output,
-            bits,
-            layout.chunk_samples as usize,
-            tail,
-            spectra_per_heap,
-            out_bits,
+            cfg.sample_bits,
+            cfg.layout.chunk_samples as usize,
+            cfg.tail(&output),
+            cfg.spectra_per_heap,
+            cfg.out_bits,
         ));
+        Pipeline::with_backend(output, cfg, backend)
+    }
+
+    /// A pipeline on `backend`, which was made for `output` and `cfg` (buffers of
+    /// `cfg.layout.chunk_samples + cfg.tail(&output)` samples per pol).
+    pub fn with_backend(
+        output: WidebandOutput,
+        cfg: PipelineConfig,
+        backend: Box<dyn Backend>,
+    ) -> Pipeline {
+        let tail = cfg.tail(&output);
+        let PipelineConfig {
+            layout,
+            spectra_per_heap,
+            gain,
+            dither_seed,
+            ..
+        } = cfg;
+        let step = 2 * output.channels;
+        let channels = output.channels;
         Pipeline {
             backend,
             gains: [vec![gain; channels], vec![gain; channels]],
             delays: [DelayModels::default(), DelayModels::default()],
             dither_seed: output.dither.then_some(dither_seed),
             layout,
-            bits,
             step,
             spectra_per_heap,
             tail,
@@ -129,6 +168,7 @@ impl Pipeline {
             missing: [MissingPrefix::default(), MissingPrefix::default()],
             dig_power: [0; 2],
             dig_samples: [0; 2],
+            in_flight: VecDeque::new(),
             output,
         }
     }
@@ -153,12 +193,51 @@ impl Pipeline {
         (self.spectra_per_heap * self.step) as u64
     }
 
-    fn reset_heap(&mut self) {
+    fn reset_heap(&mut self) -> Result<(), BackendError> {
+        if !self.heap_ts.is_empty() {
+            self.backend.discard()?;
+        }
         for p in 0..2 {
             self.heap_delays[p].clear();
         }
         self.heap_ts.clear();
         self.heap_valid = true;
+        Ok(())
+    }
+
+    /// Emit the oldest heap in flight (waiting for it if `wait`); false if there was none ready.
+    fn emit_one(
+        &mut self,
+        wait: bool,
+        emit: &mut impl FnMut(&OutputHeap<'_>),
+    ) -> Result<bool, BackendError> {
+        if self.in_flight.is_empty() {
+            return Ok(false);
+        }
+        let span = self.heap_span();
+        let Some(done) = self.backend.finished(wait)? else {
+            return Ok(false);
+        };
+        let Some((timestamp, valid)) = self.in_flight.pop_front() else {
+            return Ok(false);
+        };
+        for p in 0..2 {
+            self.dig_power[p] += done.power[p];
+            self.dig_samples[p] += span;
+        }
+        emit(&OutputHeap {
+            timestamp,
+            data: done.data,
+            clips: done.clips,
+            valid,
+        });
+        Ok(true)
+    }
+
+    /// Wait for every heap still in the backend and emit it.
+    pub fn flush(&mut self, mut emit: impl FnMut(&OutputHeap<'_>)) -> Result<(), BackendError> {
+        while self.emit_one(true, &mut emit)? {}
+        Ok(())
     }
 
     /// Process chunk `chunk` (with `next`, the following chunk, for the tail, if it arrived);
@@ -166,24 +245,22 @@ impl Pipeline {
     /// their input was not there (a gap in the chunks, or a delay jump), whole or partial.
     pub fn process(
         &mut self,
-        chunk: &Chunk,
-        next: Option<&Chunk>,
+        chunk: ChunkView<'_>,
+        next: Option<ChunkView<'_>>,
         mut emit: impl FnMut(&OutputHeap<'_>),
-    ) -> u64 {
+    ) -> Result<u64, BackendError> {
         let l = self.layout;
         let start = chunk.chunk_id * l.chunk_samples;
         let end = start + l.chunk_samples;
         let per_pol = l.heaps_per_pol();
         let tail_heaps = self.tail / l.heap_samples as usize;
-        let tail_bytes = packed_len(self.tail, self.bits);
         let next = next.filter(|n| n.chunk_id == chunk.chunk_id + 1);
+        self.backend.load(ChunkInput {
+            id: chunk.chunk_id,
+            data: chunk.data,
+            next: next.map(|n| n.data),
+        })?;
         for p in 0..2 {
-            let pb = l.pol_bytes();
-            self.backend.load(
-                p,
-                &chunk.data[p * pb..(p + 1) * pb],
-                next.map(|n| &n.data[p * pb..p * pb + tail_bytes]),
-            );
             self.present[p].clear();
             self.present[p].extend(
                 chunk.present[p * per_pol..(p + 1) * per_pol]
@@ -225,7 +302,7 @@ impl Pipeline {
                 // Input no longer (or never) available: the heap containing next_t is lost
                 // (counted, partial or not), and the output skips to the next heap boundary.
                 skipped += 1;
-                self.reset_heap();
+                self.reset_heap()?;
                 let span = self.heap_span();
                 self.next_t = (self.next_t / span + 1) * span;
                 continue;
@@ -235,8 +312,7 @@ impl Pipeline {
                 let off = (s[p] - start as i64) as usize;
                 // Digitiser power over the last step of each window: with consecutive spectra,
                 // every sample once (seed 000 §Digitiser sample statistics).
-                self.dig_power[p] += self.backend.front_end(p, off, k);
-                self.dig_samples[p] += self.step as u64;
+                self.backend.front_end(p, off, k)?;
                 self.heap_valid &= self.missing[p].window_ok(off, window);
                 self.heap_delays[p].push(SpectrumDelay {
                     coarse: d[p].0,
@@ -247,22 +323,24 @@ impl Pipeline {
             self.heap_ts.push(t);
             self.next_t += self.step as u64;
             if self.heap_ts.len() == self.spectra_per_heap {
+                while self.in_flight.len() >= self.backend.depth() {
+                    self.emit_one(true, &mut emit)?;
+                }
                 let input = BackEndInput {
                     gains: [&self.gains[0], &self.gains[1]],
                     delays: [&self.heap_delays[0], &self.heap_delays[1]],
                     timestamps: &self.heap_ts,
                     dither: self.dither_seed,
                 };
-                let (data, clips) = self.backend.back_end(&input);
-                emit(&OutputHeap {
-                    timestamp: self.heap_ts[0] as u64,
-                    data,
-                    clips,
-                    valid: self.heap_valid,
-                });
-                self.reset_heap();
+                self.backend.back_end(&input)?;
+                self.in_flight
+                    .push_back((self.heap_ts[0] as u64, self.heap_valid));
+                self.heap_ts.clear();
+                self.reset_heap()?;
+                while self.emit_one(false, &mut emit)? {}
             }
         }
-        skipped
+        self.backend.release()?;
+        Ok(skipped)
     }
 }

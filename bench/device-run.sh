@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# What one device call runs (bench/RESULTS.md quotes its output): the GPU self-test, then, only
+# if it passed, the kernel and whole-path benchmarks and the end-to-end engine over loopback
+# (dsim → fengine --backend cuda → capture). Binaries come from `cargo build --release` on
+# the development machine, stripped into .dev/ (ignored by git, carried to the device).
+# Usage: bench/device-run.sh [--quick] [--skip-bench] [--skip-e2e]; logs go to $OUT if set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=.dev
+out=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+"$bin/cbf" selftest --gpu 2>&1 | tee "$out/selftest.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "selftest FAILED: no figures count"; exit 1; }
+if [[ " $* " != *" --skip-bench "* ]]; then
+    "$bin/cbf-gpu-bench" "$@" 2>&1 | tee "$out/bench.txt"
+fi
+[[ " $* " == *" --skip-e2e "* ]] && exit 0
+# End to end over loopback: 2 pols × rate × 10 bits in, 4096 channels out.
+e2e() {
+    local rate=$1 secs=$2
+    "$bin/cbf" fengine --backend cuda --src 127.0.0.1:7101,127.0.0.1:7102 --recv-threads 2 \
+        --adc-sample-rate "$rate" --katcp-port 0 --duration $((secs + 6)) \
+        --wideband name=wide,channels=4096,dst=127.0.0.1:7200 > "$out/fengine-$rate.txt" 2>&1 &
+    local feng=$!
+    "$bin/cbf" capture --stats --duration $((secs + 4)) 127.0.0.1:7200 > "$out/capture-$rate.txt" 2>&1 &
+    local cap=$!
+    sleep 2
+    "$bin/cbf" dsim --adc-sample-rate "$rate" --duration "$secs" --katcp-port 0 \
+        --signals "cw(0.2, 1.0e8); wgn(0.05);" 127.0.0.1:7101 127.0.0.1:7102 > "$out/dsim-$rate.txt" 2>&1
+    wait $cap; wait $feng
+    echo "== e2e at $rate S/s per pol"
+    tail -n 3 "$out/dsim-$rate.txt"; tail -n 4 "$out/fengine-$rate.txt"; tail -n 2 "$out/capture-$rate.txt"
+}
+e2e 856e6 10
+e2e 1712e6 10

@@ -1,0 +1,363 @@
+//! `cbf-gpu-bench`: the CUDA F-engine's speed against the device's own ceilings, all measured
+//! in one run (METHOD.md): device-to-device copy bandwidth, pinned host↔device bandwidth
+//! alone and both ways at once (at the engine's 1.25 B in : 1 B out per sample), the PFB and
+//! post-processing kernels in bytes moved per second (katgpucbf's byte formulas,
+//! h100_measured.md), cuFFT between them, and the whole path from pinned chunks to 8-bit heaps
+//! in pinned memory through the engine's own `Pipeline` in input samples per second.
+//!
+//! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
+//! Usage: `cbf-gpu-bench [--quick]`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cbf::dsp::pfb::Window;
+use cbf::dsp::postproc::{OutputBits, SpectrumDelay};
+use cbf::fengine::backend::{BackEndInput, Backend, ChunkInput};
+use cbf::fengine::output::WidebandOutput;
+use cbf::fengine::pipeline::{ChunkView, Pipeline, PipelineConfig};
+use cbf::fengine::place::InputLayout;
+use cbf::gpu::compile::Kernel;
+use cbf::gpu::fengine::{default_unzip, GpuBackend, GpuConfig};
+use cbf::gpu::{Gpu, GpuError};
+use cudarc::driver::{LaunchConfig, PinnedHostSlice, PushKernelArg};
+use num_complex::Complex32;
+
+const GB: f64 = 1e9;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Random bytes (any byte string is a valid packed sample stream).
+fn fill(buf: &mut [u8], seed: u64) {
+    let mut x = seed | 1;
+    for c in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+}
+
+fn pinned(gpu: &Gpu, len: usize, seed: u64) -> Result<PinnedHostSlice<u8>, GpuError> {
+    // SAFETY: filled before use.
+    let mut p = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(len, 0) }?;
+    fill(p.as_mut_slice()?, seed);
+    Ok(p)
+}
+
+fn output(channels: usize, dither: bool) -> WidebandOutput {
+    WidebandOutput {
+        name: "bench".into(),
+        channels,
+        dst: vec![],
+        taps: 16,
+        w_cutoff: 1.0,
+        window: Window::Hann,
+        dither,
+        jones_per_batch: None,
+    }
+}
+
+struct Ceilings {
+    copy: f64,
+    h2d: f64,
+    d2h: f64,
+    both_h2d: f64,
+    both_d2h: f64,
+}
+
+fn ceilings(gpu: &Arc<Gpu>) -> Result<Ceilings, GpuError> {
+    let st = &gpu.compute;
+    let n = 1usize << 27; // float4s: 2 GiB
+    let src = st.alloc_zeros::<[f32; 4]>(n)?;
+    let mut dst = st.alloc_zeros::<[f32; 4]>(n)?;
+    let f = gpu.function(Kernel::Copy, &vec![])?;
+    let sms = gpu.ctx.attribute(
+        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )? as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (sms * 8, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let n64 = n as i64;
+    let mut times = Vec::new();
+    for rep in 0..12 {
+        let a = gpu
+            .ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        let b = gpu
+            .ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        a.record(st)?;
+        let mut l = st.launch_builder(&f);
+        l.arg(&mut dst).arg(&src).arg(&n64);
+        // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
+        unsafe { l.launch(cfg) }?;
+        b.record(st)?;
+        b.synchronize()?;
+        if rep >= 2 {
+            times.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
+        }
+    }
+    let copy = 2.0 * (n * 16) as f64 / median(times) / GB;
+    drop((src, dst));
+    // Pinned copies: 1.25 GiB in and 1 GiB out, the engine's ratio.
+    let (bin, bout) = (5usize << 28, 1usize << 30);
+    let hin = pinned(gpu, bin, 1)?;
+    let mut hout = pinned(gpu, bout, 2)?;
+    let mut din = gpu.h2d.alloc_zeros::<u8>(bin)?;
+    let dout = gpu.d2h.alloc_zeros::<u8>(bout)?;
+    let time = |f: &mut dyn FnMut() -> Result<(), GpuError>| -> Result<f64, GpuError> {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            gpu.ctx.synchronize()?;
+            let t = Instant::now();
+            f()?;
+            gpu.ctx.synchronize()?;
+            v.push(t.elapsed().as_secs_f64());
+        }
+        Ok(median(v))
+    };
+    let t_in = time(&mut || Ok(gpu.h2d.memcpy_htod(&hin, &mut din)?))?;
+    let t_out = time(&mut || Ok(gpu.d2h.memcpy_dtoh(&dout, &mut hout)?))?;
+    // Both at once: each direction timed by its own events.
+    let mut both = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        gpu.ctx.synchronize()?;
+        let ev = || {
+            gpu.ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
+        let (a0, a1, b0, b1) = (ev()?, ev()?, ev()?, ev()?);
+        a0.record(&gpu.h2d)?;
+        b0.record(&gpu.d2h)?;
+        gpu.h2d.memcpy_htod(&hin, &mut din)?;
+        gpu.d2h.memcpy_dtoh(&dout, &mut hout)?;
+        a1.record(&gpu.h2d)?;
+        b1.record(&gpu.d2h)?;
+        gpu.ctx.synchronize()?;
+        both.0.push(f64::from(a0.elapsed_ms(&a1)?) * 1e-3);
+        both.1.push(f64::from(b0.elapsed_ms(&b1)?) * 1e-3);
+    }
+    Ok(Ceilings {
+        copy,
+        h2d: bin as f64 / t_in / GB,
+        d2h: bout as f64 / t_out / GB,
+        both_h2d: bin as f64 / median(both.0) / GB,
+        both_d2h: bout as f64 / median(both.1) / GB,
+    })
+}
+
+struct KernelFigures {
+    channels: usize,
+    dither: bool,
+    section: usize,
+    pfb: f64,
+    fft: f64,
+    post: f64,
+    samples: f64,
+}
+
+/// The three kernels on ~2^28 samples per pol (katgpucbf's "large" case), event-timed,
+/// median of 10 after warm-up; the PFB's section length swept.
+fn kernels(
+    gpu: &Arc<Gpu>,
+    channels: usize,
+    dither: bool,
+    sections: &[usize],
+) -> Result<Vec<KernelFigures>, GpuError> {
+    let step = 2 * channels;
+    let spectra = (1usize << 28) / step;
+    let taps = 16;
+    let body = (spectra + taps) * step;
+    let out = output(channels, dither);
+    let mut gb = GpuBackend::new(
+        Arc::clone(gpu),
+        &out,
+        GpuConfig {
+            sample_bits: 10,
+            body,
+            tail: step * taps,
+            spectra_per_heap: spectra,
+            out_bits: OutputBits::Eight,
+            unzip: default_unzip(channels),
+            depth: 1,
+        },
+    )?;
+    let mut data = vec![0u8; 2 * body * 10 / 8];
+    fill(&mut data, 3);
+    gb.load(ChunkInput {
+        id: 0,
+        data: &data,
+        next: Some(&data),
+    })?;
+    gb.release()?;
+    let gains = vec![Complex32::new(0.02, 0.01); channels];
+    let delays = vec![
+        SpectrumDelay {
+            coarse: 0,
+            fine: 0.3,
+            phase: 0.2
+        };
+        spectra
+    ];
+    let ts: Vec<i64> = (0..spectra as i64).map(|k| k * step as i64).collect();
+    let input = BackEndInput {
+        gains: [&gains, &gains],
+        delays: [&delays, &delays],
+        timestamps: &ts,
+        dither: dither.then_some(7),
+    };
+    let samples = (2 * spectra * step) as f64;
+    let mut figs = Vec::new();
+    for &section in sections {
+        gb.set_section(section);
+        let (mut tp, mut tf, mut tq) = (Vec::new(), Vec::new(), Vec::new());
+        for rep in 0..12 {
+            let e0 = gb.mark()?;
+            for k in 0..spectra {
+                for p in 0..2 {
+                    gb.front_end(p, k * step, k)?;
+                }
+            }
+            gb.flush_runs()?;
+            let e1 = gb.mark()?;
+            gb.fft()?;
+            let e2 = gb.mark()?;
+            gb.postproc(0, &input)?;
+            let e3 = gb.mark()?;
+            e3.synchronize()?;
+            if rep >= 2 {
+                tp.push(f64::from(e0.elapsed_ms(&e1)?) * 1e-3);
+                tf.push(f64::from(e1.elapsed_ms(&e2)?) * 1e-3);
+                tq.push(f64::from(e2.elapsed_ms(&e3)?) * 1e-3);
+            }
+        }
+        let (tp, tf, tq) = (median(tp), median(tf), median(tq));
+        figs.push(KernelFigures {
+            channels,
+            dither,
+            section,
+            // katgpucbf's formulas (h100_measured.md): PFB = packed input read once with the
+            // filter history + f32 output + weights; FFT = complex64 read + written;
+            // post-processing = complex64 in + int8 out + gains.
+            pfb: ((samples + (2 * (taps - 1) * step) as f64) * 1.25
+                + samples * 4.0
+                + (taps * step * 4) as f64)
+                / tp
+                / GB,
+            fft: samples * 8.0 / tf / GB,
+            post: (samples * 4.0 + samples + (2 * channels * 8) as f64) / tq / GB,
+            samples: samples / (tp + tf + tq),
+        });
+    }
+    Ok(figs)
+}
+
+/// The engine path: `Pipeline` on `GpuBackend` over pinned chunks (2^25 samples per pol,
+/// 10-bit), 8-bit heaps to pinned memory; input samples per second (both pols).
+fn whole_path(gpu: &Arc<Gpu>, channels: usize, chunks: usize) -> Result<(f64, u64), GpuError> {
+    let layout = InputLayout {
+        heap_samples: 4096,
+        heap_bytes: 4096 * 10 / 8,
+        chunk_samples: 1 << 25,
+    };
+    let out = output(channels, true);
+    let sph = (1usize << 20) / channels;
+    let cfg = PipelineConfig {
+        layout,
+        sample_bits: 10,
+        spectra_per_heap: sph,
+        max_delay_diff: 0,
+        gain: Complex32::new(0.05, 0.0),
+        dither_seed: 9,
+        out_bits: OutputBits::Eight,
+    };
+    let backend = GpuBackend::new(
+        Arc::clone(gpu),
+        &out,
+        GpuConfig {
+            sample_bits: 10,
+            body: layout.chunk_samples as usize,
+            tail: cfg.tail(&out),
+            spectra_per_heap: sph,
+            out_bits: OutputBits::Eight,
+            unzip: default_unzip(channels),
+            depth: 4,
+        },
+    )?;
+    let mut pipeline = Pipeline::with_backend(out, cfg, Box::new(backend));
+    let bytes = 2 * layout.pol_bytes();
+    let bufs = (0..3)
+        .map(|i| pinned(gpu, bytes, 10 + i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let present = vec![1u8; 2 * layout.heaps_per_pol()];
+    let mut heaps = 0u64;
+    let mut check = 0u64;
+    let warm = 4;
+    let mut t0 = Instant::now();
+    for id in 0..chunks + warm {
+        if id == warm {
+            t0 = Instant::now();
+        }
+        let view = |i: usize| -> Result<ChunkView<'_>, GpuError> {
+            Ok(ChunkView {
+                chunk_id: i as u64,
+                data: bufs[i % 3].as_slice()?,
+                present: &present,
+            })
+        };
+        pipeline.process(view(id)?, Some(view(id + 1)?), |h| {
+            heaps += 1;
+            check = check.wrapping_add(u64::from(h.data[h.data.len() / 2]));
+        })?;
+    }
+    pipeline.flush(|_| heaps += 1)?;
+    let t = t0.elapsed().as_secs_f64();
+    std::hint::black_box(check);
+    Ok(((chunks as u64 * 2 * layout.chunk_samples) as f64 / t, heaps))
+}
+
+fn main() -> Result<(), GpuError> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let gpu = Gpu::open(0)?;
+    println!("# cbf-gpu-bench on {} ({})", gpu.name, gpu.arch);
+    let c = ceilings(&gpu)?;
+    println!(
+        "ceilings: d2d copy {:.0} GB/s; pinned H2D {:.1} GB/s, D2H {:.1} GB/s alone; both at once (1.25:1) H2D {:.1} GB/s, D2H {:.1} GB/s",
+        c.copy, c.h2d, c.d2h, c.both_h2d, c.both_d2h
+    );
+    let pcie_bound = (c.both_h2d / 1.25).min(c.both_d2h) * GB;
+    println!(
+        "PCIe bound for 10-bit in, 8-bit out: {:.1} GS/s",
+        pcie_bound / GB
+    );
+    let sections: &[usize] = if quick { &[32] } else { &[8, 16, 32, 64, 128] };
+    for channels in [4096, 32768] {
+        for dither in [true, false] {
+            for f in kernels(&gpu, channels, dither, sections)? {
+                println!(
+                    "kernels {:>5} ch dither={:<5} section {:>3}: pfb {:>6.0} GB/s ({:>3.0}% of copy), fft {:>6.0} GB/s ({:>3.0}%), postproc {:>6.0} GB/s ({:>3.0}%), chain {:>5.0} GS/s",
+                    f.channels, f.dither, f.section,
+                    f.pfb, 100.0 * f.pfb / c.copy,
+                    f.fft, 100.0 * f.fft / c.copy,
+                    f.post, 100.0 * f.post / c.copy,
+                    f.samples / GB,
+                );
+            }
+        }
+    }
+    for channels in [4096, 32768] {
+        let (rate, heaps) = whole_path(&gpu, channels, if quick { 20 } else { 120 })?;
+        println!(
+            "whole path {channels:>5} ch, 16 taps, 10-bit in, 8-bit out: {:.1} GS/s = {:.0}% of the PCIe bound ({heaps} heaps)",
+            rate / GB,
+            100.0 * rate / pcie_bound
+        );
+    }
+    Ok(())
+}

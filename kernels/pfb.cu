@@ -1,0 +1,112 @@
+// Fused decode + PFB FIR: the GPU front end of the wideband F-engine (seed 000 §Decode,
+// §Polyphase Filter Bank, §Digitiser sample statistics). Mirrors `dsp::samples::unpack` and
+// `dsp::pfb::pfb_fir`; `cbf selftest --gpu` compares them.
+//
+// Compile-time constants (-D): CHANNELS (N, a power of two), TAPS, SAMPLE_BITS (2..10, 12, 16),
+// UNZIP (n, dividing N with N/n >= 2), SPECTRA (spectra per heap: the frames buffer holds
+// 2 pols × SPECTRA frames).
+//
+// One launch computes `count` consecutive spectra (heap slots k, k+1, ...) of one or both
+// polarisations (blockIdx.z), whose windows start at samples start, start + STEP, ... of
+// that polarisation's input (a constant coarse delay: the caller splits a run where the
+// delay changes). Each thread owns one column i of the STEP-sample frame for
+// `section` consecutive spectra and keeps the FIR's sliding window in registers: the loop is
+// unrolled by TAPS so that every register index is a compile-time constant.
+//
+// The output is written in the unzip order of seed 000 §Unzipping the FFT: the frame read as N
+// complex values z_i (re = x_2i, im = x_2i+1) with i = q·n + r is stored at r·(N/n) + q, so that
+// every z^r is contiguous for one batched C2C cuFFT of N/n points.
+//
+// Products and sums are rounded separately (no FMA contraction), in tap order, as the CPU
+// oracle does them, so the two agree bit for bit.
+
+#define STEP (2 * CHANNELS)
+#define SUBLEN (CHANNELS / UNZIP)
+
+typedef unsigned char u8;
+typedef long long i64;
+typedef unsigned long long u64;
+
+// Sample g of a big-endian bit-packed stream, sign-extended (seed 000 §Decode: two bytes,
+// shift left to the top, arithmetic shift right). The buffer carries a padding byte so that
+// the second byte of the last sample is always readable.
+__device__ __forceinline__ int decode(const u8 *__restrict__ in, i64 g)
+{
+#if SAMPLE_BITS == 8
+    return (int)(signed char)in[g];
+#elif SAMPLE_BITS == 2 || SAMPLE_BITS == 4
+    const i64 bit = g * SAMPLE_BITS;
+    const unsigned int b = in[bit >> 3];
+    return ((int)(signed char)(u8)(b << (bit & 7))) >> (8 - SAMPLE_BITS);
+#else
+    const i64 bit = g * SAMPLE_BITS;
+    const i64 byte = bit >> 3;
+    const unsigned int v = ((unsigned int)in[byte] << 8) | in[byte + 1];
+    return ((int)(short)(unsigned short)(v << (bit & 7))) >> (16 - SAMPLE_BITS);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) pfb_fir(
+    float *__restrict__ out,             // frames: [pol][SPECTRA][STEP]
+    const u8 *__restrict__ in,           // input slot: pol p's packed samples at p·pol_stride
+    const float *__restrict__ weights,   // TAPS × STEP, tap-major
+    u64 *__restrict__ power,             // [pol] Σx² accumulators
+    i64 start0,                          // first window's first sample, pol 0
+    i64 start1,                          // same, pol 1
+    i64 pol_stride,
+    int first_pol,
+    int k,
+    int count,
+    int section)
+{
+    const int pol = first_pol + blockIdx.z;
+    const i64 in_start = pol ? start1 : start0;
+    in += pol * pol_stride;
+    const i64 out_start = (i64)(pol * SPECTRA + k) * STEP;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int first = blockIdx.y * section;
+    const int n = min(section, count - first);
+    i64 pw = 0;
+    if (i < STEP && n > 0)
+    {
+        float w[TAPS];
+#pragma unroll
+        for (int t = 0; t < TAPS; t++)
+            w[t] = weights[t * STEP + i];
+        const i64 g = in_start + (i64)first * STEP + i;
+        float win[TAPS];
+#pragma unroll
+        for (int t = 0; t < TAPS - 1; t++)
+            win[t] = (float)decode(in, g + (i64)t * STEP);
+        const int zi = i >> 1;
+        const int pos = 2 * ((zi % UNZIP) * SUBLEN + zi / UNZIP) + (i & 1);
+        float *o = out + out_start + (i64)first * STEP + pos;
+        for (int j0 = 0; j0 < n; j0 += TAPS)
+        {
+#pragma unroll
+            for (int jj = 0; jj < TAPS; jj++)
+            {
+                const int j = j0 + jj;
+                if (j < n)
+                {
+                    // The newest sample is the last step of spectrum j's window: the samples
+                    // the digitiser power counts (each input sample once in steady state).
+                    const int x = decode(in, g + (i64)(j + TAPS - 1) * STEP);
+                    win[(jj + TAPS - 1) % TAPS] = (float)x;
+                    pw += (i64)x * x;
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int t = 0; t < TAPS; t++)
+                        acc = __fadd_rn(acc, __fmul_rn(w[t], win[(jj + t) % TAPS]));
+                    o[(i64)j * STEP] = acc;
+                }
+            }
+        }
+    }
+    // Digitiser power in 64-bit integers (seed 000): a warp sum, then one atomic per warp.
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        pw += __shfl_down_sync(0xffffffffu, pw, off);
+    if ((threadIdx.x & 31) == 0 && pw != 0)
+        atomicAdd(power + pol, (u64)pw);
+}

@@ -1,0 +1,233 @@
+// Post-processing of one F heap: the last Cooley–Tukey round of the unzipped FFT, the
+// real-to-complex fix-up, gains, fine delay and phase, dither, saturating quantisation with
+// clip counts, the partial transpose to (channel, spectrum, pol, re/im) and the polarisation
+// interleave (seed 000 §FFT "Unzipping the FFT", §Postprocessing). Mirrors
+// `dsp::pfb::ChannelFft` + `dsp::postproc::postproc_heap`; `cbf selftest --gpu` compares them.
+//
+// Compile-time constants (-D): CHANNELS (N), UNZIP (n), SPECTRA (spectra per heap),
+// OUT_BITS (8, or 4 for packed nibbles), DITHER (0 or 1).
+//
+// Input: per polarisation and spectrum, the n C2C transforms Z^r (m = N/n points each) that
+// cuFFT made of the unzipped frames: Z^r_s at [(pol·SPECTRA + spectrum)·N + r·m + s].
+// With k = p·m + s, A_r = e^{−2πj·rs/N}·Z^r_s and B_r = e^{−2πj·rs/N}·conj(Z^r_{−s}):
+//   Z_k = Σ_r e^{−2πj·rp/n}·A_r,  conj(Z_{−k}) = Σ_r e^{−2πj·rp/n}·B_r,
+//   U = (Z_k + conj(Z_{−k}))/2,  V = (Z_k − conj(Z_{−k}))/2j,
+//   X_k = U + e^{−πjk/N}·V,  X_{N−k} = conj(U − e^{−πjk/N}·V).
+// A thread takes one s in [0, m/2] and all p, so every channel is produced exactly once when
+// X_{N−k} is dropped for s = 0 (it is the Nyquist bin or another p's X_k) and s = m/2.
+//
+// A block covers 32 values of s × 32 spectra; the results go through shared memory so that each
+// warp writes one channel's 32 spectra (128 contiguous bytes at 8 bits) at a time.
+
+#define SUBLEN (CHANNELS / UNZIP)
+#define TILE 32
+#define ROWS 8
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+// e^{−2πj·e/n}·z for e in [0, n): quarter turns only, since n divides 4 (exact).
+__device__ __forceinline__ float2 turn(float2 z, int e)
+{
+    switch ((e * (4 / UNZIP)) & 3)
+    {
+    case 0:
+        return z;
+    case 1:
+        return make_float2(z.y, -z.x);
+    case 2:
+        return make_float2(-z.x, -z.y);
+    default:
+        return make_float2(-z.y, z.x);
+    }
+}
+
+__device__ __forceinline__ float2 cmul(float2 a, float2 b)
+{
+    return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+
+// e^{jπx}
+__device__ __forceinline__ float2 expjpi(float x)
+{
+    float s, c;
+    sincospif(x, &s, &c);
+    return make_float2(c, s);
+}
+
+// The counter-based generator of `dsp::random::mix` (SplitMix64's finaliser over a linear key).
+__device__ __forceinline__ u64 mix(u64 seed, u64 stream, u64 index)
+{
+    u64 z = seed + stream * 0xd1b54a32d192ed03ull + index * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// `dsp::postproc::dither`: uniform in [−½, ½) from the top 24 bits (exact in f32).
+__device__ __forceinline__ float dither(u64 seed, i64 ts, int channel, int pol, int part)
+{
+    const u64 stream = ((u64)ts << 2) | ((u64)pol << 1) | (u64)part;
+    return __fsub_rn(__fmul_rn((float)(mix(seed, stream, (u64)channel) >> 40), 1.0f / 16777216.0f), 0.5f);
+}
+
+#if OUT_BITS == 8
+#define QMAX 127.0f
+#else
+#define QMAX 7.0f
+#endif
+
+// Saturating round-half-even quantisation (`dsp::postproc::quantise`); sets *clipped.
+__device__ __forceinline__ int quantise(float v, float u, bool *clipped)
+{
+    const float x = __fadd_rn(v, u);
+    *clipped |= !(x >= -QMAX && x <= QMAX);
+    return __float2int_rn(fminf(fmaxf(x, -QMAX), QMAX));
+}
+
+// Both polarisations of one (channel, spectrum), packed as the wire has them.
+__device__ __forceinline__ int pack(const int q[4])
+{
+#if OUT_BITS == 8
+    return (q[0] & 0xff) | ((q[1] & 0xff) << 8) | ((q[2] & 0xff) << 16) | ((q[3] & 0xff) << 24);
+#else
+    return (((q[0] & 0xf) << 4) | (q[1] & 0xf)) | ((((q[2] & 0xf) << 4) | (q[3] & 0xf)) << 8);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
+    unsigned char *__restrict__ out,     // the heap: CHANNELS × SPECTRA × 2 pols × (re, im)
+    const float2 *__restrict__ in,       // cuFFT output (see above)
+    const float2 *__restrict__ gains,    // [pol][channel]
+    const float2 *__restrict__ phase,    // [pol][spectrum]: θ_k/π = x·k + y
+    const i64 *__restrict__ timestamps,  // [spectrum], the dither key
+    u64 seed,
+    u64 *__restrict__ clips)             // [pol], added to
+{
+    __shared__ int tile[2 * UNZIP][TILE][TILE + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int s = blockIdx.x * TILE + tx;
+    const int sp0 = blockIdx.y * TILE;
+    const bool active = s <= SUBLEN / 2;
+    const bool mirror = s != 0 && 2 * s != SUBLEN; // X_{N−k} is produced here
+    unsigned int nclip[2] = {0, 0};
+
+    if (active)
+    {
+        const int sm = (SUBLEN - s) % SUBLEN;
+        for (int row = ty; row < TILE; row += ROWS)
+        {
+            const int sp = sp0 + row;
+            if (sp >= SPECTRA)
+                break;
+            int lo[UNZIP][4], hi[UNZIP][4];
+#pragma unroll
+            for (int pol = 0; pol < 2; pol++)
+            {
+                const float2 *z = in + (i64)(pol * SPECTRA + sp) * CHANNELS;
+                float2 a[UNZIP], b[UNZIP];
+#pragma unroll
+                for (int r = 0; r < UNZIP; r++)
+                {
+                    const float2 tw = expjpi(-2.0f * (float)(r * s) / (float)CHANNELS);
+                    const float2 zs = z[r * SUBLEN + s];
+                    const float2 zm = z[r * SUBLEN + sm];
+                    a[r] = cmul(tw, zs);
+                    b[r] = cmul(tw, make_float2(zm.x, -zm.y));
+                }
+                const float2 ph = phase[pol * SPECTRA + sp];
+                const i64 ts = timestamps[sp];
+#pragma unroll
+                for (int p = 0; p < UNZIP; p++)
+                {
+                    float2 zk = make_float2(0.0f, 0.0f), zc = make_float2(0.0f, 0.0f);
+#pragma unroll
+                    for (int r = 0; r < UNZIP; r++)
+                    {
+                        const float2 ta = turn(a[r], (r * p) % UNZIP);
+                        const float2 tb = turn(b[r], (r * p) % UNZIP);
+                        zk.x += ta.x;
+                        zk.y += ta.y;
+                        zc.x += tb.x;
+                        zc.y += tb.y;
+                    }
+                    const float2 u = make_float2(0.5f * (zk.x + zc.x), 0.5f * (zk.y + zc.y));
+                    // (Z − conj Z')/2j
+                    const float2 v = make_float2(0.5f * (zk.y - zc.y), -0.5f * (zk.x - zc.x));
+                    const int k = p * SUBLEN + s;
+                    const float2 ev = cmul(expjpi(-(float)k / (float)CHANNELS), v);
+                    const float2 xk = make_float2(u.x + ev.x, u.y + ev.y);
+                    const float2 xn = make_float2(u.x - ev.x, -(u.y - ev.y));
+                    const int kn = CHANNELS - k;
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                    {
+                        const int ch = h ? kn : k;
+                        const float2 x = h ? xn : xk;
+                        // Y = (g·e^{jθ})·X, θ/π = ph.x·k + ph.y (fengine_delay_convention.md §3)
+                        const float2 g = gains[pol * CHANNELS + (ch & (CHANNELS - 1))];
+                        const float2 y = cmul(cmul(g, expjpi(ph.x * (float)ch + ph.y)), x);
+#if DITHER
+                        const float d0 = dither(seed, ts, ch, pol, 0), d1 = dither(seed, ts, ch, pol, 1);
+#else
+                        const float d0 = 0.0f, d1 = 0.0f;
+#endif
+                        bool c = false;
+                        const int qr = quantise(y.x, d0, &c);
+                        const int qi = quantise(y.y, d1, &c);
+                        if (h == 0 || mirror)
+                            nclip[pol] += c;
+                        int *dst = h ? hi[p] : lo[p];
+                        dst[2 * pol] = qr;
+                        dst[2 * pol + 1] = qi;
+                    }
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < UNZIP; p++)
+            {
+                tile[p][tx][row] = pack(lo[p]);
+                tile[UNZIP + p][tx][row] = pack(hi[p]);
+            }
+        }
+    }
+    __syncthreads();
+    // Each warp writes whole rows: one channel, TILE spectra.
+    for (int rowid = ty; rowid < 2 * UNZIP * TILE; rowid += ROWS)
+    {
+        const int h = rowid / TILE, sx = rowid % TILE;
+        const int ss = blockIdx.x * TILE + sx;
+        if (ss > SUBLEN / 2)
+            continue;
+        int ch;
+        if (h < UNZIP)
+            ch = h * SUBLEN + ss;
+        else
+        {
+            if (ss == 0 || 2 * ss == SUBLEN)
+                continue;
+            ch = CHANNELS - ((h - UNZIP) * SUBLEN + ss);
+        }
+        const int sp = sp0 + tx;
+        if (sp < SPECTRA)
+        {
+            const i64 at = (i64)ch * SPECTRA + sp;
+#if OUT_BITS == 8
+            reinterpret_cast<int *>(out)[at] = tile[h][sx][tx];
+#else
+            reinterpret_cast<unsigned short *>(out)[at] = (unsigned short)tile[h][sx][tx];
+#endif
+        }
+    }
+    // Clip counts: a warp sum per polarisation, then one atomic per warp.
+#pragma unroll
+    for (int pol = 0; pol < 2; pol++)
+    {
+        unsigned int c = nclip[pol];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            c += __shfl_down_sync(0xffffffffu, c, off);
+        if (tx == 0 && c != 0)
+            atomicAdd(clips + pol, (u64)c);
+    }
+}

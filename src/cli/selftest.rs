@@ -1,0 +1,62 @@
+//! `cbf selftest --gpu`: run every CUDA kernel against its CPU oracle on this machine's GPU
+//! and print a table; the exit status is non-zero if any check failed (or there is no GPU).
+
+use clap::Args;
+
+use super::CliError;
+use crate::gpu::{selftest, Gpu};
+
+#[derive(Debug, Clone, Args)]
+pub struct SelftestArgs {
+    /// Check the CUDA backend (the only self-test there is: the CPU oracle is checked by the
+    /// test suite against independent references).
+    #[arg(long)]
+    pub gpu: bool,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Seed of the random inputs (default: drawn from the clock, and printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+pub fn run(args: SelftestArgs) -> Result<(), CliError> {
+    if !args.gpu {
+        return Err(CliError::flag(
+            "--gpu",
+            "say which backend to test: --gpu is the only self-test",
+        ));
+    }
+    let gpu = Gpu::open(args.device).map_err(|e| CliError::Run(format!("selftest --gpu: {e}")))?;
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    println!("selftest on {} ({}), seed {seed}", gpu.name, gpu.arch);
+    let checks = selftest::run(&gpu, seed).map_err(|e| CliError::Run(e.to_string()))?;
+    println!(
+        "{:<48} {:>10} {:>8}  {:<4}  note",
+        "check", "error", "limit", ""
+    );
+    let mut failed = 0;
+    for c in &checks {
+        println!(
+            "{:<48} {:>10.3e} {:>8.1e}  {:<4}  {}",
+            c.name,
+            c.measured,
+            c.limit,
+            if c.pass { "ok" } else { "FAIL" },
+            c.note
+        );
+        failed += usize::from(!c.pass);
+    }
+    if failed > 0 {
+        return Err(CliError::Run(format!(
+            "selftest: {failed} of {} checks failed",
+            checks.len()
+        )));
+    }
+    println!("selftest: all {} checks passed", checks.len());
+    Ok(())
+}

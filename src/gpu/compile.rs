@@ -1,0 +1,114 @@
+//! Run-time compilation of `kernels/*.cu` with NVRTC, straight to a cubin for the device's own
+//! architecture (a real `sm_XY` target runs the PTX assembler, so inline-PTX and register
+//! errors surface here, not at load time). Kernels take their sizes as `-D` constants, so each
+//! output configuration gets its own specialised module; [`super::Gpu`] caches them by
+//! (kernel, constants, architecture).
+//!
+//! cudarc's `compile_ptx` only returns PTX, so the cubin is fetched with `nvrtcGetCUBIN`
+//! through cudarc's raw bindings.
+
+use std::ffi::{CStr, CString};
+
+use cudarc::nvrtc::{result, sys};
+
+use super::GpuError;
+
+/// A kernel source in `kernels/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// Fused decode + PFB FIR (`kernels/pfb.cu`).
+    Pfb,
+    /// Unzip, real-to-complex fix-up, corrections, quantisation (`kernels/postproc.cu`).
+    Postproc,
+    /// The benchmark's bandwidth ceiling (`kernels/copy.cu`).
+    Copy,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 3] = [Kernel::Pfb, Kernel::Postproc, Kernel::Copy];
+
+    pub fn file(self) -> &'static str {
+        match self {
+            Kernel::Pfb => "pfb.cu",
+            Kernel::Postproc => "postproc.cu",
+            Kernel::Copy => "copy.cu",
+        }
+    }
+
+    /// The entry point's name.
+    pub fn entry(self) -> &'static str {
+        match self {
+            Kernel::Pfb => "pfb_fir",
+            Kernel::Postproc => "postproc",
+            Kernel::Copy => "copy",
+        }
+    }
+
+    fn source(self) -> &'static str {
+        match self {
+            Kernel::Pfb => include_str!("../../kernels/pfb.cu"),
+            Kernel::Postproc => include_str!("../../kernels/postproc.cu"),
+            Kernel::Copy => include_str!("../../kernels/copy.cu"),
+        }
+    }
+}
+
+/// `-D` constants, in a fixed order so that equal sets are equal keys.
+pub type Defines = Vec<(&'static str, i64)>;
+
+/// Whether libnvrtc can be loaded (cudarc panics on first use otherwise).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Compile `kernel` with `defines` for `arch` (`sm_90`, `sm_90a`, ...) to a cubin.
+pub fn compile(
+    kernel: Kernel,
+    defines: &[(&'static str, i64)],
+    arch: &str,
+) -> Result<Vec<u8>, GpuError> {
+    if !nvrtc_present() {
+        return Err(GpuError::NoNvrtc);
+    }
+    let fail = |log: String| GpuError::Compile {
+        kernel: kernel.file(),
+        arch: arch.to_string(),
+        log,
+    };
+    let src = CString::new(kernel.source()).map_err(|e| fail(e.to_string()))?;
+    let name = CString::new(kernel.file()).map_err(|e| fail(e.to_string()))?;
+    let mut options = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "--extra-device-vectorization".to_string(),
+    ];
+    options.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| fail(format!("{e:?}")))?;
+    // SAFETY: `prog` was just created and is destroyed once below; `src` and `name` outlive it.
+    let out = unsafe {
+        let compiled = result::compile_program(prog, &options);
+        let out = match compiled {
+            Ok(()) => cubin(prog).map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}"))),
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Err(fail(format!("{e:?} with {options:?}:\n{log}")))
+            }
+        };
+        let _ = result::destroy_program(prog);
+        out
+    };
+    out
+}
+
+/// # Safety
+/// `prog` is a successfully compiled program.
+unsafe fn cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>, result::NvrtcError> {
+    let mut size = 0usize;
+    sys::nvrtcGetCUBINSize(prog, &mut size).result()?;
+    let mut bin = vec![0u8; size];
+    sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast()).result()?;
+    Ok(bin)
+}

@@ -1,0 +1,435 @@
+//! `cbf selftest --gpu`: every GPU kernel against its `src/dsp` oracle on fresh random inputs
+//! and on the edge cases (full-scale input, every sample width, unzip factors 1, 2 and 4, a
+//! coarse-delay change inside a heap, both output widths, with and without dither), with
+//! katgpucbf's tolerances: PFB output within rtol 1e-5 (the kernel rounds as the oracle does, so
+//! it is expected to be exact), digitiser power exact, post-processed values within ±1 LSB,
+//! clip counts exact up to the values whose pre-quantisation magnitude lies within float
+//! rounding of the clip level.
+
+use std::sync::Arc;
+
+use num_complex::Complex32;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::fengine::{default_unzip, GpuBackend, GpuConfig};
+use super::{Gpu, GpuError};
+use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
+use crate::dsp::postproc::{correct, dither, OutputBits, SpectrumDelay};
+use crate::dsp::samples::pack;
+use crate::fengine::backend::{BackEndInput, Backend, ChunkInput, CpuBackend};
+use crate::fengine::output::WidebandOutput;
+
+/// One line of the report.
+pub struct Check {
+    pub name: String,
+    pub measured: f64,
+    pub limit: f64,
+    pub pass: bool,
+    pub note: String,
+}
+
+/// One backend comparison's shape.
+#[derive(Clone, Copy)]
+struct Shape {
+    channels: usize,
+    taps: usize,
+    bits: u32,
+    unzip: usize,
+    spectra: usize,
+    out_bits: OutputBits,
+    dither: bool,
+    full_scale: bool,
+    gain: f32,
+}
+
+fn output(channels: usize, taps: usize, dither: bool) -> WidebandOutput {
+    WidebandOutput {
+        name: "selftest".into(),
+        channels,
+        dst: vec![],
+        taps,
+        w_cutoff: 1.0,
+        window: Window::Hann,
+        dither,
+        jones_per_batch: None,
+    }
+}
+
+/// Random samples of `bits` (all ±full scale if `full_scale`), packed per polarisation.
+fn random_input(rng: &mut SmallRng, n: usize, bits: u32, full_scale: bool) -> (Vec<i32>, Vec<u8>) {
+    let lo = -(1i32 << (bits - 1));
+    let hi = (1i32 << (bits - 1)) - 1;
+    let x: Vec<i32> = (0..n)
+        .map(|_| {
+            if full_scale {
+                if rng.random::<bool>() {
+                    hi
+                } else {
+                    lo
+                }
+            } else {
+                rng.random_range(lo..=hi)
+            }
+        })
+        .collect();
+    let mut packed = vec![0u8; n * bits as usize / 8];
+    pack(&x, bits, &mut packed);
+    (x, packed)
+}
+
+/// Window starts of `spectra` spectra of each pol: consecutive steps, with a coarse-delay jump
+/// half way through (different per pol, so the two runs stop lining up) and a differential
+/// delay between the pols.
+fn starts(step: usize, spectra: usize) -> [Vec<usize>; 2] {
+    let jump = [3usize, 11];
+    let base = [7usize, 2];
+    [0, 1].map(|p| {
+        (0..spectra)
+            .map(|j| base[p] + j * step + if j >= spectra / 2 { jump[p] } else { 0 })
+            .collect()
+    })
+}
+
+/// Every spectrum of `starts` through `b`'s front end, pols interleaved as the pipeline does.
+fn front_ends(b: &mut dyn Backend, starts: &[Vec<usize>; 2]) -> Result<(), GpuError> {
+    for (k, (&s0, &s1)) in starts[0].iter().zip(&starts[1]).enumerate() {
+        b.front_end(0, s0, k)?;
+        b.front_end(1, s1, k)?;
+    }
+    Ok(())
+}
+
+/// Chunk of `body` samples per pol and its successor, as the backends take them.
+struct Chunks {
+    samples: [Vec<i32>; 2],
+    data: Vec<u8>,
+    next: Vec<u8>,
+}
+
+fn chunks(rng: &mut SmallRng, body: usize, tail: usize, bits: u32, full_scale: bool) -> Chunks {
+    let mut data = Vec::new();
+    let mut next = Vec::new();
+    let mut samples = [Vec::new(), Vec::new()];
+    for s in &mut samples {
+        let (x, packed) = random_input(rng, body, bits, full_scale);
+        let (y, packed_next) = random_input(rng, body, bits, full_scale);
+        data.extend_from_slice(&packed);
+        next.extend_from_slice(&packed_next);
+        *s = x;
+        s.extend_from_slice(&y[..tail]);
+    }
+    Chunks {
+        samples,
+        data,
+        next,
+    }
+}
+
+/// The fused decode + PFB kernel against `dsp::pfb::pfb_fir` for one sample width.
+fn check_pfb(
+    gpu: &Arc<Gpu>,
+    rng: &mut SmallRng,
+    bits: u32,
+    channels: usize,
+    taps: usize,
+) -> Result<Check, GpuError> {
+    let step = 2 * channels;
+    let spectra = 40;
+    let tail = (taps + 1) * step;
+    let body = (spectra + 2) * step;
+    let c = chunks(rng, body, tail, bits, false);
+    let out = output(channels, taps, false);
+    let mut gb = GpuBackend::new(
+        Arc::clone(gpu),
+        &out,
+        GpuConfig {
+            sample_bits: bits,
+            body,
+            tail,
+            spectra_per_heap: spectra,
+            out_bits: OutputBits::Eight,
+            unzip: default_unzip(channels),
+            depth: 1,
+        },
+    )?;
+    gb.set_section(7); // several sections per column, and a ragged last one
+    gb.load(ChunkInput {
+        id: 0,
+        data: &c.data,
+        next: Some(&c.next),
+    })?;
+    let st = starts(step, spectra);
+    front_ends(&mut gb, &st)?;
+    let frames = gb.read_frames()?;
+    let power = gb.read_power()?;
+    let w = pfb_weights(step, taps, out.w_cutoff, out.window);
+    let mut worst = 0f64;
+    let mut exact = true;
+    let mut power_ok = true;
+    for p in 0..2 {
+        let mut want = vec![0f32; spectra * step];
+        let pw: i64 = pfb_fir(&c.samples[p], &w, step, &st[p], &mut want)
+            .iter()
+            .sum();
+        power_ok &= pw == power[p];
+        let got = &frames[p * spectra * step..(p + 1) * spectra * step];
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        for (g, r) in got.iter().zip(&want) {
+            exact &= g.to_bits() == r.to_bits();
+            worst = worst.max(f64::from((g - r).abs()) / scale);
+        }
+    }
+    Ok(Check {
+        name: format!("pfb {bits:>2}-bit {channels} ch {taps} taps"),
+        measured: worst,
+        limit: 1e-5,
+        pass: worst <= 1e-5 && power_ok,
+        note: format!(
+            "{}; power {}",
+            if exact { "bit-exact" } else { "within rtol" },
+            if power_ok { "exact" } else { "WRONG" }
+        ),
+    })
+}
+
+/// Values whose pre-quantisation magnitude is within float rounding of the clip level: the
+/// CPU and GPU may decide them differently. Mirrors `postproc_heap`'s arithmetic in f32.
+fn ambiguous_clips(
+    frames: &[Vec<f32>; 2],
+    sh: &Shape,
+    gains: &[Vec<Complex32>; 2],
+    delays: &[Vec<SpectrumDelay>; 2],
+    ts: &[i64],
+    seed: Option<u64>,
+) -> u64 {
+    let n = sh.channels;
+    let mut fft = ChannelFft::new(2 * n);
+    let mut spectra = vec![Complex32::default(); sh.spectra * n];
+    let mut y = vec![Complex32::default(); n];
+    let qmax = sh.out_bits.qmax();
+    let mut count = 0;
+    for p in 0..2 {
+        fft.run(&frames[p], &mut spectra);
+        for (s, &t) in ts.iter().enumerate() {
+            correct(
+                &spectra[s * n..(s + 1) * n],
+                &gains[p],
+                &delays[p][s],
+                &mut y,
+            );
+            for (k, v) in y.iter().enumerate() {
+                let u = |part| seed.map_or(0.0, |sd| dither(sd, t, k, p, part));
+                let near = |x: f32| (x.abs() - qmax).abs() <= 1e-4 * qmax.max(x.abs());
+                count += u64::from(near(v.re + u(0)) || near(v.im + u(1)));
+            }
+        }
+    }
+    count
+}
+
+/// The whole backend (PFB, cuFFT, post-processing, copies) against `CpuBackend`.
+fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check, GpuError> {
+    let n = sh.channels;
+    let step = 2 * n;
+    let tail = (sh.taps + 1) * step;
+    let body = (sh.spectra + 2) * step;
+    let c = chunks(rng, body, tail, sh.bits, sh.full_scale);
+    let out = output(n, sh.taps, sh.dither);
+    let mut gb = GpuBackend::new(
+        Arc::clone(gpu),
+        &out,
+        GpuConfig {
+            sample_bits: sh.bits,
+            body,
+            tail,
+            spectra_per_heap: sh.spectra,
+            out_bits: sh.out_bits,
+            unzip: sh.unzip,
+            depth: 2,
+        },
+    )?;
+    let mut cb = CpuBackend::new(&out, sh.bits, body, tail, sh.spectra, sh.out_bits);
+    let st = starts(step, sh.spectra);
+    let gains: [Vec<Complex32>; 2] = [0, 1].map(|_| {
+        (0..n)
+            .map(|_| {
+                Complex32::from_polar(
+                    sh.gain * rng.random_range(0.3..1.0f32),
+                    rng.random_range(-3.2..3.2f32),
+                )
+            })
+            .collect()
+    });
+    let delays: [Vec<SpectrumDelay>; 2] = [0, 1].map(|p| {
+        (0..sh.spectra)
+            .map(|k| SpectrumDelay {
+                coarse: st[p][k] as i64 % 7 - 3,
+                fine: rng.random_range(-0.5..0.5),
+                phase: rng.random_range(-3.2..3.2),
+            })
+            .collect()
+    });
+    let ts: Vec<i64> = (0..sh.spectra as i64)
+        .map(|k| (1 << 40) | (k * step as i64))
+        .collect();
+    let seed = sh.dither.then(|| rng.random::<u64>());
+    let input = BackEndInput {
+        gains: [&gains[0], &gains[1]],
+        delays: [&delays[0], &delays[1]],
+        timestamps: &ts,
+        dither: seed,
+    };
+    let chunk = ChunkInput {
+        id: 0,
+        data: &c.data,
+        next: Some(&c.next),
+    };
+    let mut results = Vec::new();
+    for b in [&mut gb as &mut dyn Backend, &mut cb] {
+        b.load(chunk)?;
+        front_ends(&mut *b, &st)?;
+        b.back_end(&input)?;
+        b.release()?;
+        let f = b
+            .finished(true)?
+            .ok_or_else(|| GpuError::Backend("no heap came back".into()))?;
+        results.push((f.data.to_vec(), f.clips, f.power));
+    }
+    let (g, c_) = (&results[0], &results[1]);
+    let values = |d: &[u8]| -> Vec<i32> {
+        match sh.out_bits {
+            OutputBits::Eight => d.iter().map(|&b| i32::from(b as i8)).collect(),
+            OutputBits::Four => d
+                .iter()
+                .flat_map(|&b| [i32::from((b as i8) >> 4), i32::from(((b << 4) as i8) >> 4)])
+                .collect(),
+        }
+    };
+    let (gv, cv) = (values(&g.0), values(&c_.0));
+    let worst = gv
+        .iter()
+        .zip(&cv)
+        .map(|(a, b)| (a - b).abs())
+        .max()
+        .unwrap_or(0);
+    let off = gv.iter().zip(&cv).filter(|(a, b)| a != b).count();
+    let w = pfb_weights(step, sh.taps, out.w_cutoff, out.window);
+    let frames = [0, 1].map(|p| {
+        let mut f = vec![0f32; sh.spectra * step];
+        pfb_fir(&c.samples[p], &w, step, &st[p], &mut f);
+        f
+    });
+    let amb = ambiguous_clips(&frames, &sh, &gains, &delays, &ts, seed);
+    let clip_diff = (0..2).map(|p| g.1[p].abs_diff(c_.1[p])).sum::<u64>();
+    let clips_ok = clip_diff <= amb;
+    let power_ok = g.2 == c_.2;
+    let name = format!(
+        "fengine {} ch n={} {}-bit in {}-bit out{}{}",
+        n,
+        sh.unzip,
+        sh.bits,
+        if sh.out_bits == OutputBits::Four {
+            4
+        } else {
+            8
+        },
+        if sh.dither { " dither" } else { "" },
+        if sh.full_scale { " full-scale" } else { "" },
+    );
+    Ok(Check {
+        name,
+        measured: f64::from(worst),
+        limit: 1.0,
+        pass: worst <= 1 && clips_ok && power_ok && gv.len() == cv.len(),
+        note: format!(
+            "{off}/{} values off by 1; clips {:?} vs {:?} (±{amb} allowed); power {}",
+            gv.len(),
+            g.1,
+            c_.1,
+            if power_ok { "exact" } else { "WRONG" }
+        ),
+    })
+}
+
+/// Run every check on `gpu` with inputs drawn from `seed`.
+pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut checks = Vec::new();
+    for bits in [2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16] {
+        checks.push(check_pfb(gpu, &mut rng, bits, 256, 16)?);
+    }
+    checks.push(check_pfb(gpu, &mut rng, 10, 4096, 4)?);
+    checks.push(check_pfb(gpu, &mut rng, 10, 4, 16)?);
+    let base = Shape {
+        channels: 64,
+        taps: 16,
+        bits: 10,
+        unzip: 4,
+        spectra: 48,
+        out_bits: OutputBits::Eight,
+        dither: true,
+        full_scale: false,
+        gain: 0.1,
+    };
+    for sh in [
+        Shape { unzip: 1, ..base },
+        Shape { unzip: 2, ..base },
+        base,
+        Shape {
+            dither: false,
+            ..base
+        },
+        Shape {
+            channels: 4096,
+            spectra: 64,
+            ..base
+        },
+        Shape {
+            channels: 32768,
+            spectra: 8,
+            dither: false,
+            ..base
+        },
+        Shape {
+            channels: 1024,
+            spectra: 40,
+            out_bits: OutputBits::Four,
+            gain: 0.01,
+            ..base
+        },
+        Shape {
+            channels: 1024,
+            spectra: 40,
+            bits: 8,
+            full_scale: true,
+            gain: 1.0,
+            ..base
+        },
+        Shape {
+            channels: 8,
+            spectra: 33,
+            bits: 12,
+            ..base
+        },
+        Shape {
+            channels: 4,
+            unzip: 2,
+            spectra: 100,
+            bits: 4,
+            gain: 2.0,
+            ..base
+        },
+        Shape {
+            channels: 2,
+            unzip: 1,
+            spectra: 100,
+            bits: 16,
+            gain: 0.001,
+            ..base
+        },
+    ] {
+        checks.push(check_backend(gpu, &mut rng, sh)?);
+    }
+    Ok(checks)
+}
