@@ -78,14 +78,16 @@ fn ceilings(gpu: &Arc<Gpu>) -> Result<Ceilings, GpuError> {
     let sms = gpu.ctx.attribute(
         cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )? as u32;
-    let cfg = LaunchConfig {
-        grid_dim: (sms * 8, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
     let n64 = n as i64;
-    let mut times = Vec::new();
-    for rep in 0..12 {
+    let mut times = [Vec::new(), Vec::new()];
+    // Two grids: a persistent one (8 blocks per SM, grid-stride) and one thread per float4;
+    // the ceiling is the faster.
+    for rep in 0..24 {
+        let cfg = LaunchConfig {
+            grid_dim: (if rep % 2 == 0 { sms * 8 } else { (n / 256) as u32 }, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let a = gpu
             .ctx
             .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -99,11 +101,13 @@ fn ceilings(gpu: &Arc<Gpu>) -> Result<Ceilings, GpuError> {
         unsafe { l.launch(cfg) }?;
         b.record(st)?;
         b.synchronize()?;
-        if rep >= 2 {
-            times.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
+        if rep >= 4 {
+            times[rep % 2].push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
         }
     }
-    let copy = 2.0 * (n * 16) as f64 / median(times) / GB;
+    let [t0, t1] = times;
+    let best = median(t0).min(median(t1));
+    let copy = 2.0 * (n * 16) as f64 / best / GB;
     drop((src, dst));
     // Pinned copies: 1.25 GiB in and 1 GiB out, the engine's ratio.
     let (bin, bout) = (5usize << 28, 1usize << 30);

@@ -83,6 +83,13 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
         float *o = out + out_start + (i64)first * STEP + pos;
         for (int j0 = 0; j0 < n; j0 += TAPS)
         {
+            // The group's TAPS new samples are loaded before any is used (the index is clamped
+            // rather than the load guarded, so the loads are unconditional and all in flight
+            // at once: bytes per load are few, so parallelism has to come from their number).
+            int xs[TAPS];
+#pragma unroll
+            for (int jj = 0; jj < TAPS; jj++)
+                xs[jj] = decode(in, g + (i64)(min(j0 + jj, n - 1) + TAPS - 1) * STEP);
 #pragma unroll
             for (int jj = 0; jj < TAPS; jj++)
             {
@@ -91,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
                 {
                     // The newest sample is the last step of spectrum j's window: the samples
                     // the digitiser power counts (each input sample once in steady state).
-                    const int x = decode(in, g + (i64)(j + TAPS - 1) * STEP);
+                    const int x = xs[jj];
                     win[(jj + TAPS - 1) % TAPS] = (float)x;
                     pw += (i64)x * x;
                     float acc = 0.0f;

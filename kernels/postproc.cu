@@ -55,20 +55,22 @@ __device__ __forceinline__ float2 expjpi(float x)
     return make_float2(c, s);
 }
 
-// The counter-based generator of `dsp::random::mix` (SplitMix64's finaliser over a linear key).
-__device__ __forceinline__ u64 mix(u64 seed, u64 stream, u64 index)
-{
-    u64 z = seed + stream * 0xd1b54a32d192ed03ull + index * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-// `dsp::postproc::dither`: uniform in [−½, ½) from the top 24 bits (exact in f32).
-__device__ __forceinline__ float dither(u64 seed, i64 ts, int channel, int pol, int part)
+// `dsp::postproc::dither` split in two so that the 64-bit products are shared: the key of
+// `mix` is seed + stream·C1 + channel·C2, the first part per (spectrum, pol, part), the second
+// per channel. The result is uniform in [−½, ½) from the top 24 bits (exact in f32).
+__device__ __forceinline__ u64 dither_stream(u64 seed, i64 ts, int pol, int part)
 {
     const u64 stream = ((u64)ts << 2) | ((u64)pol << 1) | (u64)part;
-    return __fsub_rn(__fmul_rn((float)(mix(seed, stream, (u64)channel) >> 40), 1.0f / 16777216.0f), 0.5f);
+    return seed + stream * 0xd1b54a32d192ed03ull;
+}
+
+__device__ __forceinline__ float dither(u64 stream_key, u64 channel_key)
+{
+    u64 z = stream_key + channel_key;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return __fsub_rn(__fmul_rn((float)(z >> 40), 1.0f / 16777216.0f), 0.5f);
 }
 
 #if OUT_BITS == 8
@@ -115,6 +117,22 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
     if (active)
     {
         const int sm = (SUBLEN - s) % SUBLEN;
+        // Twiddles depend on s alone: e^{−2πj·rs/N} per r, e^{−πjk/N} per p.
+        float2 tw[UNZIP], et[UNZIP];
+#if DITHER
+        u64 ckey[UNZIP][2]; // channel part of the dither key, for X_k and X_{N−k}
+#endif
+#pragma unroll
+        for (int r = 0; r < UNZIP; r++)
+        {
+            tw[r] = expjpi(-2.0f * (float)(r * s) / (float)CHANNELS);
+            const int k = r * SUBLEN + s;
+            et[r] = expjpi(-(float)k / (float)CHANNELS);
+#if DITHER
+            ckey[r][0] = (u64)k * 0x9e3779b97f4a7c15ull;
+            ckey[r][1] = (u64)(CHANNELS - k) * 0x9e3779b97f4a7c15ull;
+#endif
+        }
         for (int row = ty; row < TILE; row += ROWS)
         {
             const int sp = sp0 + row;
@@ -129,14 +147,16 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
 #pragma unroll
                 for (int r = 0; r < UNZIP; r++)
                 {
-                    const float2 tw = expjpi(-2.0f * (float)(r * s) / (float)CHANNELS);
                     const float2 zs = z[r * SUBLEN + s];
                     const float2 zm = z[r * SUBLEN + sm];
-                    a[r] = cmul(tw, zs);
-                    b[r] = cmul(tw, make_float2(zm.x, -zm.y));
+                    a[r] = cmul(tw[r], zs);
+                    b[r] = cmul(tw[r], make_float2(zm.x, -zm.y));
                 }
                 const float2 ph = phase[pol * SPECTRA + sp];
+#if DITHER
                 const i64 ts = timestamps[sp];
+                const u64 skey0 = dither_stream(seed, ts, pol, 0), skey1 = dither_stream(seed, ts, pol, 1);
+#endif
 #pragma unroll
                 for (int p = 0; p < UNZIP; p++)
                 {
@@ -155,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
                     // (Z − conj Z')/2j
                     const float2 v = make_float2(0.5f * (zk.y - zc.y), -0.5f * (zk.x - zc.x));
                     const int k = p * SUBLEN + s;
-                    const float2 ev = cmul(expjpi(-(float)k / (float)CHANNELS), v);
+                    const float2 ev = cmul(et[p], v);
                     const float2 xk = make_float2(u.x + ev.x, u.y + ev.y);
                     const float2 xn = make_float2(u.x - ev.x, -(u.y - ev.y));
                     const int kn = CHANNELS - k;
@@ -168,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
                         const float2 g = gains[pol * CHANNELS + (ch & (CHANNELS - 1))];
                         const float2 y = cmul(cmul(g, expjpi(ph.x * (float)ch + ph.y)), x);
 #if DITHER
-                        const float d0 = dither(seed, ts, ch, pol, 0), d1 = dither(seed, ts, ch, pol, 1);
+                        const float d0 = dither(skey0, ckey[p][h]), d1 = dither(skey1, ckey[p][h]);
 #else
                         const float d0 = 0.0f, d1 = 0.0f;
 #endif

@@ -1,7 +1,8 @@
 //! The F-engine's CUDA backend (seed 000 §GPU Processing): the same [`Backend`] the CPU one
 //! implements, so the engine code is shared. Per chunk, both polarisations are copied to one of
 //! two device input slots on the host-to-device stream (the tail, the next chunk's head, is
-//! copied straight after the body). The front end batches consecutive spectra of one coarse
+//! copied straight after the body), and the next chunk's body is prefetched into the other
+//! slot while this chunk computes. The front end batches consecutive spectra of one coarse
 //! delay into one launch of `pfb_fir` (both polarisations in one grid where their runs line
 //! up); the back end runs a batched C2C cuFFT in place and `postproc` on the compute stream,
 //! then the heap and its clip and power counters go to pinned host memory on the
@@ -94,6 +95,8 @@ pub struct GpuBackend {
     /// Device bytes per polarisation in an input slot (body + tail + padding).
     pol_stride: usize,
     inputs: [CudaSlice<u8>; 2],
+    /// The chunk whose body each input slot holds.
+    resident: [Option<u64>; 2],
     cur: usize,
     weights: CudaSlice<f32>,
     frames: CudaSlice<f32>,
@@ -202,6 +205,7 @@ impl GpuBackend {
                 gpu.h2d.alloc_zeros(2 * pol_stride)?,
                 gpu.h2d.alloc_zeros(2 * pol_stride)?,
             ],
+            resident: [None, None],
             cur: 0,
             weights,
             frames: st.alloc_zeros(2 * s * step)?,
@@ -316,23 +320,45 @@ impl GpuBackend {
         Ok([p[0] as i64, p[1] as i64])
     }
 
+    /// Copy `chunk` in: its body unless the previous call prefetched it, its tail straight
+    /// from the next chunk's head, then the next chunk's body into the other slot, so that
+    /// its copy overlaps this chunk's compute (the tail is copied on its own, a few per cent
+    /// more PCIe traffic, so that this chunk's compute waits for the tail only, not for the
+    /// whole next chunk).
     fn copy_in(&mut self, chunk: ChunkInput<'_>) -> Result<(), GpuError> {
         self.flush_runs()?;
-        self.cur ^= 1;
-        let (pb, tb, stride) = (self.pol_bytes, self.tail_bytes, self.pol_stride);
+        let other = self.cur ^ 1;
+        let prefetched = self.resident[other] == Some(chunk.id);
+        self.cur = other;
+        let (pb, tb, stride, cur) = (self.pol_bytes, self.tail_bytes, self.pol_stride, self.cur);
         let h2d = &self.gpu.h2d;
-        let slot = &mut self.inputs[self.cur];
         for p in 0..2 {
             let base = p * stride;
-            h2d.memcpy_htod(
-                &chunk.data[p * pb..(p + 1) * pb],
-                &mut slot.slice_mut(base..base + pb),
-            )?;
+            let slot = &mut self.inputs[cur];
+            if !prefetched {
+                h2d.memcpy_htod(
+                    &chunk.data[p * pb..(p + 1) * pb],
+                    &mut slot.slice_mut(base..base + pb),
+                )?;
+            }
             let mut tail = slot.slice_mut(base + pb..base + pb + tb);
             match chunk.next {
                 Some(next) => h2d.memcpy_htod(&next[p * pb..p * pb + tb], &mut tail)?,
                 None => h2d.memset_zeros(&mut tail)?,
             }
+        }
+        self.resident[cur] = Some(chunk.id);
+        self.resident[cur ^ 1] = None;
+        if let Some(next) = chunk.next {
+            let slot = &mut self.inputs[cur ^ 1];
+            for p in 0..2 {
+                let base = p * stride;
+                h2d.memcpy_htod(
+                    &next[p * pb..(p + 1) * pb],
+                    &mut slot.slice_mut(base..base + pb),
+                )?;
+            }
+            self.resident[cur ^ 1] = Some(chunk.id + 1);
         }
         Ok(())
     }

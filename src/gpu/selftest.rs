@@ -233,7 +233,7 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
     let n = sh.channels;
     let step = 2 * n;
     let tail = (sh.taps + 1) * step;
-    let body = (sh.spectra + 2) * step;
+    let body = (sh.spectra.max(sh.taps) + 2) * step;
     let c = chunks(rng, body, tail, sh.bits, sh.full_scale);
     let out = output(n, sh.taps, sh.dither);
     let mut gb = GpuBackend::new(
