@@ -265,22 +265,105 @@ fn make_pipeline(
     }
 }
 
-/// Where an output's finished heaps go: split per destination and sent, or counted.
+/// An output's transmit side (seed 000 §Network transmit): its own thread owns the send
+/// stream, so the rate-limited sends (paced at `--send-rate-factor` × the data rate, so busy
+/// most of real time) never hold up the compute. Finished heaps are copied into one of a few
+/// preallocated buffers that circulate between the engine and the thread; when all are in
+/// flight the engine waits (back-pressure instead of loss).
 struct HeapSink {
-    stream: SendStream<UdpSender>,
+    heaps: crossbeam_channel::Sender<(Vec<u8>, u64)>,
+    free: crossbeam_channel::Receiver<Vec<u8>>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+    counters: Arc<SinkCounters>,
+    /// `?capture-start` / `?capture-stop` state at the last chunk.
+    capture: bool,
+    skipped: u64,
+    clipped: [u64; 2],
+}
+
+#[derive(Default)]
+struct SinkCounters {
+    sent: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+/// What the send thread needs to build F heaps and descriptors.
+struct SinkConfig {
     feng_id: u64,
     channels: usize,
     spectra_per_heap: usize,
-    value_bytes: usize,
-    /// `?capture-start` / `?capture-stop` state at the last chunk.
-    capture: bool,
-    sent: u64,
-    skipped: u64,
-    clipped: [u64; 2],
-    err: Option<crate::spead::send::stream::SendError>,
+    sample_bits: u32,
+    /// First descriptor time and period (katgpucbf's stagger by feng_id).
+    descriptors: (Instant, Duration),
 }
 
 impl HeapSink {
+    const BUFFERS: usize = 8;
+
+    fn new(mut stream: SendStream<UdpSender>, cfg: SinkConfig, heap_bytes: usize) -> HeapSink {
+        let (heaps, rx) = crossbeam_channel::bounded::<(Vec<u8>, u64)>(Self::BUFFERS);
+        let (give, free) = crossbeam_channel::bounded(Self::BUFFERS);
+        for _ in 0..Self::BUFFERS {
+            // Cannot fail: the channel has room for every buffer.
+            let _ = give.send(Vec::with_capacity(heap_bytes));
+        }
+        let counters = Arc::new(SinkCounters::default());
+        let c = Arc::clone(&counters);
+        let thread = std::thread::spawn(move || -> Result<(), String> {
+            let n_dst = stream.destinations();
+            let value_bytes = if cfg.sample_bits == 4 { 2 } else { 4 };
+            let (mut next_desc, period) = cfg.descriptors;
+            loop {
+                if Instant::now() >= next_desc {
+                    let d = descriptor_heap(cfg.channels / n_dst, cfg.spectra_per_heap, cfg.sample_bits);
+                    let refs: Vec<HeapRef> = (0..n_dst)
+                        .map(|i| HeapRef { heap: &d, cnt: None, substream: i, unpaced: true })
+                        .collect();
+                    stream.send_heaps(&refs, SendMode::RoundRobin).map_err(|e| e.to_string())?;
+                    next_desc += period;
+                }
+                let (data, timestamp) = match rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(h) => h,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(()),
+                };
+                let heaps: Vec<Heap<'_>> = (0..n_dst)
+                    .map(|d| {
+                        f_heap(
+                            &data,
+                            value_bytes,
+                            timestamp,
+                            cfg.feng_id,
+                            d,
+                            cfg.channels / n_dst,
+                            cfg.spectra_per_heap,
+                        )
+                    })
+                    .collect();
+                let refs: Vec<HeapRef> = heaps
+                    .iter()
+                    .enumerate()
+                    .map(|(d, heap)| HeapRef::new(heap, d))
+                    .collect();
+                stream.send_heaps(&refs, SendMode::RoundRobin).map_err(|e| e.to_string())?;
+                drop(heaps);
+                c.sent.fetch_add(1, Ordering::Relaxed);
+                c.bytes.store(stream.counters().bytes, Ordering::Relaxed);
+                // The engine may have gone: then the buffer is simply dropped.
+                let _ = give.send(data);
+            }
+        });
+        HeapSink {
+            heaps,
+            free,
+            thread: Some(thread),
+            counters,
+            capture: true,
+            skipped: 0,
+            clipped: [0; 2],
+        }
+    }
+
     fn heap(&mut self, h: &OutputHeap<'_>) {
         if !h.valid {
             self.skipped += 1;
@@ -291,35 +374,37 @@ impl HeapSink {
         }
         self.clipped[0] += h.clips[0];
         self.clipped[1] += h.clips[1];
-        let n_dst = self.stream.destinations();
-        let heaps: Vec<Heap<'_>> = (0..n_dst)
-            .map(|d| {
-                f_heap(
-                    h.data,
-                    self.value_bytes,
-                    h.timestamp,
-                    self.feng_id,
-                    d,
-                    self.channels / n_dst,
-                    self.spectra_per_heap,
-                )
-            })
-            .collect();
-        let refs: Vec<HeapRef> = heaps
-            .iter()
-            .enumerate()
-            .map(|(d, heap)| HeapRef::new(heap, d))
-            .collect();
-        match self.stream.send_heaps(&refs, SendMode::RoundRobin) {
-            Ok(()) => self.sent += 1,
-            Err(e) => self.err = Some(e),
-        }
+        // A closed channel means the send thread stopped on an error, which check() reports.
+        let Ok(mut buf) = self.free.recv() else { return };
+        buf.clear();
+        buf.extend_from_slice(h.data);
+        let _ = self.heaps.send((buf, h.timestamp));
     }
 
+    fn sent(&self) -> u64 {
+        self.counters.sent.load(Ordering::Relaxed)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.counters.bytes.load(Ordering::Relaxed)
+    }
+
+    /// A send failure, if the thread stopped on one.
     fn check(&mut self) -> Result<(), CliError> {
-        match self.err.take() {
-            Some(e) => Err(CliError::Run(format!("send failed: {e}"))),
-            None => Ok(()),
+        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            return self.join();
+        }
+        Ok(())
+    }
+
+    /// Let the thread send what is queued, and stop it.
+    fn join(&mut self) -> Result<(), CliError> {
+        let (dead, _) = crossbeam_channel::bounded(1);
+        drop(std::mem::replace(&mut self.heaps, dead));
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => Err(CliError::Run(format!("send failed: {e}"))),
+            Some(Err(_)) => Err(CliError::Run("send thread panicked".into())),
+            _ => Ok(()),
         }
     }
 }
@@ -615,25 +700,26 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         };
         outputs.push(Output {
             pipeline: make_pipeline(&args, &mut gpu, o, pcfg)?,
-            sink: HeapSink {
+            sink: HeapSink::new(
                 stream,
-                feng_id: args.feng_id,
-                channels,
-                spectra_per_heap: sph,
-                value_bytes,
-                capture: true,
-                sent: 0,
-                skipped: 0,
-                clipped: [0; 2],
-                err: None,
-            },
+                SinkConfig {
+                    feng_id: args.feng_id,
+                    channels,
+                    spectra_per_heap: sph,
+                    sample_bits: args.send_sample_bits,
+                    // Descriptors every array_size × 5 s, the first after (feng_id + 1) × 5 s
+                    // (katgpucbf's stagger).
+                    descriptors: (
+                        Instant::now() + Duration::from_secs(5 * (args.feng_id + 1)),
+                        Duration::from_secs(5 * args.array_size.min(1 << 20)),
+                    ),
+                },
+                channels * sph * value_bytes,
+            ),
             gains_version: 0,
         });
     }
     let start = Instant::now();
-    // Descriptors every array_size × 5 s, the first after (feng_id + 1) × 5 s (katgpucbf's stagger).
-    let mut next_descriptors = start + Duration::from_secs(5 * (args.feng_id + 1));
-    let descriptor_period = Duration::from_secs(5 * args.array_size.min(1 << 20));
     let mut prev: Option<Box<crate::spead::recv::Chunk>> = None;
     let deadline = args.duration.map(|d| start + Duration::from_secs_f64(d));
     let mut chunks = 0u64;
@@ -647,28 +733,6 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => None,
         };
-        if Instant::now() >= next_descriptors {
-            for out in &mut outputs {
-                let d = descriptor_heap(
-                    out.pipeline.output.channels / out.pipeline.output.dst.len(),
-                    out.sink.spectra_per_heap,
-                    args.send_sample_bits,
-                );
-                let refs: Vec<HeapRef> = (0..out.sink.stream.destinations())
-                    .map(|i| HeapRef {
-                        heap: &d,
-                        cnt: None,
-                        substream: i,
-                        unpaced: true,
-                    })
-                    .collect();
-                out.sink
-                    .stream
-                    .send_heaps(&refs, SendMode::RoundRobin)
-                    .map_err(|e| CliError::Run(e.to_string()))?;
-            }
-            next_descriptors += descriptor_period;
-        }
         if let Some(chunk) = prev.take() {
             chunks += 1;
             // Input statistics from the chunk: heaps present and saturation counts per pol.
@@ -722,8 +786,8 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
                     .fetch_max(out.pipeline.next_timestamp(), Ordering::Relaxed);
                 metrics.update(
                     &out.pipeline.output.name,
-                    out.sink.sent * out.pipeline.output.dst.len() as u64,
-                    out.sink.stream.counters().bytes,
+                    out.sink.sent() * out.pipeline.output.dst.len() as u64,
+                    out.sink.bytes(),
                     out.sink.skipped,
                     out.sink.clipped,
                 );
@@ -758,7 +822,7 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         pipeline
             .flush(|h| sink.heap(h))
             .map_err(|e| CliError::Run(format!("backend: {e}")))?;
-        sink.check()?;
+        sink.join()?;
     }
     let mut rx = StatsSnapshot::default();
     for r in receivers {
@@ -781,10 +845,10 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         println!(
             "fengine: output {}: sent {} batches, skipped {}, clipped {:?}, {} bytes",
             out.pipeline.output.name,
-            out.sink.sent,
+            out.sink.sent(),
             out.sink.skipped,
             out.sink.clipped,
-            out.sink.stream.counters().bytes
+            out.sink.bytes()
         );
     }
     Ok(())
