@@ -31,4 +31,4 @@ e2e() {
     echo "== e2e at $rate S/s per pol"
     tail -n 3 "$out/dsim-$rate.txt"; tail -n 4 "$out/fengine-$rate.txt"; tail -n 2 "$out/capture-$rate.txt"
 }
-for rate in ${CBF_E2E_RATES:-214e6 428e6 856e6}; do e2e "$rate" 8; done
+for rate in ${CBF_E2E_RATES:-428e6 856e6 1712e6}; do e2e "$rate" 8; done

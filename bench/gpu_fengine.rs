@@ -264,7 +264,7 @@ fn kernels(
 
 /// The engine path: `Pipeline` on `GpuBackend` over pinned chunks (2^25 samples per pol,
 /// 10-bit), 8-bit heaps to pinned memory; input samples per second (both pols).
-fn whole_path(gpu: &Arc<Gpu>, channels: usize, chunks: usize) -> Result<(f64, u64), GpuError> {
+fn whole_path(gpu: &Arc<Gpu>, channels: usize, chunks: usize, depth: usize) -> Result<(f64, u64), GpuError> {
     let layout = InputLayout {
         heap_samples: 4096,
         heap_bytes: 4096 * 10 / 8,
@@ -291,7 +291,7 @@ fn whole_path(gpu: &Arc<Gpu>, channels: usize, chunks: usize) -> Result<(f64, u6
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
-            depth: 4,
+            depth,
         },
     )?;
     let mut pipeline = Pipeline::with_backend(out, cfg, Box::new(backend));
@@ -356,12 +356,14 @@ fn main() -> Result<(), GpuError> {
         }
     }
     for channels in [4096, 32768] {
-        let (rate, heaps) = whole_path(&gpu, channels, if quick { 20 } else { 120 })?;
-        println!(
-            "whole path {channels:>5} ch, 16 taps, 10-bit in, 8-bit out: {:.1} GS/s = {:.0}% of the PCIe bound ({heaps} heaps)",
-            rate / GB,
-            100.0 * rate / pcie_bound
-        );
+        for depth in [4, 8] {
+            let (rate, heaps) = whole_path(&gpu, channels, if quick { 40 } else { 120 }, depth)?;
+            println!(
+                "whole path {channels:>5} ch, 16 taps, 10-bit in, 8-bit out, {depth} heaps in flight: {:.1} GS/s = {:.0}% of the PCIe bound ({heaps} heaps)",
+                rate / GB,
+                100.0 * rate / pcie_bound
+            );
+        }
     }
     Ok(())
 }

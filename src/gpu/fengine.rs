@@ -97,6 +97,8 @@ pub struct GpuBackend {
     inputs: [CudaSlice<u8>; 2],
     /// The chunk whose body each input slot holds.
     resident: [Option<u64>; 2],
+    /// Recorded after the copies that read the current chunk's host memory.
+    copied: CudaEvent,
     cur: usize,
     weights: CudaSlice<f32>,
     frames: CudaSlice<f32>,
@@ -206,6 +208,7 @@ impl GpuBackend {
                 gpu.h2d.alloc_zeros(2 * pol_stride)?,
             ],
             resident: [None, None],
+            copied: gpu.ctx.new_event(None)?,
             cur: 0,
             weights,
             frames: st.alloc_zeros(2 * s * step)?,
@@ -347,6 +350,10 @@ impl GpuBackend {
                 None => h2d.memset_zeros(&mut tail)?,
             }
         }
+        // Every copy that reads this chunk's host memory (its prefetch came earlier on the
+        // same stream) is before this mark; the prefetch below reads the next chunk's, which
+        // the caller keeps until that chunk's own release.
+        self.copied.record(h2d)?;
         self.resident[cur] = Some(chunk.id);
         self.resident[cur ^ 1] = None;
         if let Some(next) = chunk.next {
@@ -477,8 +484,9 @@ impl Backend for GpuBackend {
     }
 
     fn release(&mut self) -> Result<(), BackendError> {
-        // The copies read host memory until they complete.
-        Ok(self.gpu.h2d.synchronize()?)
+        // The copies read host memory until they complete; the prefetch of the next chunk
+        // goes on (its memory is released after its own turn).
+        Ok(self.copied.synchronize()?)
     }
 
     fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> Result<(), BackendError> {
