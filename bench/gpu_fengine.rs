@@ -340,7 +340,7 @@ fn main() -> Result<(), GpuError> {
         "PCIe bound for 10-bit in, 8-bit out: {:.1} GS/s",
         pcie_bound / GB
     );
-    let sections: &[usize] = if quick { &[32] } else { &[8, 16, 32, 64, 128] };
+    let sections: &[usize] = if quick { &[16, 32, 64] } else { &[8, 16, 32, 64, 128] };
     for channels in [4096, 32768] {
         for dither in [true, false] {
             for f in kernels(&gpu, channels, dither, sections)? {

@@ -27,23 +27,32 @@ typedef unsigned char u8;
 typedef long long i64;
 typedef unsigned long long u64;
 
-// Sample g of a big-endian bit-packed stream, sign-extended (seed 000 §Decode: two bytes,
-// shift left to the top, arithmetic shift right). The buffer carries a padding byte so that
-// the second byte of the last sample is always readable.
-__device__ __forceinline__ int decode(const u8 *__restrict__ in, i64 g)
+// Bytes from one spectrum's window row to the next (a whole number for every width once
+// STEP >= 8; smaller frames take the general path).
+#define ROW_BITS (STEP * SAMPLE_BITS)
+#define ROW_BYTES (ROW_BITS / 8)
+#define WHOLE_ROWS (ROW_BITS % 8 == 0)
+
+// The sample whose first bit is bit `sh` (0..7) of byte p[0], sign-extended (seed 000
+// §Decode: two bytes, shift left to the top, arithmetic shift right). The buffer carries a
+// padding byte so that the second byte of the last sample is always readable.
+__device__ __forceinline__ int decode_at(const u8 *__restrict__ p, int sh)
 {
 #if SAMPLE_BITS == 8
-    return (int)(signed char)in[g];
+    return (int)(signed char)p[0];
 #elif SAMPLE_BITS == 2 || SAMPLE_BITS == 4
-    const i64 bit = g * SAMPLE_BITS;
-    const unsigned int b = in[bit >> 3];
-    return ((int)(signed char)(u8)(b << (bit & 7))) >> (8 - SAMPLE_BITS);
+    return ((int)(signed char)(u8)((unsigned int)p[0] << sh)) >> (8 - SAMPLE_BITS);
 #else
-    const i64 bit = g * SAMPLE_BITS;
-    const i64 byte = bit >> 3;
-    const unsigned int v = ((unsigned int)in[byte] << 8) | in[byte + 1];
-    return ((int)(short)(unsigned short)(v << (bit & 7))) >> (16 - SAMPLE_BITS);
+    const unsigned int v = ((unsigned int)p[0] << 8) | p[1];
+    return ((int)(short)(unsigned short)(v << sh)) >> (16 - SAMPLE_BITS);
 #endif
+}
+
+// Sample g of a big-endian bit-packed stream.
+__device__ __forceinline__ int decode(const u8 *__restrict__ in, i64 g)
+{
+    const i64 bit = g * SAMPLE_BITS;
+    return decode_at(in + (bit >> 3), (int)(bit & 7));
 }
 
 extern "C" __global__ void __launch_bounds__(256) pfb_fir(
@@ -74,10 +83,19 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
         for (int t = 0; t < TAPS; t++)
             w[t] = weights[t * STEP + i];
         const i64 g = in_start + (i64)first * STEP + i;
+        // Window row r of this column is sample g + r·STEP. With whole-byte rows every row
+        // starts at the same bit offset, so one pointer and a fixed stride serve them all.
+#if WHOLE_ROWS
+        const u8 *base = in + ((g * SAMPLE_BITS) >> 3);
+        const int sh = (int)((g * SAMPLE_BITS) & 7);
+#define SAMPLE(r) decode_at(base + (i64)(r) * ROW_BYTES, sh)
+#else
+#define SAMPLE(r) decode(in, g + (i64)(r) * STEP)
+#endif
         float win[TAPS];
 #pragma unroll
         for (int t = 0; t < TAPS - 1; t++)
-            win[t] = (float)decode(in, g + (i64)t * STEP);
+            win[t] = (float)SAMPLE(t);
         const int zi = i >> 1;
         const int pos = 2 * ((zi % UNZIP) * SUBLEN + zi / UNZIP) + (i & 1);
         float *o = out + out_start + (i64)first * STEP + pos;
@@ -89,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
             int xs[TAPS];
 #pragma unroll
             for (int jj = 0; jj < TAPS; jj++)
-                xs[jj] = decode(in, g + (i64)(min(j0 + jj, n - 1) + TAPS - 1) * STEP);
+                xs[jj] = SAMPLE(min(j0 + jj, n - 1) + TAPS - 1);
 #pragma unroll
             for (int jj = 0; jj < TAPS; jj++)
             {
@@ -100,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
                     // the digitiser power counts (each input sample once in steady state).
                     const int x = xs[jj];
                     win[(jj + TAPS - 1) % TAPS] = (float)x;
-                    pw += (i64)x * x;
+                    pw += (unsigned int)(x * x); // |x| <= 2^15: x² fits 32 bits unsigned
                     float acc = 0.0f;
 #pragma unroll
                     for (int t = 0; t < TAPS; t++)
@@ -109,6 +127,7 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
                 }
             }
         }
+#undef SAMPLE
     }
     // Digitiser power in 64-bit integers (seed 000): a warp sum, then one atomic per warp.
 #pragma unroll

@@ -101,12 +101,29 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
     unsigned char *__restrict__ out,     // the heap: CHANNELS × SPECTRA × 2 pols × (re, im)
     const float2 *__restrict__ in,       // cuFFT output (see above)
     const float2 *__restrict__ gains,    // [pol][channel]
-    const float2 *__restrict__ phase,    // [pol][spectrum]: θ_k/π = x·k + y
-    const i64 *__restrict__ timestamps,  // [spectrum], the dither key
+    const float2 *__restrict__ phase,    // [pol][spectrum]: θ_k/π = x·k + y (mapped host memory)
+    i64 ts0,                             // the first spectrum's timestamp (dither key); the
+                                         // heap's spectra are consecutive, ts0 + sp·2N
     u64 seed,
-    u64 *__restrict__ clips)             // [pol], added to
+    u64 *__restrict__ power,             // [pol] the front end's Σx² for this heap: moved out
+    u64 *__restrict__ stats)             // [clips pol 0, clips pol 1, power 0, power 1];
+                                         // clip counts accumulate (the host takes differences)
 {
     __shared__ int tile[2 * UNZIP][TILE][TILE + 1];
+    // This block's delay terms, read once from host memory (seed 000 §Postprocessing: small
+    // per-heap values are not worth a copy queued behind the sample transfers).
+    __shared__ float2 sphase[2][TILE];
+    {
+        const int t = threadIdx.y * TILE + threadIdx.x;
+        if (t < 2 * TILE && blockIdx.y * TILE + (t % TILE) < SPECTRA)
+            sphase[t / TILE][t % TILE] = phase[(t / TILE) * SPECTRA + blockIdx.y * TILE + t % TILE];
+        if (blockIdx.x == 0 && blockIdx.y == 0 && t < 2)
+        {
+            stats[2 + t] = power[t];
+            power[t] = 0;
+        }
+    }
+    __syncthreads();
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int s = blockIdx.x * TILE + tx;
     const int sp0 = blockIdx.y * TILE;
@@ -152,9 +169,9 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
                     a[r] = cmul(tw[r], zs);
                     b[r] = cmul(tw[r], make_float2(zm.x, -zm.y));
                 }
-                const float2 ph = phase[pol * SPECTRA + sp];
+                const float2 ph = sphase[pol][row];
 #if DITHER
-                const i64 ts = timestamps[sp];
+                const i64 ts = ts0 + (i64)sp * (2 * CHANNELS);
                 const u64 skey0 = dither_stream(seed, ts, pol, 0), skey1 = dither_stream(seed, ts, pol, 1);
 #endif
 #pragma unroll
@@ -248,6 +265,6 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
         for (int off = 16; off > 0; off >>= 1)
             c += __shfl_down_sync(0xffffffffu, c, off);
         if (tx == 0 && c != 0)
-            atomicAdd(clips + pol, (u64)c);
+            atomicAdd(stats + pol, (u64)c);
     }
 }

@@ -70,15 +70,17 @@ struct Run {
 }
 
 struct OutSlot {
+    /// The heap's delay terms in mapped pinned memory, which the kernel reads directly: a
+    /// copy would queue behind the chunk transfers (seed 000 §Postprocessing).
     phase_host: PinnedHostSlice<f32>,
-    ts_host: PinnedHostSlice<i64>,
-    phase: CudaSlice<f32>,
-    ts: CudaSlice<i64>,
+    phase_dev: u64,
     out: CudaSlice<u8>,
     out_host: PinnedHostSlice<u8>,
-    /// clips[2], power[2]
+    /// Clip counts per pol (cumulative over the slot's heaps), then the heap's power per pol.
     stats: CudaSlice<u64>,
     stats_host: PinnedHostSlice<u64>,
+    /// The cumulative clip counts at the slot's previous heap.
+    clips_seen: [u64; 2],
     done: CudaEvent,
 }
 
@@ -172,17 +174,28 @@ impl GpuBackend {
         let mut slots = Vec::with_capacity(cfg.depth);
         for _ in 0..cfg.depth.max(1) {
             // SAFETY: pinned allocations are written before they are read (plain, not
-            // write-combined: the host reads the heaps back).
+            // write-combined: the host reads the heaps back); the mapped pointer is the
+            // device's address of `phase_host`, which lives as long as the slot.
             unsafe {
+                let mut phase_host = gpu.ctx.alloc_pinned_with_flags::<f32>(
+                    4 * s,
+                    cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
+                )?;
+                let mut phase_dev = 0;
+                cudarc::driver::sys::cuMemHostGetDevicePointer_v2(
+                    &mut phase_dev,
+                    phase_host.as_mut_ptr()?.cast(),
+                    0,
+                )
+                .result()?;
                 slots.push(OutSlot {
-                    phase_host: gpu.ctx.alloc_pinned_with_flags(4 * s, 0)?,
-                    ts_host: gpu.ctx.alloc_pinned_with_flags(s, 0)?,
-                    phase: st.alloc_zeros(4 * s)?,
-                    ts: st.alloc_zeros(s)?,
+                    phase_host,
+                    phase_dev,
                     out: st.alloc_zeros(out_bytes)?,
                     out_host: gpu.ctx.alloc_pinned_with_flags(out_bytes, 0)?,
                     stats: st.alloc_zeros(4)?,
                     stats_host: gpu.ctx.alloc_pinned_with_flags(4, 0)?,
+                    clips_seen: [0; 2],
                     done: gpu.ctx.new_event(None)?,
                 });
             }
@@ -431,15 +444,14 @@ impl GpuBackend {
                     ph[2 * (p * s + j) + 1] = y.rem_euclid(2.0) as f32;
                 }
             }
-            slot.ts_host
-                .as_mut_slice()?
-                .copy_from_slice(input.timestamps);
         }
-        st.memcpy_htod(&slot.phase_host, &mut slot.phase)?;
-        st.memcpy_htod(&slot.ts_host, &mut slot.ts)?;
-        st.memset_zeros(&mut slot.stats)?;
-        st.memcpy_dtod(&self.power, &mut slot.stats.slice_mut(2..4))?;
-        st.memset_zeros(&mut self.power)?;
+        // The kernel keys the dither on timestamps[0] + spectrum·2N: a heap's spectra are
+        // consecutive (the pipeline starts a new heap at any skip).
+        debug_assert!(input
+            .timestamps
+            .windows(2)
+            .all(|w| w[1] - w[0] == 2 * n as i64));
+        let ts0 = input.timestamps[0];
         let seed = input.dither.unwrap_or(0);
         let cfg = LaunchConfig {
             grid_dim: (
@@ -454,9 +466,10 @@ impl GpuBackend {
         b.arg(&mut slot.out)
             .arg(&self.frames)
             .arg(&self.gains)
-            .arg(&slot.phase)
-            .arg(&slot.ts)
+            .arg(&slot.phase_dev)
+            .arg(&ts0)
             .arg(&seed)
+            .arg(&mut self.power)
             .arg(&mut slot.stats);
         // SAFETY: the arguments match postproc's signature and sizes (CHANNELS, SPECTRA).
         unsafe { b.launch(cfg) }?;
@@ -531,12 +544,18 @@ impl Backend for GpuBackend {
             return Ok(None);
         }
         self.in_flight.pop_front();
-        let slot = &self.slots[idx];
+        let slot = &mut self.slots[idx];
         let stats = slot.stats_host.as_slice()?;
+        let clips = [
+            stats[0] - slot.clips_seen[0],
+            stats[1] - slot.clips_seen[1],
+        ];
+        let power = [stats[2] as i64, stats[3] as i64];
+        slot.clips_seen = [stats[0], stats[1]];
         Ok(Some(Finished {
             data: &slot.out_host.as_slice()?[..self.out_bytes],
-            clips: [stats[0], stats[1]],
-            power: [stats[2] as i64, stats[3] as i64],
+            clips,
+            power,
         }))
     }
 }

@@ -361,6 +361,8 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     }
     checks.push(check_pfb(gpu, &mut rng, 10, 4096, 4)?);
     checks.push(check_pfb(gpu, &mut rng, 10, 4, 16)?);
+    // 2 channels of 3-bit samples: rows of 12 bits, the decode's general path.
+    checks.push(check_pfb(gpu, &mut rng, 3, 2, 16)?);
     let base = Shape {
         channels: 64,
         taps: 16,
