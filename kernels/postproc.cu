@@ -56,21 +56,24 @@ __device__ __forceinline__ float2 expjpi(float x)
 }
 
 // `dsp::postproc::dither` split in two so that the 64-bit products are shared: the key of
-// `mix` is seed + stream·C1 + channel·C2, the first part per (spectrum, pol, part), the second
-// per channel. The result is uniform in [−½, ½) from the top 24 bits (exact in f32).
-__device__ __forceinline__ u64 dither_stream(u64 seed, i64 ts, int pol, int part)
+// `dsp::random::mix` is seed + stream·C1 + channel·C2, the first part per (spectrum, pol), the
+// second per channel. One draw gives both parts (`dsp::random::dither_pair_f32`): bits 63..40
+// for the real part and 39..16 for the imaginary, each uniform in [−½, ½), exact in f32.
+__device__ __forceinline__ u64 dither_stream(u64 seed, i64 ts, int pol)
 {
-    const u64 stream = ((u64)ts << 2) | ((u64)pol << 1) | (u64)part;
+    const u64 stream = ((u64)ts << 1) | (u64)pol;
     return seed + stream * 0xd1b54a32d192ed03ull;
 }
 
-__device__ __forceinline__ float dither(u64 stream_key, u64 channel_key)
+__device__ __forceinline__ float2 dither(u64 stream_key, u64 channel_key)
 {
     u64 z = stream_key + channel_key;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
-    return __fsub_rn(__fmul_rn((float)(z >> 40), 1.0f / 16777216.0f), 0.5f);
+    const float scale = 1.0f / 16777216.0f;
+    return make_float2(__fsub_rn(__fmul_rn((float)(unsigned int)(z >> 40), scale), 0.5f),
+                       __fsub_rn(__fmul_rn((float)(unsigned int)((z >> 16) & 0xffffffu), scale), 0.5f));
 }
 
 #if OUT_BITS == 8
@@ -172,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
                 const float2 ph = sphase[pol][row];
 #if DITHER
                 const i64 ts = ts0 + (i64)sp * (2 * CHANNELS);
-                const u64 skey0 = dither_stream(seed, ts, pol, 0), skey1 = dither_stream(seed, ts, pol, 1);
+                const u64 skey = dither_stream(seed, ts, pol);
 #endif
 #pragma unroll
                 for (int p = 0; p < UNZIP; p++)
@@ -205,7 +208,8 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
                         const float2 g = gains[pol * CHANNELS + (ch & (CHANNELS - 1))];
                         const float2 y = cmul(cmul(g, expjpi(ph.x * (float)ch + ph.y)), x);
 #if DITHER
-                        const float d0 = dither(skey0, ckey[p][h]), d1 = dither(skey1, ckey[p][h]);
+                        const float2 d = dither(skey, ckey[p][h]);
+                        const float d0 = d.x, d1 = d.y;
 #else
                         const float d0 = 0.0f, d1 = 0.0f;
 #endif

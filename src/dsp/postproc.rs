@@ -21,7 +21,7 @@ use std::f64::consts::PI;
 
 use num_complex::{Complex32, Complex64};
 
-use super::random::{dither_f32, mix};
+use super::random::{dither_pair_f32, mix};
 
 /// The delay terms of one spectrum of one polarisation (from `dsp::delay`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -87,12 +87,12 @@ fn round_ties_even(x: f32) -> f32 {
     (x + MAGIC) - MAGIC
 }
 
-/// The dither for (seed, spectrum timestamp, channel, pol, part): a pure function, so a GPU can
-/// produce the same value.
+/// The dither of the (real, imaginary) parts for (seed, spectrum timestamp, channel, pol): a
+/// pure function, so a GPU produces the same values; one 64-bit draw serves both parts.
 #[inline]
-pub fn dither(seed: u64, timestamp: i64, channel: usize, pol: usize, part: usize) -> f32 {
-    let stream = ((timestamp as u64) << 2) | ((pol as u64) << 1) | part as u64;
-    dither_f32(mix(seed, stream, channel as u64))
+pub fn dither(seed: u64, timestamp: i64, channel: usize, pol: usize) -> (f32, f32) {
+    let stream = ((timestamp as u64) << 1) | pol as u64;
+    dither_pair_f32(mix(seed, stream, channel as u64))
 }
 
 /// One F heap's worth of post-processing.
@@ -128,13 +128,11 @@ pub fn postproc_heap(
             let x = &input.spectra[pol][s * channels..(s + 1) * channels];
             correct(x, input.gains[pol], &input.delays[pol][s], &mut y);
             for (k, v) in y.iter().enumerate() {
-                let u = |part| {
-                    input
-                        .dither
-                        .map_or(0.0, |seed| dither(seed, ts, k, pol, part))
-                };
-                let (re, c0) = quantise(v.re, u(0), qmax);
-                let (im, c1) = quantise(v.im, u(1), qmax);
+                let (u0, u1) = input
+                    .dither
+                    .map_or((0.0, 0.0), |seed| dither(seed, ts, k, pol));
+                let (re, c0) = quantise(v.re, u0, qmax);
+                let (im, c1) = quantise(v.im, u1, qmax);
                 let at = ((k * n_spectra + s) * 2 + pol) * 2;
                 out[at] = re;
                 out[at + 1] = im;
@@ -181,7 +179,7 @@ mod tests {
     fn dithered_values_stay_within_one_lsb() {
         for i in 0..10_000 {
             let v = (i as f32 - 5000.0) * 0.0123;
-            let u = dither(99, i, 5, i as usize % 2, 0);
+            let u = dither(99, i, 5, i as usize % 2).0;
             let (q, _) = quantise(v, u, 127.0);
             assert!((f32::from(q) - v).abs() <= 1.0, "{v} → {q}");
         }

@@ -219,9 +219,9 @@ fn ambiguous_clips(
                 &mut y,
             );
             for (k, v) in y.iter().enumerate() {
-                let u = |part| seed.map_or(0.0, |sd| dither(sd, t, k, p, part));
+                let (u0, u1) = seed.map_or((0.0, 0.0), |sd| dither(sd, t, k, p));
                 let near = |x: f32| (x.abs() - qmax).abs() <= 1e-4 * qmax.max(x.abs());
-                count += u64::from(near(v.re + u(0)) || near(v.im + u(1)));
+                count += u64::from(near(v.re + u0) || near(v.im + u1));
             }
         }
     }
