@@ -357,7 +357,7 @@ fn main() -> Result<(), GpuError> {
     }
     for channels in [4096, 32768] {
         for depth in [4, 8] {
-            let (rate, heaps) = whole_path(&gpu, channels, if quick { 40 } else { 120 }, depth)?;
+            let (rate, heaps) = whole_path(&gpu, channels, if quick { 200 } else { 600 }, depth)?;
             println!(
                 "whole path {channels:>5} ch, 16 taps, 10-bit in, 8-bit out, {depth} heaps in flight: {:.1} GS/s = {:.0}% of the PCIe bound ({heaps} heaps)",
                 rate / GB,

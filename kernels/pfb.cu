@@ -72,20 +72,11 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
     const i64 in_start = pol ? start1 : start0;
     in += pol * pol_stride;
     const i64 out_start = (i64)(pol * SPECTRA + k) * STEP;
-    // Thread → column: a block covers the 128 complex values z of columns
-    // [256·blockIdx.x, 256·blockIdx.x + 256), and thread t writes float t of the block's part
-    // of the unzipped frame, so that each warp's stores are 128 contiguous bytes (the reads,
-    // bytes a few apart, are served from L1).
-    const int per_r = 256 / UNZIP;                // floats of one z^r in this block
-    const int r = threadIdx.x / per_r;
-    const int ql = (threadIdx.x % per_r) >> 1;
-    const int q = blockIdx.x * (128 / UNZIP) + ql;
-    const int i = 2 * (q * UNZIP + r) + (threadIdx.x & 1);
-    const int pos = 2 * (r * SUBLEN + q) + (threadIdx.x & 1);
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int first = blockIdx.y * section;
     const int n = min(section, count - first);
     i64 pw = 0;
-    if (q < SUBLEN && n > 0)
+    if (i < STEP && n > 0)
     {
         float w[TAPS];
 #pragma unroll
@@ -105,6 +96,8 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
 #pragma unroll
         for (int t = 0; t < TAPS - 1; t++)
             win[t] = (float)SAMPLE(t);
+        const int zi = i >> 1;
+        const int pos = 2 * ((zi % UNZIP) * SUBLEN + zi / UNZIP) + (i & 1);
         float *o = out + out_start + (i64)first * STEP + pos;
         for (int j0 = 0; j0 < n; j0 += TAPS)
         {

@@ -256,7 +256,8 @@ fn make_pipeline(
                     spectra_per_heap: cfg.spectra_per_heap,
                     out_bits: cfg.out_bits,
                     unzip: default_unzip(output.channels),
-                    depth: 4,
+                    // Heaps in flight: 8 kept the copies busy in every run (bench/RESULTS.md).
+                    depth: 8,
                 },
             )
             .map_err(|e| CliError::flag("--backend", e))?;
