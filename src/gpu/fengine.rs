@@ -1,8 +1,10 @@
 //! The F-engine's CUDA backend (seed 000 §GPU Processing): the same [`Backend`] the CPU one
 //! implements, so the engine code is shared. Per chunk, both polarisations are copied to one of
-//! two device input slots on the host-to-device stream (the tail, the next chunk's head, is
-//! copied straight after the body), and the next chunk's body is prefetched into the other
-//! slot while this chunk computes. The front end batches consecutive spectra of one coarse
+//! three device input slots on the host-to-device stream (the tail, the next chunk's head, is
+//! copied straight after the body), and the next chunk's body is prefetched into the next
+//! slot while this chunk computes. The per-heap delay terms are read by the kernel from mapped
+//! host memory rather than copied (seed 000 §Postprocessing: small copies queue behind the
+//! sample transfers). The front end batches consecutive spectra of one coarse
 //! delay into one launch of `pfb_fir` (both polarisations in one grid where their runs line
 //! up); the back end runs a batched C2C cuFFT in place and `postproc` on the compute stream,
 //! then the heap and its clip and power counters go to pinned host memory on the
@@ -96,9 +98,11 @@ pub struct GpuBackend {
     tail_bytes: usize,
     /// Device bytes per polarisation in an input slot (body + tail + padding).
     pol_stride: usize,
-    inputs: [CudaSlice<u8>; 2],
+    /// Three input slots: the chunk being computed, the next one arriving, and the one
+    /// before, whose last front-end launches may still be running.
+    inputs: [CudaSlice<u8>; 3],
     /// The chunk whose body each input slot holds.
-    resident: [Option<u64>; 2],
+    resident: [Option<u64>; 3],
     /// Recorded after the copies that read the current chunk's host memory.
     copied: CudaEvent,
     cur: usize,
@@ -219,8 +223,9 @@ impl GpuBackend {
             inputs: [
                 gpu.h2d.alloc_zeros(2 * pol_stride)?,
                 gpu.h2d.alloc_zeros(2 * pol_stride)?,
+                gpu.h2d.alloc_zeros(2 * pol_stride)?,
             ],
-            resident: [None, None],
+            resident: [None, None, None],
             copied: gpu.ctx.new_event(None)?,
             cur: 0,
             weights,
@@ -344,15 +349,16 @@ impl GpuBackend {
     /// whole next chunk).
     fn copy_in(&mut self, chunk: ChunkInput<'_>) -> Result<(), GpuError> {
         self.flush_runs()?;
-        let other = self.cur ^ 1;
-        let prefetched = self.resident[other] == Some(chunk.id);
-        self.cur = other;
-        let (pb, tb, stride, cur) = (self.pol_bytes, self.tail_bytes, self.pol_stride, self.cur);
+        let slots = self.inputs.len();
+        let prefetched = self.resident.iter().position(|&r| r == Some(chunk.id));
+        let cur = prefetched.unwrap_or((self.cur + 1) % slots);
+        self.cur = cur;
+        let (pb, tb, stride) = (self.pol_bytes, self.tail_bytes, self.pol_stride);
         let h2d = &self.gpu.h2d;
         for p in 0..2 {
             let base = p * stride;
             let slot = &mut self.inputs[cur];
-            if !prefetched {
+            if prefetched.is_none() {
                 h2d.memcpy_htod(
                     &chunk.data[p * pb..(p + 1) * pb],
                     &mut slot.slice_mut(base..base + pb),
@@ -369,9 +375,12 @@ impl GpuBackend {
         // the caller keeps until that chunk's own release.
         self.copied.record(h2d)?;
         self.resident[cur] = Some(chunk.id);
-        self.resident[cur ^ 1] = None;
         if let Some(next) = chunk.next {
-            let slot = &mut self.inputs[cur ^ 1];
+            // The slot after this one held the chunk before last: its compute is long done,
+            // so the prefetch starts at once (with two slots it waited for the previous
+            // chunk's compute to let go of its slot).
+            let to = (cur + 1) % slots;
+            let slot = &mut self.inputs[to];
             for p in 0..2 {
                 let base = p * stride;
                 h2d.memcpy_htod(
@@ -379,7 +388,7 @@ impl GpuBackend {
                     &mut slot.slice_mut(base..base + pb),
                 )?;
             }
-            self.resident[cur ^ 1] = Some(chunk.id + 1);
+            self.resident[to] = Some(chunk.id + 1);
         }
         Ok(())
     }
