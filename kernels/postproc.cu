@@ -5,7 +5,8 @@
 // `dsp::pfb::ChannelFft` + `dsp::postproc::postproc_heap`; `cbf selftest --gpu` compares them.
 //
 // Compile-time constants (-D): CHANNELS (N), UNZIP (n), SPECTRA (spectra per heap),
-// OUT_BITS (8, or 4 for packed nibbles), DITHER (0 or 1).
+// OUT_BITS (8, or 4 for packed nibbles), DITHER (0 or 1), STILE (values of s per block: 32,
+// or 8 to give a heap of few spectra enough blocks).
 //
 // Input: per polarisation and spectrum, the n C2C transforms Z^r (m = N/n points each) that
 // cuFFT made of the unzipped frames: Z^r_s at [(pol·SPECTRA + spectrum)·N + r·m + s].
@@ -16,12 +17,12 @@
 // A thread takes one s in [0, m/2] and all p, so every channel is produced exactly once when
 // X_{N−k} is dropped for s = 0 (it is the Nyquist bin or another p's X_k) and s = m/2.
 //
-// A block covers 32 values of s × 32 spectra; the results go through shared memory so that each
-// warp writes one channel's 32 spectra (128 contiguous bytes at 8 bits) at a time.
+// A block of 256 threads covers STILE values of s × 32 spectra; the results go through shared
+// memory so that each warp writes one channel's 32 spectra (128 contiguous bytes at 8 bits).
 
 #define SUBLEN (CHANNELS / UNZIP)
 #define TILE 32
-#define ROWS 8
+#define THREADS 256
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -100,7 +101,7 @@ __device__ __forceinline__ int pack(const int q[4])
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
+extern "C" __global__ void __launch_bounds__(THREADS) postproc(
     unsigned char *__restrict__ out,     // the heap: CHANNELS × SPECTRA × 2 pols × (re, im)
     const float2 *__restrict__ in,       // cuFFT output (see above)
     const float2 *__restrict__ gains,    // [pol][channel]
@@ -112,12 +113,12 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
     u64 *__restrict__ stats)             // [clips pol 0, clips pol 1, power 0, power 1];
                                          // clip counts accumulate (the host takes differences)
 {
-    __shared__ int tile[2 * UNZIP][TILE][TILE + 1];
+    __shared__ int tile[2 * UNZIP][STILE][TILE + 1];
     // This block's delay terms, read once from host memory (seed 000 §Postprocessing: small
     // per-heap values are not worth a copy queued behind the sample transfers).
     __shared__ float2 sphase[2][TILE];
     {
-        const int t = threadIdx.y * TILE + threadIdx.x;
+        const int t = threadIdx.x;
         if (t < 2 * TILE && blockIdx.y * TILE + (t % TILE) < SPECTRA)
             sphase[t / TILE][t % TILE] = phase[(t / TILE) * SPECTRA + blockIdx.y * TILE + t % TILE];
         if (blockIdx.x == 0 && blockIdx.y == 0 && t < 2)
@@ -127,8 +128,9 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
         }
     }
     __syncthreads();
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    const int s = blockIdx.x * TILE + tx;
+    const int lin = threadIdx.x, lane = lin & 31, warp = lin >> 5;
+    const int sx = lin % STILE;
+    const int s = blockIdx.x * STILE + sx;
     const int sp0 = blockIdx.y * TILE;
     const bool active = s <= SUBLEN / 2;
     const bool mirror = s != 0 && 2 * s != SUBLEN; // X_{N−k} is produced here
@@ -153,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
             ckey[r][1] = (u64)(CHANNELS - k) * 0x9e3779b97f4a7c15ull;
 #endif
         }
-        for (int row = ty; row < TILE; row += ROWS)
+        for (int row = lin / STILE; row < TILE; row += THREADS / STILE)
         {
             const int sp = sp0 + row;
             if (sp >= SPECTRA)
@@ -227,17 +229,17 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
 #pragma unroll
             for (int p = 0; p < UNZIP; p++)
             {
-                tile[p][tx][row] = pack(lo[p]);
-                tile[UNZIP + p][tx][row] = pack(hi[p]);
+                tile[p][sx][row] = pack(lo[p]);
+                tile[UNZIP + p][sx][row] = pack(hi[p]);
             }
         }
     }
     __syncthreads();
     // Each warp writes whole rows: one channel, TILE spectra.
-    for (int rowid = ty; rowid < 2 * UNZIP * TILE; rowid += ROWS)
+    for (int rowid = warp; rowid < 2 * UNZIP * STILE; rowid += THREADS / 32)
     {
-        const int h = rowid / TILE, sx = rowid % TILE;
-        const int ss = blockIdx.x * TILE + sx;
+        const int h = rowid / STILE, sr = rowid % STILE;
+        const int ss = blockIdx.x * STILE + sr;
         if (ss > SUBLEN / 2)
             continue;
         int ch;
@@ -249,14 +251,14 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
                 continue;
             ch = CHANNELS - ((h - UNZIP) * SUBLEN + ss);
         }
-        const int sp = sp0 + tx;
+        const int sp = sp0 + lane;
         if (sp < SPECTRA)
         {
             const i64 at = (i64)ch * SPECTRA + sp;
 #if OUT_BITS == 8
-            reinterpret_cast<int *>(out)[at] = tile[h][sx][tx];
+            reinterpret_cast<int *>(out)[at] = tile[h][sr][lane];
 #else
-            reinterpret_cast<unsigned short *>(out)[at] = (unsigned short)tile[h][sx][tx];
+            reinterpret_cast<unsigned short *>(out)[at] = (unsigned short)tile[h][sr][lane];
 #endif
         }
     }
@@ -268,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(TILE *ROWS) postproc(
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
             c += __shfl_down_sync(0xffffffffu, c, off);
-        if (tx == 0 && c != 0)
+        if (lane == 0 && c != 0)
             atomicAdd(stats + pol, (u64)c);
     }
 }

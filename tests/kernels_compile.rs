@@ -39,6 +39,7 @@ fn every_kernel_compiles_for_every_architecture() {
                         ("SPECTRA", 32),
                         ("OUT_BITS", out_bits),
                         ("DITHER", dither),
+                        ("STILE", if dither == 1 { 32 } else { 8 }),
                     ];
                     compile(Kernel::Postproc, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
                     compiled += 1;

@@ -118,6 +118,8 @@ pub struct GpuBackend {
     out_bytes: usize,
     section: usize,
     unzip: usize,
+    /// Values of s per post-processing block.
+    stile: usize,
 }
 
 impl GpuBackend {
@@ -141,10 +143,18 @@ impl GpuBackend {
             ("UNZIP", n as i64),
             ("SPECTRA", s as i64),
         ];
+        // Blocks of 32 values of s × 32 spectra, unless that leaves the GPU short of blocks
+        // (a heap of few spectra, as at 32768 channels): then 8 values of s.
+        let stile = if (channels / n / 2 + 1).div_ceil(32) * s.div_ceil(32) >= 1024 {
+            32
+        } else {
+            8
+        };
         let post_defs: Defines = vec![
             ("CHANNELS", channels as i64),
             ("UNZIP", n as i64),
             ("SPECTRA", s as i64),
+            ("STILE", stile as i64),
             (
                 "OUT_BITS",
                 if cfg.out_bits == OutputBits::Four {
@@ -241,6 +251,7 @@ impl GpuBackend {
             // Measured best on the H100 (bench/gpu-notes.md): longer sections for longer rows.
             section: if channels >= 16384 { 64 } else { 32 },
             unzip: n,
+            stile,
             gpu,
         })
     }
@@ -465,11 +476,11 @@ impl GpuBackend {
         let seed = input.dither.unwrap_or(0);
         let cfg = LaunchConfig {
             grid_dim: (
-                (n / self.unzip / 2 + 1).div_ceil(32) as u32,
+                (n / self.unzip / 2 + 1).div_ceil(self.stile) as u32,
                 s.div_ceil(32) as u32,
                 1,
             ),
-            block_dim: (32, 8, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = st.launch_builder(&self.post);

@@ -387,6 +387,12 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             spectra: 64,
             ..base
         },
+        // Enough blocks for the wide post-processing tile (32 values of s per block).
+        Shape {
+            channels: 4096,
+            spectra: 2048,
+            ..base
+        },
         Shape {
             channels: 32768,
             spectra: 8,
