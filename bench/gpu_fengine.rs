@@ -84,7 +84,15 @@ fn ceilings(gpu: &Arc<Gpu>) -> Result<Ceilings, GpuError> {
     // the ceiling is the faster.
     for rep in 0..24 {
         let cfg = LaunchConfig {
-            grid_dim: (if rep % 2 == 0 { sms * 8 } else { (n / 256) as u32 }, 1, 1),
+            grid_dim: (
+                if rep % 2 == 0 {
+                    sms * 8
+                } else {
+                    (n / 256) as u32
+                },
+                1,
+                1,
+            ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -149,7 +157,10 @@ fn both_ways(
     let mut both = (Vec::new(), Vec::new());
     for _ in 0..5 {
         gpu.ctx.synchronize()?;
-        let ev = || gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
+        let ev = || {
+            gpu.ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        };
         let (a0, a1, b0, b1) = (ev()?, ev()?, ev()?, ev()?);
         a0.record(&gpu.h2d)?;
         b0.record(&gpu.d2h)?;
@@ -286,7 +297,12 @@ fn kernels(
 
 /// The engine path: `Pipeline` on `GpuBackend` over pinned chunks (2^25 samples per pol,
 /// 10-bit), 8-bit heaps to pinned memory; input samples per second (both pols).
-fn whole_path(gpu: &Arc<Gpu>, channels: usize, chunks: usize, depth: usize) -> Result<(f64, u64), GpuError> {
+fn whole_path(
+    gpu: &Arc<Gpu>,
+    channels: usize,
+    chunks: usize,
+    depth: usize,
+) -> Result<(f64, u64), GpuError> {
     let layout = InputLayout {
         heap_samples: 4096,
         heap_bytes: 4096 * 10 / 8,
@@ -361,7 +377,11 @@ fn main() -> Result<(), GpuError> {
         "PCIe bound for 10-bit in, 8-bit out: {:.1} GS/s",
         (c.both_h2d / 1.25).min(c.both_d2h)
     );
-    let sections: &[usize] = if quick { &[16, 32, 64] } else { &[8, 16, 32, 64, 128] };
+    let sections: &[usize] = if quick {
+        &[16, 32, 64]
+    } else {
+        &[8, 16, 32, 64, 128]
+    };
     for channels in [4096, 32768] {
         for dither in [true, false] {
             for f in kernels(&gpu, channels, dither, sections)? {

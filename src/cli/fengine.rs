@@ -316,11 +316,22 @@ impl HeapSink {
             let (mut next_desc, period) = cfg.descriptors;
             loop {
                 if Instant::now() >= next_desc {
-                    let d = descriptor_heap(cfg.channels / n_dst, cfg.spectra_per_heap, cfg.sample_bits);
+                    let d = descriptor_heap(
+                        cfg.channels / n_dst,
+                        cfg.spectra_per_heap,
+                        cfg.sample_bits,
+                    );
                     let refs: Vec<HeapRef> = (0..n_dst)
-                        .map(|i| HeapRef { heap: &d, cnt: None, substream: i, unpaced: true })
+                        .map(|i| HeapRef {
+                            heap: &d,
+                            cnt: None,
+                            substream: i,
+                            unpaced: true,
+                        })
                         .collect();
-                    stream.send_heaps(&refs, SendMode::RoundRobin).map_err(|e| e.to_string())?;
+                    stream
+                        .send_heaps(&refs, SendMode::RoundRobin)
+                        .map_err(|e| e.to_string())?;
                     next_desc += period;
                 }
                 let (data, timestamp) = match rx.recv_timeout(Duration::from_millis(100)) {
@@ -346,7 +357,9 @@ impl HeapSink {
                     .enumerate()
                     .map(|(d, heap)| HeapRef::new(heap, d))
                     .collect();
-                stream.send_heaps(&refs, SendMode::RoundRobin).map_err(|e| e.to_string())?;
+                stream
+                    .send_heaps(&refs, SendMode::RoundRobin)
+                    .map_err(|e| e.to_string())?;
                 drop(heaps);
                 c.sent.fetch_add(1, Ordering::Relaxed);
                 c.bytes.store(stream.counters().bytes, Ordering::Relaxed);
@@ -376,7 +389,9 @@ impl HeapSink {
         self.clipped[0] += h.clips[0];
         self.clipped[1] += h.clips[1];
         // A closed channel means the send thread stopped on an error, which check() reports.
-        let Ok(mut buf) = self.free.recv() else { return };
+        let Ok(mut buf) = self.free.recv() else {
+            return;
+        };
         buf.clear();
         buf.extend_from_slice(h.data);
         let _ = self.heaps.send((buf, h.timestamp));

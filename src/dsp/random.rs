@@ -67,7 +67,9 @@ mod tests {
         let var_b = pairs.iter().map(|(_, b)| b * b).sum::<f64>() / n as f64;
         assert!(cov.abs() < 1e-3, "{cov}");
         assert!((var_b - 1.0 / 12.0).abs() < 1e-3, "{var_b}");
-        assert!(pairs.iter().all(|&(a, b)| (-0.5..0.5).contains(&a) && (-0.5..0.5).contains(&b)));
+        assert!(pairs
+            .iter()
+            .all(|&(a, b)| (-0.5..0.5).contains(&a) && (-0.5..0.5).contains(&b)));
         // Streams and seeds are independent draws.
         assert_ne!(mix(7, 1, 5), mix(7, 2, 5));
         assert_ne!(mix(7, 1, 5), mix(8, 1, 5));

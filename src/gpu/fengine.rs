@@ -567,10 +567,7 @@ impl Backend for GpuBackend {
         self.in_flight.pop_front();
         let slot = &mut self.slots[idx];
         let stats = slot.stats_host.as_slice()?;
-        let clips = [
-            stats[0] - slot.clips_seen[0],
-            stats[1] - slot.clips_seen[1],
-        ];
+        let clips = [stats[0] - slot.clips_seen[0], stats[1] - slot.clips_seen[1]];
         let power = [stats[2] as i64, stats[3] as i64];
         slot.clips_seen = [stats[0], stats[1]];
         Ok(Some(Finished {
