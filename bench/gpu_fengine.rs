@@ -295,20 +295,25 @@ fn kernels(
     Ok(figs)
 }
 
-/// The engine path: `Pipeline` on `GpuBackend` over pinned chunks (2^25 samples per pol,
-/// 10-bit), 8-bit heaps to pinned memory; input samples per second (both pols).
+/// The engine path: `Pipeline` on `GpuBackend` over pinned chunks (10-bit, both pols),
+/// 8-bit heaps to pinned memory; input samples per second (both pols).
+/// `shape` = (channels, log2 of the chunk's samples per pol, taps).
 fn whole_path(
     gpu: &Arc<Gpu>,
-    channels: usize,
+    shape: (usize, u32, usize),
     chunks: usize,
     depth: usize,
 ) -> Result<(f64, u64), GpuError> {
+    let (channels, chunk_log2, taps) = shape;
     let layout = InputLayout {
         heap_samples: 4096,
         heap_bytes: 4096 * 10 / 8,
-        chunk_samples: 1 << 25,
+        chunk_samples: 1 << chunk_log2,
     };
-    let out = output(channels, true);
+    let out = WidebandOutput {
+        taps,
+        ..output(channels, true)
+    };
     let sph = (1usize << 20) / channels;
     let cfg = PipelineConfig {
         layout,
@@ -401,12 +406,40 @@ fn main() -> Result<(), GpuError> {
     for channels in [4096, 32768] {
         for depth in [4, 8] {
             let bound = pcie_bound(&gpu)?;
-            let (rate, heaps) = whole_path(&gpu, channels, if quick { 200 } else { 600 }, depth)?;
+            let (rate, heaps) = whole_path(
+                &gpu,
+                (channels, 25, 16),
+                if quick { 200 } else { 600 },
+                depth,
+            )?;
             println!(
                 "whole path {channels:>5} ch, 16 taps, 10-bit in, 8-bit out, {depth} heaps in flight: {:.1} GS/s = {:.0}% of the PCIe bound measured just before ({:.1} GS/s; {heaps} heaps)",
                 rate / GB,
                 100.0 * rate / bound,
                 bound / GB,
+            );
+        }
+    }
+    // Where the whole path falls short of the bound: the same path over other shapes (the
+    // tail a chunk carries is taps × 2·channels samples).
+    if std::env::args().any(|a| a == "--scan") {
+        for shape in [
+            (8192, 25, 16),
+            (16384, 25, 16),
+            (32768, 26, 16),
+            (32768, 25, 4),
+            (4096, 24, 16),
+        ] {
+            let bound = pcie_bound(&gpu)?;
+            let (rate, _) = whole_path(&gpu, shape, 100, 8)?;
+            println!(
+                "scan {:>5} ch, 2^{} samples per chunk, {:>2} taps: {:.1} GS/s = {:.0}% of {:.1}",
+                shape.0,
+                shape.1,
+                shape.2,
+                rate / GB,
+                100.0 * rate / bound,
+                bound / GB
             );
         }
     }
