@@ -421,8 +421,17 @@ fn main() -> Result<(), GpuError> {
         }
     }
     // Where the whole path falls short of the bound: the same path over other shapes (the
-    // tail a chunk carries is taps × 2·channels samples).
+    // tail a chunk carries is taps × 2·channels samples), and the kernels at the engine's
+    // heap size (2^20 values: one call per heap).
     if std::env::args().any(|a| a == "--scan") {
+        for channels in [4096, 16384, 32768] {
+            for f in kernels_at(&gpu, channels, (1 << 20) / channels, true, &[32, 64])? {
+                println!(
+                    "heap-size kernels {:>5} ch, section {:>2}: pfb {:>5.0} GB/s, fft {:>5.0} GB/s, postproc {:>5.0} GB/s, chain {:>4.0} GS/s",
+                    f.channels, f.section, f.pfb, f.fft, f.post, f.samples / GB
+                );
+            }
+        }
         for shape in [
             (8192, 25, 16),
             (16384, 25, 16),
