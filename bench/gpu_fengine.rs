@@ -207,8 +207,24 @@ fn kernels(
     dither: bool,
     sections: &[usize],
 ) -> Result<Vec<KernelFigures>, GpuError> {
+    kernels_at(
+        gpu,
+        channels,
+        (1usize << 28) / (2 * channels),
+        dither,
+        sections,
+    )
+}
+
+/// The kernels on `spectra` spectra per call (the engine calls them once per heap).
+fn kernels_at(
+    gpu: &Arc<Gpu>,
+    channels: usize,
+    spectra: usize,
+    dither: bool,
+    sections: &[usize],
+) -> Result<Vec<KernelFigures>, GpuError> {
     let step = 2 * channels;
-    let spectra = (1usize << 28) / step;
     let taps = 16;
     let body = (spectra + taps) * step;
     let out = output(channels, dither);
