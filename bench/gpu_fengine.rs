@@ -18,7 +18,7 @@ use cbf::fengine::output::WidebandOutput;
 use cbf::fengine::pipeline::{ChunkView, Pipeline, PipelineConfig};
 use cbf::fengine::place::InputLayout;
 use cbf::gpu::compile::Kernel;
-use cbf::gpu::fengine::{default_unzip, GpuBackend, GpuConfig};
+use cbf::gpu::fengine::{default_batch, default_unzip, GpuBackend, GpuConfig};
 use cbf::gpu::{Gpu, GpuError};
 use cudarc::driver::{LaunchConfig, PinnedHostSlice, PushKernelArg};
 use num_complex::Complex32;
@@ -238,6 +238,7 @@ fn kernels_at(
             spectra_per_heap: spectra,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
+            batch: 1,
             depth: 1,
         },
     )?;
@@ -266,6 +267,7 @@ fn kernels_at(
         dither: dither.then_some(7),
     };
     let samples = (2 * spectra * step) as f64;
+    gb.stage(&input)?;
     let mut figs = Vec::new();
     for &section in sections {
         gb.set_section(section);
@@ -281,7 +283,7 @@ fn kernels_at(
             let e1 = gb.mark()?;
             gb.fft()?;
             let e2 = gb.mark()?;
-            gb.postproc(0, &input)?;
+            gb.postproc(input.dither)?;
             let e3 = gb.mark()?;
             e3.synchronize()?;
             if rep >= 2 {
@@ -350,7 +352,8 @@ fn whole_path(
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
-            depth,
+            batch: default_batch(sph),
+            depth: (depth / default_batch(sph)).max(2),
         },
     )?;
     let mut pipeline = Pipeline::with_backend(out, cfg, Box::new(backend));
@@ -441,11 +444,14 @@ fn main() -> Result<(), GpuError> {
     // heap size (2^20 values: one call per heap).
     if std::env::args().any(|a| a == "--scan") {
         for channels in [4096, 16384, 32768] {
-            for f in kernels_at(&gpu, channels, (1 << 20) / channels, true, &[32, 64])? {
-                println!(
-                    "heap-size kernels {:>5} ch, section {:>2}: pfb {:>5.0} GB/s, fft {:>5.0} GB/s, postproc {:>5.0} GB/s, chain {:>4.0} GS/s",
-                    f.channels, f.section, f.pfb, f.fft, f.post, f.samples / GB
-                );
+            let sph = (1 << 20) / channels;
+            for (what, spectra) in [("heap", sph), ("launch", sph * default_batch(sph))] {
+                for f in kernels_at(&gpu, channels, spectra, true, &[32, 64])? {
+                    println!(
+                        "{what}-size kernels {:>5} ch, {spectra:>4} spectra, section {:>2}: pfb {:>5.0} GB/s, fft {:>5.0} GB/s, postproc {:>5.0} GB/s, chain {:>4.0} GS/s",
+                        f.channels, f.section, f.pfb, f.fft, f.post, f.samples / GB
+                    );
+                }
             }
         }
         for shape in [

@@ -3,8 +3,8 @@
 // `dsp::pfb::pfb_fir`; `cbf selftest --gpu` compares them.
 //
 // Compile-time constants (-D): CHANNELS (N, a power of two), TAPS, SAMPLE_BITS (2..10, 12, 16),
-// UNZIP (n, dividing N with N/n >= 2), SPECTRA (spectra per heap: the frames buffer holds
-// 2 pols × SPECTRA frames).
+// UNZIP (n, dividing N with N/n >= 2), SPECTRA (spectra of the heaps post-processed together:
+// the frames buffer holds 2 pols × SPECTRA frames).
 //
 // One launch computes `count` consecutive spectra (heap slots k, k+1, ...) of one or both
 // polarisations (blockIdx.z), whose windows start at samples start, start + STEP, ... of
@@ -59,14 +59,15 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
     float *__restrict__ out,             // frames: [pol][SPECTRA][STEP]
     const u8 *__restrict__ in,           // input slot: pol p's packed samples at p·pol_stride
     const float *__restrict__ weights,   // TAPS × STEP, tap-major
-    u64 *__restrict__ power,             // [pol] Σx² accumulators
+    u64 *__restrict__ power,             // [heap][pol] Σx² accumulators
     i64 start0,                          // first window's first sample, pol 0
     i64 start1,                          // same, pol 1
     i64 pol_stride,
     int first_pol,
     int k,
     int count,
-    int section)
+    int section,
+    int heap)                            // the heap (of the batch) these spectra belong to
 {
     const int pol = first_pol + blockIdx.z;
     const i64 in_start = pol ? start1 : start0;
@@ -134,5 +135,5 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
     for (int off = 16; off > 0; off >>= 1)
         pw += __shfl_down_sync(0xffffffffu, pw, off);
     if ((threadIdx.x & 31) == 0 && pw != 0)
-        atomicAdd(power + pol, (u64)pw);
+        atomicAdd(power + 2 * heap + pol, (u64)pw);
 }

@@ -4,7 +4,9 @@
 // interleave (seed 000 §FFT "Unzipping the FFT", §Postprocessing). Mirrors
 // `dsp::pfb::ChannelFft` + `dsp::postproc::postproc_heap`; `cbf selftest --gpu` compares them.
 //
-// Compile-time constants (-D): CHANNELS (N), UNZIP (n), SPECTRA (spectra per heap),
+// Compile-time constants (-D): CHANNELS (N), UNZIP (n), SPECTRA (spectra per launch: a batch of
+// SPECTRA / HEAP_SPECTRA heaps, post-processed together so that heaps of few spectra still
+// fill the GPU), HEAP_SPECTRA (spectra per heap),
 // OUT_BITS (8, or 4 for packed nibbles), DITHER (0 or 1), STILE (values of s per block: 32,
 // or 8 to give a heap of few spectra enough blocks).
 //
@@ -102,30 +104,38 @@ __device__ __forceinline__ int pack(const int q[4])
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) postproc(
-    unsigned char *__restrict__ out,     // the heap: CHANNELS × SPECTRA × 2 pols × (re, im)
+    unsigned char *__restrict__ out,     // [heap] CHANNELS × HEAP_SPECTRA × 2 pols × (re, im)
     const float2 *__restrict__ in,       // cuFFT output (see above)
-    const float2 *__restrict__ gains,    // [pol][channel]
+    const float2 *__restrict__ gains,    // [heap][pol][channel]
     const float2 *__restrict__ phase,    // [pol][spectrum]: θ_k/π = x·k + y (mapped host memory)
-    i64 ts0,                             // the first spectrum's timestamp (dither key); the
-                                         // heap's spectra are consecutive, ts0 + sp·2N
+    const i64 *__restrict__ ts0,         // [heap] first spectrum's timestamp (mapped); a heap's
+                                         // spectra are consecutive: ts0 + sp·2N (dither key)
     u64 seed,
-    u64 *__restrict__ power,             // [pol] the front end's Σx² for this heap: moved out
-    u64 *__restrict__ stats)             // [clips pol 0, clips pol 1, power 0, power 1];
+    u64 *__restrict__ power,             // [heap][pol] the front end's Σx²: moved out
+    u64 *__restrict__ stats)             // [heap][clips pol 0, clips pol 1, power 0, power 1];
                                          // clip counts accumulate (the host takes differences)
 {
     __shared__ int tile[2 * UNZIP][STILE][TILE + 1];
     // This block's delay terms, read once from host memory (seed 000 §Postprocessing: small
     // per-heap values are not worth a copy queued behind the sample transfers).
     __shared__ float2 sphase[2][TILE];
+    __shared__ i64 sts[TILE];                    // each spectrum's timestamp
+    __shared__ unsigned int sclip[TILE][2];      // clipped values per spectrum and pol
     {
         const int t = threadIdx.x;
-        if (t < 2 * TILE && blockIdx.y * TILE + (t % TILE) < SPECTRA)
-            sphase[t / TILE][t % TILE] = phase[(t / TILE) * SPECTRA + blockIdx.y * TILE + t % TILE];
-        if (blockIdx.x == 0 && blockIdx.y == 0 && t < 2)
-        {
-            stats[2 + t] = power[t];
-            power[t] = 0;
-        }
+        const int sp = blockIdx.y * TILE + t % TILE;
+        if (t < 2 * TILE && sp < SPECTRA)
+            sphase[t / TILE][t % TILE] = phase[(t / TILE) * SPECTRA + sp];
+        if (t >= 2 * TILE && t < 3 * TILE && sp < SPECTRA)
+            sts[t % TILE] = ts0[sp / HEAP_SPECTRA] + (i64)(sp % HEAP_SPECTRA) * (2 * CHANNELS);
+        if (t >= 3 * TILE && t < 5 * TILE)
+            sclip[t % TILE][(t / TILE) & 1] = 0;
+        if (blockIdx.x == 0 && blockIdx.y == 0)
+            for (int h = t; h < 2 * (SPECTRA / HEAP_SPECTRA); h += THREADS)
+            {
+                stats[(h / 2) * 4 + 2 + h % 2] = power[h];
+                power[h] = 0;
+            }
     }
     __syncthreads();
     const int lin = threadIdx.x, lane = lin & 31, warp = lin >> 5;
@@ -134,7 +144,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
     const int sp0 = blockIdx.y * TILE;
     const bool active = s <= SUBLEN / 2;
     const bool mirror = s != 0 && 2 * s != SUBLEN; // X_{N−k} is produced here
-    unsigned int nclip[2] = {0, 0};
 
     if (active)
     {
@@ -161,6 +170,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
             if (sp >= SPECTRA)
                 break;
             int lo[UNZIP][4], hi[UNZIP][4];
+            unsigned int nclip[2] = {0, 0};
 #pragma unroll
             for (int pol = 0; pol < 2; pol++)
             {
@@ -176,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                 }
                 const float2 ph = sphase[pol][row];
 #if DITHER
-                const i64 ts = ts0 + (i64)sp * (2 * CHANNELS);
+                const i64 ts = sts[row];
                 const u64 skey = dither_stream(seed, ts, pol);
 #endif
 #pragma unroll
@@ -207,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                         const int ch = h ? kn : k;
                         const float2 x = h ? xn : xk;
                         // Y = (g·e^{jθ})·X, θ/π = ph.x·k + ph.y (fengine_delay_convention.md §3)
-                        const float2 g = gains[pol * CHANNELS + (ch & (CHANNELS - 1))];
+                        const float2 g = gains[((sp / HEAP_SPECTRA) * 2 + pol) * CHANNELS + (ch & (CHANNELS - 1))];
                         const float2 y = cmul(cmul(g, expjpi(ph.x * (float)ch + ph.y)), x);
 #if DITHER
                         const float2 d = dither(skey, ckey[p][h]);
@@ -226,6 +236,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                     }
                 }
             }
+            for (int pol = 0; pol < 2; pol++)
+                if (nclip[pol])
+                    atomicAdd(&sclip[row][pol], nclip[pol]);
 #pragma unroll
             for (int p = 0; p < UNZIP; p++)
             {
@@ -254,7 +267,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
         const int sp = sp0 + lane;
         if (sp < SPECTRA)
         {
-            const i64 at = (i64)ch * SPECTRA + sp;
+            const int hp = sp / HEAP_SPECTRA;
+            const i64 at = (i64)hp * CHANNELS * HEAP_SPECTRA + (i64)ch * HEAP_SPECTRA + sp % HEAP_SPECTRA;
 #if OUT_BITS == 8
             reinterpret_cast<int *>(out)[at] = tile[h][sr][lane];
 #else
@@ -262,15 +276,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
 #endif
         }
     }
-    // Clip counts: a warp sum per polarisation, then one atomic per warp.
-#pragma unroll
-    for (int pol = 0; pol < 2; pol++)
+    // Clip counts: per spectrum in shared memory, then one atomic per spectrum and pol into its
+    // heap's counter.
+    __syncthreads();
+    if (lin < 2 * TILE)
     {
-        unsigned int c = nclip[pol];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            c += __shfl_down_sync(0xffffffffu, c, off);
-        if (lane == 0 && c != 0)
-            atomicAdd(stats + pol, (u64)c);
+        const int j = lin >> 1, pol = lin & 1;
+        const int sp = sp0 + j;
+        if (sp < SPECTRA && sclip[j][pol])
+            atomicAdd(stats + (sp / HEAP_SPECTRA) * 4 + pol, (u64)sclip[j][pol]);
     }
 }

@@ -22,7 +22,7 @@ use crate::fengine::heaps::{descriptor_heap, f_heap};
 use crate::fengine::output::WidebandOutput;
 use crate::fengine::pipeline::{tail_samples, OutputHeap, Pipeline, PipelineConfig};
 use crate::fengine::place::{InputLayout, ITEMS, REJECT_REASONS};
-use crate::gpu::fengine::{default_unzip, GpuBackend, GpuConfig};
+use crate::gpu::fengine::{default_batch, default_unzip, GpuBackend, GpuConfig};
 use crate::gpu::Gpu;
 use crate::net::pcap::PcapReceiver;
 use crate::net::udp::{UdpReceiver, UdpSender};
@@ -256,8 +256,10 @@ fn make_pipeline(
                     spectra_per_heap: cfg.spectra_per_heap,
                     out_bits: cfg.out_bits,
                     unzip: default_unzip(output.channels),
-                    // Heaps in flight: 8 kept the copies busy in every run (bench/RESULTS.md).
-                    depth: 8,
+                    batch: default_batch(cfg.spectra_per_heap),
+                    // About 8 heaps in flight kept the copies busy in every run
+                    // (bench/RESULTS.md), in at least two slots.
+                    depth: (8 / default_batch(cfg.spectra_per_heap)).max(2),
                 },
             )
             .map_err(|e| CliError::flag("--backend", e))?;

@@ -5,8 +5,9 @@
 //! heap bookkeeping stay in `pipeline`.
 //!
 //! The back end is asynchronous so that a GPU can overlap the copies of one heap with the
-//! compute of the next: [`Backend::back_end`] submits a heap, [`Backend::finished`] hands
-//! results back in submission order, at most [`Backend::depth`] heaps being in flight.
+//! compute of the next (and post-process several heaps per launch): [`Backend::back_end`]
+//! submits a heap once [`Backend::ready`] says there is room, [`Backend::finished`] hands
+//! results back in submission order.
 
 use num_complex::Complex32;
 
@@ -60,12 +61,13 @@ pub trait Backend: Send {
     fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> Result<(), BackendError>;
     /// Forget the spectra and power of the heap being assembled (it will not be sent).
     fn discard(&mut self) -> Result<(), BackendError>;
-    /// Back end: FFT and post-process the heap's spectra (both pols). The caller keeps fewer
-    /// than [`Backend::depth`] heaps in flight.
+    /// Back end: FFT and post-process the heap's spectra (both pols), now or batched with
+    /// later heaps. Only called when [`Backend::ready`].
     fn back_end(&mut self, input: &BackEndInput<'_>) -> Result<(), BackendError>;
-    /// Most heaps in flight at once.
-    fn depth(&self) -> usize;
-    /// The oldest heap in flight, once done (waiting for it if `wait`); `None` if none is.
+    /// Whether another heap may be submitted, or heaps in flight must be taken first.
+    fn ready(&self) -> bool;
+    /// The oldest heap in flight, once done (waiting for it if `wait`, which also launches a
+    /// partly filled batch); `None` if none is.
     fn finished(&mut self, wait: bool) -> Result<Option<Finished<'_>>, BackendError>;
 }
 
@@ -188,8 +190,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn depth(&self) -> usize {
-        1
+    fn ready(&self) -> bool {
+        self.done.is_none()
     }
 
     fn finished(&mut self, _wait: bool) -> Result<Option<Finished<'_>>, BackendError> {

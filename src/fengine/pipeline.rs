@@ -323,8 +323,10 @@ impl Pipeline {
             self.heap_ts.push(t);
             self.next_t += self.step as u64;
             if self.heap_ts.len() == self.spectra_per_heap {
-                while self.in_flight.len() >= self.backend.depth() {
-                    self.emit_one(true, &mut emit)?;
+                while !self.backend.ready() {
+                    if !self.emit_one(true, &mut emit)? {
+                        return Err(BackendError("backend not ready with no heap in flight".into()));
+                    }
                 }
                 let input = BackEndInput {
                     gains: [&self.gains[0], &self.gains[1]],

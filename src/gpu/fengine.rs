@@ -59,8 +59,17 @@ pub struct GpuConfig {
     pub spectra_per_heap: usize,
     pub out_bits: OutputBits,
     pub unzip: usize,
-    /// Output heaps in flight.
+    /// Heaps post-processed per launch (FFT and post-processing of a heap of few spectra
+    /// leave the GPU idle; see [`default_batch`]).
+    pub batch: usize,
+    /// Output slots of `batch` heaps each in flight.
     pub depth: usize,
+}
+
+/// Heaps per back-end launch: enough for 256 spectra, below which post-processing was
+/// measured at a fraction of its bandwidth (bench/gpu-notes.md).
+pub fn default_batch(spectra_per_heap: usize) -> usize {
+    256usize.div_ceil(spectra_per_heap).max(1)
 }
 
 /// A run of consecutive spectra of one polarisation with one coarse delay.
@@ -71,19 +80,43 @@ struct Run {
     count: usize,
 }
 
+/// One launch's worth of heaps (a batch) and its way back to the host.
 struct OutSlot {
-    /// The heap's delay terms in mapped pinned memory, which the kernel reads directly: a
-    /// copy would queue behind the chunk transfers (seed 000 §Postprocessing).
+    /// The heaps' delay terms ([pol][spectrum] pairs) and first timestamps ([heap]) in mapped
+    /// pinned memory, which the kernel reads directly: a copy would queue behind the chunk
+    /// transfers (seed 000 §Postprocessing).
     phase_host: PinnedHostSlice<f32>,
     phase_dev: u64,
+    ts0_host: PinnedHostSlice<i64>,
+    ts0_dev: u64,
     out: CudaSlice<u8>,
     out_host: PinnedHostSlice<u8>,
-    /// Clip counts per pol (cumulative over the slot's heaps), then the heap's power per pol.
+    /// Per heap: clip counts per pol (cumulative over the slot's launches), then power per pol.
     stats: CudaSlice<u64>,
     stats_host: PinnedHostSlice<u64>,
-    /// The cumulative clip counts at the slot's previous heap.
-    clips_seen: [u64; 2],
+    /// The cumulative clip counts before the current launch, per heap.
+    clips_base: Vec<[u64; 2]>,
+    /// Heaps of the current launch not yet taken by `finished`.
+    unemitted: usize,
     done: CudaEvent,
+}
+
+/// Pinned host memory mapped into the device's address space: (host slice, device address).
+fn mapped<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    len: usize,
+) -> Result<(PinnedHostSlice<T>, u64), GpuError> {
+    // SAFETY: written before the device reads it; the device address lives as long as the
+    // slice, which its owner keeps beside it.
+    unsafe {
+        let mut host = gpu
+            .ctx
+            .alloc_pinned_with_flags::<T>(len, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
+        let mut dev = 0;
+        cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, host.as_mut_ptr()?.cast(), 0)
+            .result()?;
+        Ok((host, dev))
+    }
 }
 
 pub struct GpuBackend {
@@ -93,7 +126,10 @@ pub struct GpuBackend {
     fft: CudaFft,
     channels: usize,
     step: usize,
+    /// Spectra per heap, and per launch (`batch` heaps).
+    heap_spectra: usize,
     spectra: usize,
+    batch: usize,
     pol_bytes: usize,
     tail_bytes: usize,
     /// Device bytes per polarisation in an input slot (body + tail + padding).
@@ -109,17 +145,28 @@ pub struct GpuBackend {
     weights: CudaSlice<f32>,
     frames: CudaSlice<f32>,
     power: CudaSlice<u64>,
+    /// Per heap of a batch: [pol][channel] complex gains.
     gains: CudaSlice<f32>,
+    /// The latest gains on the device, their host copy, a version counter, and the version
+    /// each batch position holds.
+    gains_master: CudaSlice<f32>,
     gains_host: Vec<Complex32>,
+    gains_version: u64,
+    gains_at: Vec<u64>,
     slots: Vec<OutSlot>,
-    next_slot: usize,
-    in_flight: VecDeque<usize>,
+    /// The slot being filled, and how many heaps it holds so far (not yet launched).
+    fill: usize,
+    pending: usize,
+    /// (slot, heap in the slot) of every heap submitted and not yet taken.
+    in_flight: VecDeque<(usize, usize)>,
     runs: [Option<Run>; 2],
     out_bytes: usize,
     section: usize,
     unzip: usize,
     /// Values of s per post-processing block.
     stile: usize,
+    /// The dither seed of the heaps being batched.
+    dither: Option<u64>,
 }
 
 impl GpuBackend {
@@ -130,7 +177,9 @@ impl GpuBackend {
     ) -> Result<GpuBackend, GpuError> {
         let channels = output.channels;
         let step = 2 * channels;
-        let s = cfg.spectra_per_heap;
+        let hs = cfg.spectra_per_heap;
+        let batch = cfg.batch.max(1);
+        let s = hs * batch;
         let n = cfg.unzip;
         assert!(
             channels.is_power_of_two() && channels % n == 0 && channels / n >= 2,
@@ -154,6 +203,7 @@ impl GpuBackend {
             ("CHANNELS", channels as i64),
             ("UNZIP", n as i64),
             ("SPECTRA", s as i64),
+            ("HEAP_SPECTRA", hs as i64),
             ("STILE", stile as i64),
             (
                 "OUT_BITS",
@@ -179,7 +229,7 @@ impl GpuBackend {
             output.window,
         ))?;
         let out_bytes = channels
-            * s
+            * hs
             * if cfg.out_bits == OutputBits::Four {
                 2
             } else {
@@ -187,32 +237,23 @@ impl GpuBackend {
             };
         let mut slots = Vec::with_capacity(cfg.depth);
         for _ in 0..cfg.depth.max(1) {
-            // SAFETY: pinned allocations are written before they are read (plain, not
-            // write-combined: the host reads the heaps back); the mapped pointer is the
-            // device's address of `phase_host`, which lives as long as the slot.
-            unsafe {
-                let mut phase_host = gpu.ctx.alloc_pinned_with_flags::<f32>(
-                    4 * s,
-                    cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
-                )?;
-                let mut phase_dev = 0;
-                cudarc::driver::sys::cuMemHostGetDevicePointer_v2(
-                    &mut phase_dev,
-                    phase_host.as_mut_ptr()?.cast(),
-                    0,
-                )
-                .result()?;
-                slots.push(OutSlot {
-                    phase_host,
-                    phase_dev,
-                    out: st.alloc_zeros(out_bytes)?,
-                    out_host: gpu.ctx.alloc_pinned_with_flags(out_bytes, 0)?,
-                    stats: st.alloc_zeros(4)?,
-                    stats_host: gpu.ctx.alloc_pinned_with_flags(4, 0)?,
-                    clips_seen: [0; 2],
-                    done: gpu.ctx.new_event(None)?,
-                });
-            }
+            let (phase_host, phase_dev) = mapped::<f32>(&gpu, 4 * s)?;
+            let (ts0_host, ts0_dev) = mapped::<i64>(&gpu, batch)?;
+            slots.push(OutSlot {
+                phase_host,
+                phase_dev,
+                ts0_host,
+                ts0_dev,
+                out: st.alloc_zeros(out_bytes * batch)?,
+                // SAFETY: written by the device-to-host copy before the host reads it.
+                out_host: unsafe { gpu.ctx.alloc_pinned_with_flags(out_bytes * batch, 0) }?,
+                stats: st.alloc_zeros(4 * batch)?,
+                // SAFETY: as above.
+                stats_host: unsafe { gpu.ctx.alloc_pinned_with_flags(4 * batch, 0) }?,
+                clips_base: vec![[0; 2]; batch],
+                unemitted: 0,
+                done: gpu.ctx.new_event(None)?,
+            });
         }
         let fft = CudaFft::plan_1d(
             (channels / n) as i32,
@@ -226,7 +267,9 @@ impl GpuBackend {
             fft,
             channels,
             step,
+            heap_spectra: hs,
             spectra: s,
+            batch,
             pol_bytes,
             tail_bytes,
             pol_stride,
@@ -240,18 +283,23 @@ impl GpuBackend {
             cur: 0,
             weights,
             frames: st.alloc_zeros(2 * s * step)?,
-            power: st.alloc_zeros(2)?,
-            gains: st.alloc_zeros(4 * channels)?,
+            power: st.alloc_zeros(2 * batch)?,
+            gains: st.alloc_zeros(4 * channels * batch)?,
+            gains_master: st.alloc_zeros(4 * channels)?,
+            gains_version: 0,
+            gains_at: vec![u64::MAX; batch],
             gains_host: vec![Complex32::new(f32::NAN, 0.0); 2 * channels],
             slots,
-            next_slot: 0,
-            in_flight: VecDeque::with_capacity(cfg.depth),
+            fill: 0,
+            pending: 0,
+            in_flight: VecDeque::with_capacity(cfg.depth * batch),
             runs: [None, None],
             out_bytes,
             // Measured best on the H100 (bench/gpu-notes.md): longer sections for longer rows.
             section: if channels >= 16384 { 64 } else { 32 },
             unzip: n,
             stile,
+            dither: None,
             gpu,
         })
     }
@@ -301,9 +349,10 @@ impl GpuBackend {
             shared_mem_bytes: 0,
         };
         let (s0, s1) = (starts[0] as i64, starts[1] as i64);
-        let (stride, first, k, count, section) = (
+        let (stride, first, heap, k, count, section) = (
             self.pol_stride as i64,
             first_pol as i32,
+            (k / self.heap_spectra) as i32,
             k as i32,
             count as i32,
             section as i32,
@@ -320,7 +369,8 @@ impl GpuBackend {
             .arg(&first)
             .arg(&k)
             .arg(&count)
-            .arg(&section);
+            .arg(&section)
+            .arg(&heap);
         // SAFETY: the arguments match pfb_fir's signature; every index stays inside the
         // buffers (the pipeline checks windows against body + tail).
         unsafe { b.launch(cfg) }?;
@@ -350,7 +400,8 @@ impl GpuBackend {
     pub fn read_power(&mut self) -> Result<[i64; 2], GpuError> {
         self.flush_runs()?;
         let p = self.gpu.compute.clone_dtoh(&self.power)?;
-        Ok([p[0] as i64, p[1] as i64])
+        let at = 2 * self.pending;
+        Ok([p[at] as i64, p[at + 1] as i64])
     }
 
     /// Copy `chunk` in: its body unless the previous call prefetched it, its tail straight
@@ -431,53 +482,66 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Post-process the transformed frames into output slot `idx` (device memory only; the
-    /// heap's power is moved into the slot's counters).
-    pub fn postproc(&mut self, idx: usize, input: &BackEndInput<'_>) -> Result<(), GpuError> {
-        let (s, n) = (self.spectra, self.channels);
-        assert_eq!(
-            input.timestamps.len(),
-            s,
-            "a heap has spectra_per_heap spectra"
-        );
-        let st = Arc::clone(&self.gpu.compute);
-        // Gains: uploaded when they change (rarely: a katcp request).
-        let changed = (0..2).any(|p| input.gains[p] != &self.gains_host[p * n..(p + 1) * n]);
-        if changed {
-            for p in 0..2 {
-                self.gains_host[p * n..(p + 1) * n].copy_from_slice(input.gains[p]);
-            }
-            let flat: &[f32] = bytemuck::cast_slice(&self.gains_host);
-            st.memcpy_htod(flat, &mut self.gains)?;
-        }
-        let slot = &mut self.slots[idx];
-        // θ_k/π = x·k + y per pol and spectrum (fengine_delay_convention.md §3; the kernel
-        // evaluates it with sincospi): x = −δ/N, y = δ/2 + φ/π + (c mod 4)/2, reduced mod 2
-        // in f64 before rounding to f32.
-        {
-            let ph = slot.phase_host.as_mut_slice()?;
-            for p in 0..2 {
-                for (j, d) in input.delays[p].iter().enumerate() {
-                    let y = d.fine / 2.0
-                        + d.phase / std::f64::consts::PI
-                        + d.coarse.rem_euclid(4) as f64 / 2.0;
-                    ph[2 * (p * s + j)] = (-d.fine / n as f64) as f32;
-                    ph[2 * (p * s + j) + 1] = y.rem_euclid(2.0) as f32;
-                }
-            }
-        }
+    /// Write heap `pending`'s delay terms and first timestamp into the filling slot, uploading
+    /// the gains first if they changed (after launching the heaps that used the old ones).
+    pub fn stage(&mut self, input: &BackEndInput<'_>) -> Result<(), GpuError> {
+        let (hs, s, n) = (self.heap_spectra, self.spectra, self.channels);
+        assert_eq!(input.timestamps.len(), hs, "a heap has spectra_per_heap spectra");
         // The kernel keys the dither on timestamps[0] + spectrum·2N: a heap's spectra are
         // consecutive (the pipeline starts a new heap at any skip).
         debug_assert!(input
             .timestamps
             .windows(2)
             .all(|w| w[1] - w[0] == 2 * n as i64));
-        let ts0 = input.timestamps[0];
-        let seed = input.dither.unwrap_or(0);
+        // Gains: each heap of a batch has its own copy, so a change (rarely: a katcp request)
+        // takes effect at its heap. Uploaded once per change, then copied on the device into
+        // each position as it is next used.
+        let b = self.pending;
+        let changed = (0..2).any(|p| input.gains[p] != &self.gains_host[p * n..(p + 1) * n]);
+        if changed {
+            for p in 0..2 {
+                self.gains_host[p * n..(p + 1) * n].copy_from_slice(input.gains[p]);
+            }
+            let flat: &[f32] = bytemuck::cast_slice(&self.gains_host);
+            self.gpu.compute.memcpy_htod(flat, &mut self.gains_master)?;
+            self.gains_version += 1;
+        }
+        if self.gains_at[b] != self.gains_version {
+            let len = 4 * n;
+            self.gpu.compute.memcpy_dtod(
+                &self.gains_master,
+                &mut self.gains.slice_mut(b * len..(b + 1) * len),
+            )?;
+            self.gains_at[b] = self.gains_version;
+        }
+        let slot = &mut self.slots[self.fill];
+        // θ_k/π = x·k + y per pol and spectrum (fengine_delay_convention.md §3; the kernel
+        // evaluates it with sincospi): x = −δ/N, y = δ/2 + φ/π + (c mod 4)/2, reduced mod 2
+        // in f64 before rounding to f32.
+        let ph = slot.phase_host.as_mut_slice()?;
+        for p in 0..2 {
+            for (j, d) in input.delays[p].iter().enumerate() {
+                let y = d.fine / 2.0
+                    + d.phase / std::f64::consts::PI
+                    + d.coarse.rem_euclid(4) as f64 / 2.0;
+                let at = 2 * (p * s + b * hs + j);
+                ph[at] = (-d.fine / n as f64) as f32;
+                ph[at + 1] = y.rem_euclid(2.0) as f32;
+            }
+        }
+        slot.ts0_host.as_mut_slice()?[b] = input.timestamps[0];
+        Ok(())
+    }
+
+    /// The post-processing kernel over the filling slot's batch (device memory only).
+    pub fn postproc(&mut self, seed: Option<u64>) -> Result<(), GpuError> {
+        let st = Arc::clone(&self.gpu.compute);
+        let slot = &mut self.slots[self.fill];
+        let seed = seed.unwrap_or(0);
         let cfg = LaunchConfig {
             grid_dim: (
-                (n / self.unzip / 2 + 1).div_ceil(self.stile) as u32,
-                s.div_ceil(32) as u32,
+                (self.channels / self.unzip / 2 + 1).div_ceil(self.stile) as u32,
+                self.spectra.div_ceil(32) as u32,
                 1,
             ),
             block_dim: (256, 1, 1),
@@ -488,26 +552,41 @@ impl GpuBackend {
             .arg(&self.frames)
             .arg(&self.gains)
             .arg(&slot.phase_dev)
-            .arg(&ts0)
+            .arg(&slot.ts0_dev)
             .arg(&seed)
             .arg(&mut self.power)
             .arg(&mut slot.stats);
-        // SAFETY: the arguments match postproc's signature and sizes (CHANNELS, SPECTRA).
+        // SAFETY: the arguments match postproc's signature and sizes (CHANNELS, SPECTRA,
+        // HEAP_SPECTRA); the mapped buffers belong to the slot.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
-    fn submit(&mut self, input: &BackEndInput<'_>) -> Result<(), GpuError> {
-        let idx = self.next_slot;
-        self.next_slot = (idx + 1) % self.slots.len();
+    /// FFT and post-process the filling slot's heaps (all of the batch, however many were
+    /// submitted: the rest are ignored), copy them out, and move on to the next slot.
+    fn launch_batch(&mut self) -> Result<(), GpuError> {
         self.fft()?;
-        self.postproc(idx, input)?;
+        self.postproc(self.dither)?;
         let d2h = &self.gpu.d2h;
-        let slot = &mut self.slots[idx];
+        let slot = &mut self.slots[self.fill];
         d2h.memcpy_dtoh(&slot.out, &mut slot.out_host)?;
         d2h.memcpy_dtoh(&slot.stats, &mut slot.stats_host)?;
         slot.done.record(d2h)?;
-        self.in_flight.push_back(idx);
+        self.fill = (self.fill + 1) % self.slots.len();
+        self.pending = 0;
+        Ok(())
+    }
+
+    fn submit(&mut self, input: &BackEndInput<'_>) -> Result<(), GpuError> {
+        self.flush_runs()?;
+        self.dither = input.dither;
+        self.stage(input)?;
+        self.slots[self.fill].unemitted += 1;
+        self.in_flight.push_back((self.fill, self.pending));
+        self.pending += 1;
+        if self.pending == self.batch {
+            self.launch_batch()?;
+        }
         Ok(())
     }
 }
@@ -525,8 +604,14 @@ impl Backend for GpuBackend {
 
     fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> Result<(), BackendError> {
         let step = self.step;
+        // Slot k of the heap being assembled is spectrum k of heap `pending` of the batch; a
+        // run never crosses heaps (each has its own power counter).
+        let first = k == 0;
+        let k = self.pending * self.heap_spectra + k;
         match &mut self.runs[pol] {
-            Some(r) if offset == r.offset + r.count * step && k == r.k + r.count => r.count += 1,
+            Some(r) if !first && offset == r.offset + r.count * step && k == r.k + r.count => {
+                r.count += 1
+            }
             _ => {
                 if self.runs[pol].is_some() {
                     self.flush_runs()?;
@@ -543,21 +628,34 @@ impl Backend for GpuBackend {
 
     fn discard(&mut self) -> Result<(), BackendError> {
         self.runs = [None, None];
-        Ok(self.gpu.compute.memset_zeros(&mut self.power)?)
+        let at = 2 * self.pending;
+        Ok(self
+            .gpu
+            .compute
+            .memset_zeros(&mut self.power.slice_mut(at..at + 2))?)
     }
 
     fn back_end(&mut self, input: &BackEndInput<'_>) -> Result<(), BackendError> {
         Ok(self.submit(input)?)
     }
 
-    fn depth(&self) -> usize {
-        self.slots.len()
+    fn ready(&self) -> bool {
+        // The filling slot has room; a slot starts a new batch only once every heap of its
+        // previous one has been taken (its host buffers are about to be rewritten).
+        self.pending > 0 || self.slots[self.fill].unemitted == 0
     }
 
     fn finished(&mut self, wait: bool) -> Result<Option<Finished<'_>>, BackendError> {
-        let Some(&idx) = self.in_flight.front() else {
+        let Some(&(idx, b)) = self.in_flight.front() else {
             return Ok(None);
         };
+        if idx == self.fill && self.pending > 0 {
+            // The oldest heap is in the batch still filling.
+            if !wait {
+                return Ok(None);
+            }
+            self.launch_batch()?;
+        }
         let slot = &self.slots[idx];
         if wait {
             slot.done.synchronize()?;
@@ -565,13 +663,24 @@ impl Backend for GpuBackend {
             return Ok(None);
         }
         self.in_flight.pop_front();
+        let ob = self.out_bytes;
         let slot = &mut self.slots[idx];
         let stats = slot.stats_host.as_slice()?;
-        let clips = [stats[0] - slot.clips_seen[0], stats[1] - slot.clips_seen[1]];
-        let power = [stats[2] as i64, stats[3] as i64];
-        slot.clips_seen = [stats[0], stats[1]];
+        let clips = [
+            stats[4 * b] - slot.clips_base[b][0],
+            stats[4 * b + 1] - slot.clips_base[b][1],
+        ];
+        let power = [stats[4 * b + 2] as i64, stats[4 * b + 3] as i64];
+        slot.unemitted -= 1;
+        if slot.unemitted == 0 {
+            // Every position's counters, the unused ones of a partial batch included, are the
+            // base for the slot's next launch.
+            for (base, st) in slot.clips_base.iter_mut().zip(stats.chunks_exact(4)) {
+                *base = [st[0], st[1]];
+            }
+        }
         Ok(Some(Finished {
-            data: &slot.out_host.as_slice()?[..self.out_bytes],
+            data: &slot.out_host.as_slice()?[b * ob..(b + 1) * ob],
             clips,
             power,
         }))

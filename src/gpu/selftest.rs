@@ -36,7 +36,10 @@ struct Shape {
     taps: usize,
     bits: u32,
     unzip: usize,
+    /// Spectra per heap, heaps, heaps per back-end launch.
     spectra: usize,
+    heaps: usize,
+    batch: usize,
     out_bits: OutputBits,
     dither: bool,
     full_scale: bool,
@@ -150,6 +153,7 @@ fn check_pfb(
             spectra_per_heap: spectra,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
+            batch: 1,
             depth: 1,
         },
     )?;
@@ -228,12 +232,16 @@ fn ambiguous_clips(
     count
 }
 
-/// The whole backend (PFB, cuFFT, post-processing, copies) against `CpuBackend`.
+/// The whole backend (PFB, cuFFT, post-processing, copies) against `CpuBackend`, over
+/// `heaps` heaps post-processed `batch` at a time (the last batch partial when they do not
+/// divide), with the gains changed for heap 2 alone (each heap of a batch has its own).
 fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check, GpuError> {
     let n = sh.channels;
     let step = 2 * n;
+    let hs = sh.spectra;
+    let total = hs * sh.heaps;
     let tail = (sh.taps + 1) * step;
-    let body = (sh.spectra.max(sh.taps) + 2) * step;
+    let body = (total.max(sh.taps) + 2) * step;
     let c = chunks(rng, body, tail, sh.bits, sh.full_scale);
     let out = output(n, sh.taps, sh.dither);
     let mut gb = GpuBackend::new(
@@ -243,26 +251,30 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
             sample_bits: sh.bits,
             body,
             tail,
-            spectra_per_heap: sh.spectra,
+            spectra_per_heap: hs,
             out_bits: sh.out_bits,
             unzip: sh.unzip,
+            batch: sh.batch,
             depth: 2,
         },
     )?;
-    let mut cb = CpuBackend::new(&out, sh.bits, body, tail, sh.spectra, sh.out_bits);
-    let st = starts(step, sh.spectra);
-    let gains: [Vec<Complex32>; 2] = [0, 1].map(|_| {
-        (0..n)
-            .map(|_| {
-                Complex32::from_polar(
-                    sh.gain * rng.random_range(0.3..1.0f32),
-                    rng.random_range(-3.2..3.2f32),
-                )
-            })
-            .collect()
-    });
+    let mut cb = CpuBackend::new(&out, sh.bits, body, tail, hs, sh.out_bits);
+    let st = starts(step, total);
+    let mut random_gains = || -> [Vec<Complex32>; 2] {
+        [0, 1].map(|_| {
+            (0..n)
+                .map(|_| {
+                    Complex32::from_polar(
+                        sh.gain * rng.random_range(0.3..1.0f32),
+                        rng.random_range(-3.2..3.2f32),
+                    )
+                })
+                .collect()
+        })
+    };
+    let (gains_a, gains_b) = (random_gains(), random_gains());
     let delays: [Vec<SpectrumDelay>; 2] = [0, 1].map(|p| {
-        (0..sh.spectra)
+        (0..total)
             .map(|k| SpectrumDelay {
                 coarse: st[p][k] as i64 % 7 - 3,
                 fine: rng.random_range(-0.5..0.5),
@@ -270,33 +282,70 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
             })
             .collect()
     });
-    let ts: Vec<i64> = (0..sh.spectra as i64)
-        .map(|k| (1 << 40) | (k * step as i64))
+    // Consecutive spectra within a heap, a gap between heaps.
+    let ts: Vec<Vec<i64>> = (0..sh.heaps)
+        .map(|h| {
+            (0..hs)
+                .map(|k| (1 << 40) + ((h * (hs + 5) + k) * step) as i64)
+                .collect()
+        })
         .collect();
     let seed = sh.dither.then(|| rng.random::<u64>());
-    let input = BackEndInput {
-        gains: [&gains[0], &gains[1]],
-        delays: [&delays[0], &delays[1]],
-        timestamps: &ts,
-        dither: seed,
-    };
+    let gains_of = |h: usize| if h == 2 { &gains_b } else { &gains_a };
+    let inputs: Vec<BackEndInput> = (0..sh.heaps)
+        .map(|h| BackEndInput {
+            gains: [&gains_of(h)[0], &gains_of(h)[1]],
+            delays: [
+                &delays[0][h * hs..(h + 1) * hs],
+                &delays[1][h * hs..(h + 1) * hs],
+            ],
+            timestamps: &ts[h],
+            dither: seed,
+        })
+        .collect();
     let chunk = ChunkInput {
         id: 0,
         data: &c.data,
         next: Some(&c.next),
     };
-    let mut results = Vec::new();
+    type Heap = (Vec<u8>, [u64; 2], [i64; 2]);
+    let take = |b: &mut dyn Backend, got: &mut Vec<Heap>| -> Result<bool, GpuError> {
+        Ok(match b.finished(true)? {
+            Some(f) => {
+                got.push((f.data.to_vec(), f.clips, f.power));
+                true
+            }
+            None => false,
+        })
+    };
+    let mut results: Vec<Vec<Heap>> = Vec::new();
     for b in [&mut gb as &mut dyn Backend, &mut cb] {
+        let mut got = Vec::new();
         b.load(chunk)?;
-        front_ends(&mut *b, &st)?;
-        b.back_end(&input)?;
+        for (h, input) in inputs.iter().enumerate() {
+            for k in 0..hs {
+                b.front_end(0, st[0][h * hs + k], k)?;
+                b.front_end(1, st[1][h * hs + k], k)?;
+            }
+            while !b.ready() {
+                if !take(&mut *b, &mut got)? {
+                    return Err(GpuError::Backend("not ready, nothing in flight".into()));
+                }
+            }
+            b.back_end(input)?;
+        }
         b.release()?;
-        let f = b
-            .finished(true)?
-            .ok_or_else(|| GpuError::Backend("no heap came back".into()))?;
-        results.push((f.data.to_vec(), f.clips, f.power));
+        while take(&mut *b, &mut got)? {}
+        results.push(got);
     }
-    let (g, c_) = (&results[0], &results[1]);
+    if results[0].len() != sh.heaps || results[1].len() != sh.heaps {
+        return Err(GpuError::Backend(format!(
+            "heaps back: GPU {}, CPU {}, of {}",
+            results[0].len(),
+            results[1].len(),
+            sh.heaps
+        )));
+    }
     let values = |d: &[u8]| -> Vec<i32> {
         match sh.out_bits {
             OutputBits::Eight => d.iter().map(|&b| i32::from(b as i8)).collect(),
@@ -306,28 +355,45 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
                 .collect(),
         }
     };
-    let (gv, cv) = (values(&g.0), values(&c_.0));
-    let worst = gv
-        .iter()
-        .zip(&cv)
-        .map(|(a, b)| (a - b).abs())
-        .max()
-        .unwrap_or(0);
-    let off = gv.iter().zip(&cv).filter(|(a, b)| a != b).count();
     let w = pfb_weights(step, sh.taps, out.w_cutoff, out.window);
-    let frames = [0, 1].map(|p| {
-        let mut f = vec![0f32; sh.spectra * step];
-        pfb_fir(&c.samples[p], &w, step, &st[p], &mut f);
-        f
-    });
-    let amb = ambiguous_clips(&frames, &sh, &gains, &delays, &ts, seed);
-    let clip_diff = (0..2).map(|p| g.1[p].abs_diff(c_.1[p])).sum::<u64>();
-    let clips_ok = clip_diff <= amb;
-    let power_ok = g.2 == c_.2;
+    let (mut worst, mut off, mut count) = (0, 0, 0);
+    let (mut clips_ok, mut power_ok) = (true, true);
+    let (mut clips_g, mut clips_c, mut amb_total) = ([0u64; 2], [0u64; 2], 0);
+    for (h, (g, c_)) in results[0].iter().zip(&results[1]).enumerate() {
+        let (gv, cv) = (values(&g.0), values(&c_.0));
+        worst = gv
+            .iter()
+            .zip(&cv)
+            .map(|(a, b)| (a - b).abs())
+            .fold(worst, i32::max);
+        worst = worst.max(if gv.len() == cv.len() { 0 } else { 99 });
+        off += gv.iter().zip(&cv).filter(|(a, b)| a != b).count();
+        count += gv.len();
+        let frames = [0, 1].map(|p| {
+            let mut f = vec![0f32; hs * step];
+            pfb_fir(&c.samples[p], &w, step, &st[p][h * hs..(h + 1) * hs], &mut f);
+            f
+        });
+        let heap_delays = [
+            delays[0][h * hs..(h + 1) * hs].to_vec(),
+            delays[1][h * hs..(h + 1) * hs].to_vec(),
+        ];
+        let amb = ambiguous_clips(&frames, &sh, gains_of(h), &heap_delays, &ts[h], seed);
+        clips_ok &= (0..2).map(|p| g.1[p].abs_diff(c_.1[p])).sum::<u64>() <= amb;
+        power_ok &= g.2 == c_.2;
+        for p in 0..2 {
+            clips_g[p] += g.1[p];
+            clips_c[p] += c_.1[p];
+        }
+        amb_total += amb;
+    }
+    let gv_len = count;
     let name = format!(
-        "fengine {} ch n={} {}-bit in {}-bit out{}{}",
+        "fengine {} ch n={} ×{}/{} {}-bit in {}-bit out{}{}",
         n,
         sh.unzip,
+        sh.heaps,
+        sh.batch,
         sh.bits,
         if sh.out_bits == OutputBits::Four {
             4
@@ -341,12 +407,10 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
         name,
         measured: f64::from(worst),
         limit: 1.0,
-        pass: worst <= 1 && clips_ok && power_ok && gv.len() == cv.len(),
+        pass: worst <= 1 && clips_ok && power_ok,
         note: format!(
-            "{off}/{} values off by 1; clips {:?} vs {:?} (±{amb} allowed); power {}",
-            gv.len(),
-            g.1,
-            c_.1,
+            "{off}/{gv_len} values off by 1; clips {clips_g:?} vs {clips_c:?} (±{amb_total} allowed){}; power {}",
+            if clips_ok { "" } else { " WRONG" },
             if power_ok { "exact" } else { "WRONG" }
         ),
     })
@@ -369,6 +433,8 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         bits: 10,
         unzip: 4,
         spectra: 48,
+        heaps: 1,
+        batch: 1,
         out_bits: OutputBits::Eight,
         dither: true,
         full_scale: false,
@@ -434,6 +500,49 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             spectra: 100,
             bits: 16,
             gain: 0.001,
+            ..base
+        },
+        // Several heaps per launch: full batches, gains changed for one heap inside a batch,
+        // and a partial batch launched at the end.
+        Shape {
+            spectra: 12,
+            heaps: 7,
+            ..base
+        },
+        Shape {
+            spectra: 12,
+            heaps: 2,
+            batch: 2,
+            ..base
+        },
+        Shape {
+            spectra: 12,
+            heaps: 2,
+            batch: 2,
+            dither: false,
+            ..base
+        },
+        Shape {
+            spectra: 12,
+            heaps: 7,
+            batch: 3,
+            ..base
+        },
+        Shape {
+            channels: 32768,
+            spectra: 8,
+            heaps: 5,
+            batch: 4,
+            ..base
+        },
+        Shape {
+            channels: 1024,
+            spectra: 8,
+            heaps: 6,
+            batch: 4,
+            bits: 8,
+            full_scale: true,
+            gain: 1.0,
             ..base
         },
     ] {
