@@ -325,7 +325,9 @@ impl Pipeline {
             if self.heap_ts.len() == self.spectra_per_heap {
                 while !self.backend.ready() {
                     if !self.emit_one(true, &mut emit)? {
-                        return Err(BackendError("backend not ready with no heap in flight".into()));
+                        return Err(BackendError(
+                            "backend not ready with no heap in flight".into(),
+                        ));
                     }
                 }
                 let input = BackEndInput {

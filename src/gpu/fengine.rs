@@ -486,7 +486,11 @@ impl GpuBackend {
     /// the gains first if they changed (after launching the heaps that used the old ones).
     pub fn stage(&mut self, input: &BackEndInput<'_>) -> Result<(), GpuError> {
         let (hs, s, n) = (self.heap_spectra, self.spectra, self.channels);
-        assert_eq!(input.timestamps.len(), hs, "a heap has spectra_per_heap spectra");
+        assert_eq!(
+            input.timestamps.len(),
+            hs,
+            "a heap has spectra_per_heap spectra"
+        );
         // The kernel keys the dither on timestamps[0] + spectrum·2N: a heap's spectra are
         // consecutive (the pipeline starts a new heap at any skip).
         debug_assert!(input

@@ -371,7 +371,13 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
         count += gv.len();
         let frames = [0, 1].map(|p| {
             let mut f = vec![0f32; hs * step];
-            pfb_fir(&c.samples[p], &w, step, &st[p][h * hs..(h + 1) * hs], &mut f);
+            pfb_fir(
+                &c.samples[p],
+                &w,
+                step,
+                &st[p][h * hs..(h + 1) * hs],
+                &mut f,
+            );
             f
         });
         let heap_delays = [
