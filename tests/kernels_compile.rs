@@ -37,6 +37,7 @@ fn every_kernel_compiles_for_every_architecture() {
                         ("CHANNELS", channels),
                         ("UNZIP", unzip),
                         ("SPECTRA", 32),
+                        ("HEAP_SPECTRA", if dither == 1 { 32 } else { 8 }),
                         ("OUT_BITS", out_bits),
                         ("DITHER", dither),
                         ("STILE", if dither == 1 { 32 } else { 8 }),
