@@ -193,16 +193,13 @@ impl Pipeline {
         (self.spectra_per_heap * self.step) as u64
     }
 
-    fn reset_heap(&mut self) -> Result<(), BackendError> {
-        if !self.heap_ts.is_empty() {
-            self.backend.discard()?;
-        }
+    /// Start assembling a new heap.
+    fn clear_heap(&mut self) {
         for p in 0..2 {
             self.heap_delays[p].clear();
         }
         self.heap_ts.clear();
         self.heap_valid = true;
-        Ok(())
     }
 
     /// Emit the oldest heap in flight (waiting for it if `wait`); false if there was none ready.
@@ -302,7 +299,10 @@ impl Pipeline {
                 // Input no longer (or never) available: the heap containing next_t is lost
                 // (counted, partial or not), and the output skips to the next heap boundary.
                 skipped += 1;
-                self.reset_heap()?;
+                if !self.heap_ts.is_empty() {
+                    self.backend.discard()?;
+                }
+                self.clear_heap();
                 let span = self.heap_span();
                 self.next_t = (self.next_t / span + 1) * span;
                 continue;
@@ -339,8 +339,7 @@ impl Pipeline {
                 self.backend.back_end(&input)?;
                 self.in_flight
                     .push_back((self.heap_ts[0] as u64, self.heap_valid));
-                self.heap_ts.clear();
-                self.reset_heap()?;
+                self.clear_heap();
                 while self.emit_one(false, &mut emit)? {}
             }
         }

@@ -25,8 +25,6 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 3] = [Kernel::Pfb, Kernel::Postproc, Kernel::Copy];
-
     pub fn file(self) -> &'static str {
         match self {
             Kernel::Pfb => "pfb.cu",

@@ -181,10 +181,11 @@ impl GpuBackend {
         let batch = cfg.batch.max(1);
         let s = hs * batch;
         let n = cfg.unzip;
-        assert!(
-            channels.is_power_of_two() && channels % n == 0 && channels / n >= 2,
-            "unzip factor {n} does not suit {channels} channels"
-        );
+        if !(channels.is_power_of_two() && channels % n == 0 && channels / n >= 2) {
+            return Err(GpuError::Backend(format!(
+                "unzip factor {n} does not suit {channels} channels"
+            )));
+        }
         let pfb_defs: Defines = vec![
             ("CHANNELS", channels as i64),
             ("TAPS", output.taps as i64),
