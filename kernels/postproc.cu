@@ -119,15 +119,26 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
     // This block's delay terms, read once from host memory (seed 000 §Postprocessing: small
     // per-heap values are not worth a copy queued behind the sample transfers).
     __shared__ float2 sphase[2][TILE];
-    __shared__ i64 sts[TILE];                    // each spectrum's timestamp
+#if DITHER
+    // First timestamps of the heaps this block's spectra belong to (usually one: a heap of
+    // HEAP_SPECTRA >= 32 spectra), each read once from mapped host memory.
+    __shared__ i64 sts0[TILE + 1];
+    const int hp0 = blockIdx.y * TILE / HEAP_SPECTRA;
+#endif
     __shared__ unsigned int sclip[TILE][2];      // clipped values per spectrum and pol
     {
         const int t = threadIdx.x;
         const int sp = blockIdx.y * TILE + t % TILE;
         if (t < 2 * TILE && sp < SPECTRA)
             sphase[t / TILE][t % TILE] = phase[(t / TILE) * SPECTRA + sp];
-        if (t >= 2 * TILE && t < 3 * TILE && sp < SPECTRA)
-            sts[t % TILE] = ts0[sp / HEAP_SPECTRA] + (i64)(sp % HEAP_SPECTRA) * (2 * CHANNELS);
+#if DITHER
+        {
+            const int last = min(blockIdx.y * TILE + TILE, SPECTRA) - 1;
+            const int h = t - 2 * TILE;
+            if (h >= 0 && hp0 + h <= last / HEAP_SPECTRA)
+                sts0[h] = ts0[hp0 + h];
+        }
+#endif
         if (t >= 3 * TILE && t < 5 * TILE)
             sclip[t % TILE][(t / TILE) & 1] = 0;
         if (blockIdx.x == 0 && blockIdx.y == 0)
@@ -186,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                 }
                 const float2 ph = sphase[pol][row];
 #if DITHER
-                const i64 ts = sts[row];
+                const i64 ts = sts0[sp / HEAP_SPECTRA - hp0] + (i64)(sp % HEAP_SPECTRA) * (2 * CHANNELS);
                 const u64 skey = dither_stream(seed, ts, pol);
 #endif
 #pragma unroll
