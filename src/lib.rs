@@ -12,5 +12,6 @@ pub mod dsp;
 pub mod fengine;
 pub mod gpu;
 pub mod net;
+pub mod selftest;
 pub mod sim;
 pub mod spead;

@@ -4,7 +4,8 @@
 use clap::Args;
 
 use super::CliError;
-use crate::gpu::{selftest, Gpu};
+use crate::gpu::Gpu;
+use crate::selftest;
 
 #[derive(Debug, Clone, Args)]
 pub struct SelftestArgs {

@@ -9,7 +9,6 @@
 
 pub mod compile;
 pub mod fengine;
-pub mod selftest;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

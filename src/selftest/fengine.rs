@@ -1,4 +1,4 @@
-//! `cbf selftest --gpu`: every GPU kernel against its `src/dsp` oracle on fresh random inputs
+//! The F-engine's CUDA kernels and backend against their `src/dsp` oracle on fresh random inputs
 //! and on the edge cases (full-scale input, every sample width, unzip factors 1, 2 and 4, a
 //! coarse-delay change inside a heap, both output widths, with and without dither), with
 //! katgpucbf's tolerances: PFB output within rtol 1e-5 (the kernel rounds as the oracle does, so
@@ -12,22 +12,14 @@ use num_complex::Complex32;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::fengine::{default_unzip, GpuBackend, GpuConfig};
-use super::{Gpu, GpuError};
+use super::Check;
 use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
 use crate::dsp::postproc::{correct, dither, OutputBits, SpectrumDelay};
 use crate::dsp::samples::pack;
 use crate::fengine::backend::{BackEndInput, Backend, ChunkInput, CpuBackend};
 use crate::fengine::output::WidebandOutput;
-
-/// One line of the report.
-pub struct Check {
-    pub name: String,
-    pub measured: f64,
-    pub limit: f64,
-    pub pass: bool,
-    pub note: String,
-}
+use crate::gpu::fengine::{default_unzip, GpuBackend, GpuConfig};
+use crate::gpu::{Gpu, GpuError};
 
 /// One backend comparison's shape.
 #[derive(Clone, Copy)]
@@ -422,7 +414,7 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
     })
 }
 
-/// Run every check on `gpu` with inputs drawn from `seed`.
+/// Every F-engine check on `gpu` with inputs drawn from `seed`.
 pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut checks = Vec::new();

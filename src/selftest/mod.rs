@@ -1,0 +1,23 @@
+//! `cbf selftest --gpu`: every GPU operation against its `src/dsp` oracle on fresh random
+//! inputs, one module per engine or op family. It sits above both `gpu` and the engines (it
+//! drives an engine's CUDA backend beside its CPU backend), so `gpu` itself knows no engine.
+
+pub mod fengine;
+
+use std::sync::Arc;
+
+use crate::gpu::{Gpu, GpuError};
+
+/// One line of the report.
+pub struct Check {
+    pub name: String,
+    pub measured: f64,
+    pub limit: f64,
+    pub pass: bool,
+    pub note: String,
+}
+
+/// Run every check on `gpu` with inputs drawn from `seed`.
+pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
+    fengine::run(gpu, seed)
+}
