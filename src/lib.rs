@@ -9,6 +9,7 @@
 pub mod cli;
 pub mod control;
 pub mod dsp;
+pub mod engine;
 pub mod fengine;
 pub mod gpu;
 pub mod net;

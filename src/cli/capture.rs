@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::shutdown::Shutdown;
 use super::CliError;
+use crate::engine::Shutdown;
 use crate::net::pcap::{PcapDump, PcapReceiver};
 use crate::net::udp::UdpReceiver;
 use crate::net::{parse_endpoints, PacketReceiver, Received, RecvBatch};

@@ -12,9 +12,9 @@ use clap::Args;
 
 use super::dsim::{send_loop, DsimArgs};
 use super::fengine::{BackendKind, FengineArgs};
-use super::shutdown::Shutdown;
 use super::CliError;
 use crate::dsp::pfb::{pfb_weights, Window};
+use crate::engine::Shutdown;
 use crate::net::udp::{UdpReceiver, UdpSender};
 use crate::net::{PacketReceiver, Received, RecvBatch};
 use crate::sim::dsim::DigitiserHeaps;

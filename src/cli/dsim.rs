@@ -10,10 +10,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use crossbeam_channel::{Receiver, Sender};
 
-use super::shutdown::Shutdown;
 use super::CliError;
 use crate::control::katcp::{self, Handler, Sensors, Status};
 use crate::dsp::samples::valid_sample_bits;
+use crate::engine::Shutdown;
 use crate::net::udp::UdpSender;
 use crate::net::{parse_endpoints, PacketSender};
 use crate::sim::dsim::{DigitiserConfig, DigitiserHeaps};

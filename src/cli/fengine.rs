@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use num_complex::Complex32;
 
-use super::shutdown::Shutdown;
 use super::CliError;
 use crate::control::katcp::{self, Sensors};
 use crate::dsp::postproc::OutputBits;
 use crate::dsp::samples::{packed_len, valid_sample_bits};
+use crate::engine::Shutdown;
 use crate::fengine::control::{parse_complex, EngineControl, OutputState};
 use crate::fengine::heaps::{descriptor_heap, f_heap};
 use crate::fengine::output::WidebandOutput;

@@ -6,7 +6,6 @@ pub mod demo;
 pub mod dsim;
 pub mod fengine;
 pub mod selftest;
-pub mod shutdown;
 
 use std::process::ExitCode;
 
@@ -100,5 +99,23 @@ impl CliError {
 impl From<std::io::Error> for CliError {
     fn from(e: std::io::Error) -> Self {
         CliError::Run(e.to_string())
+    }
+}
+
+impl From<crate::engine::ConfigError> for CliError {
+    fn from(e: crate::engine::ConfigError) -> Self {
+        CliError::Flag {
+            flag: e.flag,
+            message: e.message,
+        }
+    }
+}
+
+impl From<crate::engine::EngineError> for CliError {
+    fn from(e: crate::engine::EngineError) -> Self {
+        match e {
+            crate::engine::EngineError::Config(c) => c.into(),
+            other => CliError::Run(other.to_string()),
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! Clean shutdown on SIGINT/SIGTERM: long-running commands poll a flag and print their final
+//! Clean shutdown on SIGINT/SIGTERM: engines and long-running commands poll a flag and print their final
 //! counters before exiting.
 
 use std::sync::atomic::{AtomicBool, Ordering};

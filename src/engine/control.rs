@@ -1,0 +1,55 @@
+//! The control plane every engine starts: a katcp server for its requests and sensors and,
+//! when asked, a Prometheus endpoint for its metrics, both on `host`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use prometheus::Registry;
+
+use super::ConfigError;
+use crate::control::katcp::{self, Handler, Sensors};
+
+/// Where the control servers listen.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlConfig {
+    pub host: IpAddr,
+    /// katcp port; 0 picks a free one.
+    pub katcp_port: u16,
+    pub prometheus_port: Option<u16>,
+}
+
+/// The bound addresses.
+#[derive(Debug, Clone, Copy)]
+pub struct ControlAddrs {
+    pub katcp: SocketAddr,
+    pub prometheus: Option<SocketAddr>,
+}
+
+/// Start the katcp server (answering `handler`'s requests and the standard ones) and the
+/// Prometheus endpoint. A port that cannot be bound is a start-up error naming its flag.
+pub fn serve(
+    cfg: ControlConfig,
+    program: &str,
+    sensors: Arc<Sensors>,
+    handler: Arc<dyn Handler>,
+    registry: Registry,
+) -> Result<ControlAddrs, ConfigError> {
+    let katcp = katcp::serve(
+        SocketAddr::new(cfg.host, cfg.katcp_port),
+        sensors,
+        handler,
+        program,
+    )
+    .map_err(|e| ConfigError::new("--katcp-port", e))?;
+    tracing::info!(%katcp, "katcp server listening");
+    let prometheus = match cfg.prometheus_port {
+        Some(port) => {
+            let addr = crate::control::metrics::serve(SocketAddr::new(cfg.host, port), registry)
+                .map_err(|e| ConfigError::new("--prometheus-port", e))?;
+            tracing::info!(%addr, "Prometheus metrics at /metrics");
+            Some(addr)
+        }
+        None => None,
+    };
+    Ok(ControlAddrs { katcp, prometheus })
+}

@@ -1,0 +1,66 @@
+//! An engine's Prometheus counters under katgpucbf's names (facts §1.8): a fixed table of
+//! (name, help, labels) registered once in a registry namespaced by the program (`fgpu`,
+//! `xbgpu`, `fsim`, ...). Engines keep their own totals and bring the counters up to them,
+//! since a Prometheus counter only moves forward.
+
+use std::collections::HashMap;
+
+use prometheus::{IntCounterVec, Opts, Registry};
+
+/// (name, help, label names) of one counter.
+pub type MetricSpec = (&'static str, &'static str, &'static [&'static str]);
+
+/// The registry and its counters.
+pub struct Metrics {
+    pub registry: Registry,
+    counters: HashMap<&'static str, IntCounterVec>,
+}
+
+impl Metrics {
+    /// Register every counter of `table` under `namespace`.
+    pub fn new(namespace: &str, table: &[MetricSpec]) -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new_custom(Some(namespace.into()), None)?;
+        let mut counters = HashMap::new();
+        for &(name, help, labels) in table {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            counters.insert(name, c);
+        }
+        Ok(Metrics { registry, counters })
+    }
+
+    /// Bring counter `name{labels}` up to `value`; a smaller value leaves it as it is.
+    pub fn set(&self, name: &str, labels: &[&str], value: u64) {
+        if let Some(c) = self.counters.get(name) {
+            if let Ok(c) = c.get_metric_with_label_values(labels) {
+                c.inc_by(value.saturating_sub(c.get()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::{Encoder, TextEncoder};
+
+    fn text(m: &Metrics) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&m.registry.gather(), &mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn counters_carry_the_namespace_and_never_go_back() {
+        let m = Metrics::new("xbgpu", &[("output_x_heaps", "X heaps sent", &["stream"])]).unwrap();
+        m.set("output_x_heaps", &["bl"], 5);
+        m.set("output_x_heaps", &["bl"], 3);
+        // Wrong label count and unknown names are ignored, not fatal.
+        m.set("output_x_heaps", &[], 9);
+        m.set("nope", &[], 1);
+        let t = text(&m);
+        assert!(t.contains("xbgpu_output_x_heaps{stream=\"bl\"} 5"), "{t}");
+    }
+}

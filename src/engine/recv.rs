@@ -1,0 +1,156 @@
+//! The receive side every engine shares (seed 000 §Network receive, seed 001 §Signal Flow):
+//! transports opened from `--src`, one named thread per transport, each a member of one chunk
+//! stream group placing heaps through the engine's pure placement function. A transport error
+//! stops the group and is reported by [`Receivers::join`], so the engine exits non-zero instead
+//! of running on silently without input.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::{ConfigError, EngineError, Shutdown};
+use crate::net::pcap::PcapReceiver;
+use crate::net::udp::UdpReceiver;
+use crate::net::{parse_endpoints, PacketReceiver, Received, RecvBatch};
+use crate::spead::recv::chunk::PlaceFn;
+use crate::spead::recv::{ChunkGroup, ChunkStream, StatsSnapshot, StreamStats};
+
+/// Largest datagram a receive slot holds (spead2's UDP default, jumbo frames included).
+const MAX_PACKET: usize = 9200;
+
+/// Packets per `recv_batch` call.
+const BATCH: usize = 64;
+
+/// Where an engine's input comes from (`--src`, `--recv-interface`, `--recv-buffer`,
+/// `--recv-threads`).
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    /// Endpoints `A.B.C.D[+N]:port[,...]`, or the path of a pcap file.
+    pub src: String,
+    pub interface: Option<String>,
+    pub buffer: usize,
+    pub threads: usize,
+}
+
+/// Open the transports: one reader for a pcap file; for endpoints, `threads` UDP receivers
+/// with the endpoints dealt round-robin between them (each thread its own sockets and groups,
+/// as katgpucbf gives each stream-group member a share of the multicast groups).
+pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, ConfigError> {
+    if Path::new(&cfg.src).is_file() {
+        if cfg.threads != 1 {
+            return Err(ConfigError::new(
+                "--recv-threads",
+                "a pcap file is read by one thread",
+            ));
+        }
+        let r = PcapReceiver::open(Path::new(&cfg.src), &[])
+            .map_err(|e| ConfigError::new("--src", e))?;
+        return Ok(vec![Box::new(r)]);
+    }
+    let eps = parse_endpoints(&cfg.src)
+        .map_err(|e| ConfigError::new("--src", format!("{e} (and no such file)")))?;
+    if cfg.threads == 0 || cfg.threads > eps.len() {
+        return Err(ConfigError::new(
+            "--recv-threads",
+            format!(
+                "must be between 1 and the number of --src endpoints ({})",
+                eps.len()
+            ),
+        ));
+    }
+    (0..cfg.threads)
+        .map(|t| {
+            let mine: Vec<_> = eps.iter().skip(t).step_by(cfg.threads).copied().collect();
+            UdpReceiver::bind(&mine, cfg.interface.as_deref(), cfg.buffer)
+                .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
+                .map_err(|e| ConfigError::new("--src", e))
+        })
+        .collect()
+}
+
+/// The running receive threads of one chunk stream group.
+pub struct Receivers {
+    threads: Vec<JoinHandle<Result<StatsSnapshot, String>>>,
+    stats: Vec<Arc<StreamStats>>,
+}
+
+impl Receivers {
+    /// One thread per source, named `{name}-rx{i}`, each feeding `group` through `place`
+    /// until its source ends, the group stops, or `shutdown` is raised.
+    pub fn spawn(
+        name: &str,
+        group: &Arc<ChunkGroup>,
+        place: Arc<PlaceFn>,
+        sources: Vec<Box<dyn PacketReceiver>>,
+        shutdown: &Shutdown,
+    ) -> std::io::Result<Receivers> {
+        let mut threads = Vec::new();
+        let mut stats = Vec::new();
+        for (i, mut source) in sources.into_iter().enumerate() {
+            let mut stream = ChunkStream::new(Arc::clone(group), Arc::clone(&place));
+            stats.push(stream.stats());
+            let shutdown = shutdown.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("{name}-rx{i}"))
+                    .spawn(move || {
+                        let mut batch = RecvBatch::new(BATCH, source.slot_size(MAX_PACKET));
+                        let mut failure = None;
+                        while !stream.is_stopped() && !shutdown.requested() {
+                            match source.recv_batch(&mut batch) {
+                                Ok(Received::Packets(n)) => {
+                                    stream.note_batch(n);
+                                    for p in batch.iter() {
+                                        stream.add_packet(p);
+                                    }
+                                }
+                                Ok(Received::Idle) => {}
+                                Ok(Received::End) => break,
+                                Err(e) => {
+                                    tracing::error!(error = %e, "receive failed");
+                                    failure = Some(e.to_string());
+                                    break;
+                                }
+                            }
+                            stream.release_old();
+                        }
+                        let group = Arc::clone(stream.group());
+                        let snapshot = stream.finish();
+                        match failure {
+                            Some(e) => {
+                                // Without this source the engine would wait for ever.
+                                group.stop();
+                                Err(e)
+                            }
+                            None => Ok(snapshot),
+                        }
+                    })?,
+            );
+        }
+        Ok(Receivers { threads, stats })
+    }
+
+    /// The statistics of every member so far, summed.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut total = StatsSnapshot::default();
+        for s in &self.stats {
+            total.merge(&s.snapshot());
+        }
+        total
+    }
+
+    /// Wait for every thread (after the group has stopped); the summed final statistics, or
+    /// the first transport error.
+    pub fn join(self) -> Result<StatsSnapshot, EngineError> {
+        let mut total = StatsSnapshot::default();
+        let mut failure = None;
+        for t in self.threads {
+            match t.join() {
+                Ok(Ok(s)) => total.merge(&s),
+                Ok(Err(e)) => failure = failure.or(Some(EngineError::Receive(e))),
+                Err(_) => failure = failure.or(Some(EngineError::Panicked("receive"))),
+            }
+        }
+        failure.map_or(Ok(total), Err)
+    }
+}

@@ -1,0 +1,206 @@
+//! The transmit side every engine shares (seed 000 §Network transmit): each output's send
+//! stream is owned by its own thread, so rate-limited sends (paced at `--send-rate-factor` × the
+//! data rate, hence busy most of real time by design) never hold up the compute. Finished output
+//! buffers are copied into one of a few preallocated buffers that circulate between the engine
+//! and the thread; when all are in flight the engine waits (back-pressure instead of loss).
+//! What a buffer becomes on the wire is the engine's [`HeapFormat`]; descriptors go out on a
+//! timer, unpaced, as katgpucbf sends them.
+
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::{ConfigError, EngineError};
+use crate::net::udp::UdpSender;
+use crate::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
+
+/// How an engine's finished buffers become heaps: one heap per substream (destination) of each
+/// buffer, plus the stream's descriptors.
+pub trait HeapFormat: Send + 'static {
+    /// What travels with a buffer besides its bytes (a timestamp, `beam_ants`, ...).
+    type Meta: Send + 'static;
+    /// Substreams (destinations) a buffer is split over.
+    fn substreams(&self) -> usize;
+    /// The heap for `substream` of one buffer.
+    fn heap<'a>(&self, data: &'a [u8], meta: &Self::Meta, substream: usize) -> Heap<'a>;
+    /// The descriptor heap sent to `substream`.
+    fn descriptors(&self, substream: usize) -> Heap<'static>;
+}
+
+/// The wire side of one output: destinations, interface, TTL and the send stream's settings.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    pub dst: Vec<SocketAddrV4>,
+    /// Interfaces (names or addresses) to send from; several share the rate (multi-NIC).
+    pub interfaces: Vec<String>,
+    pub ttl: u32,
+    pub config: SendStreamConfig,
+}
+
+/// Socket send buffer of each output socket.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+impl StreamSpec {
+    /// Open the sockets (one per interface, or one on the default route).
+    pub fn open(&self) -> Result<SendStream<UdpSender>, ConfigError> {
+        let ifaces: Vec<Option<&str>> = if self.interfaces.is_empty() {
+            vec![None]
+        } else {
+            self.interfaces.iter().map(|s| Some(s.as_str())).collect()
+        };
+        let senders = ifaces
+            .into_iter()
+            .map(|i| UdpSender::new(&self.dst, i, self.ttl, SOCKET_BUFFER))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ConfigError::new("--send-interface", e))?;
+        SendStream::new(self.config, senders).map_err(|e| ConfigError::new("--send-interface", e))
+    }
+}
+
+/// When descriptors are sent: first at `first`, then every `period`.
+#[derive(Debug, Clone, Copy)]
+pub struct DescriptorSchedule {
+    pub first: Instant,
+    pub period: Duration,
+}
+
+/// Heaps and bytes sent so far (read by metrics and sensors from other threads).
+#[derive(Debug, Default)]
+pub struct SinkCounters {
+    /// Buffers sent (each as one heap per substream).
+    pub buffers: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+/// A send thread and its buffer pool.
+pub struct HeapSink<M> {
+    heaps: Sender<(Vec<u8>, M)>,
+    free: Receiver<Vec<u8>>,
+    thread: Option<JoinHandle<Result<(), String>>>,
+    counters: Arc<SinkCounters>,
+}
+
+impl<M: Send + 'static> HeapSink<M> {
+    /// Start the thread `name` with `buffers` buffers of `buffer_bytes` capacity.
+    pub fn spawn<F: HeapFormat<Meta = M>>(
+        name: &str,
+        mut stream: SendStream<UdpSender>,
+        format: F,
+        descriptors: DescriptorSchedule,
+        buffers: usize,
+        buffer_bytes: usize,
+    ) -> std::io::Result<HeapSink<M>> {
+        let (heaps, rx) = crossbeam_channel::bounded::<(Vec<u8>, M)>(buffers);
+        let (give, free) = crossbeam_channel::bounded(buffers);
+        for _ in 0..buffers {
+            // Cannot fail: the channel has room for every buffer.
+            let _ = give.send(Vec::with_capacity(buffer_bytes));
+        }
+        let counters = Arc::new(SinkCounters::default());
+        let c = Arc::clone(&counters);
+        let thread = std::thread::Builder::new().name(name.into()).spawn(
+            move || -> Result<(), String> {
+                let n = format.substreams();
+                let mut next_desc = descriptors.first;
+                loop {
+                    if Instant::now() >= next_desc {
+                        let d: Vec<Heap<'static>> = (0..n).map(|s| format.descriptors(s)).collect();
+                        let refs: Vec<HeapRef> = d
+                            .iter()
+                            .enumerate()
+                            .map(|(s, heap)| HeapRef {
+                                heap,
+                                cnt: None,
+                                substream: s,
+                                unpaced: true,
+                            })
+                            .collect();
+                        stream
+                            .send_heaps(&refs, SendMode::RoundRobin)
+                            .map_err(|e| e.to_string())?;
+                        next_desc += descriptors.period;
+                    }
+                    let (data, meta) = match rx.recv_timeout(Duration::from_millis(100)) {
+                        Ok(h) => h,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                    };
+                    let heaps: Vec<Heap<'_>> =
+                        (0..n).map(|s| format.heap(&data, &meta, s)).collect();
+                    let refs: Vec<HeapRef> = heaps
+                        .iter()
+                        .enumerate()
+                        .map(|(s, heap)| HeapRef::new(heap, s))
+                        .collect();
+                    stream
+                        .send_heaps(&refs, SendMode::RoundRobin)
+                        .map_err(|e| e.to_string())?;
+                    drop(refs);
+                    drop(heaps);
+                    c.buffers.fetch_add(1, Ordering::Relaxed);
+                    c.bytes.store(stream.counters().bytes, Ordering::Relaxed);
+                    // The engine may have gone: then the buffer is simply dropped.
+                    let _ = give.send(data);
+                }
+            },
+        )?;
+        Ok(HeapSink {
+            heaps,
+            free,
+            thread: Some(thread),
+            counters,
+        })
+    }
+
+    /// A free buffer (cleared), waiting while every buffer is in flight; `None` if the send
+    /// thread has stopped (on an error that [`HeapSink::check`] reports).
+    pub fn buffer(&self) -> Option<Vec<u8>> {
+        let mut b = self.free.recv().ok()?;
+        b.clear();
+        Some(b)
+    }
+
+    /// Queue a filled buffer for sending.
+    pub fn send(&self, data: Vec<u8>, meta: M) {
+        // A closed channel means the thread stopped on an error, which check() reports.
+        let _ = self.heaps.send((data, meta));
+    }
+
+    /// Buffers sent so far.
+    pub fn sent(&self) -> u64 {
+        self.counters.buffers.load(Ordering::Relaxed)
+    }
+
+    /// Bytes sent so far (packets, headers included).
+    pub fn bytes(&self) -> u64 {
+        self.counters.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The counters, to read from another thread.
+    pub fn counters(&self) -> Arc<SinkCounters> {
+        Arc::clone(&self.counters)
+    }
+
+    /// A send failure, if the thread stopped on one.
+    pub fn check(&mut self) -> Result<(), EngineError> {
+        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            return self.join();
+        }
+        Ok(())
+    }
+
+    /// Let the thread send what is queued, and stop it.
+    pub fn join(&mut self) -> Result<(), EngineError> {
+        let (dead, _) = crossbeam_channel::bounded(1);
+        drop(std::mem::replace(&mut self.heaps, dead));
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => Err(EngineError::Send(e)),
+            Some(Err(_)) => Err(EngineError::Panicked("send")),
+            _ => Ok(()),
+        }
+    }
+}
