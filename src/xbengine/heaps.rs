@@ -77,7 +77,8 @@ impl HeapFormat for XHeapFormat {
             &Descriptor::with_dtype(
                 XENG_RAW_ID,
                 "xeng_raw",
-                "Integrated baseline correlation products (channel, baseline × product aa/ba/ab/bb, re/im)",
+                // ASCII only: spead2 decodes descriptor text as ASCII (a '×' here broke it).
+                "Integrated baseline correlation products (channel, baseline * 4 products aa/ba/ab/bb, re/im)",
                 &[
                     self.channels_per_substream as u64,
                     (self.n_baselines * 4) as u64,
