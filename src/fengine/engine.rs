@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::config::{BackendKind, FengineConfig, Plan};
 use super::control::{EngineControl, OutputState};
+use super::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
 use super::heaps::FHeapFormat;
 use super::metrics::{self, InputTotals, OutputTotals};
 use super::output::WidebandOutput;
@@ -21,7 +22,6 @@ use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, Receivers};
 use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
-use crate::gpu::fengine::{default_batch, default_unzip, GpuBackend, GpuConfig};
 use crate::gpu::Gpu;
 use crate::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, PlaceInput, StatsSnapshot};
 use crate::spead::send::SendStreamConfig;

@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod config;
 pub mod control;
+pub mod cuda;
 pub mod engine;
 pub mod heaps;
 pub mod metrics;
