@@ -242,3 +242,94 @@ fn shutdown_stops_an_idle_engine() {
     let report = handle.join().unwrap().unwrap();
     assert_eq!(report.input.chunks, 0);
 }
+
+/// Every request through aiokatcp, good and bad, the sensors katgpucbf's clients read, and
+/// the Prometheus names.
+#[test]
+fn katcp_requests_sensors_and_metrics() {
+    let p = common::free_udp_port();
+    let mut cfg = config(p, p, [p, p], 8);
+    cfg.control.prometheus_port = Some(common::free_tcp_port());
+    let shutdown = Shutdown::manual();
+    let engine = Engine::new(cfg, shutdown.clone()).unwrap();
+    let katcp = engine.katcp_addr().port().to_string();
+    let prom = engine.prometheus_addr().unwrap();
+    let handle = std::thread::spawn(move || engine.run());
+    let q = |v: &[&str]| serde_json::to_string(v).unwrap();
+    let requests = [
+        (q(&["capture-start", "bl"]), "ok"),
+        (q(&["capture-start", "b0", "123456"]), "ok"),
+        (q(&["capture-stop", "b1"]), "ok"),
+        (q(&["capture-start", "nope"]), "fail"),
+        (q(&["capture-start", "bl", "soon"]), "fail"),
+        (q(&["capture-stop"]), "fail"),
+        (q(&["beam-weights", "b0", "1", "2", "3", "4"]), "ok"),
+        (q(&["beam-weights", "b0", "1", "2"]), "fail"),
+        (q(&["beam-weights", "bl", "1", "2", "3", "4"]), "fail"),
+        (q(&["beam-weights", "b0", "1", "nan", "3", "4"]), "fail"),
+        (q(&["beam-delays", "b1", "1e-9:0.5", "0:0", "0:0", "-2e-9:-1"]), "ok"),
+        (q(&["beam-delays", "b1", "1e-9", "0:0", "0:0", "0:0"]), "fail"),
+        (q(&["beam-delays", "b1", "10:0", "0:0", "0:0", "0:0"]), "fail"),
+        (q(&["beam-quant-gains", "b1", "0.25"]), "ok"),
+        (q(&["beam-quant-gains", "b1", "x"]), "fail"),
+        (q(&["beam-quant-gains", "b1"]), "fail"),
+        (q(&["gain", "b1"]), "invalid"),
+        (q(&["sensor-value", "b0.weight"]), "ok"),
+        (q(&["sensor-value", "b1.delay"]), "ok"),
+        (q(&["sensor-value", "b1.quantiser-gain"]), "ok"),
+        (q(&["sensor-value", "bl.chan-range"]), "ok"),
+        (q(&["sensor-value", "b0.dither-seed"]), "ok"),
+        (q(&["sensor-value", "bl.xeng-clip-cnt"]), "ok"),
+        (q(&["sensor-value", "bl.rx.synchronised"]), "ok"),
+        (q(&["sensor-value", "bl.tx.next-timestamp"]), "ok"),
+        (q(&["sensor-value", "b0.beng-clip-cnt"]), "ok"),
+        (q(&["sensor-value", "steady-state-timestamp"]), "ok"),
+    ];
+    let mut args = vec!["127.0.0.1", katcp.as_str()];
+    args.extend(requests.iter().map(|(r, _)| r.as_str()));
+    let replies: Vec<Value> = common::run_reference("katcp_client.py", &args)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(replies.len(), requests.len());
+    for ((req, want), got) in requests.iter().zip(&replies) {
+        assert_eq!(got["status"], *want, "{req}: {got}");
+    }
+    let value = |i: usize| replies[i]["informs"][0][4].as_str().unwrap().to_string();
+    assert_eq!(value(17), "[1.0, 2.0, 3.0, 4.0]");
+    assert!(value(18).ends_with(", 1e-9, 0.5, 0.0, 0.0, 0.0, 0.0, -2e-9, -1.0)"), "{}", value(18));
+    assert_eq!(value(19), "0.25");
+    assert_eq!(value(20), "(64, 127)");
+    assert_eq!(value(21), "7");
+    let metrics = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(prom).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    };
+    // Counters appear once the engine has processed a chunk; their help lines are there from
+    // the start.
+    for name in [
+        "xbgpu_input_heaps",
+        "xbgpu_input_missing_heaps",
+        "xbgpu_input_too_old_heaps",
+        "xbgpu_input_incomplete_heaps",
+        "xbgpu_input_bad_feng_id_heaps",
+        "xbgpu_input_bad_timestamp_heaps",
+        "xbgpu_input_metadata_heaps",
+        "xbgpu_output_x_heaps",
+        "xbgpu_output_x_visibilities",
+        "xbgpu_output_x_clipped_visibilities",
+        "xbgpu_output_x_skipped_accs",
+        "xbgpu_output_x_incomplete_accs",
+        "xbgpu_output_b_heaps",
+        "xbgpu_output_b_samples",
+        "xbgpu_output_b_clipped_samples",
+    ] {
+        assert!(metrics.contains(&format!("# HELP {name} ")), "{name} missing:\n{metrics}");
+    }
+    shutdown.request();
+    handle.join().unwrap().unwrap();
+}

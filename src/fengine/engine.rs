@@ -107,6 +107,17 @@ impl Engine {
             control.clone(),
             metrics.registry.clone(),
         )?;
+        for pol in ["0", "1"] {
+            metrics.touch_all("input_", &[pol]);
+            for (o, _) in &outputs {
+                metrics.touch("output_clipped_samples", &[&o.name, pol]);
+            }
+        }
+        for (o, _) in &outputs {
+            for name in ["output_heaps", "output_bytes", "output_skipped_heaps"] {
+                metrics.touch(name, &[&o.name]);
+            }
+        }
         let mut gpu = None;
         let mut built = Vec::new();
         for (o, sph) in outputs {

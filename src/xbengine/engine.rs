@@ -138,6 +138,12 @@ impl Engine {
             control.clone(),
             metrics.registry.clone(),
         )?;
+        for c in &config.corrprods {
+            metrics.touch_all("output_x_", &[&c.name]);
+        }
+        for b in &config.beams {
+            metrics.touch_all("output_b_", &[&b.name]);
+        }
         let x = config
             .corrprods
             .iter()
