@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::dsim::{send_loop, DsimArgs};
+use super::dsim::DsimArgs;
 use super::fengine::{BackendKind, FengineArgs};
 use super::CliError;
 use crate::dsp::pfb::{pfb_weights, Window};
@@ -18,6 +18,7 @@ use crate::engine::Shutdown;
 use crate::net::udp::{UdpReceiver, UdpSender};
 use crate::net::{PacketReceiver, Received, RecvBatch};
 use crate::sim::dsim::DigitiserHeaps;
+use crate::sim::dsim_engine::send_loop;
 use crate::spead::items::{ItemValue, FENG_RAW_ID, FREQUENCY_ID};
 use crate::spead::recv::{HeapStream, HeapStreamConfig};
 use crate::spead::send::SendStream;
