@@ -5,6 +5,7 @@ pub mod capture;
 pub mod demo;
 pub mod dsim;
 pub mod fengine;
+pub mod fsim;
 pub mod selftest;
 
 use std::process::ExitCode;
@@ -37,6 +38,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Digitiser simulator: signal language, 2–16-bit samples, paced at the ADC rate.
     Dsim(dsim::DsimArgs),
+    /// F-engine simulator: F heaps from many simulated F-engines to one destination per X-engine.
+    Fsim(fsim::FsimArgs),
     /// Wideband F-engine (CPU or CUDA backend): digitiser heaps in, channelised F heaps out.
     Fengine(fengine::FengineArgs),
     /// Check the CUDA kernels against their CPU oracles on fresh random inputs.
@@ -67,6 +70,7 @@ pub fn main() -> ExitCode {
         Command::Dsim(a) => dsim::run(a),
         Command::Capture(a) => capture::run(a),
         Command::Fengine(a) => fengine::run(a),
+        Command::Fsim(a) => fsim::run(a),
         Command::Selftest(a) => selftest::run(a),
     };
     match result {
