@@ -11,7 +11,7 @@
 //! met by data heaps.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -41,6 +41,8 @@ struct StreamCounters {
     /// Bytes on the wire, packet headers and descriptors included.
     wire_bytes: AtomicU64,
     packets: AtomicU64,
+    /// The thread stopped on a send error (the others are then stopped too).
+    failed: AtomicBool,
 }
 
 /// What an fsim run did, all destinations together.
@@ -147,7 +149,10 @@ impl Fsim {
             .map(|_| Arc::default())
             .collect();
         let mut threads: Vec<JoinHandle<Result<(), SendError>>> = Vec::new();
+        // Raised when a send thread fails, so that the others stop rather than run on.
+        let stop = Shutdown::manual();
         for (dest, stream) in std::mem::take(&mut self.streams).into_iter().enumerate() {
+            let job_counters = Arc::clone(&counters[dest]);
             let job = SendJob {
                 plan: self.plan.clone(),
                 pattern: Arc::clone(&self.pattern),
@@ -155,17 +160,23 @@ impl Fsim {
                 first_timestamp: ts0,
                 start,
                 deadline,
-                shutdown: self.shutdown.clone(),
+                shutdown: [self.shutdown.clone(), stop.clone()],
                 counters: Arc::clone(&counters[dest]),
             };
             let spawned = std::thread::Builder::new()
                 .name(format!("fsim-send-{dest}"))
-                .spawn(move || job.run(stream));
+                .spawn(move || {
+                    let result = job.run(stream);
+                    job_counters
+                        .failed
+                        .store(result.is_err(), Ordering::Relaxed);
+                    result
+                });
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
                     // Stop the threads already started before reporting.
-                    self.shutdown.request();
+                    stop.request();
                     for t in threads {
                         let _ = t.join();
                     }
@@ -177,6 +188,9 @@ impl Fsim {
         let mut last_progress = start;
         while !threads.iter().all(JoinHandle::is_finished) {
             std::thread::sleep(Duration::from_millis(50));
+            if counters.iter().any(|c| c.failed.load(Ordering::Relaxed)) {
+                stop.request();
+            }
             if last_progress.elapsed() >= Duration::from_secs(1) {
                 last_progress = Instant::now();
                 let r = report(start.elapsed());
@@ -253,7 +267,8 @@ struct SendJob {
     first_timestamp: u64,
     start: Instant,
     deadline: Option<Instant>,
-    shutdown: Shutdown,
+    /// The user's shutdown and fsim's own stop (another send thread failed).
+    shutdown: [Shutdown; 2],
     counters: Arc<StreamCounters>,
 }
 
@@ -274,7 +289,7 @@ impl SendJob {
         let mut descriptor_cnt = DESCRIPTOR_CNT;
         for j in 0u64.. {
             let now = Instant::now();
-            if self.shutdown.requested()
+            if self.shutdown.iter().any(Shutdown::requested)
                 || plan.max_batches.is_some_and(|m| j >= m)
                 || self.deadline.is_some_and(|d| now >= d)
             {
@@ -408,4 +423,88 @@ fn settings_sensors(plan: &FsimPlan) -> Arc<Sensors> {
             .map_or(String::new(), |(a, b)| format!("{a}:{b}")),
     );
     Arc::new(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::control::ControlConfig;
+    use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+
+    fn config(dest: SocketAddrV4) -> FsimConfig {
+        FsimConfig {
+            array_size: 3,
+            channels: 64,
+            channels_per_substream: 32,
+            samples_between_spectra: None,
+            jones_per_batch: 64 * 4,
+            adc_sample_rate: 1e6,
+            sync_time: unix_now() - 1.0,
+            send_rate_factor: 1.0,
+            send_packet_payload: 256,
+            send_interfaces: vec![],
+            send_ttl: 1,
+            max_heaps: None,
+            duration: None,
+            run_once: false,
+            payload: Payload::Katgpucbf,
+            sample_bits: 8,
+            missing_fengines: vec![],
+            missing_timestamps: None,
+            dests: vec![dest],
+            control: ControlConfig {
+                host: Ipv4Addr::LOCALHOST.into(),
+                katcp_port: 0,
+                prometheus_port: None,
+            },
+        }
+    }
+
+    fn receiver() -> (UdpSocket, SocketAddrV4) {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let SocketAddr::V4(a) = rx.local_addr().unwrap() else {
+            unreachable!()
+        };
+        (rx, a)
+    }
+
+    #[test]
+    fn run_once_sends_one_batch() {
+        let (rx, dest) = receiver();
+        let mut c = config(dest);
+        c.run_once = true;
+        let report = Fsim::new(c, Shutdown::manual()).unwrap().run().unwrap();
+        assert_eq!((report.batches, report.heaps), (1, 3));
+        // 3 heaps of 32 channels × 4 spectra × 4 bytes = 512 bytes: 2 packets of 256 each,
+        // with cnts 0, 1, 2 (the first item pointer, HEAP_CNT, 48 bits); the descriptor
+        // heap's packets carry cnt 2^47.
+        let mut buf = vec![0u8; 65536];
+        let mut cnts = vec![];
+        while let Ok(n) = rx.recv(&mut buf) {
+            let pointer = u64::from_be_bytes(buf[8..16].try_into().unwrap());
+            let cnt = pointer & ((1 << 48) - 1);
+            if cnt != DESCRIPTOR_CNT {
+                assert_eq!(n, 256 + 72);
+                cnts.push(cnt);
+            }
+        }
+        cnts.sort_unstable();
+        assert_eq!(cnts, [0, 0, 1, 1, 2, 2]);
+        assert_eq!(report.payload_bytes, 3 * 512);
+    }
+
+    #[test]
+    fn shutdown_stops_an_unbounded_run() {
+        let (_rx, dest) = receiver();
+        let shutdown = Shutdown::manual();
+        let fsim = Fsim::new(config(dest), shutdown.clone()).unwrap();
+        let t = std::thread::spawn(move || fsim.run());
+        std::thread::sleep(Duration::from_millis(300));
+        shutdown.request();
+        let report = t.join().unwrap().unwrap();
+        // Paced at the real rate: 1e6 / 512 batches per second, so about 590 in 0.3 s.
+        assert!(report.batches > 100 && report.batches < 2000, "{report:?}");
+    }
 }
