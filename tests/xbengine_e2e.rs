@@ -267,9 +267,18 @@ fn katcp_requests_sensors_and_metrics() {
         (q(&["beam-weights", "b0", "1", "2"]), "fail"),
         (q(&["beam-weights", "bl", "1", "2", "3", "4"]), "fail"),
         (q(&["beam-weights", "b0", "1", "nan", "3", "4"]), "fail"),
-        (q(&["beam-delays", "b1", "1e-9:0.5", "0:0", "0:0", "-2e-9:-1"]), "ok"),
-        (q(&["beam-delays", "b1", "1e-9", "0:0", "0:0", "0:0"]), "fail"),
-        (q(&["beam-delays", "b1", "10:0", "0:0", "0:0", "0:0"]), "fail"),
+        (
+            q(&["beam-delays", "b1", "1e-9:0.5", "0:0", "0:0", "-2e-9:-1"]),
+            "ok",
+        ),
+        (
+            q(&["beam-delays", "b1", "1e-9", "0:0", "0:0", "0:0"]),
+            "fail",
+        ),
+        (
+            q(&["beam-delays", "b1", "10:0", "0:0", "0:0", "0:0"]),
+            "fail",
+        ),
         (q(&["beam-quant-gains", "b1", "0.25"]), "ok"),
         (q(&["beam-quant-gains", "b1", "x"]), "fail"),
         (q(&["beam-quant-gains", "b1"]), "fail"),
@@ -297,7 +306,11 @@ fn katcp_requests_sensors_and_metrics() {
     }
     let value = |i: usize| replies[i]["informs"][0][4].as_str().unwrap().to_string();
     assert_eq!(value(17), "[1.0, 2.0, 3.0, 4.0]");
-    assert!(value(18).ends_with(", 1e-9, 0.5, 0.0, 0.0, 0.0, 0.0, -2e-9, -1.0)"), "{}", value(18));
+    assert!(
+        value(18).ends_with(", 1e-9, 0.5, 0.0, 0.0, 0.0, 0.0, -2e-9, -1.0)"),
+        "{}",
+        value(18)
+    );
     assert_eq!(value(19), "0.25");
     assert_eq!(value(20), "(64, 127)");
     assert_eq!(value(21), "7");
@@ -328,7 +341,10 @@ fn katcp_requests_sensors_and_metrics() {
         "xbgpu_output_b_samples",
         "xbgpu_output_b_clipped_samples",
     ] {
-        assert!(metrics.contains(&format!("# HELP {name} ")), "{name} missing:\n{metrics}");
+        assert!(
+            metrics.contains(&format!("# HELP {name} ")),
+            "{name} missing:\n{metrics}"
+        );
     }
     shutdown.request();
     handle.join().unwrap().unwrap();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use super::dsim::{send_loop, DsimArgs};
+use super::dsim::DsimArgs;
 use super::fengine::FengineArgs;
 use super::CliError;
 use crate::dsp::pfb::{pfb_weights, Window};
@@ -19,6 +19,7 @@ use crate::fengine::BackendKind;
 use crate::net::udp::{UdpReceiver, UdpSender};
 use crate::net::{PacketReceiver, Received, RecvBatch};
 use crate::sim::dsim::DigitiserHeaps;
+use crate::sim::dsim_engine::send_loop;
 use crate::spead::items::{ItemValue, FENG_RAW_ID, FREQUENCY_ID};
 use crate::spead::recv::{HeapStream, HeapStreamConfig};
 use crate::spead::send::SendStream;

@@ -5,6 +5,7 @@ pub mod capture;
 pub mod demo;
 pub mod dsim;
 pub mod fengine;
+pub mod fsim;
 mod katgpucbf;
 pub mod selftest;
 pub mod xbengine;
@@ -39,6 +40,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Digitiser simulator: signal language, 2–16-bit samples, paced at the ADC rate.
     Dsim(dsim::DsimArgs),
+    /// F-engine simulator: F heaps from many simulated F-engines to one destination per X-engine.
+    Fsim(fsim::FsimArgs),
     /// Wideband F-engine (CPU or CUDA backend): digitiser heaps in, channelised F heaps out.
     Fengine(fengine::FengineArgs),
     /// XB-engine (correlator and beamformer): F heaps in, correlation products and beams out.
@@ -72,6 +75,7 @@ pub fn main() -> ExitCode {
         Command::Capture(a) => capture::run(a),
         Command::Fengine(a) => fengine::run(a),
         Command::Xbengine(a) => xbengine::run(*a),
+        Command::Fsim(a) => fsim::run(a),
         Command::Selftest(a) => selftest::run(a),
     };
     match result {

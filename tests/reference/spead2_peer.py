@@ -14,6 +14,13 @@ Usage:
                                         have been decoded through their descriptors; one JSON
                                         line per heap: timestamp, feng_id, frequency, feng_raw
                                         shape and dtype, peak channel per pol
+  spead2_peer.py recv-fsim SECONDS ANTS STEP BITS PAYLOAD SEED PORT...
+                                        receive cbf fsim's F heaps on each PORT (one
+                                        spead2 stream each) for SECONDS; one JSON line per
+                                        heap: port, cnt, timestamp, feng_id, frequency,
+                                        feng_raw shape and dtype, and whether feng_raw equals
+                                        numpy's recomputation of the PAYLOAD formula
+                                        (katgpucbf or random)
   spead2_peer.py recv-udp PORT N        receive N heaps with spead2 and print one JSON line
                                         per heap: cnt, raw items by id (immediate value
                                         or payload hex), ItemGroup-decoded values of
@@ -142,6 +149,81 @@ def text(v):
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
+def fsim_expected(payload, seed, ants, bits, feng, frequency, k, shape):
+    """The fsim payload of one heap, computed from its definition (src/sim/fsim.rs module doc)
+    with numpy: shape (channels, spectra, pol, re/im)."""
+    cps, sph = shape[0], shape[1]
+    m = 127 if bits == 8 else 7
+    c = np.arange(cps)[:, None]
+    s = k * sph + np.arange(sph)[None, :]
+    out = np.empty((cps, sph, 2, 2), np.int64)
+    for p in range(2):
+        if payload == "katgpucbf":
+            amp = ((s + 10 * c) % m).astype(np.float64)
+            theta = 2 * np.pi * (2 * feng + p) / (2 * ants)
+            for j, f in enumerate((np.cos, np.sin)):
+                x = amp * f(theta)
+                r = np.round(x)
+                # Truncation toward zero of the exact value: snap near-integers first.
+                out[:, :, p, j] = np.where(np.abs(x - r) < 1e-6, r, np.trunc(x))
+        else:
+            index = ((frequency + c).astype(np.uint64) << np.uint64(32)) | s.astype(np.uint64)
+            with np.errstate(over="ignore"):
+                z = (np.uint64(seed) + np.uint64(2 * feng + p) * np.uint64(0xD1B54A32D192ED03)
+                     + index * np.uint64(0x9E3779B97F4A7C15))
+                z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+                z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+                z = z ^ (z >> np.uint64(31))
+            span = np.uint64(2 * m + 1)
+            out[:, :, p, 0] = ((z >> np.uint64(32)) % span).astype(np.int64) - m
+            out[:, :, p, 1] = ((z & np.uint64(0xFFFFFFFF)) % span).astype(np.int64) - m
+    return out
+
+
+def recv_fsim(seconds, ants, step, bits, payload, seed, ports):
+    import threading
+
+    lock = threading.Lock()
+
+    def serve(port, stream):
+        ig = spead2.ItemGroup()
+        for heap in stream:
+            ig.update(heap)
+            if not any(it.id == 0x4300 for it in heap.get_items()):
+                continue  # a descriptor heap
+            raw = np.asarray(ig["feng_raw"].value)
+            ts, feng, freq = (int(ig[n].value) for n in ("timestamp", "feng_id", "frequency"))
+            want = fsim_expected(payload, seed, ants, bits, feng, freq, (ts // step) % 8, raw.shape)
+            out = {
+                "port": port,
+                "cnt": heap.cnt,
+                "timestamp": ts,
+                "feng_id": feng,
+                "frequency": freq,
+                "shape": list(raw.shape),
+                "dtype": str(raw.dtype),
+                "payload_ok": bool(np.array_equal(raw.astype(np.int64), want)),
+            }
+            with lock:
+                print(json.dumps(out), flush=True)
+
+    streams = []
+    for port in ports:
+        # One heap in flight per F-engine (fsim interleaves a batch's heaps), and some spare.
+        stream = spead2.recv.Stream(spead2.ThreadPool(), spead2.recv.StreamConfig(max_heaps=ants * 2))
+        stream.add_udp_reader(port, bind_hostname="127.0.0.1", buffer_size=32 << 20)
+        streams.append(stream)
+    threads = [threading.Thread(target=serve, args=a) for a in zip(ports, streams)]
+    for t in threads:
+        t.start()
+    print("ready", flush=True)
+    time.sleep(seconds)
+    for stream in streams:
+        stream.stop()
+    for t in threads:
+        t.join()
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "encode":
@@ -162,6 +244,10 @@ def main():
         for p in packets:
             sock.sendto(p, (host, port))
             time.sleep(0.0005)
+    elif cmd == "recv-fsim":
+        seconds, ants, step, bits = float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+        payload, seed = sys.argv[6], int(sys.argv[7])
+        recv_fsim(seconds, ants, step, bits, payload, seed, [int(p) for p in sys.argv[8:]])
     elif cmd == "recv-udp":
         port, n = int(sys.argv[2]), int(sys.argv[3])
         stream = spead2.recv.Stream(spead2.ThreadPool(), spead2.recv.StreamConfig(max_heaps=8))

@@ -1,0 +1,196 @@
+//! dsim's configuration (katgpucbf dsim's flags, facts §1.5), validated at start-up with errors
+//! that name the flag at fault, and the plan derived from it: the rendered digitiser layout,
+//! the parsed signals, the destinations and the send rate.
+#![deny(unsafe_code)]
+
+use std::net::SocketAddrV4;
+use std::time::Duration;
+
+use super::dsim::DigitiserConfig;
+use super::signal::{self, Signal};
+use crate::dsp::samples::valid_sample_bits;
+use crate::engine::control::ControlConfig;
+use crate::engine::{unix_now, ConfigError};
+use crate::spead::send::SendStreamConfig;
+use crate::spead::Flavour;
+
+/// Largest UDP payload: a digitiser heap is one packet.
+const MAX_DATAGRAM: usize = 65507;
+
+/// Everything a dsim is built from (one field per `cbf dsim` flag).
+#[derive(Debug, Clone)]
+pub struct DsimConfig {
+    pub adc_sample_rate: f64,
+    pub sample_bits: u32,
+    pub heap_samples: usize,
+    /// Signal program as given: one `;`-terminated expression per polarisation (or one for all).
+    pub signals: String,
+    /// UNIX time of timestamp 0; not in the future.
+    pub sync_time: f64,
+    /// digitiser_id of polarisation 0.
+    pub first_id: u64,
+    pub dither_seed: u64,
+    /// Samples in the replayed pattern; `None` = `max_period`.
+    pub period: Option<usize>,
+    pub max_period: usize,
+    /// Stop after this many heaps per polarisation.
+    pub max_heaps: Option<u64>,
+    /// Stop after this many seconds.
+    pub duration: Option<f64>,
+    /// Multiple of the ADC rate to send at (0 = unpaced).
+    pub send_rate_factor: f64,
+    /// Sending interfaces (names or addresses); empty = the default route.
+    pub interfaces: Vec<String>,
+    pub ttl: u32,
+    /// Socket send buffer in bytes.
+    pub send_buffer: usize,
+    /// Send a stop heap to every destination at the end.
+    pub send_stop: bool,
+    /// One destination list per polarisation (the positional `dest` arguments).
+    pub dests: Vec<Vec<SocketAddrV4>>,
+    pub control: ControlConfig,
+}
+
+/// Everything `dsim` needs to run, validated.
+#[derive(Debug, Clone)]
+pub struct DsimPlan {
+    pub config: DigitiserConfig,
+    pub signals: Vec<Signal>,
+    /// Destination lists, one per polarisation.
+    pub dests: Vec<Vec<SocketAddrV4>>,
+    pub sync_time: f64,
+    pub max_period: usize,
+    pub rate_factor: f64,
+    pub max_heaps: Option<u64>,
+    pub duration: Option<Duration>,
+    pub send_stop: bool,
+}
+
+impl DsimConfig {
+    /// Check every flag and how they combine; parse the signals (unseeded noise gets a
+    /// random seed here, which the `signals` sensor then shows).
+    pub fn validate(&self) -> Result<DsimPlan, ConfigError> {
+        if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
+            return Err(ConfigError::new(
+                "--adc-sample-rate",
+                "must be a positive number of Hz",
+            ));
+        }
+        if !valid_sample_bits(self.sample_bits) {
+            return Err(ConfigError::new(
+                "--sample-bits",
+                format!("{} is not one of 2–10, 12, 16", self.sample_bits),
+            ));
+        }
+        if self.heap_samples == 0 || self.heap_samples % 8 != 0 {
+            return Err(ConfigError::new(
+                "--heap-samples",
+                "must be a positive multiple of 8",
+            ));
+        }
+        if self.heap_samples * self.sample_bits as usize / 8 + 72 > MAX_DATAGRAM {
+            return Err(ConfigError::new(
+                "--heap-samples",
+                "heap does not fit in one UDP datagram",
+            ));
+        }
+        if self.max_period == 0 || self.max_period % self.heap_samples != 0 {
+            return Err(ConfigError::new(
+                "--max-period",
+                format!(
+                    "must be a positive multiple of --heap-samples ({})",
+                    self.heap_samples
+                ),
+            ));
+        }
+        let period = self.period.unwrap_or(self.max_period);
+        check_period(period, self.heap_samples, self.max_period)
+            .map_err(|e| ConfigError::new("--period", e))?;
+        if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
+            return Err(ConfigError::new("--send-rate-factor", "must be ≥ 0"));
+        }
+        if let Some(d) = self.duration {
+            if !(d.is_finite() && d >= 0.0) {
+                return Err(ConfigError::new(
+                    "--duration",
+                    "must be a non-negative number of seconds",
+                ));
+            }
+        }
+        if self.dests.is_empty() || self.dests.iter().any(Vec::is_empty) {
+            return Err(ConfigError::new(
+                "dest",
+                "give one destination list per polarisation",
+            ));
+        }
+        let signals = signal::parse(&self.signals, self.dests.len(), &mut rand::random::<u64>)
+            .map_err(|e| ConfigError::new("--signals", e))?;
+        if !self.sync_time.is_finite() || self.sync_time > unix_now() {
+            return Err(ConfigError::new("--sync-time", "is in the future"));
+        }
+        Ok(DsimPlan {
+            config: DigitiserConfig {
+                adc_sample_rate: self.adc_sample_rate,
+                sample_bits: self.sample_bits,
+                heap_samples: self.heap_samples,
+                period,
+                first_id: self.first_id,
+                dither_seed: self.dither_seed,
+            },
+            signals,
+            dests: self.dests.clone(),
+            sync_time: self.sync_time,
+            max_period: self.max_period,
+            rate_factor: self.send_rate_factor,
+            max_heaps: self.max_heaps,
+            duration: self.duration.map(Duration::from_secs_f64),
+            send_stop: self.send_stop,
+        })
+    }
+}
+
+/// A pattern length `?signals` or `--period` may ask for: a positive multiple of the heap size,
+/// at most the maximum period (the memory set aside at start-up).
+pub fn check_period(period: usize, heap_samples: usize, max_period: usize) -> Result<(), String> {
+    if period == 0 || period % heap_samples != 0 {
+        return Err(format!(
+            "period {period} is not a positive multiple of the heap size ({heap_samples})"
+        ));
+    }
+    if period > max_period {
+        return Err(format!(
+            "period {period} exceeds the maximum period ({max_period})"
+        ));
+    }
+    Ok(())
+}
+
+impl DsimPlan {
+    /// Bytes per second on the wire at the configured rate factor (0 = unlimited).
+    pub fn rate(&self) -> f64 {
+        let heaps_per_s =
+            self.config.adc_sample_rate / self.config.heap_samples as f64 * self.dests.len() as f64;
+        heaps_per_s * self.config.packet_bytes() as f64 * self.rate_factor
+    }
+
+    /// The first timestamp: the next heap boundary at or after now.
+    pub fn start_timestamp(&self) -> u64 {
+        let samples =
+            ((unix_now() - self.sync_time).max(0.0) * self.config.adc_sample_rate).ceil() as u64;
+        let hs = self.config.heap_samples as u64;
+        samples.div_ceil(hs) * hs
+    }
+
+    /// The send stream: one packet per heap, data heap counters 2, 4, 6, … (descriptors take
+    /// the odd ones, facts §1.9 "Digitiser heap").
+    pub fn send_config(&self) -> SendStreamConfig {
+        SendStreamConfig {
+            flavour: Flavour::SPEAD_64_48,
+            max_packet_size: self.config.packet_bytes().max(1472),
+            rate: self.rate(),
+            cnt_first: 2,
+            cnt_step: 2,
+            ..Default::default()
+        }
+    }
+}
