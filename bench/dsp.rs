@@ -4,6 +4,7 @@
 
 use cbf::dsp::beamform::{beamform, Beam, BeamShape};
 use cbf::dsp::correlate::{correlate_accumulate, CorrShape};
+use cbf::dsp::correlate_fast::Correlator;
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
 use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
 use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
@@ -93,24 +94,45 @@ fn narrowband(c: &mut Criterion) {
     g.finish();
 }
 
+/// The correlator oracle and the fast correlator on one batch of 4 channels × 256 spectra;
+/// the fast one on 1 thread (per core, the figure compared with the oracle) and on 2.
+fn correlation(c: &mut Criterion) {
+    let mut g = c.benchmark_group("xbengine");
+    for n_ants in [16usize, 64, 256] {
+        let shape = CorrShape {
+            n_ants,
+            channels: 4,
+            spectra: 256,
+        };
+        let x: Vec<i8> = (0..shape.input_len())
+            .map(|i| ((i * 31) % 255) as i8)
+            .collect();
+        let mut acc = vec![0i64; shape.vis_len()];
+        // Complex input samples (antenna × channel × spectrum × pol).
+        g.throughput(Throughput::Elements(
+            (shape.n_ants * shape.channels * shape.spectra * 2) as u64,
+        ));
+        g.bench_function(format!("correlate_{n_ants}ants"), |b| {
+            b.iter(|| correlate_accumulate(shape, &x, &mut acc))
+        });
+        for threads in [1, 2] {
+            let mut corr = Correlator::new(shape, threads);
+            g.bench_function(
+                format!("correlate_fast_{n_ants}ants_{threads}thread"),
+                |b| b.iter(|| corr.accumulate(&x, &mut acc)),
+            );
+        }
+    }
+    g.finish();
+}
+
 fn xb(c: &mut Criterion) {
     let mut g = c.benchmark_group("xbengine");
-    let shape = CorrShape {
-        n_ants: 64,
-        channels: 4,
-        spectra: 256,
-    };
-    let x: Vec<i8> = (0..shape.input_len())
+    let x: Vec<i8> = (0..64 * 4 * 256 * 4)
         .map(|i| ((i * 31) % 255) as i8)
         .collect();
-    let mut acc = vec![0i64; shape.vis_len()];
     // Complex input samples (antenna × channel × spectrum × pol).
-    g.throughput(Throughput::Elements(
-        (shape.n_ants * shape.channels * shape.spectra * 2) as u64,
-    ));
-    g.bench_function("correlate_64ants", |b| {
-        b.iter(|| correlate_accumulate(shape, &x, &mut acc))
-    });
+    g.throughput(Throughput::Elements((64 * 4 * 256 * 2) as u64));
     let bshape = BeamShape {
         n_ants: 64,
         channels: 4,
@@ -203,5 +225,12 @@ fn fengine_pipeline(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fengine, narrowband, xb, fengine_pipeline);
+criterion_group!(
+    benches,
+    fengine,
+    narrowband,
+    correlation,
+    xb,
+    fengine_pipeline
+);
 criterion_main!(benches);
