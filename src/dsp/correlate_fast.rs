@@ -392,6 +392,31 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dsp::correlate::correlate_accumulate;
+    use crate::dsp::random::mix;
+
+    /// The portable tile (what CPUs without AVX2 run; the integration tests reach only the
+    /// AVX2 one on this machine) against the oracle, with blocks of 16 spectra so that 37 spectra
+    /// make three blocks, the last one partial.
+    #[test]
+    fn portable_tile_matches_the_oracle() {
+        let shape = CorrShape {
+            n_ants: 5,
+            channels: 3,
+            spectra: 37,
+        };
+        let x: Vec<i8> = (0..shape.input_len() as u64)
+            .map(|i| mix(5, 0, i) as i8)
+            .collect();
+        let mut want = vec![0i64; shape.vis_len()];
+        correlate_accumulate(shape, &x, &mut want);
+        let mut got = vec![0i64; shape.vis_len()];
+        let rows = 0..shape.channels * shape.n_ants;
+        let mut stage = Stage::default();
+        let x = Input::Eight(&x);
+        correlate_rows_body(shape, 16, x, rows, &mut stage, &mut got, antenna_pair);
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn rows_split_into_contiguous_parts_of_even_work() {
