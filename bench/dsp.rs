@@ -7,8 +7,8 @@
 //! time counts only the cycles this process ran, which is what "per core" means.
 
 use cbf::dsp::beamform::{beamform, Beam, BeamShape};
-use cbf::dsp::correlate::{correlate_accumulate, CorrShape};
-use cbf::dsp::correlate_fast::Correlator;
+use cbf::dsp::correlate::{correlate_accumulate, reduce, CorrShape};
+use cbf::dsp::correlate_fast::{self, Correlator};
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
 use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
 use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
@@ -132,6 +132,26 @@ fn correlation<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             );
         }
     }
+    // The dump's reduce at 64 antennas × 256 channels (34 MB of i64), one antenna absent.
+    let shape = CorrShape {
+        n_ants: 64,
+        channels: 256,
+        spectra: 1,
+    };
+    let acc: Vec<i64> = (0..shape.vis_len() as i64)
+        .map(|i| (i * 0x9e37_79b9) % (1 << 33))
+        .collect();
+    let mut present = vec![true; 64];
+    present[5] = false;
+    let mut out = vec![0i32; shape.vis_len()];
+    // Visibility values (i64 in, i32 out).
+    g.throughput(Throughput::Elements(shape.vis_len() as u64));
+    g.bench_function("reduce_64ants_256ch", |b| {
+        b.iter(|| reduce(shape, &acc, &present, &mut out))
+    });
+    g.bench_function("reduce_fast_64ants_256ch", |b| {
+        b.iter(|| correlate_fast::reduce(shape, &acc, &present, &mut out))
+    });
     g.finish();
 }
 

@@ -4,8 +4,8 @@
 
 mod common;
 
-use cbf::dsp::correlate::{correlate_accumulate, unpack_4bit, CorrShape};
-use cbf::dsp::correlate_fast::{Correlator, MAX_BLOCK};
+use cbf::dsp::correlate::{correlate_accumulate, reduce, unpack_4bit, CorrShape};
+use cbf::dsp::correlate_fast::{self, Correlator, MAX_BLOCK};
 use cbf::dsp::random::mix;
 use proptest::prelude::*;
 
@@ -86,6 +86,33 @@ proptest! {
         let mut got = want.clone();
         correlate_accumulate(shape, &unpacked, &mut want);
         Correlator::new(shape, threads).accumulate_4bit(&packed, &mut got);
+        prop_assert!(got == want);
+    }
+
+    /// The fast reduce gives the oracle's values, clip count and missing markers, with values
+    /// on both sides of ±(2³¹ − 1) and random antennas absent.
+    #[test]
+    fn reduce_matches_the_oracle(
+        n_ants in 1usize..=12,
+        channels in 1usize..=4,
+        absent in any::<u16>(),
+        seed in any::<u64>(),
+    ) {
+        let shape = CorrShape { n_ants, channels, spectra: 1 };
+        let acc: Vec<i64> = (0..shape.vis_len() as u64)
+            .map(|i| {
+                let r = mix(seed, 5, i);
+                // ±2³¹ plus or minus a little, or anything up to ±2⁴⁰.
+                let near = (i64::from(i32::MAX) + (r >> 62) as i64 - 1) * if r & 2 == 0 { 1 } else { -1 };
+                if r & 1 == 0 { near } else { (r >> 24) as i64 - (1 << 39) }
+            })
+            .collect();
+        let present: Vec<bool> = (0..n_ants).map(|a| absent >> a & 1 == 0).collect();
+        let mut want = vec![0i32; acc.len()];
+        let mut got = vec![7i32; acc.len()];
+        let clips_want = reduce(shape, &acc, &present, &mut want);
+        let clips_got = correlate_fast::reduce(shape, &acc, &present, &mut got);
+        prop_assert_eq!(clips_got, clips_want);
         prop_assert!(got == want);
     }
 }

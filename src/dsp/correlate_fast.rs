@@ -34,7 +34,7 @@
 
 use std::ops::Range;
 
-use super::correlate::{baseline_index, n_baselines, CorrShape};
+use super::correlate::{baseline_index, n_baselines, CorrShape, MISSING};
 
 /// The largest spectrum block: keeps every i32 partial sum below 2²⁷ (see the module doc).
 pub const MAX_BLOCK: usize = 4096;
@@ -148,6 +148,40 @@ impl Correlator {
             }
         });
     }
+}
+
+/// [`super::correlate::reduce`] (i64 → i32 with saturation to ±(2³¹ − 1), the clip count, and
+/// [`MISSING`] on baselines with an absent antenna), with the same results, in one pass over
+/// the buffers in memory order: the oracle walks them baseline by baseline, a channel's stride
+/// apart, which misses the cache and the TLB on every access once the buffer is large. `out`
+/// is **overwritten**. Returns the clip count.
+pub fn reduce(shape: CorrShape, acc: &[i64], present: &[bool], out: &mut [i32]) -> u64 {
+    assert_eq!(acc.len(), shape.vis_len());
+    assert_eq!(out.len(), acc.len());
+    assert_eq!(present.len(), shape.n_ants);
+    let per_channel = n_baselines(shape.n_ants) * 8;
+    let mut clips = 0;
+    for (acc, out) in acc
+        .chunks_exact(per_channel)
+        .zip(out.chunks_exact_mut(per_channel))
+    {
+        // Baselines in buffer order are (a1, a2) for a2 = 0, 1, … and a1 = 0..=a2.
+        let pairs = (0..shape.n_ants).flat_map(|a2| (0..=a2).map(move |a1| (a1, a2)));
+        for ((a1, a2), (acc, out)) in pairs.zip(acc.chunks_exact(8).zip(out.chunks_exact_mut(8))) {
+            if present[a1] && present[a2] {
+                for (o, &v) in out.iter_mut().zip(acc) {
+                    let c = v.clamp(-i64::from(i32::MAX), i64::from(i32::MAX));
+                    clips += u64::from(c != v);
+                    *o = c as i32;
+                }
+            } else {
+                for pair in out.chunks_exact_mut(2) {
+                    pair.copy_from_slice(&[MISSING.0, MISSING.1]);
+                }
+            }
+        }
+    }
+    clips
 }
 
 /// Offset in the visibility buffer of global row `g = channel·n_ants + a2` (its baseline
