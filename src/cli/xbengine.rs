@@ -66,6 +66,9 @@ pub struct XbengineArgs {
     /// Compute backend (the XB-engine has the CPU backend so far).
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
+    /// Threads of the CPU backend's correlator [default: every core].
+    #[arg(long)]
+    pub cpu_threads: Option<usize>,
     /// Interface on which to receive (multicast joins).
     #[arg(long)]
     pub recv_interface: Option<String>,
@@ -147,6 +150,9 @@ impl XbengineArgs {
             corrprods,
             beams,
             backend: self.backend,
+            cpu_threads: self
+                .cpu_threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             send_rate_factor: self.send_rate_factor,
             send_packet_payload: self.send_packet_payload,
             send_interfaces: self.send_interface.clone(),
@@ -279,6 +285,7 @@ mod tests {
             "--corrprod",
             "names must be unique"
         );
+        assert_eq!(flag_of(&["--cpu-threads=0"]), "--cpu-threads");
         assert_eq!(flag_of(&["--recv-ibv"]), "--recv-ibv");
         assert_eq!(flag_of(&["--send-affinity=3"]), "--send-affinity");
         assert_eq!(flag_of(&["--recv-comp-vector=-1"]), "--recv-comp-vector");

@@ -32,6 +32,8 @@ pub struct XbengineConfig {
     pub corrprods: Vec<CorrprodOutput>,
     pub beams: Vec<BeamOutput>,
     pub backend: BackendKind,
+    /// Threads of the CPU backend's correlator.
+    pub cpu_threads: usize,
     pub send_rate_factor: f64,
     pub send_packet_payload: usize,
     pub send_interfaces: Vec<String>,
@@ -122,6 +124,9 @@ impl XbengineConfig {
             if !(d.is_finite() && d > 0.0 && d < 1e9) {
                 return Err(e("--duration", "must be a positive number of seconds"));
             }
+        }
+        if self.cpu_threads == 0 || self.cpu_threads > 1024 {
+            return Err(e("--cpu-threads", "must be 1–1024"));
         }
         if self.corrprods.is_empty() && self.beams.is_empty() {
             return Err(e(

@@ -99,6 +99,7 @@ impl Engine {
             spectra: plan.spectra_per_heap,
             sample_bits: config.sample_bits,
             outputs: config.corrprods.len(),
+            threads: config.cpu_threads,
         };
         let backend: Box<dyn XbBackend> = Box::new(CpuBackend::new(shape, layout.batches));
         let sources = open_sources(&config.source)?;
