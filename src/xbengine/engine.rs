@@ -174,6 +174,11 @@ impl Engine {
         self.addrs.katcp
     }
 
+    /// The request handler the katcp server serves, for in-process callers.
+    pub fn control(&self) -> Arc<XbControl> {
+        Arc::clone(&self.control)
+    }
+
     pub fn prometheus_addr(&self) -> Option<SocketAddr> {
         self.addrs.prometheus
     }
