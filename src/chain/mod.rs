@@ -313,7 +313,7 @@ pub fn run(
                 .chunks_exact(4)
                 .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
-            if v.len() != channels * n_bl * 8 || v.iter().any(|&x| x == i32::MIN) {
+            if v.len() != channels * n_bl * 8 || v.contains(&i32::MIN) {
                 return; // a dump with missing antennas: not used
             }
             let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
