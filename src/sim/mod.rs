@@ -3,3 +3,4 @@
 
 pub mod dsim;
 pub mod signal;
+mod signal_parse;
