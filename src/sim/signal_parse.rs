@@ -40,9 +40,14 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, SignalError> {
                     i += 1;
                 }
             }
-            let v = text[start..i].parse().map_err(|_| {
+            let v: f64 = text[start..i].parse().map_err(|_| {
                 SignalError::Syntax(format!("bad number {:?}", &text[start..i]), start)
             })?;
+            if !v.is_finite() {
+                // `1e400` would become inf, which the canonical text cannot write back.
+                let what = format!("number {:?} out of range", &text[start..i]);
+                return Err(SignalError::Syntax(what, start));
+            }
             out.push((Tok::Num(v), start));
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
@@ -77,6 +82,9 @@ struct Parser {
     /// Current recursion depth of `expr`/`unary`, bounded by [`MAX_DEPTH`].
     nesting: usize,
 }
+
+/// Largest noise seed: 2^53 − 1, the integers an f64 (the language's only number) holds exactly.
+const MAX_SEED: u64 = (1 << 53) - 1;
 
 /// A parse-tree node with the depth of the tree under it.
 type Parsed = (Node, usize);
@@ -232,7 +240,14 @@ struct Resolver<'a> {
 impl Resolver<'_> {
     fn constant(&mut self, name: &str, n: &Node) -> Result<f64, SignalError> {
         let expr = self.resolve(n)?.0.expr;
-        fold(&expr).ok_or_else(|| SignalError::NotConstant(name.into()))
+        let v = fold(&expr).ok_or_else(|| SignalError::NotConstant(name.into()))?;
+        if !v.is_finite() {
+            // inf and NaN would also not survive the canonical text (`inf` is not a number).
+            return Err(SignalError::Value(format!(
+                "arguments of {name}() must be finite"
+            )));
+        }
+        Ok(v)
     }
 
     /// An integer argument of `name` in `0..=max`.
@@ -336,8 +351,9 @@ impl Resolver<'_> {
                 arity("1 or 2", matches!(args.len(), 1 | 2))?;
                 let std = self.constant(name, &args[0])?;
                 let seed = match args.get(1) {
-                    Some(a) => self.count(name, a, "wgn() seed", u64::MAX)?,
-                    None => (self.seeds)(),
+                    // Seeds fit an f64 exactly, so the canonical text reproduces the noise.
+                    Some(a) => self.count(name, a, "wgn() seed", MAX_SEED)?,
+                    None => (self.seeds)() & MAX_SEED,
                 };
                 Ok((plain(Expr::Wgn { std, seed }), Shape::LEAF))
             }
