@@ -7,15 +7,57 @@
 //! from a shared [`Sensors`] table and passing everything else to the program's [`Handler`].
 //! A malformed line gets a `fail` reply naming the problem; an unknown request gets `invalid`,
 //! as aiokatcp servers answer. Nothing a client sends can stop the server.
+//!
+//! Every client is bounded ([`Limits`], issue 11): a line longer than [`MAX_LINE`] is refused
+//! whole (a `fail` reply if its head names a request) and the rest of it discarded up to its
+//! newline, never split and run in pieces; a request has at most [`MAX_ARGS`] arguments; at
+//! most [`MAX_CONNECTIONS`] clients are served at once (the next is told so and closed); a
+//! client silent for [`IDLE_TIMEOUT`] or not reading its replies for [`WRITE_TIMEOUT`] is
+//! dropped, freeing its place.
 
 use std::collections::BTreeMap;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Longest request line accepted (katcp has no limit; this bounds memory per client).
-pub const MAX_LINE: usize = 1 << 20;
+/// Longest request line accepted, newline excluded (katcp has no limit; this bounds memory per
+/// client). The largest legitimate request is `?gain` with one complex value per channel:
+/// 65536 channels × up to ~60 bytes per value fits.
+pub const MAX_LINE: usize = 4 << 20;
+/// Most arguments in one message: `?gain stream input` and one value per channel, for up to
+/// 65536 channels, with room to spare.
+pub const MAX_ARGS: usize = 65536 + 64;
+/// Most clients served at once.
+pub const MAX_CONNECTIONS: usize = 32;
+/// A client that sends nothing for this long is dropped. Long, because operators' clients
+/// (product controllers) legitimately stay connected and quiet for hours between requests.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// A client that does not take a reply within this time is dropped.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The bounds of one server; [`Limits::default`] holds the constants above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_line: usize,
+    pub max_args: usize,
+    pub max_connections: usize,
+    pub idle_timeout: Duration,
+    pub write_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_line: MAX_LINE,
+            max_args: MAX_ARGS,
+            max_connections: MAX_CONNECTIONS,
+            idle_timeout: IDLE_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -46,6 +88,8 @@ pub enum ParseError {
     Escape,
     #[error("argument is not UTF-8")]
     Utf8,
+    #[error("more than {0} arguments")]
+    TooManyArgs(usize),
 }
 
 fn unescape(arg: &str) -> Result<String, ParseError> {
@@ -103,8 +147,13 @@ impl Message {
         }
     }
 
-    /// Parse one line (without its terminator).
+    /// Parse one line (without its terminator), with at most [`MAX_ARGS`] arguments.
     pub fn parse(line: &[u8]) -> Result<Message, ParseError> {
+        Message::parse_bounded(line, MAX_ARGS)
+    }
+
+    /// Parse one line (without its terminator), with at most `max_args` arguments.
+    pub fn parse_bounded(line: &[u8], max_args: usize) -> Result<Message, ParseError> {
         let line = std::str::from_utf8(line).map_err(|_| ParseError::Utf8)?;
         let mut words = line.split([' ', '\t']).filter(|w| !w.is_empty());
         let head = words.next().ok_or(ParseError::Empty)?;
@@ -131,7 +180,13 @@ impl Message {
         if !valid {
             return Err(ParseError::Name(name.into()));
         }
-        let args = words.map(unescape).collect::<Result<_, _>>()?;
+        let mut args = Vec::new();
+        for w in words {
+            if args.len() == max_args {
+                return Err(ParseError::TooManyArgs(max_args));
+            }
+            args.push(unescape(w)?);
+        }
         Ok(Message {
             kind,
             name: name.into(),
@@ -352,65 +407,142 @@ pub fn respond(
     }
 }
 
+/// One line as read from a client.
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    /// A complete line (terminator removed) is in the buffer.
+    Line,
+    /// The line was longer than the limit; the buffer holds its first bytes, the rest was
+    /// discarded up to and including its newline.
+    TooLong,
+    /// The client closed the connection (a partial last line is dropped).
+    Eof,
+}
+
+/// Bytes of an over-long line kept to name the request in the `fail` reply.
+const HEAD_KEPT: usize = 128;
+
+/// Read one `\n`-terminated line of at most `max` bytes into `line`. Never holds more than
+/// `max` bytes, and never returns the tail of a long line as a line of its own.
+fn read_line(r: &mut impl BufRead, line: &mut Vec<u8>, max: usize) -> io::Result<LineRead> {
+    line.clear();
+    let mut too_long = false;
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(LineRead::Eof);
+        }
+        let (chunk, done) = match buf.iter().position(|&c| c == b'\n') {
+            Some(i) => (&buf[..i], i + 1),
+            None => (buf, buf.len()),
+        };
+        if !too_long && line.len() + chunk.len() > max {
+            too_long = true;
+            let keep = HEAD_KEPT.saturating_sub(line.len()).min(chunk.len());
+            line.extend_from_slice(&chunk[..keep]);
+            line.truncate(HEAD_KEPT);
+        } else if !too_long {
+            line.extend_from_slice(chunk);
+        }
+        let ended = done > chunk.len();
+        r.consume(done);
+        if ended {
+            return Ok(if too_long {
+                LineRead::TooLong
+            } else {
+                LineRead::Line
+            });
+        }
+    }
+}
+
+fn log_inform(level: &str, text: String) -> Message {
+    Message::new(
+        Kind::Inform,
+        "log",
+        None,
+        vec![level.into(), format!("{:.6}", now()), "katcp".into(), text],
+    )
+}
+
+/// The reply to a request refused whole: a `fail` to the request its head names, so that the
+/// client is not left waiting for a reply, or a `#log` if the head names none.
+fn refuse(head: &[u8], why: String) -> Vec<Message> {
+    let head = &head[..head.len().min(HEAD_KEPT)];
+    let first = head
+        .split(|&c| c == b' ' || c == b'\t')
+        .next()
+        .unwrap_or(&[]);
+    match Message::parse_bounded(first, 0) {
+        Ok(m) if m.kind == Kind::Request => vec![Message::new(
+            Kind::Reply,
+            &m.name,
+            m.mid,
+            vec!["fail".into(), why],
+        )],
+        _ => vec![log_inform("warn", why)],
+    }
+}
+
+/// Answer one request line (terminator removed): parse it with `limits.max_args` and
+/// dispatch it. What the server does with every complete line; public for the fuzz target.
+pub fn answer_line(
+    line: &[u8],
+    sensors: &Sensors,
+    handler: &dyn Handler,
+    program: &str,
+    limits: &Limits,
+) -> Vec<Message> {
+    let mut line = line;
+    while let [rest @ .., b'\r'] = line {
+        line = rest;
+    }
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return vec![];
+    }
+    match Message::parse_bounded(line, limits.max_args) {
+        Ok(m) => respond(&m, sensors, handler, program),
+        Err(ParseError::TooManyArgs(n)) => refuse(line, format!("more than {n} arguments refused")),
+        Err(e) => {
+            tracing::warn!(error = %e, "malformed katcp message");
+            vec![log_inform("warn", format!("malformed message: {e}"))]
+        }
+    }
+}
+
 fn serve_client(
     stream: TcpStream,
     sensors: Arc<Sensors>,
     handler: Arc<dyn Handler>,
     program: String,
+    limits: Limits,
 ) -> io::Result<()> {
+    stream.set_read_timeout(Some(limits.idle_timeout))?;
+    stream.set_write_timeout(Some(limits.write_timeout))?;
     let mut w = stream.try_clone()?;
-    w.write_all(
-        Message::new(
-            Kind::Inform,
-            "version-connect",
-            None,
-            vec!["katcp-protocol".into(), "5.1-MIB".into()],
-        )
-        .to_line()
-        .as_bytes(),
-    )?;
-    w.write_all(
-        Message::new(
-            Kind::Inform,
-            "version-connect",
-            None,
-            vec![program.clone(), env!("CARGO_PKG_VERSION").into()],
-        )
-        .to_line()
-        .as_bytes(),
-    )?;
+    for args in [
+        vec!["katcp-protocol".into(), "5.1-MIB".into()],
+        vec![program.clone(), env!("CARGO_PKG_VERSION").into()],
+    ] {
+        w.write_all(
+            Message::new(Kind::Inform, "version-connect", None, args)
+                .to_line()
+                .as_bytes(),
+        )?;
+    }
     let mut r = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
-        line.clear();
-        let n = (&mut r)
-            .take(MAX_LINE as u64)
-            .read_until(b'\n', &mut line)?;
-        if n == 0 {
-            return Ok(());
-        }
-        while line.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
-            line.pop();
-        }
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let out = match Message::parse(&line) {
-            Ok(m) => respond(&m, &sensors, handler.as_ref(), &program),
-            Err(e) => {
-                tracing::warn!(error = %e, "malformed katcp message");
-                vec![Message::new(
-                    Kind::Inform,
-                    "log",
-                    None,
-                    vec![
-                        "warn".into(),
-                        format!("{:.6}", now()),
-                        "katcp".into(),
-                        format!("malformed message: {e}"),
-                    ],
-                )]
+        let out = match read_line(&mut r, &mut line, limits.max_line)? {
+            LineRead::Eof => return Ok(()),
+            LineRead::TooLong => {
+                tracing::warn!(limit = limits.max_line, "over-long katcp line refused");
+                refuse(
+                    &line,
+                    format!("request longer than {} bytes refused", limits.max_line),
+                )
             }
+            LineRead::Line => answer_line(&line, &sensors, handler.as_ref(), &program, &limits),
         };
         for m in out {
             w.write_all(m.to_line().as_bytes())?;
@@ -418,30 +550,66 @@ fn serve_client(
     }
 }
 
-/// Start the server on `addr` (port 0 picks one); returns the bound address.
+/// A place among the `max_connections` clients; given back when the client's thread ends.
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Start the server on `addr` (port 0 picks one) with the default [`Limits`]; returns the
+/// bound address.
 pub fn serve(
     addr: SocketAddr,
     sensors: Arc<Sensors>,
     handler: Arc<dyn Handler>,
     program: &str,
 ) -> io::Result<SocketAddr> {
+    serve_with(addr, sensors, handler, program, Limits::default())
+}
+
+/// Start the server on `addr` with explicit `limits`; returns the bound address.
+pub fn serve_with(
+    addr: SocketAddr,
+    sensors: Arc<Sensors>,
+    handler: Arc<dyn Handler>,
+    program: &str,
+    limits: Limits,
+) -> io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
     let program = program.to_string();
+    let active = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("katcp".into())
         .spawn(move || {
             for conn in listener.incoming() {
-                let Ok(stream) = conn else { continue };
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(3600)));
+                let Ok(mut stream) = conn else { continue };
+                if active.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(limit = limits.max_connections, "katcp client refused");
+                    let why = format!("too many clients (limit {})", limits.max_connections);
+                    // A fresh socket's send buffer takes one short line without blocking; the
+                    // timeout covers the impossible case anyway.
+                    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+                    let _ = stream.write_all(log_inform("error", why).to_line().as_bytes());
+                    continue;
+                }
+                let place = Place(Arc::clone(&active));
                 let (s, h, p) = (Arc::clone(&sensors), Arc::clone(&handler), program.clone());
-                let _ = std::thread::Builder::new()
+                let spawned = std::thread::Builder::new()
                     .name("katcp-client".into())
                     .spawn(move || {
-                        if let Err(e) = serve_client(stream, s, h, p) {
+                        let _place = place;
+                        if let Err(e) = serve_client(stream, s, h, p, limits) {
                             tracing::debug!(error = %e, "katcp client gone");
                         }
                     });
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "no thread for a katcp client");
+                }
             }
         })?;
     Ok(local)

@@ -13,10 +13,31 @@
 //! The model is inverted: the spectrum at T reads input samples [T − c, T − c + taps·2N), so
 //! a positive delay reads earlier input. A model applies to every spectrum with T ≥ t0; a new
 //! model discards queued models starting at or after its own start. Pure: no clock.
+//!
+//! A request is outside input, so every value is bounded (issue 11) by a physical limit with a
+//! wide margin, refused with an error that names it: [`MAX_DELAY_S`], [`MAX_DELAY_RATE`],
+//! [`MAX_PHASE`], [`MAX_PHASE_RATE`], and a start at most [`MAX_START_SAMPLES`] after the sync
+//! time. Within them, `at` cannot overflow for any timestamp: the model is evaluated with
+//! saturating integer arithmetic, and |D(T)| stays far below 2^63 samples.
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::f64::consts::PI;
+
+/// Largest |delay| in seconds: Earth-sized baselines give under 0.05 s, cables microseconds.
+pub const MAX_DELAY_S: f64 = 1.0;
+/// Largest |delay rate| in s/s: Earth rotation gives under 3e-6 s/s for any baseline on Earth.
+pub const MAX_DELAY_RATE: f64 = 1e-3;
+/// Largest |phase| in rad (it is wrapped; beyond this its f64 value loses meaning).
+pub const MAX_PHASE: f64 = 1e6;
+/// Largest |phase rate| in rad/s: the fringe rate 2π·f·dr at 10 GHz and 1e-3 s/s is 6e7.
+pub const MAX_PHASE_RATE: f64 = 1e8;
+/// Latest start, in ADC samples after the sync time (2^62: decades at any ADC rate), so that
+/// timestamps and their differences stay within i64.
+pub const MAX_START_SAMPLES: f64 = 4_611_686_018_427_387_904.0;
+
+/// Most models queued per input and not yet in force (`?delays` loads a few a minute).
+pub const MAX_QUEUED_MODELS: usize = 64;
 
 /// One linear model, in per-sample units.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,8 +61,16 @@ pub struct LinearDelayModel {
 pub enum DelayError {
     #[error("Start time cannot be prior to the sync time")]
     BeforeSync,
-    #[error("delay rate {0} must be less than 1 in magnitude")]
+    #[error("start time {0} is too far after the sync time")]
+    TooLate(f64),
+    #[error("delay rate {0} must be less than {MAX_DELAY_RATE} in magnitude")]
     Rate(f64),
+    #[error("delay {0} s must be at most {MAX_DELAY_S} s in magnitude")]
+    Delay(f64),
+    #[error("phase {0} rad must be at most {MAX_PHASE} rad in magnitude")]
+    Phase(f64),
+    #[error("phase rate {0} rad/s must be at most {MAX_PHASE_RATE} rad/s in magnitude")]
+    PhaseRate(f64),
     #[error("delay model values must be finite")]
     NotFinite,
 }
@@ -79,8 +108,20 @@ impl LinearDelayModel {
         if t0 < 0.0 {
             return Err(DelayError::BeforeSync);
         }
-        if dr.abs() >= 1.0 {
+        if t0 > MAX_START_SAMPLES {
+            return Err(DelayError::TooLate(start));
+        }
+        if dr.abs() >= MAX_DELAY_RATE {
             return Err(DelayError::Rate(dr));
+        }
+        if d.abs() > MAX_DELAY_S {
+            return Err(DelayError::Delay(d));
+        }
+        if p.abs() > MAX_PHASE {
+            return Err(DelayError::Phase(p));
+        }
+        if pr.abs() > MAX_PHASE_RATE {
+            return Err(DelayError::PhaseRate(pr));
         }
         Ok(LinearDelayModel {
             t0: t0 as i64,
@@ -94,7 +135,7 @@ impl LinearDelayModel {
 
     /// (coarse delay c, fine delay δ, phase φ) for the output spectrum at timestamp `t`.
     pub fn at(&self, t: i64) -> (i64, f64, f64) {
-        let dt = (t - self.t0) as f64;
+        let dt = t.saturating_sub(self.t0) as f64;
         let d = self.delay + self.delay_rate * dt;
         let c = d.round_ties_even();
         (
@@ -122,9 +163,14 @@ impl Default for DelayModels {
 }
 
 impl DelayModels {
-    /// Queue a model; queued models starting at or after its start are discarded.
+    /// Queue a model; queued models starting at or after its start are discarded. At most
+    /// [`MAX_QUEUED_MODELS`] stay queued: past that the earliest is dropped (the katcp side
+    /// refuses requests before this can happen).
     pub fn add(&mut self, model: LinearDelayModel) {
         self.queued.retain(|m| m.t0 < model.t0);
+        if self.queued.len() >= MAX_QUEUED_MODELS {
+            self.queued.pop_front();
+        }
         self.queued.push_back(model);
     }
 
@@ -215,5 +261,63 @@ mod tests {
         assert!((wrap_angle(PI) + PI).abs() < 1e-15);
         assert!((wrap_angle(-PI) + PI).abs() < 1e-15);
         assert!((wrap_angle(3.0 * PI / 2.0) + PI / 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn values_beyond_physical_bounds_are_refused_by_name() {
+        let fs = 1712e6;
+        let r = |start: f64, d: f64, dr: f64, p: f64, pr: f64| {
+            LinearDelayModel::from_request(start, 1000.0, fs, d, dr, p, pr)
+        };
+        // MeerKAT's qualification extremes (80 µs, 2.56e-9 s/s, 49.22 rad/s) are accepted.
+        assert!(r(1001.0, 79.53e-6, 2.56e-9, 3.0, 49.22).is_ok());
+        assert_eq!(r(1001.0, 1e30, 0.0, 0.0, 0.0), Err(DelayError::Delay(1e30)));
+        assert_eq!(r(1001.0, 0.0, 0.5, 0.0, 0.0), Err(DelayError::Rate(0.5)));
+        assert_eq!(
+            r(1001.0, 0.0, 0.0, -1e300, 0.0),
+            Err(DelayError::Phase(-1e300))
+        );
+        assert_eq!(
+            r(1001.0, 0.0, 0.0, 0.0, 1e12),
+            Err(DelayError::PhaseRate(1e12))
+        );
+        assert_eq!(
+            r(1e300, 0.0, 0.0, 0.0, 0.0),
+            Err(DelayError::TooLate(1e300))
+        );
+        assert!(DelayError::Delay(1e30)
+            .to_string()
+            .contains("1000000000000000000000000000000"));
+    }
+
+    #[test]
+    fn evaluation_never_overflows() {
+        let fs = 1712e6;
+        let m = LinearDelayModel::from_request(
+            1000.0 + MAX_START_SAMPLES / fs,
+            1000.0,
+            fs,
+            -1.0,
+            -9.99e-4,
+            1e6,
+            -1e8,
+        )
+        .unwrap();
+        for t in [i64::MIN, -1, 0, 1, m.t0, i64::MAX] {
+            let (c, f, p) = m.at(t);
+            assert!(f.abs() <= 0.5 && (-PI..PI).contains(&p), "{t}: {c} {f} {p}");
+        }
+    }
+
+    #[test]
+    fn the_queue_is_bounded() {
+        let mut q = DelayModels::default();
+        for t0 in 0..10 * MAX_QUEUED_MODELS as i64 {
+            q.add(LinearDelayModel {
+                t0: t0 + 1,
+                ..LinearDelayModel::ZERO
+            });
+        }
+        assert_eq!(q.queued.len(), MAX_QUEUED_MODELS);
     }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use num_complex::Complex32;
 
 use crate::control::katcp::{Handler, Sensors, Status};
-use crate::dsp::delay::LinearDelayModel;
+use crate::dsp::delay::{LinearDelayModel, MAX_QUEUED_MODELS};
 
 /// What one output's requests have set, picked up by the processing thread.
 #[derive(Debug, Clone)]
@@ -149,7 +149,11 @@ impl EngineControl {
 
     /// A change is in effect from the next chunk not yet processed.
     fn bump_steady_state(&self) {
-        let at = self.processed.load(Ordering::Relaxed) + 2 * self.chunk_samples;
+        // Saturating: `processed` follows input timestamps, which come from outside.
+        let at = self
+            .processed
+            .load(Ordering::Relaxed)
+            .saturating_add(self.chunk_samples.saturating_mul(2));
         let old = self
             .sensors
             .get("steady-state-timestamp")
@@ -272,7 +276,18 @@ impl EngineControl {
         }
         let out = self.output(stream)?;
         let mut o = out.lock().map_err(|_| "state poisoned".to_string())?;
+        // A new model replaces queued ones that start at or after it (as the pipeline's
+        // queue does), and the queue is bounded: a client cannot grow it without end while
+        // the processing thread is not picking models up.
+        for (pol, m) in parsed.iter().enumerate() {
+            if o.new_delays[pol].iter().filter(|q| q.t0 < m.t0).count() >= MAX_QUEUED_MODELS {
+                return Err(format!(
+                    "more than {MAX_QUEUED_MODELS} delay models are waiting to take effect"
+                ));
+            }
+        }
         for (pol, m) in parsed.into_iter().enumerate() {
+            o.new_delays[pol].retain(|q| q.t0 < m.t0);
             o.new_delays[pol].push(m);
         }
         drop(o);
@@ -393,5 +408,64 @@ mod tests {
             Some(Complex32::new(1e-3, 100.0))
         );
         assert_eq!(parse_complex("x"), None);
+    }
+
+    /// An engine control with one 8-channel output named "wide", sync time 1000 s, 1712 MHz.
+    fn control() -> EngineControl {
+        let out = OutputState {
+            name: "wide".into(),
+            channels: 8,
+            gains: [
+                vec![Complex32::new(1.0, 0.0); 8],
+                vec![Complex32::new(1.0, 0.0); 8],
+            ],
+            gains_version: 0,
+            new_delays: [vec![], vec![]],
+            capture: false,
+            default_gain: Complex32::new(1.0, 0.0),
+        };
+        EngineControl::new(
+            vec![out],
+            Arc::new(Sensors::default()),
+            1712e6,
+            1000.0,
+            1 << 20,
+        )
+    }
+
+    fn delays(c: &EngineControl, start: &str, m: &str) -> Result<Vec<String>, String> {
+        let args: Vec<String> = vec!["wide".into(), start.into(), m.into(), m.into()];
+        c.handle("delays", &args).unwrap()
+    }
+
+    #[test]
+    fn delays_out_of_bounds_fail_naming_the_value() {
+        let c = control();
+        assert_eq!(delays(&c, "1001", "79.53e-6,2.56e-9:3.0,49.22"), Ok(vec![]));
+        for (m, needle) in [
+            ("1e30,0:0,0", "delay 1000000000000000000000000000000 s"),
+            ("0,0.5:0,0", "delay rate 0.5"),
+            ("0,0:1e300,0", "phase 1000000"),
+            ("0,0:0,-1e12", "phase rate -1000000000000"),
+            ("0,0:nan,0", "finite"),
+        ] {
+            let e = delays(&c, "1001", m).unwrap_err();
+            assert!(e.contains(needle), "{m}: {e}");
+        }
+        let e = delays(&c, "1e300", "0,0:0,0").unwrap_err();
+        assert!(e.contains("too far after"), "{e}");
+    }
+
+    #[test]
+    fn queued_delay_models_are_bounded() {
+        let c = control();
+        for k in 0..MAX_QUEUED_MODELS {
+            assert_eq!(delays(&c, &format!("{}", 1001 + k), "0,0:0,0"), Ok(vec![]));
+        }
+        let e = delays(&c, "5000", "0,0:0,0").unwrap_err();
+        assert!(e.contains("waiting"), "{e}");
+        // A model at or before the queued ones replaces them, so it is accepted.
+        assert_eq!(delays(&c, "1001", "0,0:0,0"), Ok(vec![]));
+        assert_eq!(c.outputs[0].lock().unwrap().new_delays[0].len(), 1);
     }
 }

@@ -8,6 +8,14 @@ use std::net::SocketAddrV4;
 use crate::dsp::pfb::Window;
 use crate::net::parse_endpoints;
 
+/// Most channels of one output (katgpucbf's largest wideband mode is 32768; narrowband and
+/// `?gain` are sized for 65536).
+pub const MAX_CHANNELS: usize = 1 << 16;
+/// Largest `jones_per_batch` (katgpucbf's default is 2^20; output heaps are sized by it).
+pub const MAX_JONES_PER_BATCH: usize = 1 << 24;
+/// Most PFB taps (katgpucbf uses 16; the filter state is taps × channels × 2 per input).
+pub const MAX_TAPS: usize = 256;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct WidebandOutput {
     pub name: String,
@@ -72,9 +80,9 @@ impl WidebandOutput {
         out.name = name.ok_or("missing name=")?;
         out.channels = channels.ok_or("missing channels=")?;
         out.dst = dst.ok_or("missing dst=")?;
-        if out.channels < 2 || !out.channels.is_power_of_two() {
+        if out.channels < 2 || !out.channels.is_power_of_two() || out.channels > MAX_CHANNELS {
             return Err(format!(
-                "channels={} must be a power of two ≥ 2",
+                "channels={} must be a power of two from 2 to {MAX_CHANNELS}",
                 out.channels
             ));
         }
@@ -85,8 +93,13 @@ impl WidebandOutput {
                 out.dst.len()
             ));
         }
-        if out.taps == 0 {
-            return Err("taps must be at least 1".into());
+        if out.taps == 0 || out.taps > MAX_TAPS {
+            return Err(format!("taps={} must be from 1 to {MAX_TAPS}", out.taps));
+        }
+        if let Some(j) = out.jones_per_batch.filter(|&j| j > MAX_JONES_PER_BATCH) {
+            return Err(format!(
+                "jones_per_batch={j} must be at most {MAX_JONES_PER_BATCH}"
+            ));
         }
         if !out.w_cutoff.is_finite() || out.w_cutoff < 0.0 {
             return Err(format!("w_cutoff={} must be ≥ 0", out.w_cutoff));
@@ -136,6 +149,19 @@ mod tests {
                 "hann or rect",
             ),
             ("name=a,channels=x,dst=1.2.3.4:5", "not an integer"),
+            (
+                "name=a,channels=131072,dst=1.2.3.4:5",
+                "power of two from 2 to 65536",
+            ),
+            (
+                "name=a,channels=8,dst=1.2.3.4:5,taps=100000000",
+                "from 1 to 256",
+            ),
+            (
+                "name=a,channels=8,dst=1.2.3.4:5,jones_per_batch=1099511627776",
+                "at most",
+            ),
+            ("name=a,channels=8,dst=0.0.0.0+4294967294:5", "more than"),
         ] {
             let e = WidebandOutput::parse(text).unwrap_err();
             assert!(e.contains(needle), "{text}: {e}");

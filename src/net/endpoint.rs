@@ -4,6 +4,10 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
+/// Most endpoints one list may expand to: `+N` is outside input, and `0.0.0.0+4294967295:1`
+/// would otherwise ask for 4 billion addresses. Far above any real array's streams.
+pub const MAX_ENDPOINTS: usize = 65536;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EndpointError {
     #[error("endpoint {0:?}: expected A.B.C.D[+N]:port")]
@@ -18,6 +22,8 @@ pub enum EndpointError {
     Overflow(String),
     #[error("empty endpoint list")]
     Empty,
+    #[error("endpoint list expands to more than {MAX_ENDPOINTS} endpoints")]
+    TooMany,
 }
 
 /// Parse a comma-separated endpoint list, expanding `+N` ranges.
@@ -43,6 +49,9 @@ pub fn parse_endpoints(text: &str) -> Result<Vec<SocketAddrV4>, EndpointError> {
         let base = u32::from(addr);
         base.checked_add(extra)
             .ok_or_else(|| err(EndpointError::Overflow))?;
+        if out.len() as u64 + u64::from(extra) + 1 > MAX_ENDPOINTS as u64 {
+            return Err(EndpointError::TooMany);
+        }
         out.extend((0..=extra).map(|i| SocketAddrV4::new(Ipv4Addr::from(base + i), port)));
     }
     if out.is_empty() {
@@ -93,5 +102,23 @@ mod tests {
             Err(EndpointError::Overflow(_))
         ));
         assert!(matches!(parse_endpoints(" , "), Err(EndpointError::Empty)));
+    }
+
+    #[test]
+    fn expansion_is_bounded() {
+        // This asked for 2^32 addresses (tens of GB) before the bound.
+        assert_eq!(
+            parse_endpoints("0.0.0.0+4294967294:1"),
+            Err(EndpointError::TooMany)
+        );
+        let n = MAX_ENDPOINTS - 1;
+        assert_eq!(
+            parse_endpoints(&format!("10.0.0.0+{n}:1")).map(|v| v.len()),
+            Ok(MAX_ENDPOINTS)
+        );
+        assert_eq!(
+            parse_endpoints(&format!("10.0.0.0+{n}:1,10.1.0.0:2")),
+            Err(EndpointError::TooMany)
+        );
     }
 }

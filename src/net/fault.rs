@@ -1,5 +1,6 @@
 //! A seeded fault injector in front of any receiver: drops, reorders, duplicates and corrupts
-//! packets with given probabilities (smoltcp's `phy::FaultInjector`). Deterministic for a
+//! packets with given probabilities (smoltcp's `phy::FaultInjector`), and inserts stray
+//! packets from a far-off time (a misconfigured or resynchronised sender). Deterministic for a
 //! seed, so a failing test can be replayed.
 #![deny(unsafe_code)]
 
@@ -19,6 +20,41 @@ pub struct Faults {
     pub duplicate: f64,
     /// Flip one random bit somewhere in the packet.
     pub corrupt: f64,
+    /// Insert after the packet a copy with bit 40 of its timestamp and of its heap counter
+    /// flipped ([`warp_timestamp`]): a stray heap 2^40 samples (minutes to hours) away.
+    pub time_warp: f64,
+}
+
+/// Immediate item id of the timestamp in katgpucbf's streams (facts §1.9).
+pub const TIMESTAMP_ID: u64 = 0x1600;
+
+/// Flip bit 40 of the immediate [`TIMESTAMP_ID`] item and of the heap counter (item 1) of a
+/// SPEAD-64-48 packet in place, so that it is another heap far away in time; false (and
+/// untouched) if the packet has no timestamp. Decoded by hand: `net` sits below `spead`.
+pub fn warp_timestamp(p: &mut [u8]) -> bool {
+    if p.len() < 8 || p[0] != 0x53 || p[2] != 2 || p[3] != 6 {
+        return false;
+    }
+    let n = usize::from(u16::from_be_bytes([p[6], p[7]]));
+    let raw = |p: &[u8], i: usize| -> Option<u64> {
+        let b = p.get(8 + 8 * i..16 + 8 * i)?;
+        let mut r = [0u8; 8];
+        r.copy_from_slice(b);
+        Some(u64::from_be_bytes(r))
+    };
+    // First immediate pointer with `id`, as receivers read it.
+    let find = |p: &[u8], id: u64| {
+        (0..n).find(|&i| raw(p, i).is_some_and(|r| r >> 63 == 1 && (r >> 48) & 0x7fff == id))
+    };
+    let Some(ts) = find(p, TIMESTAMP_ID) else {
+        return false;
+    };
+    for i in std::iter::once(ts).chain(find(p, 1)) {
+        if let Some(r) = raw(p, i) {
+            p[8 + 8 * i..16 + 8 * i].copy_from_slice(&(r ^ (1 << 40)).to_be_bytes());
+        }
+    }
+    true
 }
 
 /// Counts of what was done, for tests to reconcile with receiver statistics.
@@ -28,6 +64,8 @@ pub struct FaultCounts {
     pub reordered: u64,
     pub duplicated: u64,
     pub corrupted: u64,
+    /// Stray copies inserted by `time_warp`.
+    pub warped: u64,
 }
 
 pub struct FaultInjector<R> {
@@ -69,7 +107,13 @@ impl<R: PacketReceiver> FaultInjector<R> {
                 out.push(p.clone());
                 self.counts.duplicated += 1;
             }
+            let mut stray = p.clone();
+            let warp = self.rng.random_bool(self.faults.time_warp);
             out.push(p);
+            if warp && warp_timestamp(&mut stray) {
+                out.push(stray);
+                self.counts.warped += 1;
+            }
         }
         let mut i = 0;
         while i + 1 < out.len() {

@@ -5,7 +5,7 @@
 #![deny(unsafe_code)]
 
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter};
+use std::io::{self, BufReader, BufWriter, Read};
 use std::net::SocketAddrV4;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -57,9 +57,10 @@ pub fn udp_payload(link: DataLink, frame: &[u8]) -> Option<(SocketAddrV4, &[u8])
     Some((SocketAddrV4::new(dst_ip, dst_port), payload))
 }
 
-/// Replays the UDP payloads of a pcap file.
-pub struct PcapReceiver {
-    reader: PcapReader<BufReader<File>>,
+/// Replays the UDP payloads of a pcap file (or of any byte source: the fuzz target reads
+/// from memory).
+pub struct PcapReceiver<R: Read = BufReader<File>> {
+    reader: PcapReader<R>,
     link: DataLink,
     filter: Vec<SocketAddrV4>,
     /// Frames skipped as not IPv4/UDP or not to a wanted endpoint.
@@ -69,7 +70,14 @@ pub struct PcapReceiver {
 impl PcapReceiver {
     /// Open `path`; with a non-empty `filter`, keep only datagrams to those endpoints.
     pub fn open(path: &Path, filter: &[SocketAddrV4]) -> io::Result<Self> {
-        let reader = PcapReader::new(BufReader::new(File::open(path)?)).map_err(pcap_err)?;
+        PcapReceiver::from_reader(BufReader::new(File::open(path)?), filter)
+    }
+}
+
+impl<R: Read> PcapReceiver<R> {
+    /// Read a pcap stream from `source`; `filter` as for [`PcapReceiver::open`].
+    pub fn from_reader(source: R, filter: &[SocketAddrV4]) -> io::Result<Self> {
+        let reader = PcapReader::new(source).map_err(pcap_err)?;
         let link = reader.header().datalink;
         Ok(PcapReceiver {
             reader,
@@ -80,7 +88,7 @@ impl PcapReceiver {
     }
 }
 
-impl PacketReceiver for PcapReceiver {
+impl<R: Read + Send> PacketReceiver for PcapReceiver<R> {
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
         while batch.len() < batch.capacity() {

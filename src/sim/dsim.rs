@@ -6,9 +6,9 @@
 //! bit-packed). Heap counters: data 2, 4, 6, …, descriptors 1, 3, 5, ….
 #![deny(unsafe_code)]
 
-use super::signal::{Signal, Timebase};
+use super::signal::{check_render_cost, Signal, SignalError, Timebase};
 use crate::dsp::random::{mix, unit};
-use crate::dsp::samples::{pack, packed_len};
+use crate::dsp::samples::{pack, packed_len, valid_sample_bits};
 use crate::spead::items::{
     Descriptor, ADC_SAMPLES_ID, DIGITISER_ID_ID, DIGITISER_STATUS_ID, TIMESTAMP_ID,
 };
@@ -28,7 +28,43 @@ pub struct DigitiserConfig {
     pub dither_seed: u64,
 }
 
+/// Why a digitiser configuration or pattern is refused (issue 11: a zero packet payload, i.e.
+/// `heap_samples` = 0, used to divide by zero while rendering).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DigitiserError {
+    #[error("heap_samples must not be 0 (a packet needs a payload)")]
+    ZeroHeap,
+    #[error("period {period} must be a positive multiple of heap_samples {heap_samples}")]
+    Period { period: usize, heap_samples: usize },
+    #[error("sample_bits {0} is not one of 2–10, 12, 16")]
+    SampleBits(u32),
+    #[error("adc_sample_rate {0} must be a positive number of Hz")]
+    Rate(f64),
+    #[error(transparent)]
+    Signal(#[from] SignalError),
+}
+
 impl DigitiserConfig {
+    /// Check what rendering and sending rely on.
+    pub fn validate(&self) -> Result<(), DigitiserError> {
+        if self.heap_samples == 0 {
+            return Err(DigitiserError::ZeroHeap);
+        }
+        if self.period == 0 || self.period % self.heap_samples != 0 {
+            return Err(DigitiserError::Period {
+                period: self.period,
+                heap_samples: self.heap_samples,
+            });
+        }
+        if !valid_sample_bits(self.sample_bits) {
+            return Err(DigitiserError::SampleBits(self.sample_bits));
+        }
+        if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
+            return Err(DigitiserError::Rate(self.adc_sample_rate));
+        }
+        Ok(())
+    }
+
     pub fn heap_bytes(&self) -> usize {
         packed_len(self.heap_samples, self.sample_bits)
     }
@@ -120,6 +156,15 @@ impl DigitiserHeaps {
                 .collect()
         });
         DigitiserHeaps { config, patterns }
+    }
+
+    /// [`DigitiserHeaps::new`] for outside input: refuses an invalid configuration and a
+    /// pattern whose render cost exceeds the signal language's bound, instead of panicking or
+    /// computing for hours.
+    pub fn try_new(config: DigitiserConfig, signals: &[Signal]) -> Result<Self, DigitiserError> {
+        config.validate()?;
+        check_render_cost(signals, config.period as u64)?;
+        Ok(DigitiserHeaps::new(config, signals))
     }
 
     pub fn n_pols(&self) -> usize {
@@ -257,5 +302,40 @@ mod tests {
             status.1,
             crate::spead::send::ItemData::Immediate((4096 << 32) | 2)
         );
+    }
+
+    #[test]
+    fn a_zero_payload_is_refused_not_divided_by() {
+        let sig = Signal {
+            expr: Expr::Const(0.0),
+            dither: true,
+        };
+        let zero = DigitiserConfig {
+            heap_samples: 0,
+            ..cfg(8)
+        };
+        // `new` divided by zero here.
+        assert_eq!(
+            DigitiserHeaps::try_new(zero, std::slice::from_ref(&sig)).err(),
+            Some(DigitiserError::ZeroHeap)
+        );
+        let odd = DigitiserConfig {
+            period: 4095,
+            ..cfg(8)
+        };
+        assert!(matches!(
+            DigitiserHeaps::try_new(odd, std::slice::from_ref(&sig)),
+            Err(DigitiserError::Period { .. })
+        ));
+        assert!(matches!(
+            DigitiserHeaps::try_new(cfg(11), std::slice::from_ref(&sig)),
+            Err(DigitiserError::SampleBits(11))
+        ));
+        assert_eq!(DigitiserHeaps::try_new(cfg(8), &[sig]).unwrap().n_pols(), 1);
+        assert_eq!(
+            crate::spead::send::packets_per_heap(4096, 0),
+            Err(crate::spead::send::PacketiseError::ZeroPayload)
+        );
+        assert_eq!(crate::spead::send::packets_per_heap(8193, 4096), Ok(3));
     }
 }

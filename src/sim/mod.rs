@@ -12,6 +12,7 @@ pub mod fsim;
 pub mod fsim_config;
 pub mod fsim_engine;
 pub mod signal;
+mod signal_parse;
 
 pub use dsim_config::{DsimConfig, DsimPlan};
 pub use dsim_engine::{Dsim, DsimReport};

@@ -18,13 +18,37 @@
 //! `adc_sample_rate / period`. Every generator is a pure function of the sample index, so a
 //! pattern is reproducible from its canonical text ([`Signal`]'s `Display`, which writes the
 //! noise seeds and the rounded frequencies out explicitly).
+//!
+//! The text comes from outside (`--signals`, and `?signals` from any katcp client), so the
+//! work it can ask for is bounded (issue 11), each bound checked while parsing:
+//! nesting depth [`MAX_DEPTH`] (parser and evaluator recurse), the size of each signal after
+//! variables are expanded [`MAX_NODES`] (variables are shared `Arc` subtrees, never copied, so
+//! `a=a+a;` repeated costs memory linear in the text while its expanded size is still counted),
+//! tones per `multicw` [`MAX_MULTICW`], and `delay` within [`MAX_DELAY`] samples. The render
+//! cost of a pattern, nodes × samples, is bounded by [`check_render_cost`] against
+//! [`MAX_RENDER_COST`]; the caller knows the period and must call it before rendering.
 #![deny(unsafe_code)]
 
-use std::collections::HashMap;
 use std::f64::consts::TAU;
 use std::fmt;
+use std::sync::Arc;
 
+pub use super::signal_parse::parse;
 use crate::dsp::random::{mix, unit};
+
+/// Deepest nesting of parentheses, unary minus, calls and operators, before and after
+/// variables are expanded: the parser, the evaluator and `Drop` recurse this deep.
+pub const MAX_DEPTH: usize = 128;
+/// Most nodes in one signal with every variable expanded (a `multicw` counts its tones).
+pub const MAX_NODES: u64 = 4096;
+/// Most tones in one `multicw`.
+pub const MAX_MULTICW: u64 = 4096;
+/// Largest `delay` in samples, either sign (2^53: every such integer is exact in an f64).
+pub const MAX_DELAY: f64 = 9_007_199_254_740_992.0;
+/// Most node evaluations one render may cost: expanded nodes × samples in the period, summed
+/// over polarisations. 2^34 is 128 nodes per polarisation for two polarisations of the
+/// largest default period (2^27 samples), about a minute of one core.
+pub const MAX_RENDER_COST: u128 = 1 << 34;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SignalError {
@@ -40,20 +64,47 @@ pub enum SignalError {
     Value(String),
     #[error("--signals: {got} signal(s) given for {want} polarisation(s)")]
     Count { got: usize, want: usize },
+    #[error("--signals: {what} exceeds the limit of {limit}")]
+    Limit { what: &'static str, limit: u128 },
 }
 
-/// A signal expression.
+pub(super) fn limit(what: &'static str, limit: impl Into<u128>) -> SignalError {
+    SignalError::Limit {
+        what,
+        limit: limit.into(),
+    }
+}
+
+/// A signal expression. Subtrees are shared (`Arc`): a variable used twice is one subtree.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Expr {
     Const(f64),
-    Cw { amplitude: f64, frequency: f64 },
-    Comb { amplitude: f64, frequency: f64 },
-    Wgn { std: f64, seed: u64 },
-    Delay(Box<Expr>, i64),
-    Add(Box<Expr>, Box<Expr>),
-    Sub(Box<Expr>, Box<Expr>),
-    Mul(Box<Expr>, Box<Expr>),
-    Neg(Box<Expr>),
+    Cw {
+        amplitude: f64,
+        frequency: f64,
+    },
+    Comb {
+        amplitude: f64,
+        frequency: f64,
+    },
+    /// Σ_{i<count} cw(amplitude + i·amplitude_step, frequency + i·frequency_step): one node,
+    /// so that many tones do not nest `count` deep.
+    MultiCw {
+        count: u64,
+        amplitude: f64,
+        amplitude_step: f64,
+        frequency: f64,
+        frequency_step: f64,
+    },
+    Wgn {
+        std: f64,
+        seed: u64,
+    },
+    Delay(Arc<Expr>, i64),
+    Add(Arc<Expr>, Arc<Expr>),
+    Sub(Arc<Expr>, Arc<Expr>),
+    Mul(Arc<Expr>, Arc<Expr>),
+    Neg(Arc<Expr>),
 }
 
 /// One polarisation's signal.
@@ -63,332 +114,21 @@ pub struct Signal {
     pub dither: bool,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Tok {
-    Num(f64),
-    Name(String),
-    Sym(char),
+/// What rendering `signals` over `period` samples costs: expanded nodes × samples, summed.
+pub fn render_cost(signals: &[Signal], period: u64) -> u128 {
+    signals
+        .iter()
+        .map(|s| u128::from(s.expr.nodes()) * u128::from(period))
+        .sum()
 }
 
-fn lex(text: &str) -> Result<Vec<(Tok, usize)>, SignalError> {
-    let b = text.as_bytes();
-    let mut i = 0;
-    let mut out = Vec::new();
-    while i < b.len() {
-        let c = b[i] as char;
-        if c.is_ascii_whitespace() {
-            i += 1;
-        } else if c.is_ascii_digit() || c == '.' {
-            let start = i;
-            while i < b.len() && (b[i].is_ascii_digit() || b[i] == b'.') {
-                i += 1;
-            }
-            if i < b.len() && (b[i] == b'e' || b[i] == b'E') {
-                i += 1;
-                if i < b.len() && (b[i] == b'+' || b[i] == b'-') {
-                    i += 1;
-                }
-                while i < b.len() && b[i].is_ascii_digit() {
-                    i += 1;
-                }
-            }
-            let v = text[start..i].parse().map_err(|_| {
-                SignalError::Syntax(format!("bad number {:?}", &text[start..i]), start)
-            })?;
-            out.push((Tok::Num(v), start));
-        } else if c.is_ascii_alphabetic() || c == '_' {
-            let start = i;
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
-                i += 1;
-            }
-            out.push((Tok::Name(text[start..i].to_string()), start));
-        } else if "()+-*,;=".contains(c) {
-            out.push((Tok::Sym(c), i));
-            i += 1;
-        } else {
-            return Err(SignalError::Syntax(format!("unexpected {c:?}"), i));
-        }
+/// Refuse a render that would cost more than [`MAX_RENDER_COST`] (call before rendering a
+/// pattern from outside text: the period is the caller's).
+pub fn check_render_cost(signals: &[Signal], period: u64) -> Result<(), SignalError> {
+    if render_cost(signals, period) > MAX_RENDER_COST {
+        return Err(limit("render cost (nodes × samples)", MAX_RENDER_COST));
     }
-    Ok(out)
-}
-
-/// Raw parse tree before variables and constants are resolved.
-#[derive(Debug, Clone)]
-enum Node {
-    Num(f64),
-    Var(String),
-    Call(String, Vec<Node>),
-    Bin(char, Box<Node>, Box<Node>),
-    Neg(Box<Node>),
-}
-
-struct Parser {
-    toks: Vec<(Tok, usize)>,
-    pos: usize,
-    end: usize,
-}
-
-impl Parser {
-    fn peek(&self) -> Option<&Tok> {
-        self.toks.get(self.pos).map(|t| &t.0)
-    }
-    fn at(&self) -> usize {
-        self.toks.get(self.pos).map_or(self.end, |t| t.1)
-    }
-    fn expect(&mut self, c: char) -> Result<(), SignalError> {
-        if self.peek() == Some(&Tok::Sym(c)) {
-            self.pos += 1;
-            Ok(())
-        } else {
-            Err(SignalError::Syntax(format!("expected {c:?}"), self.at()))
-        }
-    }
-    fn expr(&mut self) -> Result<Node, SignalError> {
-        let mut lhs = self.term()?;
-        while let Some(Tok::Sym(c @ ('+' | '-'))) = self.peek().cloned() {
-            self.pos += 1;
-            lhs = Node::Bin(c, Box::new(lhs), Box::new(self.term()?));
-        }
-        Ok(lhs)
-    }
-    fn term(&mut self) -> Result<Node, SignalError> {
-        let mut lhs = self.unary()?;
-        while self.peek() == Some(&Tok::Sym('*')) {
-            self.pos += 1;
-            lhs = Node::Bin('*', Box::new(lhs), Box::new(self.unary()?));
-        }
-        Ok(lhs)
-    }
-    fn unary(&mut self) -> Result<Node, SignalError> {
-        if self.peek() == Some(&Tok::Sym('-')) {
-            self.pos += 1;
-            return Ok(Node::Neg(Box::new(self.unary()?)));
-        }
-        self.atom()
-    }
-    fn atom(&mut self) -> Result<Node, SignalError> {
-        let at = self.at();
-        match self.toks.get(self.pos).map(|t| t.0.clone()) {
-            Some(Tok::Num(v)) => {
-                self.pos += 1;
-                Ok(Node::Num(v))
-            }
-            Some(Tok::Sym('(')) => {
-                self.pos += 1;
-                let e = self.expr()?;
-                self.expect(')')?;
-                Ok(e)
-            }
-            Some(Tok::Name(n)) => {
-                self.pos += 1;
-                if self.peek() != Some(&Tok::Sym('(')) {
-                    return Ok(Node::Var(n));
-                }
-                self.pos += 1;
-                let mut args = Vec::new();
-                if self.peek() != Some(&Tok::Sym(')')) {
-                    loop {
-                        args.push(self.expr()?);
-                        if self.peek() == Some(&Tok::Sym(',')) {
-                            self.pos += 1;
-                        } else {
-                            break;
-                        }
-                    }
-                }
-                self.expect(')')?;
-                Ok(Node::Call(n, args))
-            }
-            _ => Err(SignalError::Syntax("expected a value".into(), at)),
-        }
-    }
-}
-
-/// Resolves names and folds generator arguments; `seeds` supplies seeds for unseeded `wgn`.
-struct Resolver<'a> {
-    vars: HashMap<String, Signal>,
-    seeds: &'a mut dyn FnMut() -> u64,
-}
-
-impl Resolver<'_> {
-    fn constant(&mut self, name: &str, n: &Node) -> Result<f64, SignalError> {
-        let expr = self.resolve(n)?.expr;
-        fold(&expr).ok_or_else(|| SignalError::NotConstant(name.into()))
-    }
-
-    fn resolve(&mut self, n: &Node) -> Result<Signal, SignalError> {
-        let plain = |expr| Ok(Signal { expr, dither: true });
-        match n {
-            Node::Num(v) => plain(Expr::Const(*v)),
-            Node::Var(name) => self
-                .vars
-                .get(name)
-                .cloned()
-                .ok_or_else(|| SignalError::Unknown(name.clone())),
-            Node::Neg(a) => plain(Expr::Neg(Box::new(self.resolve(a)?.expr))),
-            Node::Bin(op, a, b) => {
-                let (a, b) = (
-                    Box::new(self.resolve(a)?.expr),
-                    Box::new(self.resolve(b)?.expr),
-                );
-                plain(match op {
-                    '+' => Expr::Add(a, b),
-                    '-' => Expr::Sub(a, b),
-                    _ => Expr::Mul(a, b),
-                })
-            }
-            Node::Call(name, args) => {
-                let arity = |want: &'static str, ok: bool| {
-                    if ok {
-                        Ok(())
-                    } else {
-                        Err(SignalError::Arity(name.clone(), want, args.len()))
-                    }
-                };
-                match name.as_str() {
-                    "cw" | "comb" => {
-                        arity("2", args.len() == 2)?;
-                        let amplitude = self.constant(name, &args[0])?;
-                        let frequency = self.constant(name, &args[1])?;
-                        plain(if name == "cw" {
-                            Expr::Cw {
-                                amplitude,
-                                frequency,
-                            }
-                        } else {
-                            Expr::Comb {
-                                amplitude,
-                                frequency,
-                            }
-                        })
-                    }
-                    "multicw" => {
-                        arity("5", args.len() == 5)?;
-                        let v: Vec<f64> = args
-                            .iter()
-                            .map(|a| self.constant(name, a))
-                            .collect::<Result<_, _>>()?;
-                        if v[0] < 1.0 || v[0].fract() != 0.0 {
-                            return Err(SignalError::Value(
-                                "multicw() count must be a positive integer".into(),
-                            ));
-                        }
-                        let mut e = Expr::Cw {
-                            amplitude: v[1],
-                            frequency: v[3],
-                        };
-                        for i in 1..v[0] as usize {
-                            let cw = Expr::Cw {
-                                amplitude: v[1] + i as f64 * v[2],
-                                frequency: v[3] + i as f64 * v[4],
-                            };
-                            e = Expr::Add(Box::new(e), Box::new(cw));
-                        }
-                        plain(e)
-                    }
-                    "wgn" => {
-                        arity("1 or 2", matches!(args.len(), 1 | 2))?;
-                        let std = self.constant(name, &args[0])?;
-                        let seed = match args.get(1) {
-                            Some(a) => {
-                                let s = self.constant(name, a)?;
-                                if s < 0.0 || s.fract() != 0.0 {
-                                    return Err(SignalError::Value(
-                                        "wgn() seed must be a non-negative integer".into(),
-                                    ));
-                                }
-                                s as u64
-                            }
-                            None => (self.seeds)(),
-                        };
-                        plain(Expr::Wgn { std, seed })
-                    }
-                    "delay" => {
-                        arity("2", args.len() == 2)?;
-                        let sig = self.resolve(&args[0])?;
-                        let n = self.constant(name, &args[1])?;
-                        if n.fract() != 0.0 {
-                            return Err(SignalError::Value(
-                                "delay() takes a whole number of samples".into(),
-                            ));
-                        }
-                        Ok(Signal {
-                            expr: Expr::Delay(Box::new(sig.expr), n as i64),
-                            dither: sig.dither,
-                        })
-                    }
-                    "nodither" => {
-                        arity("1", args.len() == 1)?;
-                        let sig = self.resolve(&args[0])?;
-                        Ok(Signal {
-                            expr: sig.expr,
-                            dither: false,
-                        })
-                    }
-                    _ => Err(SignalError::Unknown(name.clone())),
-                }
-            }
-        }
-    }
-}
-
-/// The value of an expression with no generators.
-fn fold(e: &Expr) -> Option<f64> {
-    Some(match e {
-        Expr::Const(v) => *v,
-        Expr::Neg(a) => -fold(a)?,
-        Expr::Add(a, b) => fold(a)? + fold(b)?,
-        Expr::Sub(a, b) => fold(a)? - fold(b)?,
-        Expr::Mul(a, b) => fold(a)? * fold(b)?,
-        _ => return None,
-    })
-}
-
-/// Parse a program into one [`Signal`] per polarisation (a single signal is used for all).
-/// `seeds` is called once per unseeded `wgn()`.
-pub fn parse(
-    text: &str,
-    n_pols: usize,
-    seeds: &mut dyn FnMut() -> u64,
-) -> Result<Vec<Signal>, SignalError> {
-    let toks = lex(text)?;
-    let mut p = Parser {
-        toks,
-        pos: 0,
-        end: text.len(),
-    };
-    let mut r = Resolver {
-        vars: HashMap::new(),
-        seeds,
-    };
-    let mut out = Vec::new();
-    while p.pos < p.toks.len() {
-        let assign = matches!(
-            (
-                p.toks.get(p.pos).map(|t| &t.0),
-                p.toks.get(p.pos + 1).map(|t| &t.0)
-            ),
-            (Some(Tok::Name(_)), Some(Tok::Sym('=')))
-        );
-        if assign {
-            let Some(Tok::Name(name)) = p.toks.get(p.pos).map(|t| t.0.clone()) else {
-                unreachable!()
-            };
-            p.pos += 2;
-            let node = p.expr()?;
-            let sig = r.resolve(&node)?;
-            r.vars.insert(name, sig);
-        } else {
-            let node = p.expr()?;
-            out.push(r.resolve(&node)?);
-        }
-        p.expect(';')?;
-    }
-    match out.len() {
-        1 if n_pols > 1 => Ok(vec![out[0].clone(); n_pols]),
-        n if n == n_pols => Ok(out),
-        got => Err(SignalError::Count { got, want: n_pols }),
-    }
+    Ok(())
 }
 
 /// Round a frequency to whole cycles per period: returns cycles per period.
@@ -404,21 +144,61 @@ pub struct Timebase {
 }
 
 impl Expr {
+    /// Expanded nodes (shared subtrees counted at every use, a `multicw` as its tones): the
+    /// evaluation cost per sample. Stops counting past [`MAX_NODES`], so a hand-built graph
+    /// with enormous sharing cannot make this exponential.
+    pub fn nodes(&self) -> u64 {
+        let mut budget = MAX_NODES + 1;
+        self.count_nodes(&mut budget);
+        MAX_NODES + 1 - budget
+    }
+
+    fn count_nodes(&self, budget: &mut u64) {
+        if *budget == 0 {
+            return;
+        }
+        let own = match self {
+            Expr::MultiCw { count, .. } => *count,
+            _ => 1,
+        };
+        *budget = budget.saturating_sub(own);
+        match self {
+            Expr::Delay(a, _) | Expr::Neg(a) => a.count_nodes(budget),
+            Expr::Add(a, b) | Expr::Sub(a, b) | Expr::Mul(a, b) => {
+                a.count_nodes(budget);
+                b.count_nodes(budget);
+            }
+            _ => {}
+        }
+    }
+
     /// Fill `out[i]` with the value at sample `(t0 + i) mod period`.
     pub fn eval(&self, tb: Timebase, t0: u64, out: &mut [f64]) {
-        let p = tb.period;
-        let at = |i: usize| (t0 + i as u64) % p;
+        // A zero period is a caller's error; treat it as one sample rather than divide by 0.
+        let p = tb.period.max(1);
+        let t0 = t0 % p;
+        let at = |i: usize| ((u128::from(t0) + i as u128) % u128::from(p)) as u64;
         match self {
             Expr::Const(v) => out.fill(*v),
             Expr::Cw {
                 amplitude,
                 frequency,
             } => {
-                let k = cycles_per_period(*frequency, p, tb.adc_sample_rate).rem_euclid(p as i64)
-                    as u128;
-                for (i, o) in out.iter_mut().enumerate() {
-                    let phase = (k * u128::from(at(i)) % u128::from(p)) as f64 / p as f64;
-                    *o = amplitude * (TAU * phase).cos();
+                out.fill(0.0);
+                add_cw(out, *amplitude, *frequency, tb, t0);
+            }
+            Expr::MultiCw {
+                count,
+                amplitude,
+                amplitude_step,
+                frequency,
+                frequency_step,
+            } => {
+                out.fill(0.0);
+                for i in 0..*count {
+                    let a = amplitude + i as f64 * amplitude_step;
+                    let f = frequency + i as f64 * frequency_step;
+                    add_cw(out, a, f, tb, t0);
                 }
             }
             Expr::Comb {
@@ -441,8 +221,10 @@ impl Expr {
                 }
             }
             Expr::Delay(e, n) => {
-                let shift = (-(*n)).rem_euclid(p as i64) as u64;
-                e.eval(tb, (t0 % p + shift) % p, out);
+                // Sample t of the delayed signal is sample t − n of `e`, modulo the period.
+                let shift = (-i128::from(*n)).rem_euclid(i128::from(p)) as u128;
+                let start = (u128::from(t0) + shift) % u128::from(p);
+                e.eval(tb, start as u64, out);
             }
             Expr::Neg(a) => {
                 a.eval(tb, t0, out);
@@ -464,6 +246,18 @@ impl Expr {
     }
 }
 
+/// `out[i] += amplitude · cos(2π k (t0 + i) / p)`, k the frequency in whole cycles per period.
+fn add_cw(out: &mut [f64], amplitude: f64, frequency: f64, tb: Timebase, t0: u64) {
+    let p = tb.period.max(1);
+    let k = i128::from(cycles_per_period(frequency, p, tb.adc_sample_rate))
+        .rem_euclid(i128::from(p)) as u128;
+    for (i, o) in out.iter_mut().enumerate() {
+        let t = (u128::from(t0) + i as u128) % u128::from(p);
+        let phase = (k * t % u128::from(p)) as f64 / p as f64;
+        *o += amplitude * (TAU * phase).cos();
+    }
+}
+
 impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -476,6 +270,16 @@ impl fmt::Display for Expr {
                 amplitude,
                 frequency,
             } => write!(f, "comb({amplitude:?}, {frequency:?})"),
+            Expr::MultiCw {
+                count,
+                amplitude,
+                amplitude_step,
+                frequency,
+                frequency_step,
+            } => write!(
+                f,
+                "multicw({count}, {amplitude:?}, {amplitude_step:?}, {frequency:?}, {frequency_step:?})"
+            ),
             Expr::Wgn { std, seed } => write!(f, "wgn({std:?}, {seed})"),
             Expr::Delay(e, n) => write!(f, "delay({e}, {n})"),
             Expr::Add(a, b) => write!(f, "({a} + {b})"),
@@ -528,14 +332,14 @@ mod tests {
         assert_eq!(
             s[1].expr,
             Expr::Mul(
-                Box::new(Expr::Delay(
-                    Box::new(Expr::Wgn {
+                Arc::new(Expr::Delay(
+                    Arc::new(Expr::Wgn {
                         std: 0.1,
                         seed: 101
                     }),
                     3
                 )),
-                Box::new(Expr::Const(2.0))
+                Arc::new(Expr::Const(2.0))
             )
         );
         // The variable's seed is drawn once: both uses are the same noise.
@@ -581,7 +385,7 @@ mod tests {
             assert!((x - want).abs() < 1e-12);
         }
         let mut d = vec![0.0; 16];
-        Expr::Delay(Box::new(e.clone()), 5).eval(tb, 100, &mut d);
+        Expr::Delay(Arc::new(e.clone()), 5).eval(tb, 100, &mut d);
         assert!((d[0] - v[95]).abs() < 1e-12);
     }
 
@@ -615,5 +419,107 @@ mod tests {
         .eval(tb, 0, &mut v);
         let hits: Vec<usize> = (0..1000).filter(|&i| v[i] != 0.0).collect();
         assert_eq!(hits, (0..10).map(|i| i * 100).collect::<Vec<_>>());
+    }
+
+    fn limited(r: Result<Vec<Signal>, SignalError>) -> bool {
+        matches!(r, Err(SignalError::Limit { .. }))
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_a_stack_overflow() {
+        // Each of these overflowed the parser's or evaluator's stack before the depth limit.
+        let n = 200_000;
+        assert!(limited(p(
+            &format!("{}1{};", "(".repeat(n), ")".repeat(n)),
+            1
+        )));
+        assert!(limited(p(&format!("{}1;", "-".repeat(n)), 1)));
+        assert!(limited(p(
+            &format!("{}1{};", "delay(".repeat(n), ", 1)".repeat(n)),
+            1
+        )));
+        // A flat chain nests one level per operator in the tree the evaluator walks.
+        assert!(limited(p(&format!("1{};", "+1".repeat(n)), 1)));
+        // Depth reached through variables counts too.
+        let chain: String = (0..MAX_DEPTH + 1).map(|_| "x = delay(x, 1);").collect();
+        assert!(limited(p(&format!("x = cw(1, 1);{chain}x;"), 1)));
+        // Up to the limit is accepted.
+        let ok = format!(
+            "{}1{};",
+            "(".repeat(MAX_DEPTH - 1),
+            ")".repeat(MAX_DEPTH - 1)
+        );
+        assert!(p(&ok, 1).is_ok());
+    }
+
+    #[test]
+    fn doubling_a_variable_is_refused_at_the_node_limit() {
+        // 2^k nodes from 15·k bytes of text: with copied subtrees this grew memory without
+        // bound; shared subtrees keep it linear and the expanded count refuses it.
+        let text = format!("a = cw(1, 1);{}a;", "a = a + a;".repeat(64));
+        assert!(limited(p(&text, 1)));
+        // Just under the limit (2^11 leaves + 2^11 − 1 adds = 4095 nodes) is fine and shared.
+        let text = format!("a = cw(1, 1);{}a;", "a = a + a;".repeat(11));
+        let s = p(&text, 1).unwrap();
+        assert_eq!(s[0].expr.nodes(), 4095);
+        assert!(limited(p(
+            &format!("a = cw(1, 1);{}a;", "a = a + a;".repeat(12)),
+            1
+        )));
+    }
+
+    #[test]
+    fn multicw_and_delay_are_bounded() {
+        assert!(limited(p("multicw(1e12, 1, 0, 1, 1);", 1)));
+        assert!(limited(p(
+            &format!("multicw({}, 1, 0, 1, 1);", MAX_MULTICW + 1),
+            1
+        )));
+        assert!(p(&format!("multicw({MAX_MULTICW}, 1, 0, 1, 1);"), 1).is_ok());
+        assert!(limited(p("delay(cw(1, 1), -1e300);", 1)));
+        assert!(limited(p("delay(cw(1, 1), 1e19);", 1)));
+        // The extreme accepted delay evaluates without overflow.
+        let s = p("delay(cw(1, 1), -9007199254740992);", 1).unwrap();
+        let tb = Timebase {
+            period: u64::MAX,
+            adc_sample_rate: 1.0,
+        };
+        let mut v = [0.0; 4];
+        s[0].expr.eval(tb, u64::MAX - 1, &mut v);
+        assert!(v.iter().all(|x| x.is_finite()));
+    }
+
+    #[test]
+    fn render_cost_is_checked() {
+        let big = p("multicw(4096, 0.001, 0, 1e6, 1e3);", 2).unwrap();
+        assert!(matches!(
+            check_render_cost(&big, 1 << 27),
+            Err(SignalError::Limit { .. })
+        ));
+        let default = p("cw(1.0, 232101234.0);", 2).unwrap();
+        assert_eq!(render_cost(&default, 1 << 27), 2 << 27);
+        assert!(check_render_cost(&default, 1 << 27).is_ok());
+    }
+
+    #[test]
+    fn multicw_is_the_sum_of_its_tones() {
+        let s = p("multicw(3, 0.5, 0.25, 2, 3);", 1).unwrap();
+        assert_eq!(s[0].to_string(), "multicw(3, 0.5, 0.25, 2.0, 3.0);");
+        assert_eq!(p(&s[0].to_string(), 1).unwrap(), s);
+        let tb = Timebase {
+            period: 64,
+            adc_sample_rate: 64.0,
+        };
+        let mut v = vec![0.0; 64];
+        s[0].expr.eval(tb, 0, &mut v);
+        for (t, x) in v.iter().enumerate() {
+            let want: f64 = (0..3)
+                .map(|i| {
+                    let (a, k) = (0.5 + 0.25 * i as f64, 2.0 + 3.0 * i as f64);
+                    a * (TAU * k * t as f64 / 64.0).cos()
+                })
+                .sum();
+            assert!((x - want).abs() < 1e-12, "{t}: {x} vs {want}");
+        }
     }
 }

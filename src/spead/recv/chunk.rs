@@ -21,19 +21,36 @@
 //! (consumer done) free. Streams release chunks below the group head at every batch, so an
 //! idle stream cannot hold the group back for longer than its receive timeout.
 //!
+//! One packet cannot wedge the window (issue 11). A heap whose chunk would slide the window by
+//! more than its own length is *far ahead*: it is counted (`far_future_heaps`) and dropped
+//! unless [`confirm_heaps`] distinct heaps in a row agree that the stream really moved, which
+//! then counts as a `window_jumps`. Likewise, as many distinct too-old heaps in a row that
+//! agree with each other (a digitiser resync, or a bogus first packet that set the head)
+//! resynchronise the window to them: every chunk in flight is delivered, the head moves back
+//! and `resyncs` counts it, so chunk ids delivered after a resync start again lower. "In a
+//! row" means with no chunk brought in normally in between. Each kind is logged once.
+//!
 //! `doc/dev-recv-chunk.md` explains the threading and why the window lock is taken per chunk,
 //! never per packet.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-
+pub use super::chunk_group::ChunkGroup;
+use super::chunk_group::{Acquired, ChunkPtrs, Holds};
 use super::ranges::{PayloadRanges, RecentCnts};
 use super::stats::{StatsSnapshot, StreamStats, MAX_REJECT_REASONS};
 use crate::spead::wire::ParsedPacket;
+
+/// Fewest distinct heaps in a row that confirm a far jump or a resync (the bound grows to one
+/// chunk's worth of heaps, so that one lagging stream among several cannot trigger it).
+pub const MIN_CONFIRM_HEAPS: usize = 8;
+
+/// Distinct heaps in a row that confirm a far jump or a resync for `config`.
+pub fn confirm_heaps(config: &ChunkGroupConfig) -> usize {
+    config.heaps_per_chunk.max(MIN_CONFIRM_HEAPS)
+}
 
 /// Shape of the chunk machinery, fixed at start-up.
 #[derive(Debug, Clone)]
@@ -104,7 +121,7 @@ pub struct Chunk {
 }
 
 impl Chunk {
-    fn new(config: &ChunkGroupConfig) -> Chunk {
+    pub(super) fn new(config: &ChunkGroupConfig) -> Chunk {
         let mut data = vec![0u8; config.chunk_bytes].into_boxed_slice();
         // Fault every page in now: the zeroed allocation is lazily mapped, and first-touch page
         // faults on the receive path cost more than the copy itself.
@@ -147,253 +164,9 @@ pub enum Placement {
 /// The placement policy, a small pure function supplied by the engine.
 pub type PlaceFn = dyn Fn(&PlaceInput<'_>) -> Placement + Send + Sync;
 
-/// Raw pointers into a chunk that streams write through while it is in the window.
-#[derive(Debug, Clone, Copy)]
-struct ChunkPtrs {
-    data: *mut u8,
-    present: *mut u8,
-    extra: *mut u64,
-}
-
-// SAFETY: the pointers refer to a boxed chunk that the group keeps alive and does not hand to
-// the consumer while any stream holds it (`writers > 0`); see the module docs.
-unsafe impl Send for ChunkPtrs {}
-
-#[derive(Debug)]
-struct Slot {
-    id: u64,
-    chunk: Box<Chunk>,
-    ptrs: ChunkPtrs,
-    writers: usize,
-    evicting: bool,
-}
-
-#[derive(Debug)]
-struct GroupState {
-    slots: VecDeque<Slot>,
-    /// First chunk id of the window; `None` until the first heap is placed.
-    head: Option<u64>,
-    /// Next chunk id to bring into the window.
-    next: u64,
-    active_streams: usize,
-    ready_tx: Option<Sender<Box<Chunk>>>,
-}
-
-/// The chunks, their window, and the free and ready queues, shared by a group's streams.
-#[derive(Debug)]
-pub struct ChunkGroup {
-    config: ChunkGroupConfig,
-    state: Mutex<GroupState>,
-    /// Mirror of `GroupState::head` (or 0), read without the lock by streams at each batch.
-    head: AtomicU64,
-    stop: AtomicBool,
-    free_tx: Sender<Box<Chunk>>,
-    free_rx: Receiver<Box<Chunk>>,
-    ready_rx: Receiver<Box<Chunk>>,
-}
-
-enum Acquired {
-    Chunk(ChunkPtrs),
-    TooOld,
-    Stopped,
-}
-
-impl ChunkGroup {
-    /// Allocate every chunk now; none is allocated later.
-    pub fn new(config: ChunkGroupConfig) -> Result<Arc<ChunkGroup>, ChunkConfigError> {
-        config.validate()?;
-        let (free_tx, free_rx) = crossbeam_channel::bounded(config.n_chunks);
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded(config.n_chunks);
-        for _ in 0..config.n_chunks {
-            // Cannot fail: the channel holds exactly n_chunks.
-            let _ = free_tx.try_send(Box::new(Chunk::new(&config)));
-        }
-        Ok(Arc::new(ChunkGroup {
-            state: Mutex::new(GroupState {
-                slots: VecDeque::with_capacity(config.max_chunks),
-                head: None,
-                next: 0,
-                active_streams: config.n_streams,
-                ready_tx: Some(ready_tx),
-            }),
-            config,
-            head: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            free_tx,
-            free_rx,
-            ready_rx,
-        }))
-    }
-
-    pub fn config(&self) -> &ChunkGroupConfig {
-        &self.config
-    }
-
-    /// Chunks leave the window here, in id order. Disconnects when every stream has finished.
-    pub fn ready(&self) -> &Receiver<Box<Chunk>> {
-        &self.ready_rx
-    }
-
-    /// Give a consumed chunk back.
-    pub fn free(&self, chunk: Box<Chunk>) {
-        // The free queue holds every chunk there is, so this cannot be full.
-        let _ = self.free_tx.try_send(chunk);
-    }
-
-    /// Ask every stream to finish at its next batch.
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-
-    pub fn is_stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, GroupState> {
-        // A panicking stream thread cannot leave the window inconsistent (no await points
-        // inside), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Hand evicting chunks at the front of the window to the ready queue.
-    fn flush_ready(state: &mut GroupState) {
-        while state
-            .slots
-            .front()
-            .is_some_and(|s| s.evicting && s.writers == 0)
-        {
-            if let Some(slot) = state.slots.pop_front() {
-                if let Some(tx) = &state.ready_tx {
-                    // Bounded by n_chunks, which is every chunk: never full.
-                    let _ = tx.try_send(slot.chunk);
-                }
-            }
-        }
-    }
-
-    /// Bring `chunk_id` into the window (sliding it if needed) and register a writer.
-    ///
-    /// Never waits for a free chunk while holding the lock: the consumer's progress can depend
-    /// on other streams releasing chunks, which needs the lock.
-    fn acquire(&self, cache: &mut Vec<(u64, ChunkPtrs)>, chunk_id: u64) -> Acquired {
-        let mut spare: Option<Box<Chunk>> = None;
-        loop {
-            let mut st = self.lock();
-            let max = self.config.max_chunks as u64;
-            let head = *st.head.get_or_insert(chunk_id);
-            if st.next < head {
-                st.next = head;
-            }
-            if chunk_id < head {
-                if let Some(c) = spare.take() {
-                    self.free(c);
-                }
-                return Acquired::TooOld;
-            }
-            if chunk_id >= head + max {
-                let new_head = chunk_id + 1 - max;
-                for slot in st.slots.iter_mut().filter(|s| s.id < new_head) {
-                    slot.evicting = true;
-                }
-                // Release this stream's own hold on what leaves the window.
-                cache.retain(|&(id, _)| {
-                    if id < new_head {
-                        if let Some(s) = st.slots.iter_mut().find(|s| s.id == id) {
-                            s.writers -= 1;
-                        }
-                    }
-                    id >= new_head
-                });
-                st.head = Some(new_head);
-                st.next = st.next.max(new_head);
-                self.head.store(new_head, Ordering::Release);
-            }
-            Self::flush_ready(&mut st);
-            while st.next <= chunk_id {
-                let Some(mut chunk) = spare.take().or_else(|| self.free_rx.try_recv().ok()) else {
-                    break;
-                };
-                chunk.chunk_id = st.next;
-                chunk.present.fill(0);
-                chunk.extra.fill(0);
-                let ptrs = ChunkPtrs {
-                    data: chunk.data.as_mut_ptr(),
-                    present: chunk.present.as_mut_ptr(),
-                    extra: chunk.extra.as_mut_ptr(),
-                };
-                let id = st.next;
-                st.slots.push_back(Slot {
-                    id,
-                    chunk,
-                    ptrs,
-                    writers: 0,
-                    evicting: false,
-                });
-                st.next += 1;
-            }
-            if st.next > chunk_id {
-                if let Some(c) = spare.take() {
-                    self.free(c);
-                }
-                return match st.slots.iter_mut().find(|s| s.id == chunk_id) {
-                    Some(slot) => {
-                        slot.writers += 1;
-                        cache.push((chunk_id, slot.ptrs));
-                        Acquired::Chunk(slot.ptrs)
-                    }
-                    None => Acquired::TooOld,
-                };
-            }
-            drop(st);
-            // Out of free chunks: wait for the consumer without the lock, then retry.
-            loop {
-                match self.free_rx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(c) => {
-                        spare = Some(c);
-                        break;
-                    }
-                    Err(RecvTimeoutError::Timeout) if !self.is_stopped() => continue,
-                    Err(_) => return Acquired::Stopped,
-                }
-            }
-        }
-    }
-
-    /// Drop this stream's hold on cached chunks for which `release(id)` is true.
-    fn release(&self, cache: &mut Vec<(u64, ChunkPtrs)>, release: impl Fn(u64) -> bool) {
-        let mut st = self.lock();
-        cache.retain(|&(id, _)| {
-            if release(id) {
-                if let Some(s) = st.slots.iter_mut().find(|s| s.id == id) {
-                    s.writers -= 1;
-                }
-                false
-            } else {
-                true
-            }
-        });
-        Self::flush_ready(&mut st);
-    }
-
-    /// A stream has finished; the last one flushes the window and closes the ready queue.
-    fn stream_done(&self, cache: &mut Vec<(u64, ChunkPtrs)>) {
-        self.release(cache, |_| true);
-        let mut st = self.lock();
-        st.active_streams -= 1;
-        if st.active_streams == 0 {
-            for s in st.slots.iter_mut() {
-                s.evicting = true;
-            }
-            Self::flush_ready(&mut st);
-            st.ready_tx = None;
-        }
-    }
-}
-
 #[derive(Debug)]
 struct LiveHeap {
     cnt: u64,
-    chunk_id: u64,
     ptrs: ChunkPtrs,
     heap_index: usize,
     base: usize,
@@ -407,7 +180,7 @@ struct LiveHeap {
 pub struct ChunkStream {
     group: Arc<ChunkGroup>,
     place: Arc<PlaceFn>,
-    cache: Vec<(u64, ChunkPtrs)>,
+    cache: Holds,
     live: VecDeque<LiveHeap>,
     spare: Vec<PayloadRanges>,
     values: Vec<Option<u64>>,
@@ -426,7 +199,7 @@ impl ChunkStream {
         ChunkStream {
             group,
             place,
-            cache: Vec::new(),
+            cache: Holds::default(),
             live: VecDeque::with_capacity(max_heaps),
             spare: (0..max_heaps).map(|_| PayloadRanges::default()).collect(),
             values: vec![None; n_items],
@@ -569,7 +342,9 @@ impl ChunkStream {
         };
         let cfg = &self.group.config;
         let max_heaps = cfg.max_heaps;
-        let fits = heap_index < cfg.heaps_per_chunk
+        // u64::MAX is refused so that the window arithmetic (id + 1) cannot overflow.
+        let fits = chunk_id < u64::MAX
+            && heap_index < cfg.heaps_per_chunk
             && heap_offset
                 .checked_add(heap_length as usize)
                 .is_some_and(|e| e <= cfg.chunk_bytes);
@@ -577,22 +352,36 @@ impl ChunkStream {
             StreamStats::add(&self.stats.inconsistent_packets, 1);
             return None;
         }
-        let ptrs = match self.cache.iter().find(|c| c.0 == chunk_id) {
+        if self.group.epoch.load(Ordering::Acquire) != self.cache.epoch {
+            self.group.release(&mut self.cache, |_| false);
+            self.retire_released();
+        }
+        let ptrs = match self.cache.chunks.iter().find(|c| c.0 == chunk_id) {
             Some(&(_, p)) => p,
-            None => match self.group.acquire(&mut self.cache, chunk_id) {
-                Acquired::Chunk(p) => {
-                    self.retire_released();
-                    p
+            None => {
+                let got = self
+                    .group
+                    .acquire(&mut self.cache, chunk_id, repr.heap_cnt, &self.stats);
+                // Whatever the verdict, the window may have moved past chunks that live
+                // heaps point into while this stream waited: retire those heaps before
+                // another packet can write through their pointers.
+                self.retire_released();
+                match got {
+                    Acquired::Chunk(p) => p,
+                    Acquired::TooOld => {
+                        StreamStats::add(&self.stats.too_old_heaps, 1);
+                        return None;
+                    }
+                    Acquired::FarAhead => {
+                        StreamStats::add(&self.stats.far_future_heaps, 1);
+                        return None;
+                    }
+                    Acquired::Stopped => {
+                        self.done = true;
+                        return None;
+                    }
                 }
-                Acquired::TooOld => {
-                    StreamStats::add(&self.stats.too_old_heaps, 1);
-                    return None;
-                }
-                Acquired::Stopped => {
-                    self.done = true;
-                    return None;
-                }
-            },
+            }
         };
         if self.live.len() >= max_heaps {
             StreamStats::add(&self.stats.incomplete_heaps_evicted, 1);
@@ -601,7 +390,6 @@ impl ChunkStream {
         let ranges = self.spare.pop().unwrap_or_default();
         self.live.push_back(LiveHeap {
             cnt: repr.heap_cnt,
-            chunk_id,
             ptrs,
             heap_index,
             base: heap_offset,
@@ -617,8 +405,8 @@ impl ChunkStream {
     fn retire_released(&mut self) {
         let mut i = 0;
         while i < self.live.len() {
-            let id = self.live[i].chunk_id;
-            if self.cache.iter().any(|c| c.0 == id) {
+            let ptrs = self.live[i].ptrs;
+            if self.cache.chunks.iter().any(|c| c.1.data == ptrs.data) {
                 i += 1;
             } else {
                 StreamStats::add(&self.stats.incomplete_heaps_evicted, 1);
@@ -630,7 +418,8 @@ impl ChunkStream {
     /// Call after each batch: let go of chunks the window has moved past.
     pub fn release_old(&mut self) {
         let head = self.group.head.load(Ordering::Acquire);
-        if self.cache.iter().any(|c| c.0 < head) {
+        let resynced = self.group.epoch.load(Ordering::Acquire) != self.cache.epoch;
+        if resynced || self.cache.chunks.iter().any(|c| c.0 < head) {
             self.group.release(&mut self.cache, |id| id < head);
             self.retire_released();
         }

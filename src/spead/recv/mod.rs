@@ -3,6 +3,7 @@
 //! ([`stats`]). Transports feed them packets; they never read a clock or a socket.
 
 pub mod chunk;
+mod chunk_group;
 pub mod heap;
 mod ranges;
 pub mod stats;

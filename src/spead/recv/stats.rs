@@ -27,6 +27,13 @@ pub struct StreamStats {
     pub incomplete_heaps_flushed: AtomicU64,
     /// Heaps whose chunk had already left the window.
     pub too_old_heaps: AtomicU64,
+    /// Heaps so far ahead of the window that one would have flushed it, dropped until enough
+    /// heaps in a row agree (chunk path only; see `chunk.rs`).
+    pub far_future_heaps: AtomicU64,
+    /// Far jumps of the window that enough heaps confirmed.
+    pub window_jumps: AtomicU64,
+    /// Backward resynchronisations of the window after persistent too-old input.
+    pub resyncs: AtomicU64,
     /// Heaps the placement function refused, by its reason index.
     pub rejected_heaps: [AtomicU64; MAX_REJECT_REASONS],
     /// Packets whose bytes were already received (duplicates, overlaps).
@@ -62,6 +69,9 @@ impl StreamStats {
             incomplete_heaps_evicted: ld(&self.incomplete_heaps_evicted),
             incomplete_heaps_flushed: ld(&self.incomplete_heaps_flushed),
             too_old_heaps: ld(&self.too_old_heaps),
+            far_future_heaps: ld(&self.far_future_heaps),
+            window_jumps: ld(&self.window_jumps),
+            resyncs: ld(&self.resyncs),
             rejected_heaps: self.rejected_heaps.each_ref().map(ld),
             duplicate_packets: ld(&self.duplicate_packets),
             inconsistent_packets: ld(&self.inconsistent_packets),
@@ -82,6 +92,9 @@ pub struct StatsSnapshot {
     pub incomplete_heaps_evicted: u64,
     pub incomplete_heaps_flushed: u64,
     pub too_old_heaps: u64,
+    pub far_future_heaps: u64,
+    pub window_jumps: u64,
+    pub resyncs: u64,
     pub rejected_heaps: [u64; MAX_REJECT_REASONS],
     pub duplicate_packets: u64,
     pub inconsistent_packets: u64,
@@ -108,6 +121,9 @@ impl StatsSnapshot {
         self.incomplete_heaps_evicted += o.incomplete_heaps_evicted;
         self.incomplete_heaps_flushed += o.incomplete_heaps_flushed;
         self.too_old_heaps += o.too_old_heaps;
+        self.far_future_heaps += o.far_future_heaps;
+        self.window_jumps += o.window_jumps;
+        self.resyncs += o.resyncs;
         for (a, b) in self.rejected_heaps.iter_mut().zip(o.rejected_heaps) {
             *a += b;
         }
@@ -136,6 +152,9 @@ impl StatsSnapshot {
                 self.incomplete_heaps_flushed,
             ),
             ("too_old_heaps".into(), self.too_old_heaps),
+            ("far_future_heaps".into(), self.far_future_heaps),
+            ("window_jumps".into(), self.window_jumps),
+            ("resyncs".into(), self.resyncs),
             ("duplicate_packets".into(), self.duplicate_packets),
             ("inconsistent_packets".into(), self.inconsistent_packets),
             ("stops".into(), self.stops),

@@ -50,6 +50,20 @@ pub enum PacketiseError {
     PacketTooSmall(usize),
     #[error("packet size {0} is too small to repeat {1} item pointers in every packet")]
     TooManyPointers(usize, usize),
+    #[error("a packet payload of 0 bytes cannot carry a heap")]
+    ZeroPayload,
+}
+
+/// Packets needed for `heap_payload` bytes at `packet_payload` bytes each, refusing a zero
+/// packet payload (a configuration error that used to divide by zero).
+pub fn packets_per_heap(
+    heap_payload: usize,
+    packet_payload: usize,
+) -> Result<usize, PacketiseError> {
+    if packet_payload == 0 {
+        return Err(PacketiseError::ZeroPayload);
+    }
+    Ok(heap_payload.div_ceil(packet_payload))
 }
 
 impl<'a> Heap<'a> {

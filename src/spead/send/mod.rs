@@ -5,6 +5,6 @@ pub mod heap;
 pub mod rate;
 pub mod stream;
 
-pub use heap::{Heap, ItemData, PacketGenerator};
+pub use heap::{packets_per_heap, Heap, ItemData, PacketGenerator, PacketiseError};
 pub use rate::RateLimiter;
 pub use stream::{HeapRef, SendMode, SendStream, SendStreamConfig};

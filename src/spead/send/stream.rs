@@ -16,10 +16,11 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use super::heap::{Heap, PacketGenerator, PacketiseError};
+use super::heap::{Heap, PacketGenerator, PacketiseError, PREFIX_LEN};
 use super::rate::RateLimiter;
 use crate::net::{PacketSender, SendBatch};
 use crate::spead::wire::Flavour;
+use crate::spead::wire::POINTER_LEN;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SendStreamConfig {
@@ -57,6 +58,38 @@ pub enum SendError {
     Substream(usize, usize),
     #[error("send failed: {0}")]
     Io(#[from] io::Error),
+    #[error("send stream {0}: {1}")]
+    Config(&'static str, String),
+}
+
+impl SendStreamConfig {
+    /// Refuse a configuration that cannot send: a packet with no room for payload, a rate
+    /// that is not a finite non-negative number, an empty burst, a zero counter step.
+    pub fn validate(&self) -> Result<(), SendError> {
+        if self.max_packet_size & !7 < PREFIX_LEN + 2 * POINTER_LEN {
+            return Err(PacketiseError::PacketTooSmall(self.max_packet_size).into());
+        }
+        if !(self.rate.is_finite() && self.rate >= 0.0) {
+            return Err(SendError::Config(
+                "rate",
+                format!("{} is not ≥ 0", self.rate),
+            ));
+        }
+        if !(self.burst_rate_ratio.is_finite() && self.burst_rate_ratio >= 1.0) {
+            let r = self.burst_rate_ratio;
+            return Err(SendError::Config(
+                "burst_rate_ratio",
+                format!("{r} is not ≥ 1"),
+            ));
+        }
+        if self.burst_size == 0 {
+            return Err(SendError::Config("burst_size", "must not be 0".into()));
+        }
+        if self.cnt_step == 0 {
+            return Err(SendError::Config("cnt_step", "must not be 0".into()));
+        }
+        Ok(())
+    }
 }
 
 /// Order of packets when several heaps are sent together.
@@ -113,6 +146,7 @@ pub struct SendStream<S: PacketSender> {
 impl<S: PacketSender> SendStream<S> {
     /// One stream over `interfaces` (at least one), all with the same destination list.
     pub fn new(config: SendStreamConfig, interfaces: Vec<S>) -> Result<Self, SendError> {
+        config.validate()?;
         if interfaces.is_empty() {
             return Err(SendError::Io(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -459,5 +493,27 @@ mod tests {
         assert_eq!((descriptors(&p0), descriptors(&p1)), (4, 0));
         // Least-loaded assignment alternates between equally paced interfaces.
         assert_eq!((p0.len() - 4, p1.len()), (32, 32));
+    }
+
+    #[test]
+    fn unusable_configurations_are_refused() {
+        let bad = |c: SendStreamConfig| c.validate().is_err();
+        let d = SendStreamConfig::default();
+        assert!(d.validate().is_ok());
+        assert!(bad(SendStreamConfig {
+            max_packet_size: 40,
+            ..d
+        }));
+        assert!(bad(SendStreamConfig {
+            rate: f64::NAN,
+            ..d
+        }));
+        assert!(bad(SendStreamConfig { rate: -1.0, ..d }));
+        assert!(bad(SendStreamConfig { burst_size: 0, ..d }));
+        assert!(bad(SendStreamConfig {
+            burst_rate_ratio: 0.5,
+            ..d
+        }));
+        assert!(bad(SendStreamConfig { cnt_step: 0, ..d }));
     }
 }
