@@ -350,3 +350,166 @@ fn katcp_requests_sensors_and_metrics() {
     shutdown.request();
     handle.join().unwrap().unwrap();
 }
+
+/// SPEAD-64-48 immediates of one packet, decoded here by hand (independently of cbf's codec):
+/// (timestamp, feng_id, heap length, payload offset, payload length).
+fn packet_key(p: &[u8]) -> Option<(u64, u64, u64, u64, u64)> {
+    if p.len() < 8 || p[0] != 0x53 || p[1] != 4 || p[2] != 2 || p[3] != 6 {
+        return None;
+    }
+    let n = usize::from(u16::from_be_bytes([p[6], p[7]]));
+    let mut v = [None; 5];
+    for i in 0..n {
+        let b = p.get(8 + 8 * i..16 + 8 * i)?;
+        let r = u64::from_be_bytes(b.try_into().ok()?);
+        if r >> 63 == 0 {
+            continue;
+        }
+        let slot = match (r >> 48) & 0x7fff {
+            0x1600 => 0,
+            0x4101 => 1,
+            0x2 => 2,
+            0x3 => 3,
+            0x4 => 4,
+            _ => continue,
+        };
+        v[slot] = Some(r & ((1 << 48) - 1));
+    }
+    Some((v[0]?, v[1]?, v[2]?, v[3]?, v[4]?))
+}
+
+/// Dropped, reordered and duplicated F packets (net::fault's injector in a relay between the
+/// F-engines and the engine) change only the dumps and beam heaps of the heaps they broke: the
+/// numpy reference is computed with exactly the heaps that lost a packet taken as missing, and
+/// must still match exactly (X) and within 1 LSB (beams); losses are counted.
+#[test]
+fn faults_change_only_what_they_touch() {
+    use cbf::net::fault::{FaultInjector, Faults};
+    use cbf::net::udp::UdpReceiver;
+    use cbf::net::{PacketReceiver, Received, RecvBatch};
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let (in_port, x_port) = (common::free_udp_port(), common::free_udp_port());
+    let beam_ports = [common::free_udp_port(), common::free_udp_port()];
+    let relay_port = common::free_udp_port();
+    let shutdown = Shutdown::manual();
+    let engine = Engine::new(config(in_port, x_port, beam_ports, 8), shutdown.clone()).unwrap();
+    let katcp_port = engine.katcp_addr().port();
+    let handle = std::thread::spawn(move || engine.run());
+    let faults = Faults {
+        drop: 0.02,
+        reorder: 0.05,
+        duplicate: 0.05,
+        ..Faults::default()
+    };
+    let rx = UdpReceiver::bind(&[local(relay_port)], None, 32 << 20).unwrap();
+    let mut relay = FaultInjector::new(rx, faults, 2024, 9200);
+    let stop = Arc::new(AtomicBool::new(false));
+    let relay_thread = std::thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || {
+            let out = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let mut batch = RecvBatch::new(64, relay.slot_size(9200));
+            // Per heap: its length and the distinct payload offsets that got through.
+            let mut heaps: BTreeMap<(u64, u64), (u64, BTreeMap<u64, u64>)> = BTreeMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Received::Packets(_) = relay.recv_batch(&mut batch).unwrap() {
+                    for p in batch.iter() {
+                        if let Some((ts, feng, len, off, plen)) = packet_key(p) {
+                            heaps
+                                .entry((ts, feng))
+                                .or_insert((len, BTreeMap::new()))
+                                .1
+                                .insert(off, plen);
+                        }
+                        out.send_to(p, local(in_port)).unwrap();
+                    }
+                }
+            }
+            (heaps, relay.counts)
+        }
+    });
+    let s = steering([1.0; ANTS], [(0.0, 0.0); ANTS], 0.25);
+    let mut requests1 = requests("b0", &s);
+    requests1.extend(requests("b1", &s));
+    let (first, batches, extra) = (6u64, 12u64, 3 * BATCHES_PER_CHUNK as u64);
+    let heap_step = (SPH * 2 * CHANNELS) as u64;
+    let cfg = json!({
+        "seed": 5, "ants": ANTS, "channels": CHANNELS, "cps": CPS, "c0": C0, "sph": SPH,
+        "sbs": 2 * CHANNELS, "bits": 8, "bandwidth": ADC / 2.0,
+        "first_batch": first, "batches": batches, "extra": extra, "split": 8,
+        "threshold": THRESHOLD, "missing": [], "missing_from_stdin": true,
+        "in_port": relay_port, "x_port": x_port, "katcp_port": katcp_port,
+        "packet": 1024, "rate": 50e6,
+        "beams": [
+            {"pol": 0, "port": beam_ports[0], "steering1": s, "steering2": s},
+            {"pol": 1, "port": beam_ports[1], "steering1": s, "steering2": s},
+        ],
+        "requests1": requests1, "requests2": [],
+        "expect_dumps": 3, "expect_beam_heaps": 10,
+    });
+    let mut peer = Command::new(common::python())
+        .arg(common::reference_script("xb_peer.py"))
+        .arg(cfg.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(peer.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "sent");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (heaps, counts) = relay_thread.join().unwrap();
+    // Heaps of the checked batches that lost a packet (or every packet: absent from the map).
+    let mut missing = BTreeSet::new();
+    for b in 0..batches {
+        for a in 0..ANTS as u64 {
+            let whole = heaps
+                .get(&((first + b) * heap_step, a))
+                .is_some_and(|(len, parts)| parts.values().sum::<u64>() == *len);
+            if !whole {
+                missing.insert((b, a));
+            }
+        }
+    }
+    let list: Vec<[u64; 2]> = missing.iter().map(|&(b, a)| [b, a]).collect();
+    writeln!(peer.stdin.take().unwrap(), "{}", json!(list)).unwrap();
+    let v: Value = serde_json::from_str(&lines.last().unwrap().unwrap()).unwrap();
+    assert!(peer.wait().unwrap().success());
+    shutdown.request();
+    let report = handle.join().unwrap().unwrap();
+    eprintln!("faults {counts:?}, broken heaps {list:?}\npeer {v}\nengine {report:?}");
+    assert!(
+        counts.dropped > 0 && counts.duplicated > 0 && counts.reordered > 0,
+        "{counts:?}"
+    );
+    assert!(
+        !missing.is_empty(),
+        "the faults broke no heap of the checked batches"
+    );
+    for d in v["x"]["dumps"].as_array().unwrap() {
+        if d["skipped"] == true {
+            assert_eq!(d["received"], false, "{d}");
+            continue;
+        }
+        assert_eq!(d["received"], true, "{d}");
+        assert_eq!(d["mismatches"], 0, "{d}");
+    }
+    for pb in v["beams"].as_array().unwrap() {
+        assert!(pb["heaps"].as_u64().unwrap() >= 10, "{pb}");
+        assert!(pb["max_err"].as_f64().unwrap() <= 1.0, "{pb}");
+        assert_eq!(pb["bad_ants"], 0, "{pb}");
+        assert_eq!(pb["neither"], 0, "{pb}");
+    }
+    // Every duplicate is seen and counted by the receiver; every broken heap is missing.
+    assert!(
+        report.rx.duplicate_packets >= counts.duplicated.min(1),
+        "{:?}",
+        report.rx
+    );
+    assert!(report.input.missing >= missing.len() as u64, "{report:?}");
+}

@@ -103,7 +103,9 @@ async def katcp(port, requests):
     return out, steady
 
 
-def send_batches(cfg, wire, batches, missing):
+def fengine_streams(cfg):
+    """One spead2 stream per F-engine, heap cnt = feng_id + k * n_ants as katgpucbf's
+    F-engines number them (made once: cnts must not repeat, receivers key heaps by cnt)."""
     pool = spead2.ThreadPool()
     streams = []
     for a in range(cfg["ants"]):
@@ -113,6 +115,10 @@ def send_batches(cfg, wire, batches, missing):
         )
         s.set_cnt_sequence(a, cfg["ants"])
         streams.append(s)
+    return streams
+
+
+def send_batches(cfg, streams, wire, batches, missing):
     heap_step = cfg["sph"] * cfg["sbs"]
     for b in batches:
         for a in range(cfg["ants"]):
@@ -188,13 +194,19 @@ def run(cfg):
     # phase 2: the rest.
     replies, steady1 = asyncio.run(katcp(cfg["katcp_port"], cfg["requests1"]))
     half = cfg["split"]
-    send_batches(cfg, wire, range(half), missing)
+    streams = fengine_streams(cfg)
+    send_batches(cfg, streams, wire, range(half), missing)
     time.sleep(0.5)
     replies2, steady2 = asyncio.run(katcp(cfg["katcp_port"], cfg["requests2"]))
-    send_batches(cfg, wire, range(half, cfg["batches"]), missing)
+    send_batches(cfg, streams, wire, range(half, cfg["batches"]), missing)
     # Batches beyond the checked ones push the engine's receive window past them (it emits a
     # chunk once later chunks arrive); their outputs are not checked.
-    send_batches(cfg, wire, range(cfg["batches"], cfg["batches"] + cfg["extra"]), [])
+    send_batches(cfg, streams, wire, range(cfg["batches"], cfg["batches"] + cfg["extra"]), [])
+    if cfg.get("missing_from_stdin"):
+        # A fault injector between here and the engine decides which heaps arrive whole: it
+        # says so once everything went through it.
+        print("sent", flush=True)
+        missing = json.loads(sys.stdin.readline())
     result = {"katcp": replies + replies2, "steady": [steady1, steady2]}
     T = cfg["threshold"]
     first = cfg["first_batch"]
@@ -212,7 +224,8 @@ def run(cfg):
             want, present = x_reference(cfg, x, missing, rel)
             if len(rel) != T:
                 present[:] = False
-            entry = {"timestamp": ts, "batches": len(rel), "present": present.tolist()}
+            entry = {"timestamp": ts, "batches": len(rel), "present": present.tolist(),
+                     "skipped": not present.any()}
             if ts not in got:
                 entry["received"] = False
             else:
