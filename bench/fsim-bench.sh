@@ -10,6 +10,7 @@ secs=${SECS:-5}
 python=${PYTHON:-python3}
 echo "date: $(date -u +%FT%TZ)"
 echo "host: $(nproc) cores,$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), Linux $(uname -r)"
+echo "load average (other work on this machine): $(cut -d" " -f1-3 /proc/loadavg)"
 ports=(49001 49002 49003 49004 49005 49006 49007 49008 49009 49010)
 "$python" - 3600 "${ports[@]}" <<'PY' &
 import socket, sys, time
