@@ -1,14 +1,20 @@
 //! CPU backend speed of each `src/dsp` operation, per core (criterion). Throughput is in the
 //! operation's natural input unit (digitiser samples, complex samples, visibilities), stated
 //! per benchmark. Run: `cargo bench --bench dsp`; figures go to bench/RESULTS.md.
+//!
+//! The correlators are also timed in process CPU time (group `xbengine_cpu`), because the
+//! development machine is shared: wall time there counts the other engineers' processes, CPU
+//! time counts only the cycles this process ran, which is what "per core" means.
 
 use cbf::dsp::beamform::{beamform, Beam, BeamShape};
-use cbf::dsp::correlate::{correlate_accumulate, CorrShape};
+use cbf::dsp::correlate::{correlate_accumulate, reduce, CorrShape};
+use cbf::dsp::correlate_fast::{self, Correlator};
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
 use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
 use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
 use cbf::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
 use cbf::dsp::samples::{pack, packed_len, unpack};
+use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use num_complex::{Complex32, Complex64};
 
@@ -93,24 +99,141 @@ fn narrowband(c: &mut Criterion) {
     g.finish();
 }
 
-fn xb(c: &mut Criterion) {
-    let mut g = c.benchmark_group("xbengine");
+/// The correlator oracle and the fast correlator on one batch of 4 channels × 256 spectra;
+/// the fast one on 1 thread (per core, the figure compared with the oracle) and on 2. Run once
+/// in wall time and once in process CPU time.
+fn correlation<M: Measurement>(c: &mut Criterion<M>, group: &str) {
+    let mut g = c.benchmark_group(group);
+    for n_ants in [16usize, 64, 256] {
+        let shape = CorrShape {
+            n_ants,
+            channels: 4,
+            spectra: 256,
+        };
+        let x: Vec<i8> = (0..shape.input_len())
+            .map(|i| ((i * 31) % 255) as i8)
+            .collect();
+        let mut acc = vec![0i64; shape.vis_len()];
+        // Complex input samples (antenna × channel × spectrum × pol).
+        g.throughput(Throughput::Elements(
+            (shape.n_ants * shape.channels * shape.spectra * 2) as u64,
+        ));
+        if n_ants == 256 {
+            g.sample_size(10);
+        }
+        g.bench_function(format!("correlate_{n_ants}ants"), |b| {
+            b.iter(|| correlate_accumulate(shape, &x, &mut acc))
+        });
+        for threads in [1, 2] {
+            let mut corr = Correlator::new(shape, threads);
+            g.bench_function(
+                format!("correlate_fast_{n_ants}ants_{threads}thread"),
+                |b| b.iter(|| corr.accumulate(&x, &mut acc)),
+            );
+        }
+    }
+    // The dump's reduce at 64 antennas × 256 channels (34 MB of i64), one antenna absent.
     let shape = CorrShape {
         n_ants: 64,
-        channels: 4,
-        spectra: 256,
+        channels: 256,
+        spectra: 1,
     };
-    let x: Vec<i8> = (0..shape.input_len())
+    let acc: Vec<i64> = (0..shape.vis_len() as i64)
+        .map(|i| (i * 0x9e37_79b9) % (1 << 33))
+        .collect();
+    let mut present = vec![true; 64];
+    present[5] = false;
+    let mut out = vec![0i32; shape.vis_len()];
+    // Visibility values (i64 in, i32 out).
+    g.throughput(Throughput::Elements(shape.vis_len() as u64));
+    g.bench_function("reduce_64ants_256ch", |b| {
+        b.iter(|| reduce(shape, &acc, &present, &mut out))
+    });
+    g.bench_function("reduce_fast_64ants_256ch", |b| {
+        b.iter(|| correlate_fast::reduce(shape, &acc, &present, &mut out))
+    });
+    g.finish();
+}
+
+fn correlation_wall(c: &mut Criterion) {
+    correlation(c, "xbengine");
+}
+
+fn correlation_cpu(c: &mut Criterion<CpuTime>) {
+    correlation(c, "xbengine_cpu");
+}
+
+/// Process CPU time (all threads), in nanoseconds, as a criterion measurement.
+struct CpuTime;
+
+impl CpuTime {
+    fn now() -> u64 {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `t` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID exists on Linux.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+        assert_eq!(rc, 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID)");
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    }
+}
+
+impl Measurement for CpuTime {
+    type Intermediate = u64;
+    type Value = u64;
+    fn start(&self) -> u64 {
+        Self::now()
+    }
+    fn end(&self, start: u64) -> u64 {
+        Self::now() - start
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &CpuTimeFormatter
+    }
+}
+
+/// Formats CPU nanoseconds as µs / ms of CPU time and element throughput per CPU second.
+struct CpuTimeFormatter;
+
+impl ValueFormatter for CpuTimeFormatter {
+    fn scale_values(&self, typical: f64, values: &mut [f64]) -> &'static str {
+        let (div, unit) = if typical < 1e6 {
+            (1e3, "µs(cpu)")
+        } else {
+            (1e6, "ms(cpu)")
+        };
+        values.iter_mut().for_each(|v| *v /= div);
+        unit
+    }
+    fn scale_throughputs(&self, _: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
+        let n = match *t {
+            Throughput::Elements(n) | Throughput::Bytes(n) | Throughput::BytesDecimal(n) => n,
+        };
+        values.iter_mut().for_each(|v| *v = n as f64 * 1e3 / *v);
+        "Melem/s(cpu)"
+    }
+    fn scale_for_machines(&self, _: &mut [f64]) -> &'static str {
+        "ns(cpu)"
+    }
+}
+
+fn xb(c: &mut Criterion) {
+    let mut g = c.benchmark_group("xbengine");
+    let x: Vec<i8> = (0..64 * 4 * 256 * 4)
         .map(|i| ((i * 31) % 255) as i8)
         .collect();
-    let mut acc = vec![0i64; shape.vis_len()];
     // Complex input samples (antenna × channel × spectrum × pol).
-    g.throughput(Throughput::Elements(
-        (shape.n_ants * shape.channels * shape.spectra * 2) as u64,
-    ));
-    g.bench_function("correlate_64ants", |b| {
-        b.iter(|| correlate_accumulate(shape, &x, &mut acc))
-    });
+    g.throughput(Throughput::Elements((64 * 4 * 256 * 2) as u64));
     let bshape = BeamShape {
         n_ants: 64,
         channels: 4,
@@ -203,5 +326,17 @@ fn fengine_pipeline(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fengine, narrowband, xb, fengine_pipeline);
-criterion_main!(benches);
+criterion_group!(
+    benches,
+    fengine,
+    narrowband,
+    correlation_wall,
+    xb,
+    fengine_pipeline
+);
+criterion_group! {
+    name = cpu_time;
+    config = Criterion::default().with_measurement(CpuTime);
+    targets = correlation_cpu
+}
+criterion_main!(benches, cpu_time);

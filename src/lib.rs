@@ -16,3 +16,4 @@ pub mod net;
 pub mod selftest;
 pub mod sim;
 pub mod spead;
+pub mod xbengine;

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use super::dsim::DsimArgs;
-use super::fengine::{BackendKind, FengineArgs};
+use super::fengine::FengineArgs;
 use super::CliError;
 use crate::dsp::pfb::{pfb_weights, Window};
 use crate::engine::Shutdown;
+use crate::fengine::BackendKind;
 use crate::net::udp::{UdpReceiver, UdpSender};
 use crate::net::{PacketReceiver, Received, RecvBatch};
 use crate::sim::dsim::DigitiserHeaps;

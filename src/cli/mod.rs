@@ -6,7 +6,9 @@ pub mod demo;
 pub mod dsim;
 pub mod fengine;
 pub mod fsim;
+mod katgpucbf;
 pub mod selftest;
+pub mod xbengine;
 
 use std::process::ExitCode;
 
@@ -42,6 +44,8 @@ pub enum Command {
     Fsim(fsim::FsimArgs),
     /// Wideband F-engine (CPU or CUDA backend): digitiser heaps in, channelised F heaps out.
     Fengine(fengine::FengineArgs),
+    /// XB-engine (correlator and beamformer): F heaps in, correlation products and beams out.
+    Xbengine(Box<xbengine::XbengineArgs>),
     /// Check the CUDA kernels against their CPU oracles on fresh random inputs.
     Selftest(selftest::SelftestArgs),
     /// Receive any SPEAD stream: one JSON line per heap, or statistics; optional pcap dump.
@@ -70,6 +74,7 @@ pub fn main() -> ExitCode {
         Command::Dsim(a) => dsim::run(a),
         Command::Capture(a) => capture::run(a),
         Command::Fengine(a) => fengine::run(a),
+        Command::Xbengine(a) => xbengine::run(*a),
         Command::Fsim(a) => fsim::run(a),
         Command::Selftest(a) => selftest::run(a),
     };

@@ -5,6 +5,7 @@
 
 pub mod beamform;
 pub mod correlate;
+pub mod correlate_fast;
 pub mod ddc;
 pub mod delay;
 pub mod frb;

@@ -24,9 +24,27 @@ impl Metrics {
         for &(name, help, labels) in table {
             let c = IntCounterVec::new(Opts::new(name, help), labels)?;
             registry.register(Box::new(c.clone()))?;
+            if labels.is_empty() {
+                // Shown (at 0) from the start, as katgpucbf's counters are.
+                c.with_label_values::<&str>(&[]);
+            }
             counters.insert(name, c);
         }
         Ok(Metrics { registry, counters })
+    }
+
+    /// Show counter `name{labels}` (at 0) before it first moves.
+    pub fn touch(&self, name: &str, labels: &[&str]) {
+        self.set(name, labels, 0);
+    }
+
+    /// Every counter whose name starts with `prefix`, for one set of labels.
+    pub fn touch_all(&self, prefix: &str, labels: &[&str]) {
+        for (name, c) in &self.counters {
+            if name.starts_with(prefix) {
+                let _ = c.get_metric_with_label_values(labels);
+            }
+        }
     }
 
     /// Bring counter `name{labels}` up to `value`; a smaller value leaves it as it is.

@@ -25,8 +25,9 @@ pub trait HeapFormat: Send + 'static {
     type Meta: Send + 'static;
     /// Substreams (destinations) a buffer is split over.
     fn substreams(&self) -> usize;
-    /// The heap for `substream` of one buffer.
-    fn heap<'a>(&self, data: &'a [u8], meta: &Self::Meta, substream: usize) -> Heap<'a>;
+    /// The heap for `substream` of one buffer, or `None` to send nothing there this time
+    /// (a beam whose capture is stopped).
+    fn heap<'a>(&self, data: &'a [u8], meta: &Self::Meta, substream: usize) -> Option<Heap<'a>>;
     /// The descriptor heap sent to `substream`.
     fn descriptors(&self, substream: usize) -> Heap<'static>;
 }
@@ -38,11 +39,10 @@ pub struct StreamSpec {
     /// Interfaces (names or addresses) to send from; several share the rate (multi-NIC).
     pub interfaces: Vec<String>,
     pub ttl: u32,
+    /// Socket send buffer (`--send-buffer`).
+    pub buffer: usize,
     pub config: SendStreamConfig,
 }
-
-/// Socket send buffer of each output socket.
-const SOCKET_BUFFER: usize = 4 << 20;
 
 impl StreamSpec {
     /// Open the sockets (one per interface, or one on the default route).
@@ -54,7 +54,7 @@ impl StreamSpec {
         };
         let senders = ifaces
             .into_iter()
-            .map(|i| UdpSender::new(&self.dst, i, self.ttl, SOCKET_BUFFER))
+            .map(|i| UdpSender::new(&self.dst, i, self.ttl, self.buffer))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ConfigError::new("--send-interface", e))?;
         SendStream::new(self.config, senders).map_err(|e| ConfigError::new("--send-interface", e))
@@ -71,7 +71,7 @@ pub struct DescriptorSchedule {
 /// Heaps and bytes sent so far (read by metrics and sensors from other threads).
 #[derive(Debug, Default)]
 pub struct SinkCounters {
-    /// Buffers sent (each as one heap per substream).
+    /// Buffers sent (each as up to one heap per substream).
     pub buffers: AtomicU64,
     pub bytes: AtomicU64,
 }
@@ -129,16 +129,18 @@ impl<M: Send + 'static> HeapSink<M> {
                         Err(RecvTimeoutError::Timeout) => continue,
                         Err(RecvTimeoutError::Disconnected) => return Ok(()),
                     };
-                    let heaps: Vec<Heap<'_>> =
-                        (0..n).map(|s| format.heap(&data, &meta, s)).collect();
+                    let heaps: Vec<(usize, Heap<'_>)> = (0..n)
+                        .filter_map(|s| format.heap(&data, &meta, s).map(|h| (s, h)))
+                        .collect();
                     let refs: Vec<HeapRef> = heaps
                         .iter()
-                        .enumerate()
-                        .map(|(s, heap)| HeapRef::new(heap, s))
+                        .map(|(s, heap)| HeapRef::new(heap, *s))
                         .collect();
-                    stream
-                        .send_heaps(&refs, SendMode::RoundRobin)
-                        .map_err(|e| e.to_string())?;
+                    if !refs.is_empty() {
+                        stream
+                            .send_heaps(&refs, SendMode::RoundRobin)
+                            .map_err(|e| e.to_string())?;
+                    }
                     drop(refs);
                     drop(heaps);
                     c.buffers.fetch_add(1, Ordering::Relaxed);

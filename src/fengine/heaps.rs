@@ -81,3 +81,43 @@ pub fn descriptor_heap(
     .add_descriptor(&raw, f);
     h
 }
+
+/// One output's F heaps as the send thread builds them: each buffer is a whole output heap
+/// batch, split over the destinations (facts §1.9 "F heap").
+pub struct FHeapFormat {
+    pub feng_id: u64,
+    pub channels: usize,
+    pub destinations: usize,
+    pub spectra_per_heap: usize,
+    pub sample_bits: u32,
+}
+
+impl crate::engine::send::HeapFormat for FHeapFormat {
+    /// The batch's timestamp.
+    type Meta = u64;
+
+    fn substreams(&self) -> usize {
+        self.destinations
+    }
+
+    fn heap<'a>(&self, data: &'a [u8], timestamp: &u64, dest: usize) -> Option<Heap<'a>> {
+        let value_bytes = if self.sample_bits == 4 { 2 } else { 4 };
+        Some(f_heap(
+            data,
+            value_bytes,
+            *timestamp,
+            self.feng_id,
+            dest,
+            self.channels / self.destinations,
+            self.spectra_per_heap,
+        ))
+    }
+
+    fn descriptors(&self, _dest: usize) -> Heap<'static> {
+        descriptor_heap(
+            self.channels / self.destinations,
+            self.spectra_per_heap,
+            self.sample_bits,
+        )
+    }
+}

@@ -1,11 +1,19 @@
 //! The wideband F-engine (seed 000): digitiser heaps in, channelised F heaps out.
-//! [`place`] puts digitiser heaps into chunks, [`output`] parses `--wideband`, [`pipeline`]
-//! turns chunks into output heaps on a [`backend`] (CPU now, CUDA later), [`heaps`] builds the
-//! F heaps on the wire, [`control`] serves katcp.
+//! [`config`] validates fgpu's flags, [`place`] puts digitiser heaps into chunks, [`output`]
+//! parses `--wideband`, [`pipeline`] turns chunks into output heaps on a [`backend`] (CPU or
+//! CUDA), [`heaps`] builds the F heaps on the wire, [`control`] serves katcp, [`metrics`] names
+//! the Prometheus counters, and [`engine`] wires them to the shared receive and send threads.
 
 pub mod backend;
+pub mod config;
 pub mod control;
+pub mod cuda;
+pub mod engine;
 pub mod heaps;
+pub mod metrics;
 pub mod output;
 pub mod pipeline;
 pub mod place;
+
+pub use config::{BackendKind, FengineConfig};
+pub use engine::{Engine, FengineReport};

@@ -8,7 +8,10 @@
 //! [`GpuError::NoDriver`], whose message names `--backend cpu`.
 
 pub mod compile;
-pub mod fengine;
+pub mod fft;
+pub mod memory;
+pub mod pfb;
+pub mod postproc;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,12 +46,6 @@ pub enum GpuError {
 impl From<cudarc::cufft::result::CufftError> for GpuError {
     fn from(e: cudarc::cufft::result::CufftError) -> GpuError {
         GpuError::Fft(e)
-    }
-}
-
-impl From<crate::fengine::backend::BackendError> for GpuError {
-    fn from(e: crate::fengine::backend::BackendError) -> GpuError {
-        GpuError::Backend(e.0)
     }
 }
 

@@ -17,8 +17,8 @@ use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
 use crate::dsp::postproc::{correct, dither, OutputBits, SpectrumDelay};
 use crate::dsp::samples::pack;
 use crate::fengine::backend::{BackEndInput, Backend, ChunkInput, CpuBackend};
+use crate::fengine::cuda::{default_unzip, GpuBackend, GpuConfig};
 use crate::fengine::output::WidebandOutput;
-use crate::gpu::fengine::{default_unzip, GpuBackend, GpuConfig};
 use crate::gpu::{Gpu, GpuError};
 
 /// One backend comparison's shape.

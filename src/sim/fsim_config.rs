@@ -287,6 +287,7 @@ impl FsimPlan {
             dst: vec![self.config.dests[dest]],
             interfaces: self.config.send_interfaces.clone(),
             ttl: self.config.send_ttl,
+            buffer: 4 << 20,
             config: SendStreamConfig {
                 flavour: Flavour::SPEAD_64_48,
                 max_packet_size: self.config.send_packet_payload + PREAMBLE,

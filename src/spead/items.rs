@@ -128,6 +128,11 @@ impl Descriptor {
         shape: &[Dim],
         fmt: &[(u8, u64)],
     ) -> Self {
+        // spead2's receivers decode names and descriptions as ASCII and fail on anything else.
+        debug_assert!(
+            name.is_ascii() && description.is_ascii(),
+            "{name}: {description}"
+        );
         Descriptor {
             id,
             name: name.into(),
@@ -140,6 +145,10 @@ impl Descriptor {
 
     /// A descriptor with a numpy dtype (`descr` such as `|i1` or `>i4`); shape is fixed.
     pub fn with_dtype(id: u64, name: &str, description: &str, shape: &[u64], descr: &str) -> Self {
+        debug_assert!(
+            name.is_ascii() && description.is_ascii(),
+            "{name}: {description}"
+        );
         let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
         let shape_text = match dims.len() {
             1 => format!("({},)", dims[0]),

@@ -1,5 +1,6 @@
 //! The F-engine's CUDA backend (seed 000 §GPU Processing): the same [`Backend`] the CPU one
-//! implements, so the engine code is shared. Per chunk, both polarisations are copied to one of
+//! implements, so the engine code is shared; it composes the device ops of `crate::gpu`
+//! ([`Pfb`], [`BatchedFft`], [`Postproc`]), which know no engine. Per chunk, both polarisations are copied to one of
 //! three device input slots on the host-to-device stream (the tail, the next chunk's head, is
 //! copied straight after the body), and the next chunk's body is prefetched into the next
 //! slot while this chunk computes. The per-heap delay terms are read by the kernel from mapped
@@ -14,18 +15,18 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use cudarc::cufft::{self, CudaFft};
-use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
-};
+use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 use num_complex::Complex32;
 
-use super::compile::{Defines, Kernel};
-use super::{Gpu, GpuError};
+use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
+use super::output::WidebandOutput;
 use crate::dsp::pfb::pfb_weights;
 use crate::dsp::postproc::OutputBits;
-use crate::fengine::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
-use crate::fengine::output::WidebandOutput;
+use crate::gpu::fft::BatchedFft;
+use crate::gpu::memory::mapped;
+use crate::gpu::pfb::{natural_order, Pfb, PfbRun, PfbShape};
+use crate::gpu::postproc::{Postproc, PostprocShape};
+use crate::gpu::{Gpu, GpuError};
 
 impl From<GpuError> for BackendError {
     fn from(e: GpuError) -> BackendError {
@@ -36,6 +37,14 @@ impl From<GpuError> for BackendError {
 impl From<cudarc::driver::DriverError> for BackendError {
     fn from(e: cudarc::driver::DriverError) -> BackendError {
         BackendError(GpuError::from(e).to_string())
+    }
+}
+
+/// The self-test and the benchmark drive the backend through the trait from code that
+/// returns `GpuError`.
+impl From<BackendError> for GpuError {
+    fn from(e: BackendError) -> GpuError {
+        GpuError::Backend(e.0)
     }
 }
 
@@ -101,29 +110,11 @@ struct OutSlot {
     done: CudaEvent,
 }
 
-/// Pinned host memory mapped into the device's address space: (host slice, device address).
-fn mapped<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    gpu: &Gpu,
-    len: usize,
-) -> Result<(PinnedHostSlice<T>, u64), GpuError> {
-    // SAFETY: written before the device reads it; the device address lives as long as the
-    // slice, which its owner keeps beside it.
-    unsafe {
-        let mut host = gpu
-            .ctx
-            .alloc_pinned_with_flags::<T>(len, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
-        let mut dev = 0;
-        cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, host.as_mut_ptr()?.cast(), 0)
-            .result()?;
-        Ok((host, dev))
-    }
-}
-
 pub struct GpuBackend {
     gpu: Arc<Gpu>,
-    pfb: CudaFunction,
-    post: CudaFunction,
-    fft: CudaFft,
+    pfb: Pfb,
+    post: Postproc,
+    fft: BatchedFft,
     channels: usize,
     step: usize,
     /// Spectra per heap, and per launch (`batch` heaps).
@@ -163,8 +154,6 @@ pub struct GpuBackend {
     out_bytes: usize,
     section: usize,
     unzip: usize,
-    /// Values of s per post-processing block.
-    stile: usize,
     /// The dither seed of the heaps being batched.
     dither: Option<u64>,
 }
@@ -186,38 +175,27 @@ impl GpuBackend {
                 "unzip factor {n} does not suit {channels} channels"
             )));
         }
-        let pfb_defs: Defines = vec![
-            ("CHANNELS", channels as i64),
-            ("TAPS", output.taps as i64),
-            ("SAMPLE_BITS", i64::from(cfg.sample_bits)),
-            ("UNZIP", n as i64),
-            ("SPECTRA", s as i64),
-        ];
-        // Blocks of 32 values of s × 32 spectra, unless that leaves the GPU short of blocks
-        // (a heap of few spectra, as at 32768 channels): then 8 values of s.
-        let stile = if (channels / n / 2 + 1).div_ceil(32) * s.div_ceil(32) >= 1024 {
-            32
-        } else {
-            8
-        };
-        let post_defs: Defines = vec![
-            ("CHANNELS", channels as i64),
-            ("UNZIP", n as i64),
-            ("SPECTRA", s as i64),
-            ("HEAP_SPECTRA", hs as i64),
-            ("STILE", stile as i64),
-            (
-                "OUT_BITS",
-                if cfg.out_bits == OutputBits::Four {
-                    4
-                } else {
-                    8
-                },
-            ),
-            ("DITHER", i64::from(output.dither)),
-        ];
-        let pfb = gpu.function(Kernel::Pfb, &pfb_defs)?;
-        let post = gpu.function(Kernel::Postproc, &post_defs)?;
+        let pfb = Pfb::new(
+            &gpu,
+            PfbShape {
+                channels,
+                taps: output.taps,
+                sample_bits: cfg.sample_bits,
+                unzip: n,
+                spectra: s,
+            },
+        )?;
+        let post = Postproc::new(
+            &gpu,
+            PostprocShape {
+                channels,
+                unzip: n,
+                spectra: s,
+                heap_spectra: hs,
+                out_bits: cfg.out_bits,
+                dither: output.dither,
+            },
+        )?;
         let bits = cfg.sample_bits as usize;
         let pol_bytes = cfg.body * bits / 8;
         let tail_bytes = cfg.tail * bits / 8;
@@ -256,12 +234,7 @@ impl GpuBackend {
                 done: gpu.ctx.new_event(None)?,
             });
         }
-        let fft = CudaFft::plan_1d(
-            (channels / n) as i32,
-            cufft::sys::cufftType::CUFFT_C2C,
-            (2 * s * n) as i32,
-            Arc::clone(st),
-        )?;
+        let fft = BatchedFft::new(st, channels / n, 2 * s * n)?;
         Ok(GpuBackend {
             pfb,
             post,
@@ -299,7 +272,6 @@ impl GpuBackend {
             // Measured best on the H100 (bench/gpu-notes.md): longer sections for longer rows.
             section: if channels >= 16384 { 64 } else { 32 },
             unzip: n,
-            stile,
             dither: None,
             gpu,
         })
@@ -339,43 +311,24 @@ impl GpuBackend {
         k: usize,
         count: usize,
     ) -> Result<(), GpuError> {
-        let section = self.section.min(count);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                self.step.div_ceil(256) as u32,
-                count.div_ceil(section) as u32,
-                pols as u32,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+        let run = PfbRun {
+            first_pol,
+            pols,
+            starts,
+            pol_stride: self.pol_stride,
+            k,
+            count,
+            section: self.section,
+            heap: k / self.heap_spectra,
         };
-        let (s0, s1) = (starts[0] as i64, starts[1] as i64);
-        let (stride, first, heap, k, count, section) = (
-            self.pol_stride as i64,
-            first_pol as i32,
-            (k / self.heap_spectra) as i32,
-            k as i32,
-            count as i32,
-            section as i32,
-        );
-        let st = &self.gpu.compute;
-        let mut b = st.launch_builder(&self.pfb);
-        b.arg(&mut self.frames)
-            .arg(&self.inputs[self.cur])
-            .arg(&self.weights)
-            .arg(&mut self.power)
-            .arg(&s0)
-            .arg(&s1)
-            .arg(&stride)
-            .arg(&first)
-            .arg(&k)
-            .arg(&count)
-            .arg(&section)
-            .arg(&heap);
-        // SAFETY: the arguments match pfb_fir's signature; every index stays inside the
-        // buffers (the pipeline checks windows against body + tail).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        self.pfb.launch(
+            &self.gpu.compute,
+            &mut self.frames,
+            &self.inputs[self.cur],
+            &self.weights,
+            &mut self.power,
+            run,
+        )
     }
 
     /// The frames of the heap being assembled, in natural order (pol-major, then spectrum,
@@ -383,18 +336,7 @@ impl GpuBackend {
     pub fn read_frames(&mut self) -> Result<Vec<f32>, GpuError> {
         self.flush_runs()?;
         let raw = self.gpu.compute.clone_dtoh(&self.frames)?;
-        let (n, m) = (self.unzip, self.channels / self.unzip);
-        let mut out = vec![0f32; raw.len()];
-        for (f, frame) in raw.chunks_exact(self.step).enumerate() {
-            for (i, o) in out[f * self.step..(f + 1) * self.step]
-                .iter_mut()
-                .enumerate()
-            {
-                let zi = i / 2;
-                *o = frame[2 * ((zi % n) * m + zi / n) + (i & 1)];
-            }
-        }
-        Ok(out)
+        Ok(natural_order(&raw, self.channels, self.unzip))
     }
 
     /// The digitiser power accumulated for the heap being assembled.
@@ -469,18 +411,7 @@ impl GpuBackend {
     /// The batched C2C FFT of every z^r of the heap's frames, in place.
     pub fn fft(&mut self) -> Result<(), GpuError> {
         self.flush_runs()?;
-        let st = Arc::clone(&self.gpu.compute);
-        let (ptr, _record) = self.frames.device_ptr_mut(&st);
-        // SAFETY: the plan covers exactly 2·S·n transforms of N/n points: the frames buffer.
-        unsafe {
-            cufft::result::exec_c2c(
-                self.fft.handle(),
-                ptr as *mut cufft::sys::cufftComplex,
-                ptr as *mut cufft::sys::cufftComplex,
-                -1,
-            )
-        }?;
-        Ok(())
+        self.fft.forward(&mut self.frames)
     }
 
     /// Write heap `pending`'s delay terms and first timestamp into the filling slot, uploading
@@ -540,31 +471,18 @@ impl GpuBackend {
 
     /// The post-processing kernel over the filling slot's batch (device memory only).
     pub fn postproc(&mut self, seed: Option<u64>) -> Result<(), GpuError> {
-        let st = Arc::clone(&self.gpu.compute);
         let slot = &mut self.slots[self.fill];
-        let seed = seed.unwrap_or(0);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                (self.channels / self.unzip / 2 + 1).div_ceil(self.stile) as u32,
-                self.spectra.div_ceil(32) as u32,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = st.launch_builder(&self.post);
-        b.arg(&mut slot.out)
-            .arg(&self.frames)
-            .arg(&self.gains)
-            .arg(&slot.phase_dev)
-            .arg(&slot.ts0_dev)
-            .arg(&seed)
-            .arg(&mut self.power)
-            .arg(&mut slot.stats);
-        // SAFETY: the arguments match postproc's signature and sizes (CHANNELS, SPECTRA,
-        // HEAP_SPECTRA); the mapped buffers belong to the slot.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        self.post.launch(
+            &self.gpu.compute,
+            &mut slot.out,
+            &self.frames,
+            &self.gains,
+            slot.phase_dev,
+            slot.ts0_dev,
+            seed.unwrap_or(0),
+            &mut self.power,
+            &mut slot.stats,
+        )
     }
 
     /// FFT and post-process the filling slot's heaps (all of the batch, however many were

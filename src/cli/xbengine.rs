@@ -1,0 +1,294 @@
+//! `cbf xbengine`: the XB-engine (katgpucbf xbgpu's flags, facts §1.2, §1.4): F heaps from
+//! `--array-size` F-engines in, `--corrprod` correlation products and `--beam` beams out.
+
+use std::net::IpAddr;
+
+use clap::Args;
+
+use super::katgpucbf::Unsupported;
+use super::CliError;
+use crate::engine::control::ControlConfig;
+use crate::engine::recv::SourceConfig;
+use crate::engine::{unix_now, Shutdown};
+use crate::fengine::BackendKind;
+use crate::xbengine::output::{BeamOutput, CorrprodOutput};
+use crate::xbengine::{Engine, XbengineConfig};
+
+#[derive(Debug, Clone, Args)]
+pub struct XbengineArgs {
+    /// F-engine stream(s) this engine receives (A.B.C.D[+N]:port[,...]) or a pcap file.
+    pub src: String,
+    /// Number of antennas (F-engines) in the array.
+    #[arg(long)]
+    pub array_size: usize,
+    /// Channels in the whole band.
+    #[arg(long)]
+    pub channels: usize,
+    /// Channels this engine receives.
+    #[arg(long)]
+    pub channels_per_substream: usize,
+    /// ADC samples between spectra (2 × channels for a critically sampled wideband PFB).
+    #[arg(long)]
+    pub samples_between_spectra: u64,
+    /// First channel of this engine (its heaps' `frequency` item).
+    #[arg(long, default_value_t = 0)]
+    pub channel_offset_value: u64,
+    /// Hz of the whole band [default: --adc-sample-rate / 2].
+    #[arg(long)]
+    pub bandwidth: Option<f64>,
+    /// Channels × spectra per F-engine batch (spectra per heap = this / --channels).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub jones_per_batch: usize,
+    /// Bits per real or imaginary input value: 8, or 4 (packed, real in the high nibble).
+    #[arg(long, default_value_t = 8)]
+    pub sample_bits: u32,
+    /// Consecutive batches per input chunk.
+    #[arg(long, default_value_t = 32)]
+    pub heaps_per_fengine_per_chunk: usize,
+    /// Largest lateness of a heap still accepted, in ADC ticks.
+    #[arg(long, default_value_t = 1 << 29)]
+    pub recv_reorder_tol: u64,
+    /// Send from the start, without ?capture-start.
+    #[arg(long)]
+    pub send_enabled: bool,
+    /// ADC sample rate in Hz.
+    #[arg(long)]
+    pub adc_sample_rate: f64,
+    /// UNIX time of timestamp 0 [default: now].
+    #[arg(long)]
+    pub sync_time: Option<f64>,
+    /// A correlation output: name=…,dst=…,heap_accumulation_threshold=…; repeatable.
+    #[arg(long)]
+    pub corrprod: Vec<String>,
+    /// A single-polarisation beam: name=…,dst=…,pol=0|1[,dither=uniform|none]; repeatable.
+    #[arg(long)]
+    pub beam: Vec<String>,
+    /// Compute backend (the XB-engine has the CPU backend so far).
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    pub backend: BackendKind,
+    /// Threads of the CPU backend's correlator [default: every core].
+    #[arg(long)]
+    pub cpu_threads: Option<usize>,
+    /// Interface on which to receive (multicast joins).
+    #[arg(long)]
+    pub recv_interface: Option<String>,
+    /// Socket receive buffer in bytes.
+    #[arg(long, default_value_t = 128 << 20)]
+    pub recv_buffer: usize,
+    /// Receive threads; the source endpoints are dealt round-robin between them.
+    #[arg(long, default_value_t = 1)]
+    pub recv_threads: usize,
+    /// Interface(s) to send from (name or address; comma-separated for several NICs).
+    #[arg(long, value_delimiter = ',')]
+    pub send_interface: Vec<String>,
+    /// Multicast TTL of the outputs.
+    #[arg(long, default_value_t = 4)]
+    pub send_ttl: u32,
+    /// Socket send buffer in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub send_buffer: usize,
+    /// Output rate as a multiple of the data rate (0 = unlimited).
+    #[arg(long, default_value_t = 1.1)]
+    pub send_rate_factor: f64,
+    /// Payload bytes per output packet.
+    #[arg(long, default_value_t = 8192)]
+    pub send_packet_payload: usize,
+    /// Seed of the beams' dither [default: random].
+    #[arg(long)]
+    pub dither_seed: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// katcp port; 0 picks one.
+    #[arg(long, default_value_t = 7147)]
+    pub katcp_port: u16,
+    /// Address the katcp and Prometheus servers listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub katcp_host: IpAddr,
+    /// Serve Prometheus metrics (katgpucbf's xbgpu names) at /metrics on this port.
+    #[arg(long)]
+    pub prometheus_port: Option<u16>,
+    #[command(flatten)]
+    pub unsupported: Unsupported,
+}
+
+impl XbengineArgs {
+    /// The engine's configuration from the flags (each parse error names its flag; the
+    /// engine validates how they combine).
+    pub fn config(&self) -> Result<XbengineConfig, CliError> {
+        self.unsupported.refuse()?;
+        let corrprods = self
+            .corrprod
+            .iter()
+            .map(|t| CorrprodOutput::parse(t).map_err(|e| CliError::flag("--corrprod", e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let beams = self
+            .beam
+            .iter()
+            .map(|t| BeamOutput::parse(t).map_err(|e| CliError::flag("--beam", e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(XbengineConfig {
+            source: SourceConfig {
+                src: self.src.clone(),
+                interface: self.recv_interface.clone(),
+                buffer: self.recv_buffer,
+                threads: self.recv_threads,
+            },
+            array_size: self.array_size,
+            channels: self.channels,
+            channels_per_substream: self.channels_per_substream,
+            samples_between_spectra: self.samples_between_spectra,
+            channel_offset_value: self.channel_offset_value,
+            bandwidth: self.bandwidth,
+            jones_per_batch: self.jones_per_batch,
+            sample_bits: self.sample_bits,
+            heaps_per_fengine_per_chunk: self.heaps_per_fengine_per_chunk,
+            recv_reorder_tol: self.recv_reorder_tol,
+            send_enabled: self.send_enabled,
+            adc_sample_rate: self.adc_sample_rate,
+            sync_time: self.sync_time.unwrap_or_else(unix_now),
+            corrprods,
+            beams,
+            backend: self.backend,
+            cpu_threads: self
+                .cpu_threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            send_rate_factor: self.send_rate_factor,
+            send_packet_payload: self.send_packet_payload,
+            send_interfaces: self.send_interface.clone(),
+            send_ttl: self.send_ttl,
+            send_buffer: self.send_buffer,
+            dither_seed: self.dither_seed.unwrap_or_else(rand::random),
+            duration: self.duration,
+            control: ControlConfig {
+                host: self.katcp_host,
+                katcp_port: self.katcp_port,
+                prometheus_port: self.prometheus_port,
+            },
+        })
+    }
+}
+
+pub fn run(args: XbengineArgs) -> Result<(), CliError> {
+    let config = args.config()?;
+    let report = Engine::new(config, Shutdown::install())?.run()?;
+    let rx = &report.rx;
+    let i = &report.input;
+    println!(
+        "xbengine: input chunks {}, heaps {}, missing {}, incomplete {}, too old {}, metadata {}, bad timestamp {}, bad feng_id {}, malformed {}",
+        i.chunks,
+        i.heaps,
+        i.missing,
+        rx.incomplete_heaps_evicted + rx.incomplete_heaps_flushed,
+        rx.too_old_heaps,
+        rx.rejected_heaps[0],
+        rx.rejected_heaps[1],
+        rx.rejected_heaps[2],
+        rx.malformed_total()
+    );
+    for (name, t) in &report.x {
+        println!(
+            "xbengine: corrprod {name}: sent {} dumps, incomplete {}, skipped {}, clipped {}, {} bytes",
+            t.heaps, t.incomplete_accs, t.skipped_accs, t.clipped, t.bytes
+        );
+    }
+    for (name, t) in &report.beams {
+        println!(
+            "xbengine: beam {name}: sent {} heaps, clipped {}, {} bytes",
+            t.heaps, t.clipped, t.bytes
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    #[command(args_override_self = true)]
+    struct Wrap {
+        #[command(flatten)]
+        a: XbengineArgs,
+    }
+
+    /// The flag named by the first error for a command line of good defaults plus `extra`.
+    fn flag_of(extra: &[&str]) -> &'static str {
+        let mut v: Vec<String> = [
+            "xbengine",
+            "239.10.0.1:7148",
+            "--array-size=4",
+            "--channels=1024",
+            "--channels-per-substream=256",
+            "--samples-between-spectra=2048",
+            "--jones-per-batch=262144",
+            "--adc-sample-rate=1712e6",
+            "--corrprod=name=bl,dst=239.11.0.1:7148,heap_accumulation_threshold=4",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        let config = match Wrap::try_parse_from(v).unwrap().a.config() {
+            Err(CliError::Flag { flag, .. }) => return flag,
+            Err(e) => panic!("{e}"),
+            Ok(c) => c,
+        };
+        match config.validate() {
+            Err(e) => e.flag,
+            Ok(_) => "ok",
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        assert_eq!(flag_of(&[]), "ok");
+        assert_eq!(flag_of(&["--array-size=0"]), "--array-size");
+        assert_eq!(
+            flag_of(&["--channels-per-substream=300"]),
+            "--channels-per-substream"
+        );
+        assert_eq!(
+            flag_of(&["--channel-offset-value=100"]),
+            "--channel-offset-value"
+        );
+        assert_eq!(
+            flag_of(&["--channel-offset-value=1024"]),
+            "--channel-offset-value"
+        );
+        assert_eq!(flag_of(&["--jones-per-batch=1000"]), "--jones-per-batch");
+        assert_eq!(flag_of(&["--sample-bits=16"]), "--sample-bits");
+        assert_eq!(
+            flag_of(&["--heaps-per-fengine-per-chunk=0"]),
+            "--heaps-per-fengine-per-chunk"
+        );
+        assert_eq!(flag_of(&["--adc-sample-rate=nan"]), "--adc-sample-rate");
+        assert_eq!(flag_of(&["--bandwidth=-5"]), "--bandwidth");
+        assert_eq!(
+            flag_of(&["--samples-between-spectra=0"]),
+            "--samples-between-spectra"
+        );
+        assert_eq!(flag_of(&["--send-rate-factor=-1"]), "--send-rate-factor");
+        assert_eq!(
+            flag_of(&["--send-packet-payload=0"]),
+            "--send-packet-payload"
+        );
+        assert_eq!(flag_of(&["--duration=inf"]), "--duration");
+        assert_eq!(flag_of(&["--corrprod=name=bl"]), "--corrprod");
+        assert_eq!(
+            flag_of(&["--beam=name=b,dst=239.1.1.1:7148,pol=3"]),
+            "--beam"
+        );
+        assert_eq!(
+            flag_of(&["--beam=name=bl,dst=239.1.1.1:7148,pol=0"]),
+            "--corrprod",
+            "names must be unique"
+        );
+        assert_eq!(flag_of(&["--cpu-threads=0"]), "--cpu-threads");
+        assert_eq!(flag_of(&["--recv-ibv"]), "--recv-ibv");
+        assert_eq!(flag_of(&["--send-affinity=3"]), "--send-affinity");
+        assert_eq!(flag_of(&["--recv-comp-vector=-1"]), "--recv-comp-vector");
+        assert_eq!(flag_of(&["--monitor-log=/tmp/x"]), "--monitor-log");
+    }
+}

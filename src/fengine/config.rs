@@ -1,0 +1,182 @@
+//! The F-engine's configuration (katgpucbf fgpu's flags, facts §1.2, §1.3), validated at
+//! start-up with errors that name the flag at fault, and the plan derived from it.
+#![deny(unsafe_code)]
+
+use num_complex::Complex32;
+
+use super::output::WidebandOutput;
+use super::pipeline::tail_samples;
+use super::place::InputLayout;
+use crate::dsp::postproc::OutputBits;
+use crate::dsp::samples::{packed_len, valid_sample_bits};
+use crate::engine::control::ControlConfig;
+use crate::engine::recv::SourceConfig;
+use crate::engine::ConfigError;
+
+/// Where an engine's DSP runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// `src/dsp` on the host.
+    Cpu,
+    /// The kernels in `kernels/` (needs a CUDA driver, NVRTC and cuFFT).
+    Cuda,
+}
+
+/// Everything an F-engine is built from.
+#[derive(Debug, Clone)]
+pub struct FengineConfig {
+    pub source: SourceConfig,
+    pub adc_sample_rate: f64,
+    pub feng_id: u64,
+    pub array_size: u64,
+    pub dig_sample_bits: u32,
+    pub recv_packet_samples: usize,
+    pub recv_chunk_samples: usize,
+    pub backend: BackendKind,
+    pub gpu_device: usize,
+    pub jones_per_batch: usize,
+    pub max_delay_diff: usize,
+    pub send_rate_factor: f64,
+    pub send_sample_bits: u32,
+    pub send_packet_payload: usize,
+    pub send_interfaces: Vec<String>,
+    pub send_ttl: u32,
+    pub gain: Complex32,
+    pub dither_seed: u64,
+    pub outputs: Vec<WidebandOutput>,
+    /// Stop after this many seconds.
+    pub duration: Option<f64>,
+    /// UNIX time of timestamp 0.
+    pub sync_time: f64,
+    pub control: ControlConfig,
+}
+
+/// The validated shape of the engine: input layout and each output's spectra per heap.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub layout: InputLayout,
+    pub outputs: Vec<(WidebandOutput, usize)>,
+}
+
+impl FengineConfig {
+    /// Check every flag and how they combine.
+    pub fn validate(&self) -> Result<Plan, ConfigError> {
+        if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
+            return Err(ConfigError::new(
+                "--adc-sample-rate",
+                "must be a positive number of Hz",
+            ));
+        }
+        if !valid_sample_bits(self.dig_sample_bits) {
+            return Err(ConfigError::new(
+                "--dig-sample-bits",
+                format!("{} is not one of 2–10, 12, 16", self.dig_sample_bits),
+            ));
+        }
+        let hs = self.recv_packet_samples;
+        if hs == 0 || hs % 8 != 0 {
+            return Err(ConfigError::new(
+                "--recv-packet-samples",
+                "must be a positive multiple of 8",
+            ));
+        }
+        if self.recv_chunk_samples == 0 || self.recv_chunk_samples % hs != 0 {
+            return Err(ConfigError::new(
+                "--recv-chunk-samples",
+                format!("must be a positive multiple of --recv-packet-samples ({hs})"),
+            ));
+        }
+        if self.feng_id >= self.array_size {
+            return Err(ConfigError::new(
+                "--feng-id",
+                format!("must be less than --array-size ({})", self.array_size),
+            ));
+        }
+        if !matches!(self.send_sample_bits, 4 | 8) {
+            return Err(ConfigError::new(
+                "--send-sample-bits",
+                format!("{} is not 4 or 8", self.send_sample_bits),
+            ));
+        }
+        if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
+            return Err(ConfigError::new("--send-rate-factor", "must be ≥ 0"));
+        }
+        if self.send_packet_payload == 0 {
+            return Err(ConfigError::new(
+                "--send-packet-payload",
+                "must be positive",
+            ));
+        }
+        if !(self.gain.re.is_finite() && self.gain.im.is_finite()) {
+            return Err(ConfigError::new(
+                "--gain",
+                "must be a finite complex number",
+            ));
+        }
+        if !self.sync_time.is_finite() || self.sync_time < 0.0 {
+            return Err(ConfigError::new(
+                "--sync-time",
+                "must be a UNIX time in seconds",
+            ));
+        }
+        if let Some(d) = self.duration {
+            if !(d.is_finite() && d > 0.0 && d < 1e9) {
+                return Err(ConfigError::new(
+                    "--duration",
+                    "must be a positive number of seconds",
+                ));
+            }
+        }
+        if self.outputs.is_empty() {
+            return Err(ConfigError::new(
+                "--wideband",
+                "at least one output is needed",
+            ));
+        }
+        let mut outputs = Vec::new();
+        for o in &self.outputs {
+            let sph = o.spectra_per_heap(self.jones_per_batch).map_err(|e| {
+                ConfigError::new("--jones-per-batch", format!("output {}: {e}", o.name))
+            })?;
+            let span = sph * 2 * o.channels;
+            if self.recv_chunk_samples % span != 0 {
+                return Err(ConfigError::new(
+                    "--recv-chunk-samples",
+                    format!(
+                        "must be a multiple of output {}'s heap span ({span} samples)",
+                        o.name
+                    ),
+                ));
+            }
+            if tail_samples(o.taps, 2 * o.channels, self.max_delay_diff, hs)
+                > self.recv_chunk_samples
+            {
+                return Err(ConfigError::new(
+                    "--max-delay-diff",
+                    format!(
+                        "with output {}'s PFB footprint it exceeds --recv-chunk-samples",
+                        o.name
+                    ),
+                ));
+            }
+            outputs.push((o.clone(), sph));
+        }
+        Ok(Plan {
+            layout: InputLayout {
+                heap_samples: hs as u64,
+                heap_bytes: packed_len(hs, self.dig_sample_bits) as u64,
+                chunk_samples: self.recv_chunk_samples as u64,
+            },
+            outputs,
+        })
+    }
+
+    /// Output sample width.
+    pub fn out_bits(&self) -> OutputBits {
+        if self.send_sample_bits == 4 {
+            OutputBits::Four
+        } else {
+            OutputBits::Eight
+        }
+    }
+}

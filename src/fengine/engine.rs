@@ -1,0 +1,424 @@
+//! The F-engine as a library type (seed 000): built from a validated [`FengineConfig`], it opens
+//! its sources, starts the receive threads, one send thread per output, the katcp and
+//! Prometheus servers, then [`Engine::run`] turns ready chunks into output heaps until the input
+//! ends, the duration passes or shutdown is asked for. A test can run it in-process.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::config::{BackendKind, FengineConfig, Plan};
+use super::control::{EngineControl, OutputState};
+use super::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
+use super::heaps::FHeapFormat;
+use super::metrics::{self, InputTotals, OutputTotals};
+use super::output::WidebandOutput;
+use super::pipeline::{OutputHeap, Pipeline, PipelineConfig};
+use super::place::{InputLayout, ITEMS, REJECT_REASONS};
+use crate::control::katcp::Sensors;
+use crate::engine::control::ControlAddrs;
+use crate::engine::metrics::Metrics;
+use crate::engine::recv::{open_sources, Receivers};
+use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
+use crate::engine::{ConfigError, EngineError, Shutdown};
+use crate::gpu::Gpu;
+use crate::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, PlaceInput, StatsSnapshot};
+use crate::spead::send::SendStreamConfig;
+
+/// Heap buffers circulating between the engine and each output's send thread.
+const SEND_BUFFERS: usize = 8;
+
+/// One output: its pipeline, its send thread and what its requests set.
+struct Output {
+    pipeline: Pipeline,
+    sink: HeapSink<u64>,
+    gains_version: u64,
+    /// `?capture-start` / `?capture-stop` state at the last chunk.
+    capture: bool,
+    totals: OutputTotals,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct FengineReport {
+    pub input: InputTotals,
+    pub rx: StatsSnapshot,
+    /// Per output: (name, totals).
+    pub outputs: Vec<(String, OutputTotals)>,
+}
+
+pub struct Engine {
+    config: FengineConfig,
+    layout: InputLayout,
+    group: Arc<ChunkGroup>,
+    receivers: Receivers,
+    control: Arc<EngineControl>,
+    addrs: ControlAddrs,
+    metrics: Metrics,
+    outputs: Vec<Output>,
+    shutdown: Shutdown,
+}
+
+impl Engine {
+    /// Validate `config` and start everything but the processing loop.
+    pub fn new(config: FengineConfig, shutdown: Shutdown) -> Result<Engine, EngineError> {
+        let Plan { layout, outputs } = config.validate()?;
+        let per_pol = layout.heaps_per_pol();
+        let sources = open_sources(&config.source)?;
+        let group = ChunkGroup::new(ChunkGroupConfig {
+            heaps_per_chunk: 2 * per_pol,
+            chunk_bytes: 2 * layout.pol_bytes(),
+            // Three chunks in flight: the polarisations may arrive out of step by up to a chunk.
+            max_chunks: 3,
+            n_chunks: 8,
+            n_streams: sources.len(),
+            max_heaps: 16,
+            items: ITEMS.to_vec(),
+            reject_reasons: REJECT_REASONS.to_vec(),
+        })
+        .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
+        let place = Arc::new(move |p: &PlaceInput<'_>| layout.place(p));
+        let receivers = Receivers::spawn("fengine", &group, place, sources, &shutdown)?;
+        let sensors = Arc::new(Sensors::default());
+        let control = Arc::new(EngineControl::new(
+            outputs
+                .iter()
+                .map(|(o, _)| OutputState {
+                    name: o.name.clone(),
+                    channels: o.channels,
+                    gains: [vec![config.gain; o.channels], vec![config.gain; o.channels]],
+                    gains_version: 0,
+                    new_delays: [Vec::new(), Vec::new()],
+                    capture: true,
+                    default_gain: config.gain,
+                })
+                .collect(),
+            Arc::clone(&sensors),
+            config.adc_sample_rate,
+            config.sync_time,
+            layout.chunk_samples,
+        ));
+        let metrics = metrics::new().map_err(|e| EngineError::Backend(e.to_string()))?;
+        let addrs = crate::engine::control::serve(
+            config.control,
+            "cbf-fengine",
+            sensors,
+            control.clone(),
+            metrics.registry.clone(),
+        )?;
+        for pol in ["0", "1"] {
+            metrics.touch_all("input_", &[pol]);
+            for (o, _) in &outputs {
+                metrics.touch("output_clipped_samples", &[&o.name, pol]);
+            }
+        }
+        for (o, _) in &outputs {
+            for name in ["output_heaps", "output_bytes", "output_skipped_heaps"] {
+                metrics.touch(name, &[&o.name]);
+            }
+        }
+        let mut gpu = None;
+        let mut built = Vec::new();
+        for (o, sph) in outputs {
+            built.push(Self::output(&config, layout, &mut gpu, o, sph)?);
+        }
+        Ok(Engine {
+            config,
+            layout,
+            group,
+            receivers,
+            control,
+            addrs,
+            metrics,
+            outputs: built,
+            shutdown,
+        })
+    }
+
+    /// One output's send stream, thread and pipeline.
+    fn output(
+        cfg: &FengineConfig,
+        layout: InputLayout,
+        gpu: &mut Option<Arc<Gpu>>,
+        o: WidebandOutput,
+        sph: usize,
+    ) -> Result<Output, EngineError> {
+        let n_dst = o.dst.len();
+        let value_bytes = if cfg.send_sample_bits == 4 { 2 } else { 4 };
+        let payload = o.channels / n_dst * sph * value_bytes;
+        let packets = payload.div_ceil(cfg.send_packet_payload);
+        let heaps_per_s = cfg.adc_sample_rate / (sph * 2 * o.channels) as f64 * n_dst as f64;
+        let rate = heaps_per_s * (payload + packets * 72) as f64 * cfg.send_rate_factor;
+        let stream = StreamSpec {
+            dst: o.dst.clone(),
+            interfaces: cfg.send_interfaces.clone(),
+            ttl: cfg.send_ttl,
+            buffer: 4 << 20,
+            config: SendStreamConfig {
+                max_packet_size: cfg.send_packet_payload + 72,
+                rate,
+                cnt_first: cfg.feng_id,
+                cnt_step: cfg.array_size,
+                ..Default::default()
+            },
+        }
+        .open()?;
+        tracing::info!(output = %o.name, channels = o.channels, destinations = n_dst, rate_gbps = rate * 8e-9, "wideband output");
+        let format = FHeapFormat {
+            feng_id: cfg.feng_id,
+            channels: o.channels,
+            destinations: n_dst,
+            spectra_per_heap: sph,
+            sample_bits: cfg.send_sample_bits,
+        };
+        // Descriptors every array_size × 5 s, the first after (feng_id + 1) × 5 s (katgpucbf's
+        // stagger).
+        let schedule = DescriptorSchedule {
+            first: Instant::now() + Duration::from_secs(5 * (cfg.feng_id + 1).min(1 << 20)),
+            period: Duration::from_secs(5 * cfg.array_size.min(1 << 20)),
+        };
+        let sink = HeapSink::spawn(
+            &format!("fengine-tx-{}", o.name),
+            stream,
+            format,
+            schedule,
+            SEND_BUFFERS,
+            o.channels * sph * value_bytes,
+        )?;
+        let pcfg = PipelineConfig {
+            layout,
+            sample_bits: cfg.dig_sample_bits,
+            spectra_per_heap: sph,
+            max_delay_diff: cfg.max_delay_diff,
+            gain: cfg.gain,
+            dither_seed: cfg.dither_seed,
+            out_bits: cfg.out_bits(),
+        };
+        Ok(Output {
+            pipeline: make_pipeline(cfg, gpu, o, pcfg)?,
+            sink,
+            gains_version: 0,
+            capture: true,
+            totals: OutputTotals::default(),
+        })
+    }
+
+    pub fn katcp_addr(&self) -> SocketAddr {
+        self.addrs.katcp
+    }
+
+    pub fn prometheus_addr(&self) -> Option<SocketAddr> {
+        self.addrs.prometheus
+    }
+
+    /// Process chunks until the input ends, the duration passes or shutdown is asked for;
+    /// then flush the heaps in flight, stop the threads and report.
+    pub fn run(mut self) -> Result<FengineReport, EngineError> {
+        let result = self.process();
+        // Whatever happened, stop the receivers and let the send threads drain.
+        self.group.stop();
+        let mut tail: Result<(), EngineError> = Ok(());
+        for out in &mut self.outputs {
+            let Output {
+                pipeline,
+                sink,
+                totals,
+                capture,
+                ..
+            } = out;
+            if result.is_ok() && tail.is_ok() {
+                tail = pipeline
+                    .flush(|h| emit(sink, totals, *capture, h))
+                    .map_err(|e| EngineError::Backend(e.to_string()));
+            }
+            let joined = sink.join();
+            tail = tail.and(joined);
+            totals.heaps = sink.sent() * pipeline.output.dst.len() as u64;
+            totals.bytes = sink.bytes();
+        }
+        let outcome = result.and_then(|input| tail.map(|()| input));
+        let rx = self.receivers.join();
+        let input = outcome?;
+        Ok(FengineReport {
+            input,
+            rx: rx?,
+            outputs: self
+                .outputs
+                .iter()
+                .map(|o| (o.pipeline.output.name.clone(), o.totals))
+                .collect(),
+        })
+    }
+
+    fn process(&mut self) -> Result<InputTotals, EngineError> {
+        let per_pol = self.layout.heaps_per_pol();
+        let deadline = self
+            .config
+            .duration
+            .map(|d| Instant::now() + Duration::from_secs_f64(d));
+        let mut prev: Option<Box<Chunk>> = None;
+        let mut input = InputTotals::default();
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) || self.shutdown.requested() {
+                self.group.stop();
+            }
+            let next = match self.group.ready().recv_timeout(Duration::from_millis(100)) {
+                Ok(c) => Some(c),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => None,
+            };
+            if let Some(chunk) = prev.take() {
+                input.chunks += 1;
+                // Input statistics from the chunk: heaps present and saturation counts per pol.
+                for pol in 0..2 {
+                    let range = pol * per_pol..(pol + 1) * per_pol;
+                    let present = chunk.present[range.clone()]
+                        .iter()
+                        .filter(|&&v| v != 0)
+                        .count() as u64;
+                    input.heaps[pol] += present;
+                    input.missing[pol] += per_pol as u64 - present;
+                    input.clipped[pol] += chunk.extra[range].iter().sum::<u64>();
+                }
+                let result = self.process_chunk(&chunk, next.as_deref(), &input);
+                self.group.free(chunk);
+                result?;
+            }
+            match next {
+                Some(c) => prev = Some(c),
+                None => return Ok(input),
+            }
+        }
+    }
+
+    /// Every output's heaps from `chunk` (its successor `next` supplies the tail).
+    fn process_chunk(
+        &mut self,
+        chunk: &Chunk,
+        next: Option<&Chunk>,
+        input: &InputTotals,
+    ) -> Result<(), EngineError> {
+        let control = &self.control;
+        for (i, out) in self.outputs.iter_mut().enumerate() {
+            // Pick up requests made since the last chunk.
+            let capture = match control.outputs[i].lock() {
+                Ok(mut st) => {
+                    if st.gains_version != out.gains_version {
+                        out.pipeline.gains = st.gains.clone();
+                        out.gains_version = st.gains_version;
+                    }
+                    for pol in 0..2 {
+                        for m in st.new_delays[pol].drain(..) {
+                            out.pipeline.delays[pol].add(m);
+                        }
+                    }
+                    st.capture
+                }
+                Err(_) => true,
+            };
+            out.capture = capture;
+            let before = [
+                *out.pipeline.delays[0].current(),
+                *out.pipeline.delays[1].current(),
+            ];
+            let Output {
+                pipeline,
+                sink,
+                totals,
+                ..
+            } = out;
+            totals.skipped += pipeline
+                .process(chunk.into(), next.map(Into::into), |h| {
+                    emit(sink, totals, capture, h)
+                })
+                .map_err(|e| EngineError::Backend(e.to_string()))?;
+            sink.check()?;
+            for (pol, was) in before.iter().enumerate() {
+                let now = *out.pipeline.delays[pol].current();
+                if now != *was {
+                    control.delay_in_effect(&out.pipeline.output.name, pol, &now);
+                }
+            }
+            control
+                .processed
+                .fetch_max(out.pipeline.next_timestamp(), Ordering::Relaxed);
+            out.totals.heaps = out.sink.sent() * out.pipeline.output.dst.len() as u64;
+            out.totals.bytes = out.sink.bytes();
+            metrics::output(&self.metrics, &out.pipeline.output.name, &out.totals);
+        }
+        let power = self
+            .outputs
+            .first_mut()
+            .map_or([None, None], |o| o.pipeline.take_dig_power());
+        let full_scale = f64::from((1u32 << (self.config.dig_sample_bits - 1)) as f32);
+        control.input_stats(
+            chunk.chunk_id * self.layout.chunk_samples,
+            input.clipped,
+            power,
+            full_scale,
+        );
+        metrics::input(&self.metrics, input, &self.receivers.snapshot());
+        Ok(())
+    }
+}
+
+/// Hand a finished heap to the send thread (or count it as skipped when input was missing;
+/// drop it while capture is stopped).
+fn emit(sink: &mut HeapSink<u64>, totals: &mut OutputTotals, capture: bool, h: &OutputHeap<'_>) {
+    if !h.valid {
+        totals.skipped += 1;
+        return;
+    }
+    if !capture {
+        return;
+    }
+    totals.clipped[0] += h.clips[0];
+    totals.clipped[1] += h.clips[1];
+    let Some(mut buf) = sink.buffer() else {
+        return;
+    };
+    buf.extend_from_slice(h.data);
+    sink.send(buf, h.timestamp);
+}
+
+/// The output's pipeline on the chosen backend (one GPU context shared by every output).
+fn make_pipeline(
+    cfg: &FengineConfig,
+    gpu: &mut Option<Arc<Gpu>>,
+    output: WidebandOutput,
+    pcfg: PipelineConfig,
+) -> Result<Pipeline, EngineError> {
+    match cfg.backend {
+        BackendKind::Cpu => Ok(Pipeline::new(output, pcfg)),
+        BackendKind::Cuda => {
+            let gpu = match gpu {
+                Some(g) => Arc::clone(g),
+                None => {
+                    let g =
+                        Gpu::open(cfg.gpu_device).map_err(|e| ConfigError::new("--backend", e))?;
+                    tracing::info!(device = %g.name, arch = %g.arch, "CUDA backend");
+                    gpu.insert(g).clone()
+                }
+            };
+            let backend = GpuBackend::new(
+                gpu,
+                &output,
+                GpuConfig {
+                    sample_bits: pcfg.sample_bits,
+                    body: pcfg.layout.chunk_samples as usize,
+                    tail: pcfg.tail(&output),
+                    spectra_per_heap: pcfg.spectra_per_heap,
+                    out_bits: pcfg.out_bits,
+                    unzip: default_unzip(output.channels),
+                    batch: default_batch(pcfg.spectra_per_heap),
+                    // About 8 heaps in flight kept the copies busy in every run
+                    // (bench/RESULTS.md), in at least two slots.
+                    depth: (8 / default_batch(pcfg.spectra_per_heap)).max(2),
+                },
+            )
+            .map_err(|e| ConfigError::new("--backend", e))?;
+            Ok(Pipeline::with_backend(output, pcfg, Box::new(backend)))
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The fused decode + PFB FIR op (`kernels/pfb.cu`; seed 000 §Decode, §Polyphase Filter Bank,
+//! §Digitiser sample statistics), the GPU body of `dsp::samples::unpack` + `dsp::pfb::pfb_fir`.
+//!
+//! Buffers: `input` u8, polarisation p's packed samples at byte p·`pol_stride` (body, tail,
+//! one padding byte); `weights` f32 TAPS × 2N tap-major (`dsp::pfb::pfb_weights`); `frames`
+//! f32 [pol][spectra][2N] in the unzip order (each z^r contiguous, see the kernel), written;
+//! `power` u64 [heap][pol] Σx², accumulated.
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::compile::{Defines, Kernel};
+use super::{Gpu, GpuError};
+
+/// The compile-time shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PfbShape {
+    pub channels: usize,
+    pub taps: usize,
+    pub sample_bits: u32,
+    pub unzip: usize,
+    /// Spectra the frames buffer holds per polarisation.
+    pub spectra: usize,
+}
+
+/// One launch: `count` consecutive spectra into frame slots k.., of one polarisation
+/// (`first_pol`, `pols` = 1) or both (`pols` = 2), windows starting at sample `starts[p]`.
+#[derive(Debug, Clone, Copy)]
+pub struct PfbRun {
+    pub first_pol: usize,
+    pub pols: usize,
+    pub starts: [usize; 2],
+    pub pol_stride: usize,
+    pub k: usize,
+    pub count: usize,
+    /// Spectra per thread.
+    pub section: usize,
+    /// The heap of the batch whose power counter these spectra add to.
+    pub heap: usize,
+}
+
+/// The compiled kernel.
+pub struct Pfb {
+    func: CudaFunction,
+    step: usize,
+}
+
+impl Pfb {
+    pub fn new(gpu: &Gpu, s: PfbShape) -> Result<Pfb, GpuError> {
+        let defs: Defines = vec![
+            ("CHANNELS", s.channels as i64),
+            ("TAPS", s.taps as i64),
+            ("SAMPLE_BITS", i64::from(s.sample_bits)),
+            ("UNZIP", s.unzip as i64),
+            ("SPECTRA", s.spectra as i64),
+        ];
+        Ok(Pfb {
+            func: gpu.function(Kernel::Pfb, &defs)?,
+            step: 2 * s.channels,
+        })
+    }
+
+    pub fn launch(
+        &self,
+        st: &CudaStream,
+        frames: &mut CudaSlice<f32>,
+        input: &CudaSlice<u8>,
+        weights: &CudaSlice<f32>,
+        power: &mut CudaSlice<u64>,
+        run: PfbRun,
+    ) -> Result<(), GpuError> {
+        let section = run.section.clamp(1, run.count.max(1));
+        let cfg = LaunchConfig {
+            grid_dim: (
+                self.step.div_ceil(256) as u32,
+                run.count.div_ceil(section) as u32,
+                run.pols as u32,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (s0, s1, stride) = (
+            run.starts[0] as i64,
+            run.starts[1] as i64,
+            run.pol_stride as i64,
+        );
+        let (first, k, count, section, heap) = (
+            run.first_pol as i32,
+            run.k as i32,
+            run.count as i32,
+            section as i32,
+            run.heap as i32,
+        );
+        let mut b = st.launch_builder(&self.func);
+        b.arg(frames)
+            .arg(input)
+            .arg(weights)
+            .arg(power)
+            .arg(&s0)
+            .arg(&s1)
+            .arg(&stride)
+            .arg(&first)
+            .arg(&k)
+            .arg(&count)
+            .arg(&section)
+            .arg(&heap);
+        // SAFETY: the arguments match pfb_fir's signature; the caller keeps every window
+        // inside the input slot and every slot inside the frames and power buffers.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// Frames read back from the device, put in natural order (pol-major, then spectrum, 2N
+/// values each), undoing the unzip order: for comparison with `dsp::pfb::pfb_fir`.
+pub fn natural_order(raw: &[f32], channels: usize, unzip: usize) -> Vec<f32> {
+    let (step, m) = (2 * channels, channels / unzip);
+    let mut out = vec![0f32; raw.len()];
+    for (f, frame) in raw.chunks_exact(step).enumerate() {
+        for (i, o) in out[f * step..(f + 1) * step].iter_mut().enumerate() {
+            let zi = i / 2;
+            *o = frame[2 * ((zi % unzip) * m + zi / unzip) + (i & 1)];
+        }
+    }
+    out
+}

@@ -1,0 +1,102 @@
+//! The post-processing op (`kernels/postproc.cu`; seed 000 §Postprocessing): the last
+//! Cooley–Tukey round and the real-to-complex fix-up of the unzipped FFT, complex gains, fine
+//! delay and phase, dither, saturating quantisation, clip counts, and the transpose to
+//! (channel, spectrum, pol, re/im), for a batch of heaps. The GPU body of `dsp::postproc`.
+//!
+//! Buffers: `out` u8 [heap] channels × heap spectra × 2 pols × (re, im) (8-bit, or 4-bit
+//! packed), written; `frames` f32 the FFT output, read; `gains` [heap][pol][channel] complex
+//! f32; `phase` (mapped) [pol][spectrum] pairs (x, y) with θ_k/π = x·k + y; `ts0` (mapped)
+//! [heap] first timestamps (the dither key); `power` u64 [heap][pol] moved into `stats`;
+//! `stats` u64 [heap][clips pol 0, clips pol 1, power 0, power 1], clip counts accumulated.
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::compile::{Defines, Kernel};
+use super::{Gpu, GpuError};
+use crate::dsp::postproc::OutputBits;
+
+/// The compile-time shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostprocShape {
+    pub channels: usize,
+    pub unzip: usize,
+    /// Spectra of the whole batch, and of one heap.
+    pub spectra: usize,
+    pub heap_spectra: usize,
+    pub out_bits: OutputBits,
+    pub dither: bool,
+}
+
+/// The compiled kernel and its grid.
+pub struct Postproc {
+    func: CudaFunction,
+    grid: (u32, u32, u32),
+}
+
+impl Postproc {
+    pub fn new(gpu: &Gpu, s: PostprocShape) -> Result<Postproc, GpuError> {
+        let n = s.unzip;
+        let values_of_s = s.channels / n / 2 + 1;
+        // Blocks of 32 values of s × 32 spectra, unless that leaves the GPU short of blocks
+        // (a heap of few spectra, as at 32768 channels): then 8 values of s.
+        let stile = if values_of_s.div_ceil(32) * s.spectra.div_ceil(32) >= 1024 {
+            32
+        } else {
+            8
+        };
+        let defs: Defines = vec![
+            ("CHANNELS", s.channels as i64),
+            ("UNZIP", n as i64),
+            ("SPECTRA", s.spectra as i64),
+            ("HEAP_SPECTRA", s.heap_spectra as i64),
+            ("STILE", stile as i64),
+            (
+                "OUT_BITS",
+                if s.out_bits == OutputBits::Four { 4 } else { 8 },
+            ),
+            ("DITHER", i64::from(s.dither)),
+        ];
+        Ok(Postproc {
+            func: gpu.function(Kernel::Postproc, &defs)?,
+            grid: (
+                values_of_s.div_ceil(stile) as u32,
+                s.spectra.div_ceil(32) as u32,
+                1,
+            ),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &self,
+        st: &CudaStream,
+        out: &mut CudaSlice<u8>,
+        frames: &CudaSlice<f32>,
+        gains: &CudaSlice<f32>,
+        phase_dev: u64,
+        ts0_dev: u64,
+        seed: u64,
+        power: &mut CudaSlice<u64>,
+        stats: &mut CudaSlice<u64>,
+    ) -> Result<(), GpuError> {
+        let cfg = LaunchConfig {
+            grid_dim: self.grid,
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = st.launch_builder(&self.func);
+        b.arg(out)
+            .arg(frames)
+            .arg(gains)
+            .arg(&phase_dev)
+            .arg(&ts0_dev)
+            .arg(&seed)
+            .arg(power)
+            .arg(stats);
+        // SAFETY: the arguments match postproc's signature and the sizes it was compiled for
+        // (CHANNELS, SPECTRA, HEAP_SPECTRA); the mapped addresses belong to live allocations
+        // of the caller's.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}

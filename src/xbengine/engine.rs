@@ -1,0 +1,543 @@
+//! The XB-engine as a library type (seed 001, seed 003): built from a validated
+//! [`XbengineConfig`], it receives F heaps into chunks of `--heaps-per-fengine-per-chunk`
+//! batches through the shared receive threads, correlates each `--corrprod` output into its own
+//! accumulator with dumps at their own multiples ([`super::accum`]), forms every `--beam` per
+//! batch, and hands X and beam heaps to one send thread per output kind. A test can run it
+//! in-process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::accum::{Accumulator, Step, Verdict};
+use super::backend::{BeamInput, CpuBackend, XbBackend, XbShape};
+use super::beams::{Band, Steering};
+use super::config::{Plan, XbengineConfig};
+use super::control::XbControl;
+use super::heaps::{BeamHeapFormat, BeamMeta, XHeapFormat};
+use super::metrics::{self, BTotals, InputTotals, XTotals};
+use super::place::{ITEMS, REJECT_REASONS};
+use crate::control::katcp::{Sensors, Status};
+use crate::dsp::beamform::Beam;
+use crate::dsp::correlate::n_baselines;
+use crate::engine::control::ControlAddrs;
+use crate::engine::metrics::Metrics;
+use crate::engine::recv::{open_sources, Receivers};
+use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
+use crate::engine::{ConfigError, EngineError, Shutdown};
+use crate::fengine::BackendKind;
+use crate::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, PlaceInput, StatsSnapshot};
+use crate::spead::send::SendStreamConfig;
+
+/// katgpucbf's descriptor interval.
+const DESCRIPTOR_PERIOD: Duration = Duration::from_secs(5);
+/// Bytes of packet header and item pointers per packet of X and beam heaps (facts §1.9).
+const X_PREAMBLE: usize = 64;
+const B_PREAMBLE: usize = 72;
+
+/// One `--corrprod` output.
+struct XOutput {
+    name: String,
+    acc: Accumulator,
+    sink: HeapSink<u64>,
+    heap_bytes: usize,
+    /// Where a dump that is not sent is reduced (to reset its accumulator).
+    scratch: Vec<u8>,
+    totals: XTotals,
+}
+
+/// Every `--beam` output (one send stream, one substream per beam).
+struct BeamOutputs {
+    names: Vec<String>,
+    pols: Vec<usize>,
+    dither: Vec<Option<u64>>,
+    sink: HeapSink<BeamMeta>,
+    heap_bytes: usize,
+    steering_version: u64,
+    coeffs: Vec<Beam>,
+    totals: Vec<BTotals>,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct XbengineReport {
+    pub input: InputTotals,
+    pub rx: StatsSnapshot,
+    pub x: Vec<(String, XTotals)>,
+    pub beams: Vec<(String, BTotals)>,
+}
+
+pub struct Engine {
+    config: XbengineConfig,
+    plan: Plan,
+    group: Arc<ChunkGroup>,
+    receivers: Receivers,
+    control: Arc<XbControl>,
+    addrs: ControlAddrs,
+    metrics: Metrics,
+    backend: Box<dyn XbBackend>,
+    x: Vec<XOutput>,
+    beams: Option<BeamOutputs>,
+    shutdown: Shutdown,
+}
+
+impl Engine {
+    /// Validate `config` and start everything but the processing loop.
+    pub fn new(config: XbengineConfig, shutdown: Shutdown) -> Result<Engine, EngineError> {
+        let plan = config.validate()?;
+        let layout = plan.layout;
+        if config.backend == BackendKind::Cuda {
+            return Err(ConfigError::new(
+                "--backend",
+                "the XB-engine runs on the CPU backend only so far (the CUDA correlator and beamformer are issues 12 and 13); use --backend cpu",
+            )
+            .into());
+        }
+        let shape = XbShape {
+            n_ants: config.array_size,
+            channels: config.channels_per_substream,
+            spectra: plan.spectra_per_heap,
+            sample_bits: config.sample_bits,
+            outputs: config.corrprods.len(),
+            threads: config.cpu_threads,
+        };
+        let backend: Box<dyn XbBackend> = Box::new(CpuBackend::new(shape, layout.batches));
+        let sources = open_sources(&config.source)?;
+        let group = ChunkGroup::new(ChunkGroupConfig {
+            heaps_per_chunk: layout.heaps_per_chunk(),
+            chunk_bytes: layout.chunk_bytes(),
+            max_chunks: plan.max_chunks,
+            n_chunks: plan.max_chunks + 4,
+            n_streams: sources.len(),
+            // One partial heap per F-engine at a time, as katgpucbf's substreams = n_ants.
+            max_heaps: (2 * config.array_size).max(4),
+            items: ITEMS.to_vec(),
+            reject_reasons: REJECT_REASONS.to_vec(),
+        })
+        .map_err(|e| ConfigError::new("--heaps-per-fengine-per-chunk", e))?;
+        let place = Arc::new(move |p: &PlaceInput<'_>| layout.place(p));
+        let receivers = Receivers::spawn("xbengine", &group, place, sources, &shutdown)?;
+        let sensors = Arc::new(Sensors::default());
+        let cps = config.channels_per_substream as u64;
+        let control = Arc::new(XbControl::new(
+            Arc::clone(&sensors),
+            config.array_size,
+            config.corrprods.iter().map(|c| c.name.clone()).collect(),
+            config.beams.iter().map(|b| b.name.clone()).collect(),
+            config.send_enabled,
+            (
+                config.channel_offset_value,
+                config.channel_offset_value + cps - 1,
+            ),
+            config.dither_seed,
+        ));
+        let metrics = metrics::new().map_err(|e| EngineError::Backend(e.to_string()))?;
+        let addrs = crate::engine::control::serve(
+            config.control,
+            "cbf-xbengine",
+            sensors,
+            control.clone(),
+            metrics.registry.clone(),
+        )?;
+        for c in &config.corrprods {
+            metrics.touch_all("output_x_", &[&c.name]);
+        }
+        for b in &config.beams {
+            metrics.touch_all("output_b_", &[&b.name]);
+        }
+        let x = config
+            .corrprods
+            .iter()
+            .map(|c| x_output(&config, &plan, c))
+            .collect::<Result<Vec<_>, _>>()?;
+        let beams = if config.beams.is_empty() {
+            None
+        } else {
+            Some(beam_outputs(&config, &plan)?)
+        };
+        Ok(Engine {
+            config,
+            plan,
+            group,
+            receivers,
+            control,
+            addrs,
+            metrics,
+            backend,
+            x,
+            beams,
+            shutdown,
+        })
+    }
+
+    pub fn katcp_addr(&self) -> SocketAddr {
+        self.addrs.katcp
+    }
+
+    pub fn prometheus_addr(&self) -> Option<SocketAddr> {
+        self.addrs.prometheus
+    }
+
+    /// Process chunks until the input ends, the duration passes or shutdown is asked for;
+    /// then let the send threads drain, stop the receivers and report.
+    pub fn run(mut self) -> Result<XbengineReport, EngineError> {
+        let result = self.process();
+        self.group.stop();
+        let mut tail = Ok(());
+        for x in &mut self.x {
+            tail = tail.and(x.sink.join());
+        }
+        if let Some(b) = &mut self.beams {
+            tail = tail.and(b.sink.join());
+        }
+        let rx = self.receivers.join();
+        let input = result?;
+        tail?;
+        Ok(XbengineReport {
+            input,
+            rx: rx?,
+            x: self.x.iter().map(|x| (x.name.clone(), x.totals)).collect(),
+            beams: self
+                .beams
+                .iter()
+                .flat_map(|b| b.names.iter().cloned().zip(b.totals.iter().copied()))
+                .collect(),
+        })
+    }
+
+    fn process(&mut self) -> Result<InputTotals, EngineError> {
+        let deadline = self
+            .config
+            .duration
+            .map(|d| Instant::now() + Duration::from_secs_f64(d));
+        let mut input = InputTotals::default();
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) || self.shutdown.requested() {
+                self.group.stop();
+            }
+            let mut chunk = match self.group.ready().recv_timeout(Duration::from_millis(100)) {
+                Ok(c) => c,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(input),
+            };
+            input.chunks += 1;
+            let present = chunk.present.iter().filter(|&&p| p != 0).count() as u64;
+            input.heaps += present;
+            input.missing += chunk.present.len() as u64 - present;
+            let result = self.process_chunk(&mut chunk);
+            self.group.free(chunk);
+            result?;
+            metrics::input(&self.metrics, &input, &self.receivers.snapshot());
+        }
+    }
+
+    fn process_chunk(&mut self, chunk: &mut Chunk) -> Result<(), EngineError> {
+        let layout = self.plan.layout;
+        let first = chunk.chunk_id * layout.chunk_step();
+        // Requests made from here on are picked up by the next chunk (katgpucbf's
+        // `_weights_steady`).
+        self.control.steady.store(
+            first + layout.chunk_step(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.control
+            .sensors
+            .set("rx.timestamp", first, Status::Nominal);
+        // Missing heaps hold stale bytes from the chunk's last use: zero them so the beams'
+        // sums see nothing there (seed 003 §Missing data handling); their baselines are
+        // flagged anyway.
+        for (i, &p) in chunk.present.iter().enumerate() {
+            if p == 0 {
+                chunk.data[i * layout.heap_bytes..(i + 1) * layout.heap_bytes].fill(0);
+            }
+        }
+        self.backend.load(&chunk.data).map_err(backend_error)?;
+        let capture = self.control.capture();
+        for (i, x) in self.x.iter_mut().enumerate() {
+            for step in x.acc.chunk(first, &chunk.present) {
+                match step {
+                    Step::Correlate(r) => self.backend.correlate(i, r).map_err(backend_error)?,
+                    Step::Dump(d) => {
+                        let verdict = d.verdict();
+                        let sends = verdict != Verdict::Skipped && capture[i].sends(d.timestamp);
+                        let mut buf = if sends {
+                            x.sink
+                                .buffer()
+                                .ok_or_else(|| EngineError::Send("X send thread stopped".into()))?
+                        } else {
+                            std::mem::take(&mut x.scratch)
+                        };
+                        buf.resize(x.heap_bytes, 0);
+                        let clips = self
+                            .backend
+                            .dump(i, &d.present, &mut buf)
+                            .map_err(backend_error)?;
+                        let sensors = &self.control.sensors;
+                        sensors.set(
+                            &format!("{}.rx.synchronised", x.name),
+                            u8::from(verdict == Verdict::Complete),
+                            Status::Nominal,
+                        );
+                        match verdict {
+                            Verdict::Skipped => {
+                                tracing::warn!(output = %x.name, timestamp = d.timestamp, "no antenna present for a whole accumulation: not sent");
+                                x.totals.skipped_accs += 1;
+                            }
+                            Verdict::Incomplete => x.totals.incomplete_accs += 1,
+                            Verdict::Complete => {}
+                        }
+                        if sends {
+                            x.totals.heaps += 1;
+                            x.totals.bytes += x.heap_bytes as u64;
+                            x.totals.visibilities += (x.heap_bytes / 8) as u64;
+                            x.totals.clipped += clips;
+                            sensors.set(
+                                &format!("{}.xeng-clip-cnt", x.name),
+                                x.totals.clipped,
+                                Status::Nominal,
+                            );
+                            sensors.set(
+                                &format!("{}.tx.next-timestamp", x.name),
+                                d.timestamp + x.acc.span(),
+                                Status::Nominal,
+                            );
+                            x.sink.send(buf, d.timestamp);
+                        } else {
+                            x.scratch = buf;
+                        }
+                    }
+                }
+            }
+            x.sink.check()?;
+            metrics::x_output(&self.metrics, &x.name, &x.totals);
+        }
+        if self.beams.is_some() {
+            self.beamform(chunk, first, &capture[self.x.len()..])?;
+        }
+        Ok(())
+    }
+
+    /// Every beam of every batch of the chunk with at least one antenna present.
+    fn beamform(
+        &mut self,
+        chunk: &Chunk,
+        first: u64,
+        capture: &[super::control::Capture],
+    ) -> Result<(), EngineError> {
+        let layout = self.plan.layout;
+        let Some(b) = &mut self.beams else {
+            return Ok(());
+        };
+        if let Some(s) = self.control.steering_if_changed(b.steering_version) {
+            b.coeffs = coefficients(&s, &b.pols, band(&self.config, &self.plan));
+            b.steering_version = s.version;
+        }
+        let n_ants = layout.n_ants;
+        let sph = self.plan.spectra_per_heap;
+        let mut timestamps = vec![0i64; sph];
+        for batch in 0..layout.batches {
+            let present: Vec<bool> = chunk.present[batch * n_ants..(batch + 1) * n_ants]
+                .iter()
+                .map(|&p| p != 0)
+                .collect();
+            let beam_ants = present.iter().filter(|&&p| p).count() as u64;
+            let ts = first + batch as u64 * layout.heap_step;
+            let send: Vec<bool> = capture.iter().map(|c| c.sends(ts)).collect();
+            if beam_ants == 0 || !send.iter().any(|&s| s) {
+                // katgpucbf sends no beam heap for a batch without any antenna.
+                continue;
+            }
+            for (s, t) in timestamps.iter_mut().enumerate() {
+                *t = (ts + s as u64 * self.config.samples_between_spectra) as i64;
+            }
+            let mut buf = b
+                .sink
+                .buffer()
+                .ok_or_else(|| EngineError::Send("beam send thread stopped".into()))?;
+            buf.resize(b.heap_bytes * b.names.len(), 0);
+            let clips = self
+                .backend
+                .beamform(
+                    batch,
+                    &BeamInput {
+                        beams: &b.coeffs,
+                        dither: &b.dither,
+                        timestamps: &timestamps,
+                        present: &present,
+                    },
+                    &mut buf,
+                )
+                .map_err(backend_error)?;
+            let sensors = &self.control.sensors;
+            for (i, t) in b.totals.iter_mut().enumerate() {
+                if !send[i] {
+                    continue;
+                }
+                t.heaps += 1;
+                t.bytes += b.heap_bytes as u64;
+                t.samples += (b.heap_bytes / 2) as u64;
+                t.clipped += clips[i];
+                sensors.set(
+                    &format!("{}.beng-clip-cnt", b.names[i]),
+                    t.clipped,
+                    Status::Nominal,
+                );
+                sensors.set(
+                    &format!("{}.tx.next-timestamp", b.names[i]),
+                    ts + layout.heap_step,
+                    Status::Nominal,
+                );
+            }
+            b.sink.send(
+                buf,
+                BeamMeta {
+                    timestamp: ts,
+                    beam_ants,
+                    send,
+                },
+            );
+        }
+        b.sink.check()?;
+        for (name, t) in b.names.iter().zip(&b.totals) {
+            metrics::b_output(&self.metrics, name, t);
+        }
+        Ok(())
+    }
+}
+
+fn backend_error(e: super::backend::BackendError) -> EngineError {
+    EngineError::Backend(e.to_string())
+}
+
+fn band(config: &XbengineConfig, plan: &Plan) -> Band {
+    Band {
+        channel_spacing: plan.channel_spacing,
+        channel_offset: config.channel_offset_value,
+        channels: config.channels as u64,
+    }
+}
+
+fn coefficients(s: &Steering, pols: &[usize], band: Band) -> Vec<Beam> {
+    pols.iter()
+        .enumerate()
+        .map(|(b, &pol)| s.beam(b, pol, band))
+        .collect()
+}
+
+/// The wire rate of heaps of `heap_bytes` every `seconds`, with `preamble` bytes per packet.
+fn rate(config: &XbengineConfig, heap_bytes: usize, preamble: usize, seconds: f64) -> f64 {
+    let packets = heap_bytes.div_ceil(config.send_packet_payload);
+    (heap_bytes + packets * preamble) as f64 / seconds * config.send_rate_factor
+}
+
+fn stream_spec(
+    config: &XbengineConfig,
+    dst: Vec<std::net::SocketAddrV4>,
+    preamble: usize,
+    rate: f64,
+) -> StreamSpec {
+    let cps = config.channels_per_substream as u64;
+    StreamSpec {
+        dst,
+        interfaces: config.send_interfaces.clone(),
+        ttl: config.send_ttl,
+        buffer: config.send_buffer,
+        config: SendStreamConfig {
+            max_packet_size: config.send_packet_payload + preamble,
+            rate,
+            // Unique across the X-engines of a band (facts §1.9).
+            cnt_first: config.channel_offset_value / cps,
+            cnt_step: config.channels as u64 / cps,
+            ..Default::default()
+        },
+    }
+}
+
+fn x_output(
+    config: &XbengineConfig,
+    plan: &Plan,
+    c: &super::output::CorrprodOutput,
+) -> Result<XOutput, EngineError> {
+    let format = XHeapFormat {
+        channels_per_substream: config.channels_per_substream,
+        n_baselines: n_baselines(config.array_size),
+        channel_offset: config.channel_offset_value,
+    };
+    let heap_bytes = format.heap_bytes();
+    let acc = Accumulator::new(
+        config.array_size,
+        plan.layout.heap_step,
+        c.heap_accumulation_threshold,
+    );
+    // Paced over the dump interval (facts §1.9).
+    let dump_s = acc.span() as f64 / config.adc_sample_rate;
+    let r = rate(config, heap_bytes, X_PREAMBLE, dump_s);
+    let stream = stream_spec(config, vec![c.dst], X_PREAMBLE, r).open()?;
+    tracing::info!(output = %c.name, dump_s, heap_mib = heap_bytes as f64 / (1 << 20) as f64, rate_gbps = r * 8e-9, "correlation products");
+    let sink = HeapSink::spawn(
+        &format!("xbengine-tx-{}", c.name),
+        stream,
+        format,
+        DescriptorSchedule {
+            first: Instant::now(),
+            period: DESCRIPTOR_PERIOD,
+        },
+        2,
+        heap_bytes,
+    )?;
+    Ok(XOutput {
+        name: c.name.clone(),
+        acc,
+        sink,
+        heap_bytes,
+        scratch: Vec::with_capacity(heap_bytes),
+        totals: XTotals::default(),
+    })
+}
+
+fn beam_outputs(config: &XbengineConfig, plan: &Plan) -> Result<BeamOutputs, EngineError> {
+    let format = BeamHeapFormat {
+        beams: config.beams.len(),
+        channels_per_substream: config.channels_per_substream,
+        spectra_per_heap: plan.spectra_per_heap,
+        channel_offset: config.channel_offset_value,
+    };
+    let heap_bytes = format.heap_bytes();
+    let batch_s = plan.layout.heap_step as f64 / config.adc_sample_rate;
+    let r = rate(config, heap_bytes, B_PREAMBLE, batch_s) * config.beams.len() as f64;
+    let dst = config.beams.iter().map(|b| b.dst).collect();
+    let stream = stream_spec(config, dst, B_PREAMBLE, r).open()?;
+    let per_buffer = heap_bytes * config.beams.len();
+    // Two chunks' worth of batches in flight, within 1 GiB.
+    let buffers = (2 * plan.layout.batches)
+        .min((1usize << 30) / per_buffer.max(1))
+        .max(4);
+    tracing::info!(beams = config.beams.len(), rate_gbps = r * 8e-9, "beams");
+    let sink = HeapSink::spawn(
+        "xbengine-tx-beams",
+        stream,
+        format,
+        DescriptorSchedule {
+            first: Instant::now(),
+            period: DESCRIPTOR_PERIOD,
+        },
+        buffers,
+        per_buffer,
+    )?;
+    let pols: Vec<usize> = config.beams.iter().map(|b| b.pol).collect();
+    let steering = Steering::new(config.beams.len(), config.array_size);
+    Ok(BeamOutputs {
+        names: config.beams.iter().map(|b| b.name.clone()).collect(),
+        dither: config
+            .beams
+            .iter()
+            .map(|b| b.dither.then_some(config.dither_seed))
+            .collect(),
+        coeffs: coefficients(&steering, &pols, band(config, plan)),
+        steering_version: steering.version,
+        pols,
+        sink,
+        heap_bytes,
+        totals: vec![BTotals::default(); config.beams.len()],
+    })
+}
