@@ -101,6 +101,12 @@ impl FsimArgs {
         for d in &self.dest {
             dests.extend(parse_endpoints(d).map_err(|e| CliError::flag("dest", e))?);
         }
+        if self.seed.is_some() && self.payload != PayloadKind::Random {
+            return Err(CliError::flag(
+                "--seed",
+                "is only used with --payload random",
+            ));
+        }
         let missing_timestamps = match &self.missing_timestamps {
             None => None,
             Some(text) => Some(parse_range(text).ok_or_else(|| {
@@ -193,6 +199,14 @@ mod tests {
     #[test]
     fn a_bad_endpoint_names_dest() {
         assert_eq!(flag_of(config(&["1.2.3:4"])), "dest");
+    }
+
+    #[test]
+    fn a_seed_without_random_payload_is_refused() {
+        assert_eq!(
+            flag_of(config(&["--seed", "3", "127.0.0.1:7148"])),
+            "--seed"
+        );
     }
 
     #[test]
