@@ -298,7 +298,7 @@ fn katcp_gains_and_a_future_phase_step() {
                 "--katcp-host",
                 "127.0.0.1",
                 "--duration",
-                "8",
+                "14",
             ])
             .args([
                 "--wideband",
@@ -318,7 +318,7 @@ fn katcp_gains_and_a_future_phase_step() {
                 "--period",
                 "65536",
                 "--duration",
-                "5",
+                "9",
                 "--katcp-port",
                 "0",
                 "--sync-time",
@@ -338,7 +338,7 @@ fn katcp_gains_and_a_future_phase_step() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
-        + 1.5;
+        + 3.0;
     let t0 = ((start - sync) * fs).round() as u64;
     let q = |v: &[&str]| serde_json::to_string(v).unwrap();
     let replies: Vec<serde_json::Value> = common::run_reference(
@@ -411,7 +411,7 @@ fn katcp_gains_and_a_future_phase_step() {
     let mut batch = RecvBatch::new(64, rx.slot_size(9200));
     let mut heaps = Vec::new();
     let (mut before, mut after) = (Vec::new(), Vec::new());
-    let deadline = Instant::now() + Duration::from_secs(7);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline && after.len() < 4 * sph {
         if let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
             for p in batch.iter() {
@@ -663,7 +663,7 @@ fn delay_gives_the_phase_slope_across_channels() {
                 "--katcp-host",
                 "127.0.0.1",
                 "--duration",
-                "8",
+                "14",
             ])
             .args([
                 "--wideband",
@@ -683,7 +683,7 @@ fn delay_gives_the_phase_slope_across_channels() {
                 "--period",
                 "65536",
                 "--duration",
-                "5",
+                "9",
                 "--katcp-port",
                 "0",
                 "--sync-time",
@@ -703,7 +703,7 @@ fn delay_gives_the_phase_slope_across_channels() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64()
-        + 1.0;
+        + 3.0;
     let t0 = ((start - sync) * fs).round() as u64;
     let d_samples = 2.5;
     let q = serde_json::to_string(&[
@@ -728,7 +728,7 @@ fn delay_gives_the_phase_slope_across_channels() {
     let mut heaps = Vec::new();
     let mut after = vec![num_complex::Complex64::default(); tones.len()];
     let mut n_after = 0;
-    let deadline = Instant::now() + Duration::from_secs(7);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline && n_after < 4 * sph {
         if let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
             for p in batch.iter() {

@@ -156,11 +156,14 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     let rx = &report.rx;
     let i = &report.input;
     println!(
-        "fengine: input chunks {}, heaps {}, incomplete {}, too old {}, metadata {}, bad timestamp {}, malformed {}",
+        "fengine: input chunks {}, heaps {}, incomplete {}, too old {}, far future {}, window jumps {}, resyncs {}, metadata {}, bad timestamp {}, malformed {}",
         i.chunks,
         rx.heaps,
         rx.incomplete_heaps_evicted + rx.incomplete_heaps_flushed,
         rx.too_old_heaps,
+        rx.far_future_heaps,
+        rx.window_jumps,
+        rx.resyncs,
         rx.rejected_heaps[0],
         rx.rejected_heaps[1],
         rx.malformed_total()
