@@ -73,18 +73,11 @@ enum Input<'a> {
     Four(&'a [u8]),
 }
 
-impl Input<'_> {
-    /// The complex value at `i`, the index of its real part in the 8-bit layout.
-    #[inline(always)]
-    fn at(self, i: usize) -> (i16, i16) {
-        match self {
-            Input::Eight(x) => (i16::from(x[i]), i16::from(x[i + 1])),
-            Input::Four(x) => {
-                let b = x[i / 2];
-                (i16::from((b as i8) >> 4), i16::from(((b << 4) as i8) >> 4))
-            }
-        }
-    }
+/// One byte of 4-bit input as (real, imaginary): high nibble, low nibble, each signed (as
+/// [`super::correlate::unpack_4bit`] reads it).
+#[inline(always)]
+fn nibbles(b: u8) -> (i16, i16) {
+    (i16::from((b as i8) >> 4), i16::from(((b << 4) as i8) >> 4))
 }
 
 impl Correlator {
@@ -302,20 +295,39 @@ fn stage_block(
         stage.p.resize(n, 0);
         stage.q.resize(n, 0);
     }
+    let len = t.len();
     for a in 0..n_ants_used {
+        // Index of the block's first value in the 8-bit layout.
         let first = ((a * shape.channels + c) * shape.spectra + t.start) * 4;
-        for pol in 0..2 {
-            let s = (2 * a + pol) * stride;
-            let (p, q) = (&mut stage.p[s..s + stride], &mut stage.q[s..s + stride]);
-            for (k, (pk, qk)) in p.chunks_exact_mut(2).zip(q.chunks_exact_mut(2)).enumerate() {
-                let (re, im) = if k < t.len() {
-                    x.at(first + k * 4 + pol * 2)
-                } else {
-                    (0, 0)
-                };
-                pk.copy_from_slice(&[re, im]);
-                qk.copy_from_slice(&[im, -re]);
+        let (p0, p1) = stage.p[2 * a * stride..][..2 * stride].split_at_mut(stride);
+        let (q0, q1) = stage.q[2 * a * stride..][..2 * stride].split_at_mut(stride);
+        // Each spectrum's two complex values `v = [re0, im0, re1, im1]` into its four pairs; one
+        // pass per input format so that LLVM vectorises the loop.
+        let mut put = |k: usize, v: [i16; 4]| {
+            p0[2 * k..2 * k + 2].copy_from_slice(&[v[0], v[1]]);
+            q0[2 * k..2 * k + 2].copy_from_slice(&[v[1], -v[0]]);
+            p1[2 * k..2 * k + 2].copy_from_slice(&[v[2], v[3]]);
+            q1[2 * k..2 * k + 2].copy_from_slice(&[v[3], -v[2]]);
+        };
+        match x {
+            Input::Eight(x) => {
+                for (k, v) in x[first..first + 4 * len].chunks_exact(4).enumerate() {
+                    put(k, [v[0], v[1], v[2], v[3]].map(i16::from));
+                }
             }
+            Input::Four(x) => {
+                for (k, v) in x[first / 2..first / 2 + 2 * len]
+                    .chunks_exact(2)
+                    .enumerate()
+                {
+                    let (re0, im0) = nibbles(v[0]);
+                    let (re1, im1) = nibbles(v[1]);
+                    put(k, [re0, im0, re1, im1]);
+                }
+            }
+        }
+        for row in [p0, p1, q0, q1] {
+            row[2 * len..].fill(0);
         }
     }
     stride
