@@ -30,7 +30,8 @@ use num_complex::Complex64;
 use super::beamform::{beam_dither, Beam, BeamShape};
 use super::postproc::quantise;
 
-/// Spectra staged at once per channel (a multiple of [`LANES`]).
+/// Spectra staged at once per channel (a multiple of `LANES`, the spectra summed together in
+/// registers).
 pub const BLOCK: usize = 64;
 
 /// Spectra accumulated together in registers.
@@ -127,26 +128,22 @@ impl Beamformer {
             }
         }
         let mut clips = vec![0u64; beams.len()];
-        let jobs = self.parts.iter().zip(&mut self.scratch).zip(outs);
-        if self.parts.len() == 1 {
-            for ((part, scratch), mut outs) in jobs {
-                let c = form_channels(&job, part.clone(), scratch, &mut outs);
-                clips.iter_mut().zip(c).for_each(|(a, b)| *a += b);
+        let mut jobs = self.parts.iter().zip(&mut self.scratch).zip(outs);
+        // The calling thread takes the first part itself and spawns one thread per other part.
+        let ((part, scratch), mut outs) = jobs.next().expect("at least one part");
+        let mut add = |c: Vec<u64>| clips.iter_mut().zip(c).for_each(|(a, b)| *a += b);
+        std::thread::scope(|s| {
+            let job = &job;
+            let handles: Vec<_> = jobs
+                .map(|((part, scratch), mut outs)| {
+                    s.spawn(move || form_channels(job, part.clone(), scratch, &mut outs))
+                })
+                .collect();
+            add(form_channels(job, part.clone(), scratch, &mut outs));
+            for h in handles {
+                add(h.join().expect("beamformer thread panicked"));
             }
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = jobs
-                    .map(|((part, scratch), mut outs)| {
-                        let job = &job;
-                        s.spawn(move || form_channels(job, part.clone(), scratch, &mut outs))
-                    })
-                    .collect();
-                for h in handles {
-                    let c = h.join().expect("beamformer thread panicked");
-                    clips.iter_mut().zip(c).for_each(|(a, b)| *a += b);
-                }
-            });
-        }
+        });
         (clips, ants.len())
     }
 }

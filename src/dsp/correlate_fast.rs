@@ -11,11 +11,15 @@
 //! - **Staging.** For one channel and one block of `L` spectra, every signal `s = 2·antenna + pol`
 //!   is copied into two i16 rows of `2·L`: `P[s] = (xr, xi, xr, xi, …)` and
 //!   `Q[s] = (xi, −xr, xi, −xr, …)`, zero-padded to a multiple of 16 values. Then for signals
-//!   `i`, `j`: `Re V = Σ P[i]·P[j]` and `Im V = Σ Q[i]·P[j]` (x · conj(y)), plain i16 dot
-//!   products, which LLVM turns into `pmaddwd` (16 multiplies and 8 adds per AVX2 instruction).
+//!   `i`, `j`: `Re V = Σ P[i]·P[j]` and `Im V = Σ Q[i]·P[j]` (x · conj(y)): i16 dot products,
+//!   the shape of AVX2's `vpmaddwd` (16 multiplies and 8 pairwise adds into i32 per instruction).
 //! - **Register tiles.** One antenna pair (a1, a2) is a 2 × 2 tile of signals: six staged rows
 //!   feed eight dot products in one pass, eight vector accumulators plus six loads, which fits
-//!   the sixteen AVX2 registers (a 2 × 4 tile spilled).
+//!   the sixteen AVX2 registers (the next larger tile, 2 × 4, needs 24).
+//! - **Intrinsics for the tile.** LLVM turns a single i16 dot product into `vpmaddwd`, but the
+//!   eight of a tile in one loop into sign extensions and `vpmulld` (checked in the assembly,
+//!   rustc 1.95), so the tile is written with `std::arch` (`avx2`); the same tile in plain
+//!   Rust (`antenna_pair`) serves every other CPU.
 //! - **Exact i32 partial sums.** Each term of a dot product is a product of two values in
 //!   [−128, 128], so `|Σ| ≤ 2·128²·L = 2¹⁵·L`; `L ≤` [`MAX_BLOCK`] `= 4096` keeps every partial sum
 //!   below 2²⁷, far from 2³¹. Each block's sums are flushed into the i64 accumulator.
@@ -27,10 +31,9 @@
 //!   costs `a2 + 1` tiles) and runs them under `std::thread::scope`: no locks, no atomics, and
 //!   the split works even for a single channel.
 //!
-//! The only `unsafe` is the call of the AVX2 copy of the same safe code after the CPU has been
-//! checked for AVX2 at run time; other CPUs run the portable copy (SSE2 on x86-64, which also
-//! has `pmaddwd`). Hand-written because no crate correlates int8 complex signals (BLAS has no
-//! integer Hermitian rank-k update).
+//! The `unsafe` is confined to entering the AVX2 code after the CPU has been checked for AVX2 at
+//! run time. Hand-written because no crate correlates int8 complex signals (BLAS has no integer
+//! Hermitian rank-k update).
 
 use std::ops::Range;
 
@@ -119,6 +122,9 @@ impl Correlator {
 
     fn run(&mut self, x: Input, acc: &mut [i64]) {
         assert_eq!(acc.len(), self.shape.vis_len());
+        if acc.is_empty() {
+            return; // no antennas or no channels: nothing to correlate
+        }
         let (shape, block) = (self.shape, self.block);
         let mut rest = acc;
         let mut pieces = Vec::with_capacity(self.parts.len());
@@ -128,17 +134,14 @@ impl Correlator {
             pieces.push(piece);
             rest = tail;
         }
-        let jobs = self.parts.iter().zip(&mut self.scratch).zip(pieces);
-        if self.parts.len() == 1 {
-            for ((rows, stage), piece) in jobs {
-                correlate_rows(shape, block, x, rows.clone(), stage, piece);
-            }
-            return;
-        }
+        let mut jobs = self.parts.iter().zip(&mut self.scratch).zip(pieces);
+        // The calling thread takes the first part itself and spawns one thread per other part.
+        let ((rows, stage), piece) = jobs.next().expect("at least one part");
         std::thread::scope(|s| {
             for ((rows, stage), piece) in jobs {
                 s.spawn(move || correlate_rows(shape, block, x, rows.clone(), stage, piece));
             }
+            correlate_rows(shape, block, x, rows.clone(), stage, piece);
         });
     }
 }
