@@ -37,8 +37,8 @@ pub const BLOCK: usize = 64;
 /// Spectra accumulated together in registers.
 const LANES: usize = 8;
 
-/// A beamformer for one batch shape with its scratch buffers, so that the engine does not
-/// allocate per call (beyond the returned clip counts).
+/// A beamformer for one batch shape. It keeps its staging buffers between calls (a call
+/// allocates only small per-beam lists and spawns `threads − 1` scoped threads).
 #[derive(Debug)]
 pub struct Beamformer {
     shape: BeamShape,

@@ -48,8 +48,8 @@ const STAGE_BYTES: usize = 256 * 1024;
 /// i16 values per vector step; staged rows are padded to a multiple of it (one AVX2 register).
 const LANES: usize = 16;
 
-/// A correlator for one batch shape with its scratch buffers, so that the engine does not
-/// allocate per call.
+/// A correlator for one batch shape. It keeps its staging buffers between calls (a call
+/// allocates only a few slice handles and spawns `threads − 1` scoped threads).
 #[derive(Debug)]
 pub struct Correlator {
     shape: CorrShape,
@@ -101,6 +101,7 @@ impl Correlator {
         }
     }
 
+    /// The batch shape this correlator was made for.
     pub fn shape(&self) -> CorrShape {
         self.shape
     }
