@@ -2,11 +2,12 @@
 //! operation's natural input unit (digitiser samples, complex samples, visibilities), stated
 //! per benchmark. Run: `cargo bench --bench dsp`; figures go to bench/RESULTS.md.
 //!
-//! The correlators are also timed in process CPU time (group `xbengine_cpu`), because the
+//! The correlators and beamformers are also timed in process CPU time (group `xbengine_cpu`), because the
 //! development machine is shared: wall time there counts the other engineers' processes, CPU
 //! time counts only the cycles this process ran, which is what "per core" means.
 
 use cbf::dsp::beamform::{beamform, Beam, BeamShape};
+use cbf::dsp::beamform_fast::Beamformer;
 use cbf::dsp::correlate::{correlate_accumulate, reduce, CorrShape};
 use cbf::dsp::correlate_fast::{self, Correlator};
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
@@ -155,12 +156,14 @@ fn correlation<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     g.finish();
 }
 
-fn correlation_wall(c: &mut Criterion) {
+fn xb_wall(c: &mut Criterion) {
     correlation(c, "xbengine");
+    beamforming(c, "xbengine");
 }
 
-fn correlation_cpu(c: &mut Criterion<CpuTime>) {
+fn xb_cpu(c: &mut Criterion<CpuTime>) {
     correlation(c, "xbengine_cpu");
+    beamforming(c, "xbengine_cpu");
 }
 
 /// Process CPU time (all threads), in nanoseconds, as a criterion measurement.
@@ -227,18 +230,20 @@ impl ValueFormatter for CpuTimeFormatter {
     }
 }
 
-fn xb(c: &mut Criterion) {
-    let mut g = c.benchmark_group("xbengine");
+/// The beamformer oracle and the fast beamformer (1 and 2 threads): 8 beams (4 per pol) of
+/// 64 antennas, dither on, on one batch of 4 channels × 256 spectra.
+fn beamforming<M: Measurement>(c: &mut Criterion<M>, group: &str) {
+    let mut g = c.benchmark_group(group);
+    let shape = BeamShape {
+        n_ants: 64,
+        channels: 4,
+        spectra: 256,
+    };
     let x: Vec<i8> = (0..64 * 4 * 256 * 4)
         .map(|i| ((i * 31) % 255) as i8)
         .collect();
     // Complex input samples (antenna × channel × spectrum × pol).
     g.throughput(Throughput::Elements((64 * 4 * 256 * 2) as u64));
-    let bshape = BeamShape {
-        n_ants: 64,
-        channels: 4,
-        spectra: 256,
-    };
     let beams: Vec<Beam> = (0..8)
         .map(|i| Beam {
             pol: i % 2,
@@ -249,8 +254,20 @@ fn xb(c: &mut Criterion) {
     let ts: Vec<i64> = (0..256).collect();
     let mut out = vec![0i8; 8 * 4 * 256 * 2];
     g.bench_function("beamform_64ants_8beams", |b| {
-        b.iter(|| beamform(bshape, &x, &[true; 64], &beams, &ts, Some(3), &mut out))
+        b.iter(|| beamform(shape, &x, &[true; 64], &beams, &ts, Some(3), &mut out))
     });
+    for threads in [1, 2] {
+        let mut bf = Beamformer::new(shape, threads);
+        g.bench_function(
+            format!("beamform_fast_64ants_8beams_{threads}thread"),
+            |b| b.iter(|| bf.form(&x, &[true; 64], &beams, &ts, Some(3), &mut out)),
+        );
+    }
+    g.finish();
+}
+
+fn xb(c: &mut Criterion) {
+    let mut g = c.benchmark_group("xbengine");
     let (m, n) = (8, 8);
     let positions: Vec<(usize, usize)> = (0..m * n).map(|c| (c / n, c % n)).collect();
     let grid = DishGrid::new(m, n, &positions).unwrap();
@@ -326,17 +343,10 @@ fn fengine_pipeline(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(
-    benches,
-    fengine,
-    narrowband,
-    correlation_wall,
-    xb,
-    fengine_pipeline
-);
+criterion_group!(benches, fengine, narrowband, xb_wall, xb, fengine_pipeline);
 criterion_group! {
     name = cpu_time;
     config = Criterion::default().with_measurement(CpuTime);
-    targets = correlation_cpu
+    targets = xb_cpu
 }
 criterion_main!(benches, cpu_time);

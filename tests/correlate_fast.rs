@@ -182,3 +182,18 @@ fn larger_shape_matches_numpy() {
     Correlator::new(shape, 2).accumulate(&x, &mut got);
     assert!(got == want);
 }
+
+/// Empty shapes (no antennas, channels or spectra) are no work, not a panic.
+#[test]
+fn empty_shapes_do_nothing() {
+    for (n_ants, channels, spectra) in [(0, 3, 5), (3, 0, 5), (3, 2, 0)] {
+        let shape = CorrShape {
+            n_ants,
+            channels,
+            spectra,
+        };
+        let mut acc = vec![1i64; shape.vis_len()];
+        Correlator::new(shape, 2).accumulate(&vec![1i8; shape.input_len()], &mut acc);
+        assert!(acc.iter().all(|&v| v == 1));
+    }
+}

@@ -11,11 +11,15 @@
 //! - **Staging.** For one channel and one block of `L` spectra, every signal `s = 2·antenna + pol`
 //!   is copied into two i16 rows of `2·L`: `P[s] = (xr, xi, xr, xi, …)` and
 //!   `Q[s] = (xi, −xr, xi, −xr, …)`, zero-padded to a multiple of 16 values. Then for signals
-//!   `i`, `j`: `Re V = Σ P[i]·P[j]` and `Im V = Σ Q[i]·P[j]` (x · conj(y)), plain i16 dot
-//!   products, which LLVM turns into `pmaddwd` (16 multiplies and 8 adds per AVX2 instruction).
+//!   `i`, `j`: `Re V = Σ P[i]·P[j]` and `Im V = Σ Q[i]·P[j]` (x · conj(y)): i16 dot products,
+//!   the shape of AVX2's `vpmaddwd` (16 multiplies and 8 pairwise adds into i32 per instruction).
 //! - **Register tiles.** One antenna pair (a1, a2) is a 2 × 2 tile of signals: six staged rows
 //!   feed eight dot products in one pass, eight vector accumulators plus six loads, which fits
-//!   the sixteen AVX2 registers (a 2 × 4 tile spilled).
+//!   the sixteen AVX2 registers (the next larger tile, 2 × 4, needs 24).
+//! - **Intrinsics for the tile.** LLVM turns a single i16 dot product into `vpmaddwd`, but the
+//!   eight of a tile in one loop into sign extensions and `vpmulld` (checked in the assembly,
+//!   rustc 1.95), so the tile is written with `std::arch` (`avx2`); the same tile in plain
+//!   Rust (`antenna_pair`) serves every other CPU.
 //! - **Exact i32 partial sums.** Each term of a dot product is a product of two values in
 //!   [−128, 128], so `|Σ| ≤ 2·128²·L = 2¹⁵·L`; `L ≤` [`MAX_BLOCK`] `= 4096` keeps every partial sum
 //!   below 2²⁷, far from 2³¹. Each block's sums are flushed into the i64 accumulator.
@@ -27,10 +31,9 @@
 //!   costs `a2 + 1` tiles) and runs them under `std::thread::scope`: no locks, no atomics, and
 //!   the split works even for a single channel.
 //!
-//! The only `unsafe` is the call of the AVX2 copy of the same safe code after the CPU has been
-//! checked for AVX2 at run time; other CPUs run the portable copy (SSE2 on x86-64, which also
-//! has `pmaddwd`). Hand-written because no crate correlates int8 complex signals (BLAS has no
-//! integer Hermitian rank-k update).
+//! The `unsafe` is confined to entering the AVX2 code after the CPU has been checked for AVX2 at
+//! run time. Hand-written because no crate correlates int8 complex signals (BLAS has no integer
+//! Hermitian rank-k update).
 
 use std::ops::Range;
 
@@ -45,8 +48,8 @@ const STAGE_BYTES: usize = 256 * 1024;
 /// i16 values per vector step; staged rows are padded to a multiple of it (one AVX2 register).
 const LANES: usize = 16;
 
-/// A correlator for one batch shape with its scratch buffers, so that the engine does not
-/// allocate per call.
+/// A correlator for one batch shape. It keeps its staging buffers between calls (a call
+/// allocates only a few slice handles and spawns `threads − 1` scoped threads).
 #[derive(Debug)]
 pub struct Correlator {
     shape: CorrShape,
@@ -73,18 +76,11 @@ enum Input<'a> {
     Four(&'a [u8]),
 }
 
-impl Input<'_> {
-    /// The complex value at `i`, the index of its real part in the 8-bit layout.
-    #[inline(always)]
-    fn at(self, i: usize) -> (i16, i16) {
-        match self {
-            Input::Eight(x) => (i16::from(x[i]), i16::from(x[i + 1])),
-            Input::Four(x) => {
-                let b = x[i / 2];
-                (i16::from((b as i8) >> 4), i16::from(((b << 4) as i8) >> 4))
-            }
-        }
-    }
+/// One byte of 4-bit input as (real, imaginary): high nibble, low nibble, each signed (as
+/// [`super::correlate::unpack_4bit`] reads it).
+#[inline(always)]
+fn nibbles(b: u8) -> (i16, i16) {
+    (i16::from((b as i8) >> 4), i16::from(((b << 4) as i8) >> 4))
 }
 
 impl Correlator {
@@ -105,6 +101,7 @@ impl Correlator {
         }
     }
 
+    /// The batch shape this correlator was made for.
     pub fn shape(&self) -> CorrShape {
         self.shape
     }
@@ -126,6 +123,9 @@ impl Correlator {
 
     fn run(&mut self, x: Input, acc: &mut [i64]) {
         assert_eq!(acc.len(), self.shape.vis_len());
+        if acc.is_empty() {
+            return; // no antennas or no channels: nothing to correlate
+        }
         let (shape, block) = (self.shape, self.block);
         let mut rest = acc;
         let mut pieces = Vec::with_capacity(self.parts.len());
@@ -135,17 +135,14 @@ impl Correlator {
             pieces.push(piece);
             rest = tail;
         }
-        let jobs = self.parts.iter().zip(&mut self.scratch).zip(pieces);
-        if self.parts.len() == 1 {
-            for ((rows, stage), piece) in jobs {
-                correlate_rows(shape, block, x, rows.clone(), stage, piece);
-            }
-            return;
-        }
+        let mut jobs = self.parts.iter().zip(&mut self.scratch).zip(pieces);
+        // The calling thread takes the first part itself and spawns one thread per other part.
+        let ((rows, stage), piece) = jobs.next().expect("at least one part");
         std::thread::scope(|s| {
             for ((rows, stage), piece) in jobs {
                 s.spawn(move || correlate_rows(shape, block, x, rows.clone(), stage, piece));
             }
+            correlate_rows(shape, block, x, rows.clone(), stage, piece);
         });
     }
 }
@@ -302,20 +299,39 @@ fn stage_block(
         stage.p.resize(n, 0);
         stage.q.resize(n, 0);
     }
+    let len = t.len();
     for a in 0..n_ants_used {
+        // Index of the block's first value in the 8-bit layout.
         let first = ((a * shape.channels + c) * shape.spectra + t.start) * 4;
-        for pol in 0..2 {
-            let s = (2 * a + pol) * stride;
-            let (p, q) = (&mut stage.p[s..s + stride], &mut stage.q[s..s + stride]);
-            for (k, (pk, qk)) in p.chunks_exact_mut(2).zip(q.chunks_exact_mut(2)).enumerate() {
-                let (re, im) = if k < t.len() {
-                    x.at(first + k * 4 + pol * 2)
-                } else {
-                    (0, 0)
-                };
-                pk.copy_from_slice(&[re, im]);
-                qk.copy_from_slice(&[im, -re]);
+        let (p0, p1) = stage.p[2 * a * stride..][..2 * stride].split_at_mut(stride);
+        let (q0, q1) = stage.q[2 * a * stride..][..2 * stride].split_at_mut(stride);
+        // Each spectrum's two complex values `v = [re0, im0, re1, im1]` into its four pairs; one
+        // pass per input format so that LLVM vectorises the loop.
+        let mut put = |k: usize, v: [i16; 4]| {
+            p0[2 * k..2 * k + 2].copy_from_slice(&[v[0], v[1]]);
+            q0[2 * k..2 * k + 2].copy_from_slice(&[v[1], -v[0]]);
+            p1[2 * k..2 * k + 2].copy_from_slice(&[v[2], v[3]]);
+            q1[2 * k..2 * k + 2].copy_from_slice(&[v[3], -v[2]]);
+        };
+        match x {
+            Input::Eight(x) => {
+                for (k, v) in x[first..first + 4 * len].chunks_exact(4).enumerate() {
+                    put(k, [v[0], v[1], v[2], v[3]].map(i16::from));
+                }
             }
+            Input::Four(x) => {
+                for (k, v) in x[first / 2..first / 2 + 2 * len]
+                    .chunks_exact(2)
+                    .enumerate()
+                {
+                    let (re0, im0) = nibbles(v[0]);
+                    let (re1, im1) = nibbles(v[1]);
+                    put(k, [re0, im0, re1, im1]);
+                }
+            }
+        }
+        for row in [p0, p1, q0, q1] {
+            row[2 * len..].fill(0);
         }
     }
     stride

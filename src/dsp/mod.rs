@@ -4,6 +4,7 @@
 //! type and layout.
 
 pub mod beamform;
+pub mod beamform_fast;
 pub mod correlate;
 pub mod correlate_fast;
 pub mod ddc;
