@@ -360,7 +360,11 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
             .fold(worst, i32::max);
         worst = worst.max(if gv.len() == cv.len() { 0 } else { 99 });
         off += gv.iter().zip(&cv).filter(|(a, b)| a != b).count();
-        signed += gv.iter().zip(&cv).map(|(a, b)| i64::from(a - b)).sum::<i64>();
+        signed += gv
+            .iter()
+            .zip(&cv)
+            .map(|(a, b)| i64::from(a - b))
+            .sum::<i64>();
         count += gv.len();
         let frames = [0, 1].map(|p| {
             let mut f = vec![0f32; hs * step];

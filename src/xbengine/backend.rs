@@ -5,7 +5,8 @@
 
 use std::ops::Range;
 
-use crate::dsp::beamform::{beamform, Beam, BeamShape};
+use crate::dsp::beamform::{Beam, BeamShape};
+use crate::dsp::beamform_fast::Beamformer;
 use crate::dsp::correlate::{unpack_4bit, CorrShape};
 use crate::dsp::correlate_fast::{reduce, Correlator};
 
@@ -78,10 +79,12 @@ pub trait XbBackend: Send {
 }
 
 /// The CPU backend: `src/dsp` on the host (the blocked, vectorised, multi-threaded correlator
-/// of `dsp::correlate_fast`, exact against the oracle).
+/// of `dsp::correlate_fast` and the threaded beamformer of `dsp::beamform_fast`, both exact
+/// against their oracles).
 pub struct CpuBackend {
     shape: XbShape,
     correlator: Correlator,
+    beamformer: Beamformer,
     /// The loaded chunk, as int8 (4-bit input expanded).
     chunk: Vec<i8>,
     acc: Vec<Vec<i64>>,
@@ -94,15 +97,18 @@ impl CpuBackend {
         CpuBackend {
             shape,
             correlator: Correlator::new(corr, shape.threads),
+            beamformer: Beamformer::new(
+                BeamShape {
+                    n_ants: shape.n_ants,
+                    channels: shape.channels,
+                    spectra: shape.spectra,
+                },
+                shape.threads,
+            ),
             chunk: vec![0; corr.input_len() * batches],
             acc: vec![vec![0; corr.vis_len()]; shape.outputs],
             vis: vec![0; corr.vis_len()],
         }
-    }
-
-    fn batch(&self, b: usize) -> &[i8] {
-        let n = self.shape.corr().input_len();
-        &self.chunk[b * n..(b + 1) * n]
     }
 }
 
@@ -152,15 +158,15 @@ impl XbBackend for CpuBackend {
             spectra: self.shape.spectra,
         };
         let per_beam = shape.channels * shape.spectra * 2;
-        let x = self.batch(batch);
+        let n = self.shape.corr().input_len();
+        let x = &self.chunk[batch * n..(batch + 1) * n];
         let mut clips = Vec::with_capacity(input.beams.len());
         for (b, beam) in input.beams.iter().enumerate() {
             // One beam at a time so each keeps its own dither choice; seeding with seed + b
             // gives the bits `dsp::beamform::beam_dither` keys on beam b.
             let seed = input.dither[b].map(|s| s.wrapping_add(b as u64));
             let o: &mut [i8] = bytemuck::cast_slice_mut(&mut out[b * per_beam..(b + 1) * per_beam]);
-            let (c, _) = beamform(
-                shape,
+            let (c, _) = self.beamformer.form(
                 x,
                 input.present,
                 std::slice::from_ref(beam),
