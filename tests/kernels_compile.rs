@@ -49,8 +49,38 @@ fn every_kernel_compiles_for_every_architecture() {
         }
         compile(Kernel::Copy, &[], arch).unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
+        // The correlator: a single antenna, an odd count, and 1024 antennas; both input widths.
+        for (ants, channels, spectra) in [(1, 1, 1), (19, 3, 255), (1024, 512, 256)] {
+            let np = (2 * ants + 63) / 64 * 64;
+            let tpad = (spectra + 63) / 64 * 64;
+            for in_bits in [8, 4] {
+                let defs = vec![
+                    ("N_ANTS", ants),
+                    ("CHANNELS", channels),
+                    ("SPECTRA", spectra),
+                    ("TPAD", tpad),
+                    ("NP", np),
+                    ("IN_BITS", in_bits),
+                ];
+                compile(Kernel::CorrTurn, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+                compiled += 1;
+            }
+            let defs = vec![
+                ("N_ANTS", ants),
+                ("CHANNELS", channels),
+                ("TPAD", tpad),
+                ("NP", np),
+                ("WINDOW", 65536),
+            ];
+            compile(Kernel::CorrMma, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+            let defs = vec![("N_ANTS", ants), ("CHANNELS", channels), ("N_ACC", 32)];
+            compile(Kernel::CorrReduce, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+            compiled += 2;
+        }
+        compile(Kernel::CorrPeak, &[], arch).unwrap_or_else(|e| panic!("{e}"));
+        compiled += 1;
     }
-    assert_eq!(compiled, ARCHES.len() * (7 * 3 + 12 + 1));
+    assert_eq!(compiled, ARCHES.len() * (7 * 3 + 12 + 1 + 3 * 4 + 1));
 }
 
 #[test]

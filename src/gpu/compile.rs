@@ -22,6 +22,14 @@ pub enum Kernel {
     Postproc,
     /// The benchmark's bandwidth ceiling (`kernels/copy.cu`).
     Copy,
+    /// The correlator's corner turn to planar rows (`kernels/correlate_turn.cu`).
+    CorrTurn,
+    /// The portable `mma.sync` correlator (`kernels/correlate_mma.cu`).
+    CorrMma,
+    /// The correlator's int64 → int32 reduce (`kernels/correlate_reduce.cu`).
+    CorrReduce,
+    /// The benchmark's int8 tensor-core ceiling (`kernels/correlate_peak.cu`).
+    CorrPeak,
 }
 
 impl Kernel {
@@ -30,6 +38,10 @@ impl Kernel {
             Kernel::Pfb => "pfb.cu",
             Kernel::Postproc => "postproc.cu",
             Kernel::Copy => "copy.cu",
+            Kernel::CorrTurn => "correlate_turn.cu",
+            Kernel::CorrMma => "correlate_mma.cu",
+            Kernel::CorrReduce => "correlate_reduce.cu",
+            Kernel::CorrPeak => "correlate_peak.cu",
         }
     }
 
@@ -39,6 +51,10 @@ impl Kernel {
             Kernel::Pfb => "pfb_fir",
             Kernel::Postproc => "postproc",
             Kernel::Copy => "copy",
+            Kernel::CorrTurn => "corr_turn",
+            Kernel::CorrMma => "corr_mma",
+            Kernel::CorrReduce => "corr_reduce",
+            Kernel::CorrPeak => "corr_peak_mma",
         }
     }
 
@@ -47,6 +63,10 @@ impl Kernel {
             Kernel::Pfb => include_str!("../../kernels/pfb.cu"),
             Kernel::Postproc => include_str!("../../kernels/postproc.cu"),
             Kernel::Copy => include_str!("../../kernels/copy.cu"),
+            Kernel::CorrTurn => include_str!("../../kernels/correlate_turn.cu"),
+            Kernel::CorrMma => include_str!("../../kernels/correlate_mma.cu"),
+            Kernel::CorrReduce => include_str!("../../kernels/correlate_reduce.cu"),
+            Kernel::CorrPeak => include_str!("../../kernels/correlate_peak.cu"),
         }
     }
 }

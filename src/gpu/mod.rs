@@ -8,6 +8,7 @@
 //! [`GpuError::NoDriver`], whose message names `--backend cpu`.
 
 pub mod compile;
+pub mod correlate;
 pub mod fengine;
 
 use std::collections::HashMap;
