@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use cbf::dsp::correlate::{n_baselines, CorrShape};
 use cbf::gpu::compile::Kernel;
-use cbf::gpu::correlate::{CorrConfig, Correlator};
+use cbf::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use cbf::gpu::{Gpu, GpuError};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
@@ -134,33 +134,41 @@ fn main() -> Result<(), GpuError> {
         (1024, 120, 3072, 1),
         (80, 512, 256, 32),
     ];
+    let mut paths = vec![CorrPath::Mma];
+    if CorrPath::best_for(&gpu) == CorrPath::Wgmma {
+        paths.push(CorrPath::Wgmma);
+    }
     println!(
-        "{:>5} {:>4} {:>5} {:>3}  {:>9} {:>9}  {:>10} {:>6}  {:>10}",
-        "N", "F", "T", "B", "turn ms", "corr ms", "corr TOPS", "% peak", "+turn TOPS"
+        "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9} {:>9}  {:>10} {:>6}  {:>10}",
+        "path", "N", "F", "T", "B", "turn ms", "corr ms", "corr TOPS", "% peak", "+turn TOPS"
     );
     for &(n_ants, channels, spectra, batches) in sizes {
-        let cfg = CorrConfig {
-            shape: CorrShape {
+        for &path in &paths {
+            let cfg = CorrConfig {
+                shape: CorrShape {
+                    n_ants,
+                    channels,
+                    spectra,
+                },
+                batches,
+                in_bits: 8,
+                path,
+            };
+            let f = measure(&gpu, cfg, reps)?;
+            println!(
+                "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}",
+                format!("{path:?}"),
                 n_ants,
                 channels,
                 spectra,
-            },
-            batches,
-            in_bits: 8,
-        };
-        let f = measure(&gpu, cfg, reps)?;
-        println!(
-            "{:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}",
-            n_ants,
-            channels,
-            spectra,
-            batches,
-            f.turn * 1e3,
-            f.corr * 1e3,
-            f.useful / f.corr / 1e12,
-            100.0 * f.useful / f.corr / DENSE_PEAK,
-            f.useful / (f.corr + f.turn) / 1e12
-        );
+                batches,
+                f.turn * 1e3,
+                f.corr * 1e3,
+                f.useful / f.corr / 1e12,
+                100.0 * f.useful / f.corr / DENSE_PEAK,
+                f.useful / (f.corr + f.turn) / 1e12
+            );
+        }
     }
     Ok(())
 }

@@ -80,7 +80,21 @@ fn every_kernel_compiles_for_every_architecture() {
         compile(Kernel::CorrPeak, &[], arch).unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
-    assert_eq!(compiled, ARCHES.len() * (7 * 3 + 12 + 1 + 3 * 4 + 1));
+    // The wgmma correlator exists for sm_90a only.
+    for (ants, channels, spectra) in [(1, 1, 1), (19, 3, 255), (1024, 512, 256)] {
+        let defs = vec![
+            ("N_ANTS", ants),
+            ("CHANNELS", channels),
+            ("TPAD", (spectra + 127) / 128 * 128),
+            ("NP", (2 * ants + 127) / 128 * 128),
+            ("WINDOW", 65536),
+            ("STAGES", 4),
+        ];
+        let target = Kernel::CorrWgmma.target("sm_90");
+        compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
+        compiled += 1;
+    }
+    assert_eq!(compiled, ARCHES.len() * (7 * 3 + 12 + 1 + 3 * 4 + 1) + 3);
 }
 
 #[test]

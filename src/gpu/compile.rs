@@ -30,6 +30,8 @@ pub enum Kernel {
     CorrReduce,
     /// The benchmark's int8 tensor-core ceiling (`kernels/correlate_peak.cu`).
     CorrPeak,
+    /// The Hopper `wgmma` correlator (`kernels/correlate_wgmma.cu`), sm_90a only.
+    CorrWgmma,
 }
 
 impl Kernel {
@@ -42,6 +44,7 @@ impl Kernel {
             Kernel::CorrMma => "correlate_mma.cu",
             Kernel::CorrReduce => "correlate_reduce.cu",
             Kernel::CorrPeak => "correlate_peak.cu",
+            Kernel::CorrWgmma => "correlate_wgmma.cu",
         }
     }
 
@@ -55,6 +58,17 @@ impl Kernel {
             Kernel::CorrMma => "corr_mma",
             Kernel::CorrReduce => "corr_reduce",
             Kernel::CorrPeak => "corr_peak_mma",
+            Kernel::CorrWgmma => "corr_wgmma",
+        }
+    }
+
+    /// The target to compile for on a device of `device_arch`: the device's own, except for
+    /// kernels that use architecture-specific instructions (`wgmma` needs `sm_90a`; NVRTC
+    /// rejects it for plain `sm_90`).
+    pub fn target(self, device_arch: &str) -> String {
+        match self {
+            Kernel::CorrWgmma => "sm_90a".to_string(),
+            _ => device_arch.to_string(),
         }
     }
 
@@ -67,6 +81,7 @@ impl Kernel {
             Kernel::CorrMma => include_str!("../../kernels/correlate_mma.cu"),
             Kernel::CorrReduce => include_str!("../../kernels/correlate_reduce.cu"),
             Kernel::CorrPeak => include_str!("../../kernels/correlate_peak.cu"),
+            Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
         }
     }
 }

@@ -15,21 +15,60 @@
 //!
 //! Each call runs on the compute stream: the corner turn (`kernels/correlate_turn.cu`) writes a
 //! planar, time-major copy of the chunk into a scratch buffer the plan owns (2 bytes per input
-//! byte at 8 bits, padded), then the correlator (`kernels/correlate_mma.cu`, warp-level
-//! `mma.sync`, any sm_80 and later device) adds its tiles into the accumulators.
+//! byte at 8 bits, padded), then the correlator adds its tiles into the accumulators: on an
+//! sm_90 device (H100, H200) the warpgroup-MMA kernel (`kernels/correlate_wgmma.cu`, compiled
+//! for sm_90a), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`,
+//! any sm_80 and later device). [`CorrPath::best_for`] picks it from the device.
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DriverError, LaunchConfig, PushKernelArg};
 
 use super::compile::{Defines, Kernel};
 use super::{Gpu, GpuError};
 use crate::dsp::correlate::{n_baselines, CorrShape};
 
-/// Times per step of the correlator's main loop: rows are padded to a multiple of it.
-const KSTEP: usize = 64;
-/// Antenna-pols per correlator tile: the antenna-pol axis is padded to a multiple of it.
-const TILE_ANTPOLS: usize = 64;
+/// Which correlator kernel a plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CorrPath {
+    /// Warp-level `mma.sync` (`kernels/correlate_mma.cu`): any sm_80 and later device.
+    Mma,
+    /// Warpgroup `wgmma` (`kernels/correlate_wgmma.cu`): sm_90 devices only (sm_90a code).
+    Wgmma,
+}
+
+impl CorrPath {
+    /// The fastest path `gpu` runs: `wgmma` exists only on sm_90 (the `a` features are not
+    /// carried forward to later architectures).
+    pub fn best_for(gpu: &Gpu) -> CorrPath {
+        if gpu.arch == "sm_90" {
+            CorrPath::Wgmma
+        } else {
+            CorrPath::Mma
+        }
+    }
+
+    /// Times per step of the kernel's main loop: rows are padded to a multiple of it.
+    fn kstep(self) -> usize {
+        match self {
+            CorrPath::Mma => 64,
+            CorrPath::Wgmma => 128,
+        }
+    }
+
+    /// Antenna-pols per (column) tile: the antenna-pol axis is padded to a multiple of it.
+    fn tile(self) -> usize {
+        match self {
+            CorrPath::Mma => 64,
+            CorrPath::Wgmma => 128,
+        }
+    }
+}
+
+/// Shared-memory stages of the `wgmma` kernel (48 KiB each) and the alignment slack.
+const WGMMA_STAGES: usize = 4;
+const WGMMA_SMEM: usize = WGMMA_STAGES * 384 * 128 + 1024;
 /// Times summed in int32 before they are added to int64 (|product| ≤ 128², so each real
 /// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin).
 const WINDOW: usize = 65536;
@@ -50,6 +89,8 @@ pub enum CorrError {
         len: usize,
         expected: usize,
     },
+    #[error("the wgmma correlator needs an sm_90 device (H100, H200); this one is {arch}")]
+    Unsupported { arch: String },
     #[error(transparent)]
     Gpu(#[from] GpuError),
 }
@@ -77,6 +118,7 @@ pub struct CorrConfig {
     pub batches: usize,
     /// 8 (int8 re, im) or 4 (one byte per complex value).
     pub in_bits: u32,
+    pub path: CorrPath,
 }
 
 impl CorrConfig {
@@ -92,12 +134,12 @@ impl CorrConfig {
 
     /// Antenna-pols after padding to whole tiles.
     fn np(&self) -> usize {
-        (2 * self.shape.n_ants).div_ceil(TILE_ANTPOLS) * TILE_ANTPOLS
+        (2 * self.shape.n_ants).div_ceil(self.path.tile()) * self.path.tile()
     }
 
     /// Times after padding to whole steps.
     fn tpad(&self) -> usize {
-        self.shape.spectra.div_ceil(KSTEP) * KSTEP
+        self.shape.spectra.div_ceil(self.path.kstep()) * self.path.kstep()
     }
 
     /// Bytes of the planar scratch buffer: Re and Im rows of every padded antenna-pol.
@@ -140,6 +182,11 @@ pub struct Correlator {
 impl Correlator {
     pub fn new(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
         cfg.validate()?;
+        if cfg.path == CorrPath::Wgmma && CorrPath::best_for(&gpu) != CorrPath::Wgmma {
+            return Err(CorrError::Unsupported {
+                arch: gpu.arch.clone(),
+            });
+        }
         let s = cfg.shape;
         let (np, tpad) = (cfg.np() as i64, cfg.tpad() as i64);
         let turn_defs: Defines = vec![
@@ -157,6 +204,19 @@ impl Correlator {
             ("NP", np),
             ("WINDOW", WINDOW as i64),
         ];
+        let corr = match cfg.path {
+            CorrPath::Mma => gpu.function(Kernel::CorrMma, &corr_defs)?,
+            CorrPath::Wgmma => {
+                let mut defs = corr_defs;
+                defs.push(("STAGES", WGMMA_STAGES as i64));
+                let f = gpu.function(Kernel::CorrWgmma, &defs)?;
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    WGMMA_SMEM as i32,
+                )?;
+                f
+            }
+        };
         let reduce_defs: Defines = vec![
             ("N_ANTS", s.n_ants as i64),
             ("CHANNELS", s.channels as i64),
@@ -164,7 +224,7 @@ impl Correlator {
         ];
         Ok(Correlator {
             turn: gpu.function(Kernel::CorrTurn, &turn_defs)?,
-            corr: gpu.function(Kernel::CorrMma, &corr_defs)?,
+            corr,
             reduce: gpu.function(Kernel::CorrReduce, &reduce_defs)?,
             planar: gpu.compute.alloc_zeros(cfg.planar_bytes())?,
             gpu,
@@ -215,15 +275,21 @@ impl Correlator {
     /// The correlator over the planar buffer the last corner turn wrote.
     pub fn correlate_planar(&mut self, acc: &mut CudaSlice<i64>) -> Result<(), CorrError> {
         check_len("acc", acc.len(), self.cfg.acc_len())?;
-        let tiles = self.cfg.np() / TILE_ANTPOLS;
+        let tiles = self.cfg.np() / self.cfg.path.tile();
+        // The mma kernel walks the triangle of square tiles; the wgmma kernel's column tile
+        // holds two row tiles, 2·ct + 2 of which are needed in column tile ct.
+        let (blocks, threads, smem) = match self.cfg.path {
+            CorrPath::Mma => (tiles * (tiles + 1) / 2, 128, 0),
+            CorrPath::Wgmma => (tiles * (tiles + 1), 256, WGMMA_SMEM as u32),
+        };
         let cfg = LaunchConfig {
             grid_dim: (
-                (tiles * (tiles + 1) / 2) as u32,
+                blocks as u32,
                 self.cfg.shape.channels as u32,
                 self.cfg.batches as u32,
             ),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
         };
         let st = &self.gpu.compute;
         let mut b = st.launch_builder(&self.corr);

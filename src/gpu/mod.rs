@@ -104,7 +104,7 @@ impl Gpu {
         let module = match modules.get(&key) {
             Some(m) => Arc::clone(m),
             None => {
-                let cubin = compile::compile(kernel, defines, &self.arch)?;
+                let cubin = compile::compile(kernel, defines, &kernel.target(&self.arch))?;
                 let m = self.ctx.load_module(Ptx::from_binary(cubin))?;
                 modules.insert(key, Arc::clone(&m));
                 m

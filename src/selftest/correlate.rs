@@ -4,7 +4,8 @@
 //! filled), odd channel and spectrum counts, the whole int8 range (−128 included: the planar
 //! scheme negates nothing, so −128 is correlated as −128), full-scale ±127/−128 extremes,
 //! 4-bit input, accumulators pre-filled with garbage that the op must add to, two calls into the
-//! same accumulators, missing antennas, and sums that saturate in the reduce.
+//! same accumulators, missing antennas, and sums that saturate in the reduce. Every case runs
+//! on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma` path too.
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use rand::{Rng, SeedableRng};
 
 use super::Check;
 use crate::dsp::correlate::{correlate_accumulate, reduce, unpack_4bit, CorrShape};
-use crate::gpu::correlate::{CorrConfig, Correlator};
+use crate::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use crate::gpu::{Gpu, GpuError};
 
 /// One case: shape, batches, input width, how the input is drawn, how garbage the
@@ -53,7 +54,12 @@ fn draw(rng: &mut SmallRng, case: &Case, len: usize) -> (Vec<u8>, Vec<i8>) {
     }
 }
 
-fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Vec<Check>, GpuError> {
+fn check(
+    gpu: &Arc<Gpu>,
+    rng: &mut SmallRng,
+    case: Case,
+    path: CorrPath,
+) -> Result<Vec<Check>, GpuError> {
     let shape = CorrShape {
         n_ants: case.n_ants,
         channels: case.channels,
@@ -63,6 +69,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Vec<Check>, G
         shape,
         batches: case.batches,
         in_bits: case.in_bits,
+        path,
     };
     let mut corr = Correlator::new(Arc::clone(gpu), cfg)?;
     let st = &gpu.compute;
@@ -86,7 +93,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Vec<Check>, G
     let got = st.clone_dtoh(&acc)?;
     let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
     let name = format!(
-        "correlate {:>4} ants {:>2} ch {:>3} t {} batch {}-bit{}",
+        "correlate {path:?} {:>4} ants {:>2} ch {:>3} t {} batch {}-bit{}",
         case.n_ants,
         case.channels,
         case.spectra,
@@ -252,7 +259,10 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             ..base
         },
     ] {
-        checks.extend(check(gpu, &mut rng, case)?);
+        checks.extend(check(gpu, &mut rng, case, CorrPath::Mma)?);
+        if CorrPath::best_for(gpu) == CorrPath::Wgmma {
+            checks.extend(check(gpu, &mut rng, case, CorrPath::Wgmma)?);
+        }
     }
     Ok(checks)
 }
