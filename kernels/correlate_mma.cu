@@ -158,7 +158,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) corr_mma(const signed char
         if (idle)
             continue;
         // Epilogue: thread holds rows gid (Re) and gid + 8 (Im) of each m16 tile and columns
-        // 2q, 2q + 1 of each n8 tile.
+        // 2q, 2q + 1 of each n8 tile. Per m16 tile, all 8 read-modify-writes load before any
+        // stores: one at a time, each waited a DRAM round trip (the compiler cannot prove that
+        // the addresses differ), which cost as much as the multiplications.
         const int gid = lane >> 2, q = lane & 3;
         i64 *out = acc + ((i64)b * CHANNELS + c) * N_BASELINES * 8;
 #pragma unroll
@@ -166,6 +168,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) corr_mma(const signed char
         {
             const int i = rt * 64 + (wr * 4 + mi) * 8 + gid;
             const int a1 = i >> 1, p1 = i & 1;
+            longlong2 *v[4][2];
+            longlong2 old[4][2];
 #pragma unroll
             for (int h = 0; h < 4; ++h)
 #pragma unroll
@@ -173,14 +177,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) corr_mma(const signed char
                 {
                     const int j = ct * 64 + (wc * 4 + h) * 8 + 2 * q + e;
                     const int a2 = j >> 1, p2 = j & 1;
-                    if (a1 > a2 || a2 >= N_ANTS)
-                        continue;
-                    const i64 rr = d[mi][2 * h][e], ir = d[mi][2 * h][2 + e];
-                    const i64 ri = d[mi][2 * h + 1][e], ii = d[mi][2 * h + 1][2 + e];
-                    i64 *v = out + ((i64)(a2 * (a2 + 1) / 2 + a1) * 4 + p1 + 2 * p2) * 2;
-                    v[0] += rr + ii;
-                    v[1] += ir - ri;
+                    v[h][e] = a1 <= a2 && a2 < N_ANTS
+                                  ? reinterpret_cast<longlong2 *>(out) + (i64)(a2 * (a2 + 1) / 2 + a1) * 4 + p1 + 2 * p2
+                                  : nullptr;
+                    if (v[h][e])
+                        old[h][e] = *v[h][e];
                 }
+#pragma unroll
+            for (int h = 0; h < 4; ++h)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (v[h][e])
+                    {
+                        const i64 rr = d[mi][2 * h][e], ir = d[mi][2 * h][2 + e];
+                        const i64 ri = d[mi][2 * h + 1][e], ii = d[mi][2 * h + 1][2 + e];
+                        *v[h][e] = make_longlong2(old[h][e].x + rr + ii, old[h][e].y + ir - ri);
+                    }
         }
     }
 }

@@ -7,33 +7,42 @@
 // NP (antenna-pols per (batch, channel), a multiple of 128), WINDOW (times summed in int32
 // before the int64 add; ≤ 131072 keeps RR below 2³¹), STAGES (shared-memory stages, 3 to 4).
 //
-// Tiling: a block of two warpgroups takes 64 row antenna-pols × 128 column antenna-pols of one
+// Tiling: a block of two consumer warpgroups (and a producer warpgroup) takes 64 row antenna-pols × 128 column antenna-pols of one
 // (batch, channel): warpgroup g multiplies its 64 planar rows (32 antenna-pols: Re and Im of 8
 // at a time, one group per warp) by the block's 256 planar column rows, so each thread's n8
 // chunks 2h and 2h + 1 hold RR, IR and RI, II of the same pairs (the wgmma accumulator layout
 // repeats mma.sync's per 16-row warp slice). blockIdx.x walks the tiles (row tile, column
 // tile) that hold any baseline a1 ≤ a2, blockIdx.y the channel, blockIdx.z the batch.
 //
-// Staging: every thread copies its share of each stage with `cp.async` (16 bytes) into the
-// 128-byte-swizzle layout wgmma reads (8 rows × 128 B atoms, 16-byte chunk c of row r at
-// (c ^ (r & 7)) · 16, stage buffers 1024-byte aligned; K advances by 32 B inside an atom), then
-// `fence.proxy.async` makes the copies visible to the tensor cores. Loads run two stages
-// ahead, and one wgmma group stays in flight while the next is issued, so a stage buffer is
-// reused only after the barrier that follows every warpgroup's wait for the group that read it.
-// Not taken (yet): TMA with a producer warpgroup and mbarriers (fewer issue slots spent on
-// copies), and trimming N on diagonal tiles; bench/correlator-notes.md says what they would buy.
+// Staging (warp-specialised): a third warpgroup, the producer, copies each stage with `cp.async`
+// (16 bytes) into the 128-byte-swizzle layout wgmma reads (8 rows × 128 B atoms, 16-byte chunk c
+// of row r at (c ^ (r & 7)) · 16, stage buffers 1024-byte aligned; K advances by 32 B inside an
+// atom) and signals a "full" mbarrier when its copies land (`cp.async.mbarrier.arrive.noinc`);
+// the two consumer warpgroups wait on it, make the copies visible to the tensor cores
+// (`fence.proxy.async`), issue the stage's wgmma, wait for them, and arrive on the stage's
+// "empty" mbarrier, which the producer waits on before it refills the buffer. So up to
+// STAGES − 1 stages are in flight while one is multiplied, and the consumers never wait for each
+// other or for the producer's issue. A first version (every thread copying, a block barrier per
+// stage, loads two stages ahead) reached 38 % of L2 and 36 % of the tensor pipe, latency-bound;
+// a single producer warp was slower still (bench/correlator-notes.md). Not taken (yet): TMA with multicast across a cluster (halves the
+// L2 traffic per tile), and trimming N on diagonal tiles.
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "correlate_wgmma.cu needs sm_90a (wgmma)"
 #endif
 
-#define THREADS 256
+#define CONSUMERS 256             // two warpgroups
+#define PRODUCERS 128             // and the producer warpgroup
+#define THREADS (CONSUMERS + PRODUCERS)
 #define KSTEP 128               // times per stage: one 128-byte swizzle row
 #define A_ROWS 128              // planar rows of the block's row tile (64 antenna-pols)
 #define B_ROWS 256              // planar rows of the column tile (128 antenna-pols)
 #define STAGE_BYTES ((A_ROWS + B_ROWS) * KSTEP)
 #define COL_TILES (NP / 128)
 #define N_BASELINES (N_ANTS * (N_ANTS + 1) / 2)
+#ifndef EPI_H
+#define EPI_H 1 // n8 chunk pairs per batch of epilogue read-modify-writes (2 spill at some shapes)
+#endif
 
 typedef long long i64;
 typedef unsigned int u32;
@@ -113,57 +122,90 @@ __device__ __forceinline__ void tile_of(int k, int &rt, int &ct)
     rt = k - ct * (ct + 1);
 }
 
+__device__ __forceinline__ void mbar_init(u32 bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(u32 bar)
+{
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) corr_wgmma(const signed char *__restrict__ planar,
                                                                     i64 *__restrict__ acc)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) u64 bars[2 * STAGES]; // full[s], then empty[s]
     int rt, ct;
     tile_of(blockIdx.x, rt, ct);
     const int c = blockIdx.y;
     const int b = blockIdx.z;
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const signed char *chan = planar + ((i64)b * CHANNELS + c) * (i64)(2 * NP) * TPAD;
-    const signed char *a_src = chan + (i64)rt * A_ROWS * TPAD;
-    const signed char *b_src = chan + (i64)ct * B_ROWS * TPAD;
+    const int warp_all = threadIdx.x / 32, lane = threadIdx.x % 32;
     // Dynamic shared memory is only 16-byte aligned by contract: round up to 1024.
-    const u32 sraw = (u32)__cvta_generic_to_shared(smem);
-    const u32 sbase = (sraw + 1023) & ~1023u;
-
-    auto load = [&](int stage, int t0) {
-        const u32 st = sbase + stage * STAGE_BYTES;
-#pragma unroll
-        for (int i = 0; i < (A_ROWS + B_ROWS) * 8 / THREADS; ++i)
+    const u32 sbase = ((u32)__cvta_generic_to_shared(smem) + 1023) & ~1023u;
+    const u32 full = (u32)__cvta_generic_to_shared(bars), empty = full + 8 * STAGES;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < STAGES; ++s)
         {
-            const int idx = i * THREADS + threadIdx.x;
-            const int row = idx >> 3, chunk = idx & 7; // row < A_ROWS: A; else B
-            const signed char *src = row < A_ROWS ? a_src + (i64)row * TPAD : b_src + (i64)(row - A_ROWS) * TPAD;
-            cp_async16(st + row * KSTEP + ((chunk ^ (row & 7)) << 4), src + t0 + chunk * 16);
+            mbar_init(full + 8 * s, PRODUCERS);
+            mbar_init(empty + 8 * s, CONSUMERS);
         }
-    };
+    __syncthreads();
+    const int steps = TPAD / KSTEP;
 
-    for (int w0 = 0; w0 < TPAD; w0 += WINDOW)
+    if (threadIdx.x >= CONSUMERS)
     {
-        const int steps = (min(TPAD, w0 + WINDOW) - w0) / KSTEP;
+        // The producer warpgroup.
+        const int p = threadIdx.x - CONSUMERS;
+        const signed char *chan = planar + ((i64)b * CHANNELS + c) * (i64)(2 * NP) * TPAD;
+        const signed char *a_src = chan + (i64)rt * A_ROWS * TPAD;
+        const signed char *b_src = chan + (i64)ct * B_ROWS * TPAD;
+        for (int k = 0; k < steps; ++k)
+        {
+            const int s = k % STAGES;
+            if (k >= STAGES)
+                mbar_wait(empty + 8 * s, ((k / STAGES) & 1) ^ 1);
+            const u32 st = sbase + s * STAGE_BYTES;
+            const int t0 = k * KSTEP;
+#pragma unroll
+            for (int i = 0; i < (A_ROWS + B_ROWS) * 8 / PRODUCERS; ++i)
+            {
+                const int idx = i * PRODUCERS + p;
+                const int row = idx >> 3, chunk = idx & 7; // row < A_ROWS: A; else B
+                const signed char *src =
+                    row < A_ROWS ? a_src + (i64)row * TPAD : b_src + (i64)(row - A_ROWS) * TPAD;
+                cp_async16(st + row * KSTEP + ((chunk ^ (row & 7)) << 4), src + t0 + chunk * 16);
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full + 8 * s) : "memory");
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    // The consumers.
+    const int wg = threadIdx.x / 128, warp = warp_all % 4;
+    for (int w0 = 0; w0 < steps; w0 += WINDOW / KSTEP)
+    {
         int d[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i)
             d[i] = 0;
-        load(0, w0);
-        asm volatile("cp.async.commit_group;\n" ::);
-        if (steps > 1)
-            load(1, w0 + KSTEP);
-        asm volatile("cp.async.commit_group;\n" ::);
-        for (int s = 0; s < steps; ++s)
+        for (int k = w0; k < min(steps, w0 + WINDOW / KSTEP); ++k)
         {
-            asm volatile("cp.async.wait_group 1;\n" ::);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::);
-            // Stage s is in; every warpgroup has waited for the wgmma group of stage s − 2,
-            // whose buffer the next load reuses.
-            __syncthreads();
-            if (s + 2 < steps)
-                load((s + 2) % STAGES, w0 + (s + 2) * KSTEP);
-            asm volatile("cp.async.commit_group;\n" ::);
-            const u32 st = sbase + (s % STAGES) * STAGE_BYTES;
+            const int s = k % STAGES;
+            mbar_wait(full + 8 * s, (k / STAGES) & 1);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            const u32 st = sbase + s * STAGE_BYTES;
             const u32 a_tile = st + wg * 64 * KSTEP;
             const u32 b_tile = st + A_ROWS * KSTEP;
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -171,33 +213,48 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) corr_wgmma(const signed
             for (int kk = 0; kk < KSTEP / 32; ++kk)
                 wgmma_m64n256k32(d, desc(a_tile + kk * 32), desc(b_tile + kk * 32), 1);
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            wgmma_wait<1>(d);
+            wgmma_wait<0>(d);
+            mbar_arrive(empty + 8 * s);
         }
-        wgmma_wait<0>(d);
-        asm volatile("cp.async.wait_group 0;\n" ::);
-        __syncthreads(); // the next window's prologue reuses the stage buffers
 
         // Epilogue: warp `warp` of warpgroup `wg` holds planar rows gid (Re) and gid + 8 (Im)
         // of antenna-pol group 4·wg + warp of the row tile; n8 chunk j covers column rows
-        // 8j .. 8j + 7 (Re of group j/2 for even j, Im for odd), columns 2q, 2q + 1.
+        // 8j .. 8j + 7 (Re of group j/2 for even j, Im for odd), columns 2q, 2q + 1. The
+        // read-modify-writes go in batches of EPI_H chunk pairs, all loads before any store:
+        // one at a time, each waited a DRAM round trip (the compiler cannot prove that the
+        // addresses differ), which cost as much as the multiplications (bench/correlator-notes.md).
         const int gid = lane >> 2, q = lane & 3;
         i64 *out = acc + ((i64)b * CHANNELS + c) * N_BASELINES * 8;
         const int i = rt * 64 + (wg * 4 + warp) * 8 + gid;
         const int a1 = i >> 1, p1 = i & 1;
 #pragma unroll
-        for (int h = 0; h < 16; ++h)
+        for (int hb = 0; hb < 16; hb += EPI_H)
+        {
+            longlong2 *v[EPI_H][2];
+            longlong2 old[EPI_H][2];
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-            {
-                const int j = ct * 128 + h * 8 + 2 * q + e;
-                const int a2 = j >> 1, p2 = j & 1;
-                if (a1 > a2 || a2 >= N_ANTS)
-                    continue;
-                const i64 rr = d[8 * h + e], ir = d[8 * h + 2 + e];
-                const i64 ri = d[8 * h + 4 + e], ii = d[8 * h + 6 + e];
-                i64 *v = out + ((i64)(a2 * (a2 + 1) / 2 + a1) * 4 + p1 + 2 * p2) * 2;
-                v[0] += rr + ii;
-                v[1] += ir - ri;
-            }
+            for (int h = 0; h < EPI_H; ++h)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                {
+                    const int j = ct * 128 + (hb + h) * 8 + 2 * q + e;
+                    const int a2 = j >> 1, p2 = j & 1;
+                    v[h][e] = a1 <= a2 && a2 < N_ANTS
+                                  ? reinterpret_cast<longlong2 *>(out) + (i64)(a2 * (a2 + 1) / 2 + a1) * 4 + p1 + 2 * p2
+                                  : nullptr;
+                    if (v[h][e])
+                        old[h][e] = *v[h][e];
+                }
+#pragma unroll
+            for (int h = 0; h < EPI_H; ++h)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (v[h][e])
+                    {
+                        const int k = 8 * (hb + h) + e;
+                        const i64 rr = d[k], ir = d[k + 2], ri = d[k + 4], ii = d[k + 6];
+                        *v[h][e] = make_longlong2(old[h][e].x + rr + ii, old[h][e].y + ir - ri);
+                    }
+        }
     }
 }

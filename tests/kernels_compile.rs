@@ -107,3 +107,24 @@ fn a_compile_error_is_reported_with_the_log() {
         "{text}"
     );
 }
+
+#[test]
+fn a_ptxas_warning_fails_the_compile() {
+    // Four chunk pairs per epilogue batch make the wgmma correlator spill (bench/correlator-notes.md):
+    // the spill warning must fail the compile rather than slow the kernel silently.
+    let defs = vec![
+        ("N_ANTS", 256),
+        ("CHANNELS", 480),
+        ("TPAD", 3072),
+        ("NP", 512),
+        ("WINDOW", 65536),
+        ("STAGES", 4),
+        ("EPI_H", 4),
+    ];
+    let err = compile(Kernel::CorrWgmma, &defs, "sm_90a").unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("ptxas warning") && text.contains("spill"),
+        "{text}"
+    );
+}

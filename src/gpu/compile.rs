@@ -115,6 +115,9 @@ pub fn compile(
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--extra-device-vectorization".to_string(),
+        // Spills and serialised wgmma (C7510-C7515) cost most of a kernel's speed silently:
+        // ptxas reports both as warnings, and a warning fails the compile below.
+        "--ptxas-options=--warn-on-spills".to_string(),
     ];
     options.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
     let prog = result::create_program(&src, Some(&name)).map_err(|e| fail(format!("{e:?}")))?;
@@ -122,18 +125,30 @@ pub fn compile(
     let out = unsafe {
         let compiled = result::compile_program(prog, &options);
         let out = match compiled {
-            Ok(()) => cubin(prog).map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}"))),
-            Err(e) => {
-                let log = result::get_program_log(prog)
-                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                Err(fail(format!("{e:?} with {options:?}:\n{log}")))
+            Ok(()) => {
+                let log = log(prog);
+                if log.contains("warning") {
+                    Err(fail(format!("ptxas warning with {options:?}:\n{log}")))
+                } else {
+                    cubin(prog).map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}")))
+                }
             }
+            Err(e) => Err(fail(format!("{e:?} with {options:?}:\n{}", log(prog)))),
         };
         let _ = result::destroy_program(prog);
         out
     };
     out
+}
+
+/// The compiler's log of `prog` (empty if it cannot be read).
+///
+/// # Safety
+/// `prog` is a live program on which compilation was attempted.
+unsafe fn log(prog: sys::nvrtcProgram) -> String {
+    result::get_program_log(prog)
+        .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// # Safety

@@ -277,10 +277,11 @@ impl Correlator {
         check_len("acc", acc.len(), self.cfg.acc_len())?;
         let tiles = self.cfg.np() / self.cfg.path.tile();
         // The mma kernel walks the triangle of square tiles; the wgmma kernel's column tile
-        // holds two row tiles, 2·ct + 2 of which are needed in column tile ct.
+        // holds two row tiles, 2·ct + 2 of which are needed in column tile ct, and its block is
+        // two consumer warpgroups and a producer warpgroup.
         let (blocks, threads, smem) = match self.cfg.path {
             CorrPath::Mma => (tiles * (tiles + 1) / 2, 128, 0),
-            CorrPath::Wgmma => (tiles * (tiles + 1), 256, WGMMA_SMEM as u32),
+            CorrPath::Wgmma => (tiles * (tiles + 1), 384, WGMMA_SMEM as u32),
         };
         let cfg = LaunchConfig {
             grid_dim: (
