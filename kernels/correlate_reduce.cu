@@ -35,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             ++a2;
         const int a1 = bl - a2 * (a2 + 1) / 2;
         i64 sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 2 // unrolled further, the hoisted loads spill at N_ACC = 32
+#pragma unroll 2 // left to the compiler, the hoisted loads spilled at N_ACC = 32
         for (int n = 0; n < N_ACC; ++n)
         {
             longlong2 *p = acc + (n * VIS_LEN + k * 8) / 2;

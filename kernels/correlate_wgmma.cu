@@ -4,11 +4,13 @@
 // with warp-level MMA (same planar scheme, same epilogue: V = (RR + II) + i(IR − RI)).
 //
 // Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP),
-// NP (antenna-pols per (batch, channel), a multiple of 128), WINDOW (times summed in int32
-// before the int64 add; ≤ 131072 keeps RR below 2³¹), STAGES (shared-memory stages, 3 to 4).
+// NP (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages,
+// 3 to 4). A launch sums steps [step0, step0 + nsteps) of KSTEP times in int32; the host keeps
+// nsteps · KSTEP ≤ 65536 so that RR stays below 2³¹ (|product| ≤ 128²), and launches again for
+// longer rows.
 //
-// Tiling: a block of two consumer warpgroups (and a producer warpgroup) takes 64 row antenna-pols × 128 column antenna-pols of one
-// (batch, channel): warpgroup g multiplies its 64 planar rows (32 antenna-pols: Re and Im of 8
+// Tiling: a block of two consumer warpgroups (and a producer warpgroup) takes 64 row
+// antenna-pols × 128 column antenna-pols of one (batch, channel): warpgroup g multiplies its 64 planar rows (32 antenna-pols: Re and Im of 8
 // at a time, one group per warp) by the block's 256 planar column rows, so each thread's n8
 // chunks 2h and 2h + 1 hold RR, IR and RI, II of the same pairs (the wgmma accumulator layout
 // repeats mma.sync's per 16-row warp slice). blockIdx.x walks the tiles (row tile, column
@@ -24,8 +26,10 @@
 // STAGES − 1 stages are in flight while one is multiplied, and the consumers never wait for each
 // other or for the producer's issue. A first version (every thread copying, a block barrier per
 // stage, loads two stages ahead) reached 38 % of L2 and 36 % of the tensor pipe, latency-bound;
-// a single producer warp was slower still (bench/correlator-notes.md). Not taken (yet): TMA with multicast across a cluster (halves the
-// L2 traffic per tile), and trimming N on diagonal tiles.
+// a single producer warp was slower still (bench/correlator-notes.md). The epilogue adds the
+// tile into the int64 accumulators with bulk asynchronous reduce-adds from shared memory (see
+// there). Not taken (yet): TMA loads with multicast across a cluster (half the L2 traffic per
+// tile), trimming N on diagonal tiles, fusing the corner turn into the producer.
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "correlate_wgmma.cu needs sm_90a (wgmma)"
@@ -40,9 +44,8 @@
 #define STAGE_BYTES ((A_ROWS + B_ROWS) * KSTEP)
 #define COL_TILES (NP / 128)
 #define N_BASELINES (N_ANTS * (N_ANTS + 1) / 2)
-#ifndef EPI_H
-#define EPI_H 1 // n8 chunk pairs per batch of epilogue read-modify-writes (2 spill at some shapes)
-#endif
+#define STAGE_A1 32 // antennas of a row tile
+#define STAGE_A2 64 // antennas of a column tile
 
 typedef long long i64;
 typedef unsigned int u32;
@@ -142,7 +145,7 @@ __device__ __forceinline__ void mbar_arrive(u32 bar)
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) corr_wgmma(const signed char *__restrict__ planar,
-                                                                    i64 *__restrict__ acc)
+                                                                    i64 *__restrict__ acc, int step0, int nsteps)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[2 * STAGES]; // full[s], then empty[s]
@@ -161,7 +164,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) corr_wgmma(const signed
             mbar_init(empty + 8 * s, CONSUMERS);
         }
     __syncthreads();
-    const int steps = TPAD / KSTEP;
 
     if (threadIdx.x >= CONSUMERS)
     {
@@ -170,13 +172,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) corr_wgmma(const signed
         const signed char *chan = planar + ((i64)b * CHANNELS + c) * (i64)(2 * NP) * TPAD;
         const signed char *a_src = chan + (i64)rt * A_ROWS * TPAD;
         const signed char *b_src = chan + (i64)ct * B_ROWS * TPAD;
-        for (int k = 0; k < steps; ++k)
+        for (int k = 0; k < nsteps; ++k)
         {
             const int s = k % STAGES;
             if (k >= STAGES)
                 mbar_wait(empty + 8 * s, ((k / STAGES) & 1) ^ 1);
             const u32 st = sbase + s * STAGE_BYTES;
-            const int t0 = k * KSTEP;
+            const int t0 = (step0 + k) * KSTEP;
 #pragma unroll
             for (int i = 0; i < (A_ROWS + B_ROWS) * 8 / PRODUCERS; ++i)
             {
@@ -194,67 +196,65 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) corr_wgmma(const signed
 
     // The consumers.
     const int wg = threadIdx.x / 128, warp = warp_all % 4;
-    for (int w0 = 0; w0 < steps; w0 += WINDOW / KSTEP)
+    int d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i)
+        d[i] = 0;
+    for (int k = 0; k < nsteps; ++k)
     {
-        int d[128];
+        const int s = k % STAGES;
+        mbar_wait(full + 8 * s, (k / STAGES) & 1);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const u32 st = sbase + s * STAGE_BYTES;
+        const u32 a_tile = st + wg * 64 * KSTEP;
+        const u32 b_tile = st + A_ROWS * KSTEP;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int i = 0; i < 128; ++i)
-            d[i] = 0;
-        for (int k = w0; k < min(steps, w0 + WINDOW / KSTEP); ++k)
-        {
-            const int s = k % STAGES;
-            mbar_wait(full + 8 * s, (k / STAGES) & 1);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            const u32 st = sbase + s * STAGE_BYTES;
-            const u32 a_tile = st + wg * 64 * KSTEP;
-            const u32 b_tile = st + A_ROWS * KSTEP;
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int kk = 0; kk < KSTEP / 32; ++kk)
-                wgmma_m64n256k32(d, desc(a_tile + kk * 32), desc(b_tile + kk * 32), 1);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            wgmma_wait<0>(d);
-            mbar_arrive(empty + 8 * s);
-        }
+        for (int kk = 0; kk < KSTEP / 32; ++kk)
+            wgmma_m64n256k32(d, desc(a_tile + kk * 32), desc(b_tile + kk * 32), 1);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        wgmma_wait<0>(d);
+        mbar_arrive(empty + 8 * s);
+    }
 
-        // Epilogue: warp `warp` of warpgroup `wg` holds planar rows gid (Re) and gid + 8 (Im)
-        // of antenna-pol group 4·wg + warp of the row tile; n8 chunk j covers column rows
-        // 8j .. 8j + 7 (Re of group j/2 for even j, Im for odd), columns 2q, 2q + 1. The
-        // read-modify-writes go in batches of EPI_H chunk pairs, all loads before any store:
-        // one at a time, each waited a DRAM round trip (the compiler cannot prove that the
-        // addresses differ), which cost as much as the multiplications (bench/correlator-notes.md).
-        const int gid = lane >> 2, q = lane & 3;
-        i64 *out = acc + ((i64)b * CHANNELS + c) * N_BASELINES * 8;
-        const int i = rt * 64 + (wg * 4 + warp) * 8 + gid;
-        const int a1 = i >> 1, p1 = i & 1;
+    // Epilogue. Warp `warp` of warpgroup `wg` holds planar rows gid (Re) and gid + 8 (Im) of
+    // antenna-pol group 4·wg + warp of the row tile; n8 chunk j covers column rows 8j .. 8j + 7
+    // (Re of group j/2 for even j, Im for odd), columns 2q, 2q + 1. The sums go to shared
+    // memory in the accumulators' own order, (column antenna, row antenna, product, re/im), which
+    // is contiguous over the row antennas of one column antenna; then one bulk asynchronous
+    // reduce-add per column antenna adds them into the int64 accumulators (two's-complement
+    // addition is the same for signed values). Added one baseline at a time, each thread's 64
+    // read-modify-writes waited a DRAM round trip each (bench/correlator-notes.md). Every
+    // stage buffer is free once both warpgroups are past their last wgmma (named barrier 1).
+    asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS) : "memory");
+    longlong2 *staged = reinterpret_cast<longlong2 *>(smem + (sbase - (u32)__cvta_generic_to_shared(smem)));
+    const int gid = lane >> 2, q = lane & 3;
+    const int i_local = (wg * 4 + warp) * 8 + gid; // row antenna-pol within the tile
+    const int a1l = i_local >> 1, p1 = i_local & 1;
 #pragma unroll
-        for (int hb = 0; hb < 16; hb += EPI_H)
+    for (int h = 0; h < 16; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
         {
-            longlong2 *v[EPI_H][2];
-            longlong2 old[EPI_H][2];
-#pragma unroll
-            for (int h = 0; h < EPI_H; ++h)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                {
-                    const int j = ct * 128 + (hb + h) * 8 + 2 * q + e;
-                    const int a2 = j >> 1, p2 = j & 1;
-                    v[h][e] = a1 <= a2 && a2 < N_ANTS
-                                  ? reinterpret_cast<longlong2 *>(out) + (i64)(a2 * (a2 + 1) / 2 + a1) * 4 + p1 + 2 * p2
-                                  : nullptr;
-                    if (v[h][e])
-                        old[h][e] = *v[h][e];
-                }
-#pragma unroll
-            for (int h = 0; h < EPI_H; ++h)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (v[h][e])
-                    {
-                        const int k = 8 * (hb + h) + e;
-                        const i64 rr = d[k], ir = d[k + 2], ri = d[k + 4], ii = d[k + 6];
-                        *v[h][e] = make_longlong2(old[h][e].x + rr + ii, old[h][e].y + ir - ri);
-                    }
+            const int a2l = 4 * h + q, p2 = e; // column antenna-pol h·8 + 2q + e
+            const i64 rr = d[8 * h + e], ir = d[8 * h + 2 + e], ri = d[8 * h + 4 + e], ii = d[8 * h + 6 + e];
+            staged[(a2l * STAGE_A1 + a1l) * 4 + p1 + 2 * p2] = make_longlong2(rr + ii, ir - ri);
+        }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS) : "memory");
+    if (threadIdx.x < STAGE_A2)
+    {
+        const int a2 = ct * STAGE_A2 + threadIdx.x;
+        const int a1lo = rt * STAGE_A1, a1hi = min(a1lo + STAGE_A1 - 1, a2);
+        if (a2 < N_ANTS && a1hi >= a1lo)
+        {
+            i64 *dst = acc + (((i64)b * CHANNELS + c) * N_BASELINES + a2 * (a2 + 1) / 2 + a1lo) * 8;
+            const u32 src = sbase + threadIdx.x * STAGE_A1 * 64;
+            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(dst),
+                         "r"(src), "r"((a1hi - a1lo + 1) * 64)
+                         : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
         }
     }
 }

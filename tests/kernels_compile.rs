@@ -87,7 +87,6 @@ fn every_kernel_compiles_for_every_architecture() {
             ("CHANNELS", channels),
             ("TPAD", (spectra + 127) / 128 * 128),
             ("NP", (2 * ants + 127) / 128 * 128),
-            ("WINDOW", 65536),
             ("STAGES", 4),
         ];
         let target = Kernel::CorrWgmma.target("sm_90");
@@ -110,21 +109,14 @@ fn a_compile_error_is_reported_with_the_log() {
 
 #[test]
 fn a_ptxas_warning_fails_the_compile() {
-    // Four chunk pairs per epilogue batch make the wgmma correlator spill (bench/correlator-notes.md):
-    // the spill warning must fail the compile rather than slow the kernel silently.
-    let defs = vec![
-        ("N_ANTS", 256),
-        ("CHANNELS", 480),
-        ("TPAD", 3072),
-        ("NP", 512),
-        ("WINDOW", 65536),
-        ("STAGES", 4),
-        ("EPI_H", 4),
-    ];
-    let err = compile(Kernel::CorrWgmma, &defs, "sm_90a").unwrap_err();
-    let text = err.to_string();
-    assert!(
-        text.contains("ptxas warning") && text.contains("spill"),
-        "{text}"
-    );
+    // Logs as ptxas wrote them: a spill (the wgmma correlator with four epilogue batches, seen
+    // on the device 2026-11-23), a serialised wgmma, and an information line that must pass.
+    use cbf::gpu::compile::check_log;
+    let spill = "ptxas warning : Registers are spilled to local memory in function 'corr_wgmma', 8 bytes spill stores, 8 bytes spill loads";
+    let serial = "ptxas warning : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to the presence of Extern calls in the function 'corr_wgmma'";
+    let info = "ptxas info    : (C7519) warpgroup.arrive is injected in around line 802 by compiler to allow use of registers in GMMA in function 'corr_wgmma'";
+    assert!(check_log(spill).is_err());
+    assert!(check_log(serial).is_err());
+    assert!(check_log(info).is_ok());
+    assert!(check_log("").is_ok());
 }

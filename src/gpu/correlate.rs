@@ -70,7 +70,8 @@ impl CorrPath {
 const WGMMA_STAGES: usize = 4;
 const WGMMA_SMEM: usize = WGMMA_STAGES * 384 * 128 + 1024;
 /// Times summed in int32 before they are added to int64 (|product| ≤ 128², so each real
-/// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin).
+/// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin): inside the
+/// mma kernel, and per launch of the wgmma kernel.
 const WINDOW: usize = 65536;
 /// CUDA's grid limit on y and z.
 const GRID_YZ: usize = 65535;
@@ -197,19 +198,20 @@ impl Correlator {
             ("NP", np),
             ("IN_BITS", i64::from(cfg.in_bits)),
         ];
-        let corr_defs: Defines = vec![
+        let mut corr_defs: Defines = vec![
             ("N_ANTS", s.n_ants as i64),
             ("CHANNELS", s.channels as i64),
             ("TPAD", tpad),
             ("NP", np),
-            ("WINDOW", WINDOW as i64),
         ];
         let corr = match cfg.path {
-            CorrPath::Mma => gpu.function(Kernel::CorrMma, &corr_defs)?,
+            CorrPath::Mma => {
+                corr_defs.push(("WINDOW", WINDOW as i64));
+                gpu.function(Kernel::CorrMma, &corr_defs)?
+            }
             CorrPath::Wgmma => {
-                let mut defs = corr_defs;
-                defs.push(("STAGES", WGMMA_STAGES as i64));
-                let f = gpu.function(Kernel::CorrWgmma, &defs)?;
+                corr_defs.push(("STAGES", WGMMA_STAGES as i64));
+                let f = gpu.function(Kernel::CorrWgmma, &corr_defs)?;
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     WGMMA_SMEM as i32,
@@ -293,11 +295,30 @@ impl Correlator {
             shared_mem_bytes: smem,
         };
         let st = &self.gpu.compute;
-        let mut b = st.launch_builder(&self.corr);
-        b.arg(&self.planar).arg(acc);
-        // SAFETY: `planar` is the corner turn's output for this config; `acc` holds acc_len()
-        // int64 (checked); each (tile, channel, batch) block adds into its own baselines only.
-        unsafe { b.launch(cfg) }?;
+        match self.cfg.path {
+            CorrPath::Mma => {
+                let mut b = st.launch_builder(&self.corr);
+                b.arg(&self.planar).arg(acc);
+                // SAFETY: `planar` is the corner turn's output for this config; `acc` holds
+                // acc_len() int64 (checked); each (tile, channel, batch) block adds into its own
+                // baselines only.
+                unsafe { b.launch(cfg) }?;
+            }
+            CorrPath::Wgmma => {
+                // One launch per WINDOW of times: the kernel sums a launch in int32.
+                let steps = (self.cfg.tpad() / CorrPath::Wgmma.kstep()) as i32;
+                let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
+                for step0 in (0..steps).step_by(per as usize) {
+                    let n = per.min(steps - step0);
+                    let mut b = st.launch_builder(&self.corr);
+                    b.arg(&self.planar).arg(&mut *acc).arg(&step0).arg(&n);
+                    // SAFETY: as for the mma kernel; steps [step0, step0 + n) lie inside the
+                    // planar rows' TPAD times, and launches on one stream run in order, so
+                    // their read-modify-writes of `acc` never overlap.
+                    unsafe { b.launch(cfg) }?;
+                }
+            }
+        }
         Ok(())
     }
 

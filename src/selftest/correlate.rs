@@ -244,6 +244,16 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             garbage: 1 << 40,
             ..base
         },
+        // Autocorrelations of 140,000 extreme samples pass 2³¹: the int32 sums must be windowed
+        // (the wgmma path launches once per 65,536 times, the mma kernel loops).
+        Case {
+            n_ants: 2,
+            channels: 1,
+            spectra: 140_000,
+            batches: 1,
+            extremes: true,
+            ..base
+        },
         Case {
             n_ants: 19,
             channels: 3,
