@@ -14,8 +14,9 @@
 //! touching an antenna whose presence flag is 0; optionally clears the accumulators as it reads.
 //!
 //! Each call runs on the compute stream: the corner turn (`kernels/correlate_turn.cu`) writes a
-//! planar, time-major copy of the chunk into a scratch buffer the plan owns (2 bytes per input
-//! byte at 8 bits, padded), then the correlator adds its tiles into the accumulators: on an
+//! planar, time-major copy of the chunk into a scratch buffer the plan owns (as large as the
+//! 8-bit input, padded to whole tiles; read and written, 2 bytes moved per input byte), then
+//! the correlator adds its tiles into the accumulators: on an
 //! sm_90 device (H100, H200) the warpgroup-MMA kernel (`kernels/correlate_wgmma.cu`, compiled
 //! for sm_90a), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`,
 //! any sm_80 and later device). [`CorrPath::best_for`] picks it from the device.
