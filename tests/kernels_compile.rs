@@ -49,8 +49,51 @@ fn every_kernel_compiles_for_every_architecture() {
         }
         compile(Kernel::Copy, &[], arch).unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
+        // The correlator: a single antenna, an odd count, and 1024 antennas; both input widths.
+        for (ants, channels, spectra) in [(1, 1, 1), (19, 3, 255), (1024, 512, 256)] {
+            let np = (2 * ants + 63) / 64 * 64;
+            let tpad = (spectra + 63) / 64 * 64;
+            for in_bits in [8, 4] {
+                let defs = vec![
+                    ("N_ANTS", ants),
+                    ("CHANNELS", channels),
+                    ("SPECTRA", spectra),
+                    ("TPAD", tpad),
+                    ("NP", np),
+                    ("IN_BITS", in_bits),
+                ];
+                compile(Kernel::CorrTurn, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+                compiled += 1;
+            }
+            let defs = vec![
+                ("N_ANTS", ants),
+                ("CHANNELS", channels),
+                ("TPAD", tpad),
+                ("NP", np),
+                ("WINDOW", 65536),
+            ];
+            compile(Kernel::CorrMma, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+            let defs = vec![("N_ANTS", ants), ("CHANNELS", channels), ("N_ACC", 32)];
+            compile(Kernel::CorrReduce, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+            compiled += 2;
+        }
+        compile(Kernel::CorrPeak, &[], arch).unwrap_or_else(|e| panic!("{e}"));
+        compiled += 1;
     }
-    assert_eq!(compiled, ARCHES.len() * (7 * 3 + 12 + 1));
+    // The wgmma correlator exists for sm_90a only.
+    for (ants, channels, spectra) in [(1, 1, 1), (19, 3, 255), (1024, 512, 256)] {
+        let defs = vec![
+            ("N_ANTS", ants),
+            ("CHANNELS", channels),
+            ("TPAD", (spectra + 127) / 128 * 128),
+            ("NP", (2 * ants + 127) / 128 * 128),
+            ("STAGES", 4),
+        ];
+        let target = Kernel::CorrWgmma.target("sm_90");
+        compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
+        compiled += 1;
+    }
+    assert_eq!(compiled, ARCHES.len() * (7 * 3 + 12 + 1 + 3 * 4 + 1) + 3);
 }
 
 #[test]
@@ -62,4 +105,18 @@ fn a_compile_error_is_reported_with_the_log() {
         text.contains("postproc.cu") && text.contains("UNZIP"),
         "{text}"
     );
+}
+
+#[test]
+fn a_ptxas_warning_fails_the_compile() {
+    // Logs as ptxas wrote them: a spill (the wgmma correlator with four epilogue batches, seen
+    // on the device 2026-11-23), a serialised wgmma, and an information line that must pass.
+    use cbf::gpu::compile::check_log;
+    let spill = "ptxas warning : Registers are spilled to local memory in function 'corr_wgmma', 8 bytes spill stores, 8 bytes spill loads";
+    let serial = "ptxas warning : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to the presence of Extern calls in the function 'corr_wgmma'";
+    let info = "ptxas info    : (C7519) warpgroup.arrive is injected in around line 802 by compiler to allow use of registers in GMMA in function 'corr_wgmma'";
+    assert!(check_log(spill).is_err());
+    assert!(check_log(serial).is_err());
+    assert!(check_log(info).is_ok());
+    assert!(check_log("").is_ok());
 }

@@ -22,6 +22,16 @@ pub enum Kernel {
     Postproc,
     /// The benchmark's bandwidth ceiling (`kernels/copy.cu`).
     Copy,
+    /// The correlator's corner turn to planar rows (`kernels/correlate_turn.cu`).
+    CorrTurn,
+    /// The portable `mma.sync` correlator (`kernels/correlate_mma.cu`).
+    CorrMma,
+    /// The correlator's int64 → int32 reduce (`kernels/correlate_reduce.cu`).
+    CorrReduce,
+    /// The benchmark's int8 tensor-core ceiling (`kernels/correlate_peak.cu`).
+    CorrPeak,
+    /// The Hopper `wgmma` correlator (`kernels/correlate_wgmma.cu`), sm_90a only.
+    CorrWgmma,
 }
 
 impl Kernel {
@@ -30,6 +40,11 @@ impl Kernel {
             Kernel::Pfb => "pfb.cu",
             Kernel::Postproc => "postproc.cu",
             Kernel::Copy => "copy.cu",
+            Kernel::CorrTurn => "correlate_turn.cu",
+            Kernel::CorrMma => "correlate_mma.cu",
+            Kernel::CorrReduce => "correlate_reduce.cu",
+            Kernel::CorrPeak => "correlate_peak.cu",
+            Kernel::CorrWgmma => "correlate_wgmma.cu",
         }
     }
 
@@ -39,6 +54,21 @@ impl Kernel {
             Kernel::Pfb => "pfb_fir",
             Kernel::Postproc => "postproc",
             Kernel::Copy => "copy",
+            Kernel::CorrTurn => "corr_turn",
+            Kernel::CorrMma => "corr_mma",
+            Kernel::CorrReduce => "corr_reduce",
+            Kernel::CorrPeak => "corr_peak_mma",
+            Kernel::CorrWgmma => "corr_wgmma",
+        }
+    }
+
+    /// The target to compile for on a device of `device_arch`: the device's own, except for
+    /// kernels that use architecture-specific instructions (`wgmma` needs `sm_90a`; NVRTC
+    /// rejects it for plain `sm_90`).
+    pub fn target(self, device_arch: &str) -> String {
+        match self {
+            Kernel::CorrWgmma => "sm_90a".to_string(),
+            _ => device_arch.to_string(),
         }
     }
 
@@ -47,6 +77,11 @@ impl Kernel {
             Kernel::Pfb => include_str!("../../kernels/pfb.cu"),
             Kernel::Postproc => include_str!("../../kernels/postproc.cu"),
             Kernel::Copy => include_str!("../../kernels/copy.cu"),
+            Kernel::CorrTurn => include_str!("../../kernels/correlate_turn.cu"),
+            Kernel::CorrMma => include_str!("../../kernels/correlate_mma.cu"),
+            Kernel::CorrReduce => include_str!("../../kernels/correlate_reduce.cu"),
+            Kernel::CorrPeak => include_str!("../../kernels/correlate_peak.cu"),
+            Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
         }
     }
 }
@@ -80,6 +115,9 @@ pub fn compile(
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--extra-device-vectorization".to_string(),
+        // Spills and serialised wgmma (C7510-C7515) cost most of a kernel's speed silently:
+        // ptxas reports both as warnings, and a warning fails the compile below.
+        "--ptxas-options=--warn-on-spills".to_string(),
     ];
     options.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
     let prog = result::create_program(&src, Some(&name)).map_err(|e| fail(format!("{e:?}")))?;
@@ -87,18 +125,37 @@ pub fn compile(
     let out = unsafe {
         let compiled = result::compile_program(prog, &options);
         let out = match compiled {
-            Ok(()) => cubin(prog).map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}"))),
-            Err(e) => {
-                let log = result::get_program_log(prog)
-                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                Err(fail(format!("{e:?} with {options:?}:\n{log}")))
-            }
+            Ok(()) => match check_log(&log(prog)) {
+                Ok(()) => cubin(prog).map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}"))),
+                Err(log) => Err(fail(format!("ptxas warning with {options:?}:\n{log}"))),
+            },
+            Err(e) => Err(fail(format!("{e:?} with {options:?}:\n{}", log(prog)))),
         };
         let _ = result::destroy_program(prog);
         out
     };
     out
+}
+
+/// A successful compile's log is refused when it holds a warning: ptxas reports spills (with
+/// `--warn-on-spills`) and serialised `wgmma` (C7510–C7515) only as warnings, and either costs
+/// most of a kernel's speed silently. Informational lines (`ptxas info`) pass.
+pub fn check_log(log: &str) -> Result<(), String> {
+    if log.contains("warning") {
+        Err(log.to_string())
+    } else {
+        Ok(())
+    }
+}
+
+/// The compiler's log of `prog` (empty if it cannot be read).
+///
+/// # Safety
+/// `prog` is a live program on which compilation was attempted.
+unsafe fn log(prog: sys::nvrtcProgram) -> String {
+    result::get_program_log(prog)
+        .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// # Safety

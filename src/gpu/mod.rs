@@ -8,6 +8,7 @@
 //! [`GpuError::NoDriver`], whose message names `--backend cpu`.
 
 pub mod compile;
+pub mod correlate;
 pub mod fft;
 pub mod memory;
 pub mod pfb;
@@ -100,7 +101,7 @@ impl Gpu {
         let module = match modules.get(&key) {
             Some(m) => Arc::clone(m),
             None => {
-                let cubin = compile::compile(kernel, defines, &self.arch)?;
+                let cubin = compile::compile(kernel, defines, &kernel.target(&self.arch))?;
                 let m = self.ctx.load_module(Ptx::from_binary(cubin))?;
                 modules.insert(key, Arc::clone(&m));
                 m

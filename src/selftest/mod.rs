@@ -2,6 +2,7 @@
 //! inputs, one module per engine or op family. It sits above both `gpu` and the engines (it
 //! drives an engine's CUDA backend beside its CPU backend), so `gpu` itself knows no engine.
 
+pub mod correlate;
 pub mod fengine;
 
 use std::sync::Arc;
@@ -19,5 +20,7 @@ pub struct Check {
 
 /// Run every check on `gpu` with inputs drawn from `seed`.
 pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
-    fengine::run(gpu, seed)
+    let mut checks = fengine::run(gpu, seed)?;
+    checks.extend(correlate::run(gpu, seed)?);
+    Ok(checks)
 }

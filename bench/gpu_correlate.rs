@@ -1,0 +1,174 @@
+//! `cbf-corr-bench`: the CUDA correlator's speed (issue 12) against the device's int8
+//! tensor-core ceiling measured in the same run (a saturating `mma.sync` loop; the 1,979 TOPS
+//! dense datasheet peak beside it). Useful operations per call are the peers' count,
+//! 8 × 4 × N(N+1)/2 × F × T (correlator_hopper.md "Counting"); the corner turn's time is
+//! reported apart and in the total. Input lives in device memory (random bytes), as in the
+//! peers' figures; every time is the median of event-timed calls after a warm-up.
+//!
+//! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
+//! Usage: `cbf-corr-bench [--quick]`.
+
+use std::sync::Arc;
+
+use cbf::dsp::correlate::{n_baselines, CorrShape};
+use cbf::gpu::compile::Kernel;
+use cbf::gpu::correlate::{CorrConfig, CorrPath, Correlator};
+use cbf::gpu::{Gpu, GpuError};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
+
+const DENSE_PEAK: f64 = 1979e12;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Random bytes (any byte string is valid int8 input).
+fn fill(buf: &mut [u8], seed: u64) {
+    let mut x = seed | 1;
+    for c in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+}
+
+fn event(gpu: &Gpu) -> Result<CudaEvent, GpuError> {
+    Ok(gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
+}
+
+/// Median seconds of `reps` event-timed runs of `f` on the compute stream, after 2 warm-ups.
+fn timed(
+    gpu: &Gpu,
+    reps: usize,
+    f: &mut dyn FnMut() -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
+    let mut v = Vec::new();
+    for rep in 0..reps + 2 {
+        let (a, b) = (event(gpu)?, event(gpu)?);
+        a.record(&gpu.compute)?;
+        f()?;
+        b.record(&gpu.compute)?;
+        b.synchronize()?;
+        if rep >= 2 {
+            v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
+        }
+    }
+    Ok(median(v))
+}
+
+/// The saturating `mma.sync` loop: int8 operations per second.
+fn mma_peak(gpu: &Arc<Gpu>) -> Result<f64, GpuError> {
+    let f = gpu.function(Kernel::CorrPeak, &vec![])?;
+    let sms = gpu.ctx.attribute(
+        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )? as usize;
+    let blocks = sms * 4;
+    let mut out = gpu.compute.alloc_zeros::<i32>(blocks * 256)?;
+    let iters = 20000i32;
+    let seed = 0x9e37_79b9u32;
+    let t = timed(gpu, 10, &mut || {
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = gpu.compute.launch_builder(&f);
+        l.arg(&mut out).arg(&seed).arg(&iters);
+        // SAFETY: corr_peak_mma(int *out, u32, int) writes one int per thread of the grid.
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    })?;
+    let ops = (blocks * 8) as f64 * f64::from(iters) * 8.0 * (16 * 8 * 32 * 2) as f64;
+    Ok(ops / t)
+}
+
+struct Figure {
+    turn: f64,
+    corr: f64,
+    useful: f64,
+}
+
+fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, reps: usize) -> Result<Figure, GpuError> {
+    let mut c = Correlator::new(Arc::clone(gpu), cfg)?;
+    let mut host = vec![0u8; cfg.input_bytes()];
+    fill(&mut host, 0x5eed ^ cfg.shape.n_ants as u64);
+    let input = gpu.compute.clone_htod(&host)?;
+    drop(host);
+    let mut acc = gpu.compute.alloc_zeros::<i64>(cfg.acc_len())?;
+    let view = input.as_view();
+    let turn = timed(gpu, reps, &mut || Ok(c.corner_turn(&view)?))?;
+    let corr = timed(gpu, reps, &mut || Ok(c.correlate_planar(&mut acc)?))?;
+    let s = cfg.shape;
+    let useful = 32.0
+        * n_baselines(s.n_ants) as f64
+        * s.channels as f64
+        * s.spectra as f64
+        * cfg.batches as f64;
+    Ok(Figure { turn, corr, useful })
+}
+
+fn main() -> Result<(), GpuError> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let gpu = Gpu::open(0)?;
+    println!("# cbf-corr-bench on {} ({})", gpu.name, gpu.arch);
+    let peak = mma_peak(&gpu)?;
+    println!(
+        "ceiling: saturating mma.sync m16n8k32 s8 loop {:.0} TOPS ({:.0}% of the {:.0} TOPS dense datasheet peak)",
+        peak / 1e12,
+        100.0 * peak / DENSE_PEAK,
+        DENSE_PEAK / 1e12
+    );
+    let reps = if quick { 5 } else { 20 };
+    // (N, F, T, batches): the peers' sizes (F = 480, T = 3072) where the buffers fit, and
+    // katgpucbf's defaults (80 antennas, 512 channels, 256 spectra per heap, 32 heaps per chunk).
+    let sizes: &[(usize, usize, usize, usize)] = &[
+        (4, 480, 3072, 1),
+        (16, 480, 3072, 1),
+        (64, 480, 3072, 1),
+        (128, 480, 3072, 1),
+        (256, 480, 3072, 1),
+        (576, 480, 3072, 1),
+        (1024, 120, 3072, 1),
+        (80, 512, 256, 32),
+    ];
+    let mut paths = vec![CorrPath::Mma];
+    if CorrPath::best_for(&gpu) == CorrPath::Wgmma {
+        paths.push(CorrPath::Wgmma);
+    }
+    println!(
+        "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9} {:>9}  {:>10} {:>6}  {:>10}",
+        "path", "N", "F", "T", "B", "turn ms", "corr ms", "corr TOPS", "% peak", "+turn TOPS"
+    );
+    for &(n_ants, channels, spectra, batches) in sizes {
+        for &path in &paths {
+            let cfg = CorrConfig {
+                shape: CorrShape {
+                    n_ants,
+                    channels,
+                    spectra,
+                },
+                batches,
+                in_bits: 8,
+                path,
+            };
+            let f = measure(&gpu, cfg, reps)?;
+            println!(
+                "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}",
+                format!("{path:?}"),
+                n_ants,
+                channels,
+                spectra,
+                batches,
+                f.turn * 1e3,
+                f.corr * 1e3,
+                f.useful / f.corr / 1e12,
+                100.0 * f.useful / f.corr / DENSE_PEAK,
+                f.useful / (f.corr + f.turn) / 1e12
+            );
+        }
+    }
+    Ok(())
+}

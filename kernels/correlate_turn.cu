@@ -1,0 +1,87 @@
+// The correlator's corner turn (issue 12 "a pre-pass"): the X-engine chunk's int8 (or packed
+// 4-bit) samples, laid out (batch, antenna, channel, spectrum, pol, re/im) as the F heaps arrive
+// (`dsp::correlate`), become the planar, time-major rows the tensor cores read
+// (correlator_hopper.md "A planar alternative"):
+//
+//   planar[batch][channel][g][plane][r][TPAD]   plane 0 = Re, 1 = Im; antenna-pol i = 8·g + r
+//
+// with antenna-pol i = 2·antenna + pol. Rows of antenna-pols at or beyond 2·N_ANTS and times at
+// or beyond SPECTRA are written as zeros, so the correlator may read whole tiles without
+// bounds checks and the buffer needs no clearing. Both operands of the integer tensor-core
+// instructions must be K-major (time contiguous), and nothing is negated (Im = IR − RI is formed
+// after the products), so −128 stays −128 and is correlated exactly. 4-bit input (one byte per
+// complex value, real in the high nibble) is sign-extended to int8 here: Hopper has no int4
+// tensor cores.
+//
+// Compile-time constants (-D): N_ANTS, CHANNELS, SPECTRA (T), TPAD (T rounded up to the
+// correlator's time step), NP (antenna-pols rounded up to the correlator's tile), IN_BITS (8 or 4).
+//
+// Mapping: a block of 256 threads takes one group of 8 antenna-pols (4 antennas) of one
+// channel and 256 consecutive times; a thread takes one antenna and 4 consecutive times, reads
+// its 4 samples (both pols) and writes 4 bytes to each of its 4 rows (Re and Im of each pol).
+// Consecutive threads write consecutive words of a row. The alternative, a shared-memory
+// transpose with 16-byte stores, was not taken: this pass moves ~2 bytes per input byte and is
+// a small part of the correlation's time at the antenna counts where speed matters.
+
+#define THREADS 256
+#define TIMES_PER_THREAD 4
+#define TIMES_PER_BLOCK ((THREADS / 4) * TIMES_PER_THREAD)
+#define T_TILES ((TPAD + TIMES_PER_BLOCK - 1) / TIMES_PER_BLOCK)
+
+typedef unsigned int u32;
+
+// One complex sample of one pol as (re, im).
+__device__ __forceinline__ char2 sample(const unsigned char *__restrict__ in, long long idx, int pol)
+{
+#if IN_BITS == 8
+    const char2 *p = reinterpret_cast<const char2 *>(in);
+    return p[idx * 2 + pol];
+#elif IN_BITS == 4
+    signed char b = (signed char)in[idx * 2 + pol];
+    return make_char2((signed char)(b >> 4), (signed char)((signed char)(b << 4) >> 4));
+#else
+#error "IN_BITS must be 8 or 4"
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) corr_turn(const unsigned char *__restrict__ in,
+                                                               u32 *__restrict__ planar)
+{
+    const int tile = blockIdx.x % T_TILES;
+    const int g = blockIdx.x / T_TILES;
+    const int c = blockIdx.y;
+    const int b = blockIdx.z;
+    const int local = threadIdx.x / (THREADS / 4); // antenna within the group
+    const int t0 = tile * TIMES_PER_BLOCK + (threadIdx.x % (THREADS / 4)) * TIMES_PER_THREAD;
+    if (t0 >= TPAD)
+        return;
+    const int ant = 4 * g + local;
+    u32 re[2] = {0, 0}, im[2] = {0, 0};
+    if (ant < N_ANTS)
+    {
+        const long long base = (((long long)b * N_ANTS + ant) * CHANNELS + c) * SPECTRA;
+#pragma unroll
+        for (int k = 0; k < TIMES_PER_THREAD; ++k)
+        {
+            if (t0 + k < SPECTRA)
+            {
+#pragma unroll
+                for (int pol = 0; pol < 2; ++pol)
+                {
+                    char2 s = sample(in, base + t0 + k, pol);
+                    re[pol] |= (u32)(unsigned char)s.x << (8 * k);
+                    im[pol] |= (u32)(unsigned char)s.y << (8 * k);
+                }
+            }
+        }
+    }
+    // Row (g, plane, r) of this (batch, channel); TPAD is a multiple of 4, so words align.
+    u32 *rows = planar + (((long long)b * CHANNELS + c) * NP * 2 + (long long)g * 16) * (TPAD / 4);
+#pragma unroll
+    for (int pol = 0; pol < 2; ++pol)
+    {
+        const int r = 2 * local + pol;
+        rows[(long long)r * (TPAD / 4) + t0 / 4] = re[pol];
+        rows[(long long)(8 + r) * (TPAD / 4) + t0 / 4] = im[pol];
+    }
+}

@@ -1,0 +1,370 @@
+//! The X-engine correlator on the GPU (issue 12; seed 001 §Implementation details of
+//! tensor-core correlator, §Accumulation): the CUDA body of `dsp::correlate`.
+//!
+//! **Input** (`correlate`): `batches` consecutive batches, each in `dsp::correlate`'s layout,
+//! **(antenna, channel, spectrum, pol, re/im)**: int8 (one byte per real part; −128 is legal and
+//! exact, since the planar scheme negates nothing) or, with `in_bits = 4`, one byte per complex
+//! value with the real part in the high nibble (sign-extended to int8 by the corner turn).
+//! **Accumulators**: int64, `batches × dsp CorrShape::vis_len()`, layout (batch, channel,
+//! baseline, product, re/im) with katgpucbf's baseline order; batch *i* **adds** into accumulator
+//! *i* (never overwrites), as seed 001 prescribes to keep the batches of a chunk race-free.
+//! **Reduce** ([`Correlator::reduce`]): the sum of the `batches` accumulators saturated to
+//! ±(2³¹ − 1) as int32 (**overwrites** `out`, same layout without the batch axis), the clipped
+//! re and im parts counted into `clips` (**overwritten**), and (−2³¹, 1) in every baseline
+//! touching an antenna whose presence flag is 0; optionally clears the accumulators as it reads.
+//!
+//! Each call runs on the compute stream: the corner turn (`kernels/correlate_turn.cu`) writes a
+//! planar, time-major copy of the chunk into a scratch buffer the plan owns (as large as the
+//! 8-bit input, padded to whole tiles; read and written, 2 bytes moved per input byte), then
+//! the correlator adds its tiles into the accumulators: on an
+//! sm_90 device (H100, H200) the warpgroup-MMA kernel (`kernels/correlate_wgmma.cu`, compiled
+//! for sm_90a), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`,
+//! any sm_80 and later device). [`CorrPath::best_for`] picks it from the device.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DriverError, LaunchConfig, PushKernelArg};
+
+use super::compile::{Defines, Kernel};
+use super::{Gpu, GpuError};
+use crate::dsp::correlate::{n_baselines, CorrShape};
+
+/// Which correlator kernel a plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CorrPath {
+    /// Warp-level `mma.sync` (`kernels/correlate_mma.cu`): any sm_80 and later device.
+    Mma,
+    /// Warpgroup `wgmma` (`kernels/correlate_wgmma.cu`): sm_90 devices only (sm_90a code).
+    Wgmma,
+}
+
+impl CorrPath {
+    /// The fastest path `gpu` runs: `wgmma` exists only on sm_90 (the `a` features are not
+    /// carried forward to later architectures).
+    pub fn best_for(gpu: &Gpu) -> CorrPath {
+        if gpu.arch == "sm_90" {
+            CorrPath::Wgmma
+        } else {
+            CorrPath::Mma
+        }
+    }
+
+    /// Times per step of the kernel's main loop: rows are padded to a multiple of it.
+    fn kstep(self) -> usize {
+        match self {
+            CorrPath::Mma => 64,
+            CorrPath::Wgmma => 128,
+        }
+    }
+
+    /// Antenna-pols per (column) tile: the antenna-pol axis is padded to a multiple of it.
+    fn tile(self) -> usize {
+        match self {
+            CorrPath::Mma => 64,
+            CorrPath::Wgmma => 128,
+        }
+    }
+}
+
+/// Shared-memory stages of the `wgmma` kernel (48 KiB each) and the alignment slack.
+const WGMMA_STAGES: usize = 4;
+const WGMMA_SMEM: usize = WGMMA_STAGES * 384 * 128 + 1024;
+/// Times summed in int32 before they are added to int64 (|product| ≤ 128², so each real
+/// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin): inside the
+/// mma kernel, and per launch of the wgmma kernel.
+const WINDOW: usize = 65536;
+/// CUDA's grid limit on y and z.
+const GRID_YZ: usize = 65535;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CorrError {
+    #[error("correlator shape: {what} = {value} is out of range ({why})")]
+    Shape {
+        what: &'static str,
+        value: usize,
+        why: &'static str,
+    },
+    #[error("correlator buffer {buffer}: {len} elements, expected {expected}")]
+    Buffer {
+        buffer: &'static str,
+        len: usize,
+        expected: usize,
+    },
+    #[error("the wgmma correlator needs an sm_90 device (H100, H200); this one is {arch}")]
+    Unsupported { arch: String },
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+impl From<DriverError> for CorrError {
+    fn from(e: DriverError) -> CorrError {
+        CorrError::Gpu(GpuError::Driver(e))
+    }
+}
+
+impl From<CorrError> for GpuError {
+    fn from(e: CorrError) -> GpuError {
+        match e {
+            CorrError::Gpu(g) => g,
+            other => GpuError::Backend(other.to_string()),
+        }
+    }
+}
+
+/// What one correlator plan is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CorrConfig {
+    pub shape: CorrShape,
+    /// Batches per call (heaps of one timestamp from every antenna each).
+    pub batches: usize,
+    /// 8 (int8 re, im) or 4 (one byte per complex value).
+    pub in_bits: u32,
+    pub path: CorrPath,
+}
+
+impl CorrConfig {
+    /// Input bytes of one call.
+    pub fn input_bytes(&self) -> usize {
+        self.shape.input_len() * self.batches * self.in_bits as usize / 8
+    }
+
+    /// int64 accumulators of one call (all batches).
+    pub fn acc_len(&self) -> usize {
+        self.shape.vis_len() * self.batches
+    }
+
+    /// Antenna-pols after padding to whole tiles.
+    fn np(&self) -> usize {
+        (2 * self.shape.n_ants).div_ceil(self.path.tile()) * self.path.tile()
+    }
+
+    /// Times after padding to whole steps.
+    fn tpad(&self) -> usize {
+        self.shape.spectra.div_ceil(self.path.kstep()) * self.path.kstep()
+    }
+
+    /// Bytes of the planar scratch buffer: Re and Im rows of every padded antenna-pol.
+    pub fn planar_bytes(&self) -> usize {
+        self.batches * self.shape.channels * 2 * self.np() * self.tpad()
+    }
+
+    fn validate(&self) -> Result<(), CorrError> {
+        let bad = |what, value, why| Err(CorrError::Shape { what, value, why });
+        let s = self.shape;
+        if !(1..=4096).contains(&s.n_ants) {
+            return bad("n_ants", s.n_ants, "1 to 4096");
+        }
+        if !(1..=GRID_YZ).contains(&s.channels) {
+            return bad("channels", s.channels, "1 to 65535");
+        }
+        if !(1..=GRID_YZ).contains(&self.batches) {
+            return bad("batches", self.batches, "1 to 65535");
+        }
+        if s.spectra == 0 || self.tpad() > i32::MAX as usize / 2 {
+            return bad("spectra", s.spectra, "1 to 2^30");
+        }
+        if self.in_bits != 8 && self.in_bits != 4 {
+            return bad("in_bits", self.in_bits as usize, "8 or 4");
+        }
+        Ok(())
+    }
+}
+
+/// The compiled correlator for one [`CorrConfig`] and its scratch buffer.
+pub struct Correlator {
+    gpu: Arc<Gpu>,
+    cfg: CorrConfig,
+    turn: CudaFunction,
+    corr: CudaFunction,
+    reduce: CudaFunction,
+    planar: CudaSlice<i8>,
+}
+
+impl Correlator {
+    pub fn new(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
+        cfg.validate()?;
+        if cfg.path == CorrPath::Wgmma && CorrPath::best_for(&gpu) != CorrPath::Wgmma {
+            return Err(CorrError::Unsupported {
+                arch: gpu.arch.clone(),
+            });
+        }
+        let s = cfg.shape;
+        let (np, tpad) = (cfg.np() as i64, cfg.tpad() as i64);
+        let turn_defs: Defines = vec![
+            ("N_ANTS", s.n_ants as i64),
+            ("CHANNELS", s.channels as i64),
+            ("SPECTRA", s.spectra as i64),
+            ("TPAD", tpad),
+            ("NP", np),
+            ("IN_BITS", i64::from(cfg.in_bits)),
+        ];
+        let mut corr_defs: Defines = vec![
+            ("N_ANTS", s.n_ants as i64),
+            ("CHANNELS", s.channels as i64),
+            ("TPAD", tpad),
+            ("NP", np),
+        ];
+        let corr = match cfg.path {
+            CorrPath::Mma => {
+                corr_defs.push(("WINDOW", WINDOW as i64));
+                gpu.function(Kernel::CorrMma, &corr_defs)?
+            }
+            CorrPath::Wgmma => {
+                corr_defs.push(("STAGES", WGMMA_STAGES as i64));
+                let f = gpu.function(Kernel::CorrWgmma, &corr_defs)?;
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    WGMMA_SMEM as i32,
+                )?;
+                f
+            }
+        };
+        let reduce_defs: Defines = vec![
+            ("N_ANTS", s.n_ants as i64),
+            ("CHANNELS", s.channels as i64),
+            ("N_ACC", cfg.batches as i64),
+        ];
+        Ok(Correlator {
+            turn: gpu.function(Kernel::CorrTurn, &turn_defs)?,
+            corr,
+            reduce: gpu.function(Kernel::CorrReduce, &reduce_defs)?,
+            planar: gpu.compute.alloc_zeros(cfg.planar_bytes())?,
+            gpu,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> CorrConfig {
+        self.cfg
+    }
+
+    /// Correlate one call's `batches` batches of `input` (layout in the module doc), **adding**
+    /// batch i into accumulator i of `acc`. Runs on the compute stream.
+    pub fn correlate(
+        &mut self,
+        input: &CudaView<u8>,
+        acc: &mut CudaSlice<i64>,
+    ) -> Result<(), CorrError> {
+        check_len("input", input.len(), self.cfg.input_bytes())?;
+        check_len("acc", acc.len(), self.cfg.acc_len())?;
+        self.corner_turn(input)?;
+        self.correlate_planar(acc)
+    }
+
+    /// The corner turn alone (the benchmark times it apart).
+    pub fn corner_turn(&mut self, input: &CudaView<u8>) -> Result<(), CorrError> {
+        check_len("input", input.len(), self.cfg.input_bytes())?;
+        let s = self.cfg.shape;
+        let t_tiles = self.cfg.tpad().div_ceil(256);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (t_tiles * self.cfg.np() / 8) as u32,
+                s.channels as u32,
+                self.cfg.batches as u32,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let st = &self.gpu.compute;
+        let mut b = st.launch_builder(&self.turn);
+        b.arg(input).arg(&mut self.planar);
+        // SAFETY: `input` holds input_bytes() bytes (checked) and `planar` planar_bytes(); the
+        // grid covers (time tile, group) × channel × batch exactly as the kernel's constants say.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The correlator over the planar buffer the last corner turn wrote.
+    pub fn correlate_planar(&mut self, acc: &mut CudaSlice<i64>) -> Result<(), CorrError> {
+        check_len("acc", acc.len(), self.cfg.acc_len())?;
+        let tiles = self.cfg.np() / self.cfg.path.tile();
+        // The mma kernel walks the triangle of square tiles; the wgmma kernel's column tile
+        // holds two row tiles, 2·ct + 2 of which are needed in column tile ct, and its block is
+        // two consumer warpgroups and a producer warpgroup.
+        let (blocks, threads, smem) = match self.cfg.path {
+            CorrPath::Mma => (tiles * (tiles + 1) / 2, 128, 0),
+            CorrPath::Wgmma => (tiles * (tiles + 1), 384, WGMMA_SMEM as u32),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (
+                blocks as u32,
+                self.cfg.shape.channels as u32,
+                self.cfg.batches as u32,
+            ),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let st = &self.gpu.compute;
+        match self.cfg.path {
+            CorrPath::Mma => {
+                let mut b = st.launch_builder(&self.corr);
+                b.arg(&self.planar).arg(acc);
+                // SAFETY: `planar` is the corner turn's output for this config; `acc` holds
+                // acc_len() int64 (checked); each (tile, channel, batch) block adds into its own
+                // baselines only.
+                unsafe { b.launch(cfg) }?;
+            }
+            CorrPath::Wgmma => {
+                // One launch per WINDOW of times: the kernel sums a launch in int32.
+                let steps = (self.cfg.tpad() / CorrPath::Wgmma.kstep()) as i32;
+                let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
+                for step0 in (0..steps).step_by(per as usize) {
+                    let n = per.min(steps - step0);
+                    let mut b = st.launch_builder(&self.corr);
+                    b.arg(&self.planar).arg(&mut *acc).arg(&step0).arg(&n);
+                    // SAFETY: as for the mma kernel; steps [step0, step0 + n) lie inside the
+                    // planar rows' TPAD times, and launches on one stream run in order, so
+                    // their read-modify-writes of `acc` never overlap.
+                    unsafe { b.launch(cfg) }?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduce the `batches` accumulators to int32 (see the module doc): `present` holds one
+    /// flag per antenna (non-zero = present), `out` is overwritten with `shape.vis_len()` int32,
+    /// `clips` (one u64) with the number of clipped parts. With `clear`, `acc` is zeroed.
+    pub fn reduce(
+        &self,
+        acc: &mut CudaSlice<i64>,
+        present: &CudaSlice<u8>,
+        out: &mut CudaSlice<i32>,
+        clips: &mut CudaSlice<u64>,
+        clear: bool,
+    ) -> Result<(), CorrError> {
+        let s = self.cfg.shape;
+        check_len("acc", acc.len(), self.cfg.acc_len())?;
+        check_len("present", present.len(), s.n_ants)?;
+        check_len("out", out.len(), s.vis_len())?;
+        check_len("clips", clips.len(), 1)?;
+        let st = &self.gpu.compute;
+        st.memset_zeros(clips)?;
+        let threads = s.channels * n_baselines(s.n_ants);
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let clear = i32::from(clear);
+        let mut b = st.launch_builder(&self.reduce);
+        b.arg(acc).arg(present).arg(out).arg(clips).arg(&clear);
+        // SAFETY: every buffer's length was checked against the kernel's constants above; one
+        // thread per (channel, baseline) touches only its own 8 values in each buffer.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+fn check_len(buffer: &'static str, len: usize, expected: usize) -> Result<(), CorrError> {
+    if len == expected {
+        Ok(())
+    } else {
+        Err(CorrError::Buffer {
+            buffer,
+            len,
+            expected,
+        })
+    }
+}
