@@ -1,0 +1,20 @@
+//! Fuzz the `--wideband key=value,...` output specs: no panic; an accepted spec satisfies the
+//! documented bounds, and its derived spectra-per-heap never divides by zero.
+//! Seeds: fuzz/seeds/output_spec.
+#![no_main]
+
+use cbf::fengine::output::{WidebandOutput, MAX_CHANNELS, MAX_TAPS};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(o) = WidebandOutput::parse(text) {
+        assert!(o.channels >= 2 && o.channels <= MAX_CHANNELS && o.channels.is_power_of_two());
+        assert!(o.taps >= 1 && o.taps <= MAX_TAPS);
+        assert!(!o.dst.is_empty() && o.channels % o.dst.len() == 0);
+        let _ = o.spectra_per_heap(1 << 20);
+        let _ = o.spectra_per_heap(0);
+    }
+});
