@@ -13,8 +13,15 @@
 // complex value, real in the high nibble) is sign-extended to int8 here: Hopper has no int4
 // tensor cores.
 //
-// Compile-time constants (-D): N_ANTS, CHANNELS, SPECTRA (T), TPAD (T rounded up to the
-// correlator's time step), NP (antenna-pols rounded up to the correlator's tile), IN_BITS (8 or 4).
+// Short heaps are merged in time: GROUP consecutive batches become one planar row set of
+// GROUP·SPECTRA times (batch b·GROUP + k's spectrum s at time k·SPECTRA + s), which the correlator
+// sums into one accumulator, so that heaps of few spectra (katgpucbf's default 32 at 32768
+// channels) are not each padded to the correlator's time step. The launch's z index is the
+// group; batches at or beyond the launch's `n` are zeros (a range may end inside a group).
+//
+// Compile-time constants (-D): N_ANTS, CHANNELS, SPECTRA (T), GROUP, TPAD (GROUP·T rounded up to
+// the correlator's time step), NP (antenna-pols rounded up to the correlator's tile), IN_BITS
+// (8 or 4).
 //
 // Mapping: a block of 256 threads takes one group of 8 antenna-pols (4 antennas) of one
 // channel and 256 consecutive times; a thread takes one antenna and 4 consecutive times, reads
@@ -45,7 +52,7 @@ __device__ __forceinline__ char2 sample(const unsigned char *__restrict__ in, lo
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) corr_turn(const unsigned char *__restrict__ in,
-                                                               u32 *__restrict__ planar)
+                                                               u32 *__restrict__ planar, int n)
 {
     const int tile = blockIdx.x % T_TILES;
     const int g = blockIdx.x / T_TILES;
@@ -59,16 +66,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) corr_turn(const unsigned c
     u32 re[2] = {0, 0}, im[2] = {0, 0};
     if (ant < N_ANTS)
     {
-        const long long base = (((long long)b * N_ANTS + ant) * CHANNELS + c) * SPECTRA;
 #pragma unroll
         for (int k = 0; k < TIMES_PER_THREAD; ++k)
         {
-            if (t0 + k < SPECTRA)
+            const int t = t0 + k;
+            const int sub = t / SPECTRA;
+            const int batch = b * GROUP + sub;
+            if (sub < GROUP && batch < n)
             {
+                const long long idx =
+                    (((long long)batch * N_ANTS + ant) * CHANNELS + c) * SPECTRA + (t - sub * SPECTRA);
 #pragma unroll
                 for (int pol = 0; pol < 2; ++pol)
                 {
-                    char2 s = sample(in, base + t0 + k, pol);
+                    char2 s = sample(in, idx, pol);
                     re[pol] |= (u32)(unsigned char)s.x << (8 * k);
                     im[pol] |= (u32)(unsigned char)s.y << (8 * k);
                 }

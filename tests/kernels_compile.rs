@@ -50,14 +50,21 @@ fn every_kernel_compiles_for_every_architecture() {
         compile(Kernel::Copy, &[], arch).unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
         // The correlator: a single antenna, an odd count, and 1024 antennas; both input widths.
-        for (ants, channels, spectra) in [(1, 1, 1), (19, 3, 255), (1024, 512, 256)] {
+        // Short heaps are merged in groups of batches (32 spectra: 2 per 64-time step).
+        for (ants, channels, spectra, group) in [
+            (1, 1, 1, 1),
+            (19, 3, 255, 1),
+            (80, 512, 32, 2),
+            (1024, 512, 256, 1),
+        ] {
             let np = (2 * ants + 63) / 64 * 64;
-            let tpad = (spectra + 63) / 64 * 64;
+            let tpad = (group * spectra + 63) / 64 * 64;
             for in_bits in [8, 4] {
                 let defs = vec![
                     ("N_ANTS", ants),
                     ("CHANNELS", channels),
                     ("SPECTRA", spectra),
+                    ("GROUP", group),
                     ("TPAD", tpad),
                     ("NP", np),
                     ("IN_BITS", in_bits),
@@ -79,6 +86,25 @@ fn every_kernel_compiles_for_every_architecture() {
         }
         compile(Kernel::CorrPeak, &[], arch).unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
+        // The beamformer: MeerKAT's 8 beams, one beam, 130 beams (several beam batches, one
+        // partial), 4-bit input, short and odd spectra (a partial block).
+        for (ants, beams, spectra, in_bits) in [
+            (80, 8, 256, 8),
+            (1, 1, 1, 8),
+            (130, 130, 100, 4),
+            (1024, 64, 32, 8),
+        ] {
+            let defs = vec![
+                ("N_ANTS", ants),
+                ("CHANNELS", 512),
+                ("SPECTRA", spectra),
+                ("N_BEAMS", beams),
+                ("IN_BITS", in_bits),
+                ("THREADS", ((spectra + 31) / 32 * 32).min(256)),
+            ];
+            compile(Kernel::Beamform, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+            compiled += 1;
+        }
     }
     // The wgmma correlator exists for sm_90a only.
     for (ants, channels, spectra) in [(1, 1, 1), (19, 3, 255), (1024, 512, 256)] {
@@ -93,7 +119,10 @@ fn every_kernel_compiles_for_every_architecture() {
         compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
-    assert_eq!(compiled, ARCHES.len() * (7 * 3 + 12 + 1 + 3 * 4 + 1) + 3);
+    assert_eq!(
+        compiled,
+        ARCHES.len() * (7 * 3 + 12 + 1 + 4 * 4 + 1 + 4) + 3
+    );
 }
 
 #[test]

@@ -269,6 +269,7 @@ pub fn run(
                 },
             ],
             backend: BackendKind::Cpu,
+            gpu_device: 0,
             cpu_threads: 1,
             send_rate_factor: 1.1,
             send_packet_payload: 8192,

@@ -63,9 +63,13 @@ pub struct XbengineArgs {
     /// A single-polarisation beam: name=…,dst=…,pol=0|1[,dither=uniform|none]; repeatable.
     #[arg(long)]
     pub beam: Vec<String>,
-    /// Compute backend (the XB-engine has the CPU backend so far).
+    /// Compute backend: `cpu` (src/dsp on the host) or `cuda` (the GPU correlator and
+    /// beamformer; needs a CUDA driver and NVRTC).
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
+    /// CUDA device ordinal (with --backend cuda).
+    #[arg(long, default_value_t = 0)]
+    pub gpu_device: usize,
     /// Threads of the CPU backend's correlator [default: every core].
     #[arg(long)]
     pub cpu_threads: Option<usize>,
@@ -150,6 +154,7 @@ impl XbengineArgs {
             corrprods,
             beams,
             backend: self.backend,
+            gpu_device: self.gpu_device,
             cpu_threads: self
                 .cpu_threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

@@ -32,6 +32,8 @@ pub enum Kernel {
     CorrPeak,
     /// The Hopper `wgmma` correlator (`kernels/correlate_wgmma.cu`), sm_90a only.
     CorrWgmma,
+    /// The coherent beamformer (`kernels/beamform.cu`).
+    Beamform,
 }
 
 impl Kernel {
@@ -45,6 +47,7 @@ impl Kernel {
             Kernel::CorrReduce => "correlate_reduce.cu",
             Kernel::CorrPeak => "correlate_peak.cu",
             Kernel::CorrWgmma => "correlate_wgmma.cu",
+            Kernel::Beamform => "beamform.cu",
         }
     }
 
@@ -59,6 +62,7 @@ impl Kernel {
             Kernel::CorrReduce => "corr_reduce",
             Kernel::CorrPeak => "corr_peak_mma",
             Kernel::CorrWgmma => "corr_wgmma",
+            Kernel::Beamform => "beamform",
         }
     }
 
@@ -82,6 +86,7 @@ impl Kernel {
             Kernel::CorrReduce => include_str!("../../kernels/correlate_reduce.cu"),
             Kernel::CorrPeak => include_str!("../../kernels/correlate_peak.cu"),
             Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
+            Kernel::Beamform => include_str!("../../kernels/beamform.cu"),
         }
     }
 }

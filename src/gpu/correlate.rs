@@ -6,8 +6,11 @@
 //! exact, since the planar scheme negates nothing) or, with `in_bits = 4`, one byte per complex
 //! value with the real part in the high nibble (sign-extended to int8 by the corner turn).
 //! **Accumulators**: int64, `batches × dsp CorrShape::vis_len()`, layout (batch, channel,
-//! baseline, product, re/im) with katgpucbf's baseline order; batch *i* **adds** into accumulator
-//! *i* (never overwrites), as seed 001 prescribes to keep the batches of a chunk race-free.
+//! baseline, product, re/im) with katgpucbf's baseline order; the call's batches are taken in
+//! groups of [`CorrConfig::group`] consecutive ones (1 unless heaps are shorter than the
+//! kernel's time step), and group *j* **adds** into accumulator *j* (never overwrites): seed
+//! 001 keeps the batches of a chunk race-free with one accumulator per batch, and a group is
+//! summed by one block. Only the reduce's sum over every accumulator is the contract's result.
 //! **Reduce** ([`Correlator::reduce`]): the sum of the `batches` accumulators saturated to
 //! ±(2³¹ − 1) as int32 (**overwrites** `out`, same layout without the batch axis), the clipped
 //! re and im parts counted into `clips` (**overwritten**), and (−2³¹, 1) in every baseline
@@ -21,10 +24,13 @@
 //! for sm_90a), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`,
 //! any sm_80 and later device). [`CorrPath::best_for`] picks it from the device.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DriverError, LaunchConfig, PushKernelArg,
+};
 
 use super::compile::{Defines, Kernel};
 use super::{Gpu, GpuError};
@@ -139,14 +145,31 @@ impl CorrConfig {
         (2 * self.shape.n_ants).div_ceil(self.path.tile()) * self.path.tile()
     }
 
-    /// Times after padding to whole steps.
+    /// Batches merged in time into one planar row set and one accumulator (see
+    /// `kernels/correlate_turn.cu`): the count up to the time step's worth that wastes the least
+    /// padding (1 when heaps are at least a step long; 4 for katgpucbf's 32-spectrum heaps on
+    /// the `wgmma` path).
+    pub fn group(&self) -> usize {
+        let (s, k) = (self.shape.spectra, self.path.kstep());
+        let waste = |g: usize| (g * s).div_ceil(k) * k * 1000 / (g * s);
+        (1..=self.batches.min(k.div_ceil(s)))
+            .min_by_key(|&g| (waste(g), g))
+            .unwrap_or(1)
+    }
+
+    /// Groups of batches in `n` batches.
+    fn groups(&self, n: usize) -> usize {
+        n.div_ceil(self.group())
+    }
+
+    /// Times per planar row (a group's) after padding to whole steps.
     fn tpad(&self) -> usize {
-        self.shape.spectra.div_ceil(self.path.kstep()) * self.path.kstep()
+        (self.group() * self.shape.spectra).div_ceil(self.path.kstep()) * self.path.kstep()
     }
 
     /// Bytes of the planar scratch buffer: Re and Im rows of every padded antenna-pol.
     pub fn planar_bytes(&self) -> usize {
-        self.batches * self.shape.channels * 2 * self.np() * self.tpad()
+        self.groups(self.batches) * self.shape.channels * 2 * self.np() * self.tpad()
     }
 
     fn validate(&self) -> Result<(), CorrError> {
@@ -195,6 +218,7 @@ impl Correlator {
             ("N_ANTS", s.n_ants as i64),
             ("CHANNELS", s.channels as i64),
             ("SPECTRA", s.spectra as i64),
+            ("GROUP", cfg.group() as i64),
             ("TPAD", tpad),
             ("NP", np),
             ("IN_BITS", i64::from(cfg.in_bits)),
@@ -252,32 +276,79 @@ impl Correlator {
         self.correlate_planar(acc)
     }
 
+    /// Correlate only batches `batches` of one call's `input` (the whole call's, layout in the
+    /// module doc), **adding** batch i into accumulator i of `acc`: an engine's dump can fall
+    /// mid-chunk (seed 001 §Accumulations), so the batches before it go to one dump and the
+    /// rest to the next. Runs on the compute stream.
+    pub fn correlate_range(
+        &mut self,
+        input: &CudaView<u8>,
+        acc: &mut CudaSlice<i64>,
+        batches: Range<usize>,
+    ) -> Result<(), CorrError> {
+        check_len("input", input.len(), self.cfg.input_bytes())?;
+        check_len("acc", acc.len(), self.cfg.acc_len())?;
+        if batches.is_empty() || batches.end > self.cfg.batches {
+            return Err(CorrError::Shape {
+                what: "batch range end",
+                value: batches.end,
+                why: "a non-empty range within the call's batches",
+            });
+        }
+        let in_batch = self.cfg.input_bytes() / self.cfg.batches;
+        let vis = self.cfg.shape.vis_len();
+        let n = batches.len();
+        self.turn(
+            &input.slice(batches.start * in_batch..batches.end * in_batch),
+            n,
+        )?;
+        self.planar(
+            &mut acc.slice_mut(batches.start * vis..batches.end * vis),
+            n,
+        )
+    }
+
     /// The corner turn alone (the benchmark times it apart).
     pub fn corner_turn(&mut self, input: &CudaView<u8>) -> Result<(), CorrError> {
         check_len("input", input.len(), self.cfg.input_bytes())?;
+        self.turn(input, self.cfg.batches)
+    }
+
+    /// The correlator over the planar buffer the last corner turn wrote.
+    pub fn correlate_planar(&mut self, acc: &mut CudaSlice<i64>) -> Result<(), CorrError> {
+        check_len("acc", acc.len(), self.cfg.acc_len())?;
+        self.planar(&mut acc.slice_mut(..), self.cfg.batches)
+    }
+
+    /// The corner turn of the first `n` batches of `input` (`n` batches' bytes) into the
+    /// first `n` batches of the planar buffer.
+    fn turn(&mut self, input: &CudaView<u8>, n: usize) -> Result<(), CorrError> {
         let s = self.cfg.shape;
         let t_tiles = self.cfg.tpad().div_ceil(256);
         let cfg = LaunchConfig {
             grid_dim: (
                 (t_tiles * self.cfg.np() / 8) as u32,
                 s.channels as u32,
-                self.cfg.batches as u32,
+                self.cfg.groups(n) as u32,
             ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let st = &self.gpu.compute;
+        let n_arg = n as i32;
         let mut b = st.launch_builder(&self.turn);
-        b.arg(input).arg(&mut self.planar);
-        // SAFETY: `input` holds input_bytes() bytes (checked) and `planar` planar_bytes(); the
-        // grid covers (time tile, group) × channel × batch exactly as the kernel's constants say.
+        b.arg(input).arg(&mut self.planar).arg(&n_arg);
+        // SAFETY: `input` holds n of the input_bytes()/batches bytes per batch (the callers
+        // check the lengths) and `planar` planar_bytes() ≥ the rows of n batches' groups; the
+        // grid covers (time tile, antenna group) × channel × batch group exactly as the
+        // kernel's constants say, and the kernel reads no batch at or beyond n.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
-    /// The correlator over the planar buffer the last corner turn wrote.
-    pub fn correlate_planar(&mut self, acc: &mut CudaSlice<i64>) -> Result<(), CorrError> {
-        check_len("acc", acc.len(), self.cfg.acc_len())?;
+    /// The correlator over the planar rows of the first `n` batches into `acc` (`n`
+    /// accumulators; group j of batches adds into accumulator j, the reduce sums them all).
+    fn planar(&mut self, acc: &mut CudaViewMut<i64>, n: usize) -> Result<(), CorrError> {
         let tiles = self.cfg.np() / self.cfg.path.tile();
         // The mma kernel walks the triangle of square tiles; the wgmma kernel's column tile
         // holds two row tiles, 2·ct + 2 of which are needed in column tile ct, and its block is
@@ -290,7 +361,7 @@ impl Correlator {
             grid_dim: (
                 blocks as u32,
                 self.cfg.shape.channels as u32,
-                self.cfg.batches as u32,
+                self.cfg.groups(n) as u32,
             ),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
@@ -300,9 +371,9 @@ impl Correlator {
             CorrPath::Mma => {
                 let mut b = st.launch_builder(&self.corr);
                 b.arg(&self.planar).arg(acc);
-                // SAFETY: `planar` is the corner turn's output for this config; `acc` holds
-                // acc_len() int64 (checked); each (tile, channel, batch) block adds into its own
-                // baselines only.
+                // SAFETY: `planar` holds the corner turn's output for n batches; `acc` holds n
+                // accumulators (the callers check); each (tile, channel, batch) block adds into
+                // its own baselines only.
                 unsafe { b.launch(cfg) }?;
             }
             CorrPath::Wgmma => {
@@ -310,10 +381,10 @@ impl Correlator {
                 let steps = (self.cfg.tpad() / CorrPath::Wgmma.kstep()) as i32;
                 let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
                 for step0 in (0..steps).step_by(per as usize) {
-                    let n = per.min(steps - step0);
+                    let k = per.min(steps - step0);
                     let mut b = st.launch_builder(&self.corr);
-                    b.arg(&self.planar).arg(&mut *acc).arg(&step0).arg(&n);
-                    // SAFETY: as for the mma kernel; steps [step0, step0 + n) lie inside the
+                    b.arg(&self.planar).arg(&mut *acc).arg(&step0).arg(&k);
+                    // SAFETY: as for the mma kernel; steps [step0, step0 + k) lie inside the
                     // planar rows' TPAD times, and launches on one stream run in order, so
                     // their read-modify-writes of `acc` never overlap.
                     unsafe { b.launch(cfg) }?;

@@ -7,6 +7,7 @@
 //! cudarc panics when libcuda is absent, so [`Gpu::open`] probes for it first and answers with
 //! [`GpuError::NoDriver`], whose message names `--backend cpu`.
 
+pub mod beamform;
 pub mod compile;
 pub mod correlate;
 pub mod fft;

@@ -81,11 +81,15 @@ fn check(
     // Two calls into the same accumulators.
     for _ in 0..2 {
         let (bytes, x) = draw(rng, &case, shape.input_len() * case.batches);
-        for (xb, wb) in x
-            .chunks_exact(shape.input_len())
-            .zip(want.chunks_exact_mut(shape.vis_len()))
-        {
-            correlate_accumulate(shape, xb, wb);
+        // Group j of `group` consecutive batches adds into accumulator j.
+        let group = cfg.group();
+        for (i, xb) in x.chunks_exact(shape.input_len()).enumerate() {
+            let j = i / group;
+            correlate_accumulate(
+                shape,
+                xb,
+                &mut want[j * shape.vis_len()..][..shape.vis_len()],
+            );
         }
         let input = st.clone_htod(&bytes)?;
         corr.correlate(&input.as_view(), &mut acc)?;
@@ -93,11 +97,12 @@ fn check(
     let got = st.clone_dtoh(&acc)?;
     let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
     let name = format!(
-        "correlate {path:?} {:>4} ants {:>2} ch {:>3} t {} batch {}-bit{}",
+        "correlate {path:?} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}",
         case.n_ants,
         case.channels,
         case.spectra,
         case.batches,
+        cfg.group(),
         case.in_bits,
         if case.extremes { " extremes" } else { "" }
     );
@@ -193,6 +198,14 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             n_ants: 33,
             channels: 7,
             spectra: 65,
+            ..base
+        },
+        // katgpucbf's 32-spectrum heaps: merged in groups, the last one partial.
+        Case {
+            n_ants: 80,
+            channels: 2,
+            spectra: 32,
+            batches: 5,
             ..base
         },
         Case {

@@ -2,8 +2,10 @@
 //! inputs, one module per engine or op family. It sits above both `gpu` and the engines (it
 //! drives an engine's CUDA backend beside its CPU backend), so `gpu` itself knows no engine.
 
+pub mod beamform;
 pub mod correlate;
 pub mod fengine;
+pub mod xbengine;
 
 use std::sync::Arc;
 
@@ -22,5 +24,7 @@ pub struct Check {
 pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     let mut checks = fengine::run(gpu, seed)?;
     checks.extend(correlate::run(gpu, seed)?);
+    checks.extend(beamform::run(gpu, seed)?);
+    checks.extend(xbengine::run(gpu, seed)?);
     Ok(checks)
 }

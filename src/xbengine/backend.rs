@@ -44,19 +44,46 @@ impl XbShape {
     }
 }
 
-/// One batch's beams.
-pub struct BeamInput<'a> {
+/// The beams of one chunk: every batch of the loaded chunk is formed.
+pub struct BeamChunk<'a> {
+    /// The steering version `beams` were made from: a backend that keeps the coefficients
+    /// (the GPU) uploads them only when it changes.
+    pub version: u64,
     pub beams: &'a [Beam],
     /// Per beam: the dither seed, or `None` for `dither=none`.
     pub dither: &'a [Option<u64>],
-    /// Timestamp of each spectrum of the batch (keys the dither).
-    pub timestamps: &'a [i64],
-    pub present: &'a [bool],
+    /// Timestamp of spectrum s of batch i: `first + i·batch_step + s·spectrum_step` (keys the
+    /// dither).
+    pub first: i64,
+    pub batch_step: i64,
+    pub spectrum_step: i64,
+    /// Batches × antennas, non-zero where the antenna's heap is present.
+    pub present: &'a [u8],
 }
 
+/// The formed beams of one chunk.
+pub struct BeamResult<'a> {
+    /// int8, (batch, beam, channel, spectrum, re/im).
+    pub data: &'a [u8],
+    /// (batch, beam): complex values with a saturated part.
+    pub clips: &'a [u64],
+}
+
+/// How many result slots a backend keeps: the engine reads a chunk's beams after it has
+/// started the next chunk's, so that copies and compute overlap (seed 001 §Synchronization).
+pub const BEAM_SLOTS: usize = 2;
+
+/// The compute of an XB-engine, in the order the engine calls it per chunk: `load`, then
+/// `correlate` and `dump` as the accumulations fall, `beamform`, the previous chunk's
+/// `beams`, and `release` before the chunk goes back to the receivers. A backend may run the
+/// work asynchronously: `load` and `correlate` and `beamform` may return before it is done,
+/// `dump`, `beams` and `release` wait for what they return.
 pub trait XbBackend: Send {
-    /// Make `chunk` (batch-major, each batch (antenna, channel, spectrum, pol, re/im)) current.
+    /// Start making `chunk` (batch-major, each batch (antenna, channel, spectrum, pol, re/im))
+    /// current; its memory may be read until [`XbBackend::release`] returns.
     fn load(&mut self, chunk: &[u8]) -> Result<(), BackendError>;
+    /// Wait until the loaded chunk's memory is no longer read.
+    fn release(&mut self) -> Result<(), BackendError>;
     /// Add batches `batches` of the loaded chunk into output `output`'s accumulator.
     fn correlate(&mut self, output: usize, batches: Range<usize>) -> Result<(), BackendError>;
     /// Reduce output `output`'s accumulator into `out` (int32 little-endian, (channel,
@@ -68,14 +95,17 @@ pub trait XbBackend: Send {
         present: &[bool],
         out: &mut [u8],
     ) -> Result<u64, BackendError>;
-    /// Form every beam of batch `batch` of the loaded chunk into `out` ((beam, channel,
-    /// spectrum, re/im) int8). Returns per-beam saturated complex values.
-    fn beamform(
-        &mut self,
-        batch: usize,
-        input: &BeamInput<'_>,
-        out: &mut [u8],
-    ) -> Result<Vec<u64>, BackendError>;
+    /// Start forming every beam of every batch of the loaded chunk; returns the slot (below
+    /// [`BEAM_SLOTS`]) to read the result from, valid until `BEAM_SLOTS` more calls.
+    fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError>;
+    /// The beams of slot `slot`, waiting for them.
+    fn beams(&mut self, slot: usize) -> Result<BeamResult<'_>, BackendError>;
+    /// Page-lock `buffer` (a receive chunk that outlives the backend's use of it) so that
+    /// copies from it run at full speed; the CPU backend has nothing to do. The backend
+    /// unlocks it when dropped, so it must be dropped before the buffer is freed.
+    fn pin(&mut self, _buffer: &mut [u8]) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// The CPU backend: `src/dsp` on the host (the blocked, vectorised, multi-threaded correlator
@@ -87,8 +117,13 @@ pub struct CpuBackend {
     beamformer: Beamformer,
     /// The loaded chunk, as int8 (4-bit input expanded).
     chunk: Vec<i8>,
+    batches: usize,
     acc: Vec<Vec<i64>>,
     vis: Vec<i32>,
+    /// Beam result slots: data and clips.
+    beam_data: [Vec<u8>; BEAM_SLOTS],
+    beam_clips: [Vec<u64>; BEAM_SLOTS],
+    next_slot: usize,
 }
 
 impl CpuBackend {
@@ -106,8 +141,12 @@ impl CpuBackend {
                 shape.threads,
             ),
             chunk: vec![0; corr.input_len() * batches],
+            batches,
             acc: vec![vec![0; corr.vis_len()]; shape.outputs],
             vis: vec![0; corr.vis_len()],
+            beam_data: Default::default(),
+            beam_clips: Default::default(),
+            next_slot: 0,
         }
     }
 }
@@ -119,6 +158,10 @@ impl XbBackend for CpuBackend {
         } else {
             self.chunk.copy_from_slice(bytemuck::cast_slice(chunk));
         }
+        Ok(())
+    }
+
+    fn release(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
 
@@ -146,36 +189,60 @@ impl XbBackend for CpuBackend {
         Ok(clips)
     }
 
-    fn beamform(
-        &mut self,
-        batch: usize,
-        input: &BeamInput<'_>,
-        out: &mut [u8],
-    ) -> Result<Vec<u64>, BackendError> {
+    fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError> {
         let shape = BeamShape {
             n_ants: self.shape.n_ants,
             channels: self.shape.channels,
             spectra: self.shape.spectra,
         };
+        let n_beams = input.beams.len();
         let per_beam = shape.channels * shape.spectra * 2;
         let n = self.shape.corr().input_len();
-        let x = &self.chunk[batch * n..(batch + 1) * n];
-        let mut clips = Vec::with_capacity(input.beams.len());
-        for (b, beam) in input.beams.iter().enumerate() {
-            // One beam at a time so each keeps its own dither choice; seeding with seed + b
-            // gives the bits `dsp::beamform::beam_dither` keys on beam b.
-            let seed = input.dither[b].map(|s| s.wrapping_add(b as u64));
-            let o: &mut [i8] = bytemuck::cast_slice_mut(&mut out[b * per_beam..(b + 1) * per_beam]);
-            let (c, _) = self.beamformer.form(
-                x,
-                input.present,
-                std::slice::from_ref(beam),
-                input.timestamps,
-                seed,
-                o,
-            );
-            clips.push(c[0]);
+        let slot = self.next_slot;
+        self.next_slot = (slot + 1) % BEAM_SLOTS;
+        let data = &mut self.beam_data[slot];
+        data.resize(self.batches * n_beams * per_beam, 0);
+        let clips = &mut self.beam_clips[slot];
+        clips.clear();
+        clips.resize(self.batches * n_beams, 0);
+        let mut timestamps = vec![0i64; shape.spectra];
+        for batch in 0..self.batches {
+            let present: Vec<bool> = input.present[batch * shape.n_ants..][..shape.n_ants]
+                .iter()
+                .map(|&p| p != 0)
+                .collect();
+            if !present.contains(&true) {
+                // Nothing to form: the engine sends no beam heap for such a batch.
+                continue;
+            }
+            let t0 = input.first + batch as i64 * input.batch_step;
+            for (s, t) in timestamps.iter_mut().enumerate() {
+                *t = t0 + s as i64 * input.spectrum_step;
+            }
+            let x = &self.chunk[batch * n..(batch + 1) * n];
+            for (b, beam) in input.beams.iter().enumerate() {
+                // One beam at a time so each keeps its own dither choice; seeding with seed + b
+                // gives the bits `dsp::beamform::beam_dither` keys on beam b.
+                let seed = input.dither[b].map(|s| s.wrapping_add(b as u64));
+                let i = batch * n_beams + b;
+                let (c, _) = self.beamformer.form(
+                    x,
+                    &present,
+                    std::slice::from_ref(beam),
+                    &timestamps,
+                    seed,
+                    bytemuck::cast_slice_mut(&mut data[i * per_beam..(i + 1) * per_beam]),
+                );
+                clips[i] = c[0];
+            }
         }
-        Ok(clips)
+        Ok(slot)
+    }
+
+    fn beams(&mut self, slot: usize) -> Result<BeamResult<'_>, BackendError> {
+        Ok(BeamResult {
+            data: &self.beam_data[slot],
+            clips: &self.beam_clips[slot],
+        })
     }
 }

@@ -32,6 +32,8 @@ pub struct XbengineConfig {
     pub corrprods: Vec<CorrprodOutput>,
     pub beams: Vec<BeamOutput>,
     pub backend: BackendKind,
+    /// CUDA device ordinal (with the CUDA backend).
+    pub gpu_device: usize,
     /// Threads of the CPU backend's correlator.
     pub cpu_threads: usize,
     pub send_rate_factor: f64,

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::accum::{Accumulator, Step, Verdict};
-use super::backend::{BeamInput, CpuBackend, XbBackend, XbShape};
+use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape};
 use super::beams::{Band, Steering};
 use super::config::{Plan, XbengineConfig};
 use super::control::XbControl;
+use super::cuda::CudaBackend;
 use super::heaps::{BeamHeapFormat, BeamMeta, XHeapFormat};
 use super::metrics::{self, BTotals, InputTotals, XTotals};
 use super::place::{ITEMS, REJECT_REASONS};
@@ -26,6 +27,7 @@ use crate::engine::recv::{open_sources, Receivers};
 use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::fengine::BackendKind;
+use crate::gpu::Gpu;
 use crate::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, PlaceInput, StatsSnapshot};
 use crate::spead::send::SendStreamConfig;
 
@@ -58,6 +60,15 @@ struct BeamOutputs {
     totals: Vec<BTotals>,
 }
 
+/// A chunk's beams, formed (or being formed) by the backend and sent once the next chunk's
+/// work has been queued, so that the backend's copies overlap its compute.
+struct PendingBeams {
+    slot: usize,
+    /// Per batch of the chunk: what its heaps carry, or `None` where no heap is sent (no
+    /// antenna present, or no beam capturing).
+    batches: Vec<Option<BeamMeta>>,
+}
+
 /// What a finished run reports.
 #[derive(Debug, Clone)]
 pub struct XbengineReport {
@@ -68,6 +79,9 @@ pub struct XbengineReport {
 }
 
 pub struct Engine {
+    /// First, so that it is dropped before the chunks it may have page-locked (fields drop in
+    /// declaration order; `group` owns the chunks).
+    backend: Box<dyn XbBackend>,
     config: XbengineConfig,
     plan: Plan,
     group: Arc<ChunkGroup>,
@@ -75,9 +89,9 @@ pub struct Engine {
     control: Arc<XbControl>,
     addrs: ControlAddrs,
     metrics: Metrics,
-    backend: Box<dyn XbBackend>,
     x: Vec<XOutput>,
     beams: Option<BeamOutputs>,
+    pending: Option<PendingBeams>,
     shutdown: Shutdown,
 }
 
@@ -86,13 +100,6 @@ impl Engine {
     pub fn new(config: XbengineConfig, shutdown: Shutdown) -> Result<Engine, EngineError> {
         let plan = config.validate()?;
         let layout = plan.layout;
-        if config.backend == BackendKind::Cuda {
-            return Err(ConfigError::new(
-                "--backend",
-                "the XB-engine runs on the CPU backend only so far (the CUDA correlator and beamformer are issues 12 and 13); use --backend cpu",
-            )
-            .into());
-        }
         let shape = XbShape {
             n_ants: config.array_size,
             channels: config.channels_per_substream,
@@ -101,7 +108,18 @@ impl Engine {
             outputs: config.corrprods.len(),
             threads: config.cpu_threads,
         };
-        let backend: Box<dyn XbBackend> = Box::new(CpuBackend::new(shape, layout.batches));
+        let mut backend: Box<dyn XbBackend> = match config.backend {
+            BackendKind::Cpu => Box::new(CpuBackend::new(shape, layout.batches)),
+            BackendKind::Cuda => {
+                let gpu =
+                    Gpu::open(config.gpu_device).map_err(|e| ConfigError::new("--backend", e))?;
+                tracing::info!(gpu = %gpu.name, arch = %gpu.arch, "CUDA backend");
+                Box::new(
+                    CudaBackend::new(gpu, shape, layout.batches, config.beams.len())
+                        .map_err(|e| EngineError::Backend(e.to_string()))?,
+                )
+            }
+        };
         let sources = open_sources(&config.source)?;
         let group = ChunkGroup::new(ChunkGroupConfig {
             heaps_per_chunk: layout.heaps_per_chunk(),
@@ -115,6 +133,10 @@ impl Engine {
             reject_reasons: REJECT_REASONS.to_vec(),
         })
         .map_err(|e| ConfigError::new("--heaps-per-fengine-per-chunk", e))?;
+        // Before any receiver writes into them.
+        group
+            .for_each_buffer(|b| backend.pin(b))
+            .map_err(backend_error)?;
         let place = Arc::new(move |p: &PlaceInput<'_>| layout.place(p));
         let receivers = Receivers::spawn("xbengine", &group, place, sources, &shutdown)?;
         let sensors = Arc::new(Sensors::default());
@@ -166,6 +188,7 @@ impl Engine {
             backend,
             x,
             beams,
+            pending: None,
             shutdown,
         })
     }
@@ -223,15 +246,21 @@ impl Engine {
             let mut chunk = match self.group.ready().recv_timeout(Duration::from_millis(100)) {
                 Ok(c) => c,
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(input),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    self.send_beams()?;
+                    return Ok(input);
+                }
             };
             input.chunks += 1;
             let present = chunk.present.iter().filter(|&&p| p != 0).count() as u64;
             input.heaps += present;
             input.missing += chunk.present.len() as u64 - present;
             let result = self.process_chunk(&mut chunk);
+            // The chunk's memory may be read by the backend until release returns.
+            let released = self.backend.release().map_err(backend_error);
             self.group.free(chunk);
             result?;
+            released?;
             metrics::input(&self.metrics, &input, &self.receivers.snapshot());
         }
     }
@@ -316,66 +345,84 @@ impl Engine {
             x.sink.check()?;
             metrics::x_output(&self.metrics, &x.name, &x.totals);
         }
-        if self.beams.is_some() {
-            self.beamform(chunk, first, &capture[self.x.len()..])?;
-        }
+        let formed = self.beamform(chunk, first, &capture[self.x.len()..])?;
+        self.send_beams()?;
+        self.pending = formed;
         Ok(())
     }
 
-    /// Every beam of every batch of the chunk with at least one antenna present.
+    /// Queue every beam of every batch of the chunk on the backend; the heaps are sent by
+    /// [`Engine::send_beams`] after the next chunk's work is queued.
     fn beamform(
         &mut self,
         chunk: &Chunk,
         first: u64,
         capture: &[super::control::Capture],
-    ) -> Result<(), EngineError> {
+    ) -> Result<Option<PendingBeams>, EngineError> {
         let layout = self.plan.layout;
         let Some(b) = &mut self.beams else {
-            return Ok(());
+            return Ok(None);
         };
         if let Some(s) = self.control.steering_if_changed(b.steering_version) {
             b.coeffs = coefficients(&s, &b.pols, band(&self.config, &self.plan));
             b.steering_version = s.version;
         }
         let n_ants = layout.n_ants;
-        let sph = self.plan.spectra_per_heap;
-        let mut timestamps = vec![0i64; sph];
-        for batch in 0..layout.batches {
-            let present: Vec<bool> = chunk.present[batch * n_ants..(batch + 1) * n_ants]
-                .iter()
-                .map(|&p| p != 0)
-                .collect();
-            let beam_ants = present.iter().filter(|&&p| p).count() as u64;
-            let ts = first + batch as u64 * layout.heap_step;
-            let send: Vec<bool> = capture.iter().map(|c| c.sends(ts)).collect();
-            if beam_ants == 0 || !send.iter().any(|&s| s) {
+        let batches: Vec<Option<BeamMeta>> = (0..layout.batches)
+            .map(|batch| {
+                let beam_ants = chunk.present[batch * n_ants..(batch + 1) * n_ants]
+                    .iter()
+                    .filter(|&&p| p != 0)
+                    .count() as u64;
+                let timestamp = first + batch as u64 * layout.heap_step;
+                let send: Vec<bool> = capture.iter().map(|c| c.sends(timestamp)).collect();
                 // katgpucbf sends no beam heap for a batch without any antenna.
-                continue;
-            }
-            for (s, t) in timestamps.iter_mut().enumerate() {
-                *t = (ts + s as u64 * self.config.samples_between_spectra) as i64;
-            }
+                (beam_ants > 0 && send.contains(&true)).then_some(BeamMeta {
+                    timestamp,
+                    beam_ants,
+                    send,
+                })
+            })
+            .collect();
+        if batches.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let slot = self
+            .backend
+            .beamform(&BeamChunk {
+                version: b.steering_version,
+                beams: &b.coeffs,
+                dither: &b.dither,
+                first: first as i64,
+                batch_step: layout.heap_step as i64,
+                spectrum_step: self.config.samples_between_spectra as i64,
+                present: &chunk.present,
+            })
+            .map_err(backend_error)?;
+        Ok(Some(PendingBeams { slot, batches }))
+    }
+
+    /// Send the heaps of the beams queued by the last [`Engine::beamform`], if any.
+    fn send_beams(&mut self) -> Result<(), EngineError> {
+        let (Some(pending), Some(b)) = (self.pending.take(), &mut self.beams) else {
+            return Ok(());
+        };
+        let result = self.backend.beams(pending.slot).map_err(backend_error)?;
+        let n_beams = b.names.len();
+        let per_batch = b.heap_bytes * n_beams;
+        let heap_step = self.plan.layout.heap_step;
+        let sensors = &self.control.sensors;
+        for (batch, meta) in pending.batches.into_iter().enumerate() {
+            let Some(meta) = meta else { continue };
             let mut buf = b
                 .sink
                 .buffer()
                 .ok_or_else(|| EngineError::Send("beam send thread stopped".into()))?;
-            buf.resize(b.heap_bytes * b.names.len(), 0);
-            let clips = self
-                .backend
-                .beamform(
-                    batch,
-                    &BeamInput {
-                        beams: &b.coeffs,
-                        dither: &b.dither,
-                        timestamps: &timestamps,
-                        present: &present,
-                    },
-                    &mut buf,
-                )
-                .map_err(backend_error)?;
-            let sensors = &self.control.sensors;
+            buf.clear();
+            buf.extend_from_slice(&result.data[batch * per_batch..(batch + 1) * per_batch]);
+            let clips = &result.clips[batch * n_beams..(batch + 1) * n_beams];
             for (i, t) in b.totals.iter_mut().enumerate() {
-                if !send[i] {
+                if !meta.send[i] {
                     continue;
                 }
                 t.heaps += 1;
@@ -389,18 +436,11 @@ impl Engine {
                 );
                 sensors.set(
                     &format!("{}.tx.next-timestamp", b.names[i]),
-                    ts + layout.heap_step,
+                    meta.timestamp + heap_step,
                     Status::Nominal,
                 );
             }
-            b.sink.send(
-                buf,
-                BeamMeta {
-                    timestamp: ts,
-                    beam_ants,
-                    send,
-                },
-            );
+            b.sink.send(buf, meta);
         }
         b.sink.check()?;
         for (name, t) in b.names.iter().zip(&b.totals) {

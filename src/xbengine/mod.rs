@@ -11,6 +11,7 @@ pub mod backend;
 pub mod beams;
 pub mod config;
 pub mod control;
+pub mod cuda;
 pub mod engine;
 pub mod heaps;
 pub mod metrics;

@@ -148,6 +148,25 @@ impl ChunkGroup {
         }))
     }
 
+    /// Hand every chunk's data to `f` once, e.g. to page-lock it for a GPU's copies. Call it
+    /// before any stream runs: every chunk must still be free (a programming error panics).
+    pub fn for_each_buffer<E>(
+        &self,
+        mut f: impl FnMut(&mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut chunks: Vec<Box<Chunk>> = self.free_rx.try_iter().collect();
+        assert_eq!(
+            chunks.len(),
+            self.config.n_chunks,
+            "ChunkGroup::for_each_buffer called while chunks are in use"
+        );
+        let result = chunks.iter_mut().try_for_each(|c| f(&mut c.data));
+        for c in chunks {
+            self.free(c);
+        }
+        result
+    }
+
     pub fn config(&self) -> &ChunkGroupConfig {
         &self.config
     }

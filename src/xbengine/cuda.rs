@@ -1,0 +1,311 @@
+//! The XB-engine's CUDA backend (seed 001 §Signal Flow, §Synchronization and Coordination;
+//! seed 003): the [`XbBackend`] the CPU backend implements, composed from the device ops of
+//! `crate::gpu` ([`Correlator`], [`Beamformer`]), which know no engine.
+//!
+//! Seed 001's three command queues are the [`Gpu`]'s three streams:
+//! - **host-to-device**: `load` copies the chunk (page-locked receive memory, see
+//!   [`XbBackend::pin`]) into one of two device input slots and records `copied`; `release`
+//!   waits for it, so the chunk goes back to the receivers as soon as its bytes are on the
+//!   device, while the previous chunk may still be computing;
+//! - **compute**: the corner turn and correlation of a batch range into the output's per-batch
+//!   int64 accumulators, the reduce at a dump, the beamformer over every batch of the chunk;
+//! - **device-to-host**: the reduced visibilities and the beams into pinned host memory.
+//!
+//! cudarc records an event after each use of a device buffer and makes the next stream that
+//! touches it wait for it; that is the event chain of seed 001 (copy → correlate → copy out),
+//! and it also keeps a device input slot from being overwritten while the compute stream still
+//! reads it. Every buffer is allocated at start-up.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
+
+use super::backend::{BackendError, BeamChunk, BeamResult, XbBackend, XbShape, BEAM_SLOTS};
+use crate::dsp::correlate::CorrShape;
+use crate::gpu::beamform::{BeamformConfig, Beamformer};
+use crate::gpu::correlate::{CorrConfig, CorrPath, Correlator};
+use crate::gpu::{Gpu, GpuError};
+
+fn gpu_error(e: impl Into<GpuError>) -> BackendError {
+    BackendError(e.into().to_string())
+}
+
+/// The self-test and the benchmark drive the backend through the trait from code that
+/// returns `GpuError`.
+impl From<BackendError> for GpuError {
+    fn from(e: BackendError) -> GpuError {
+        GpuError::Backend(e.0)
+    }
+}
+
+/// Device input slots: a chunk is copied into one while the other is correlated.
+const INPUT_SLOTS: usize = 2;
+
+/// One beam result slot: on the device and in pinned host memory.
+struct BeamSlot {
+    data: CudaSlice<i8>,
+    clips: CudaSlice<u64>,
+    host_data: PinnedHostSlice<i8>,
+    host_clips: PinnedHostSlice<u64>,
+}
+
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    /// Bytes of one chunk.
+    input_bytes: usize,
+    inputs: Vec<CudaSlice<u8>>,
+    /// The slot the loaded chunk is in.
+    current: usize,
+    /// Recorded on the host-to-device stream after the loaded chunk's copy.
+    copied: CudaEvent,
+    correlator: Correlator,
+    /// Per output: `batches` int64 accumulators.
+    acc: Vec<CudaSlice<i64>>,
+    present: CudaSlice<u8>,
+    vis: CudaSlice<i32>,
+    clips: CudaSlice<u64>,
+    host_vis: PinnedHostSlice<i32>,
+    host_clips: PinnedHostSlice<u64>,
+    beamformer: Option<Beamformer>,
+    beam_slots: Vec<BeamSlot>,
+    next_beam_slot: usize,
+    /// Host buffers page-locked by [`XbBackend::pin`], unlocked on drop.
+    pinned: Vec<usize>,
+}
+
+// SAFETY: the raw addresses in `pinned` are only handed back to the driver on drop; every
+// other field is Send.
+unsafe impl Send for CudaBackend {}
+
+impl CudaBackend {
+    /// A backend for chunks of `batches` batches of `shape` and `beams` beams (0: no
+    /// beamformer), on `gpu`. The correlator is the fastest path the device runs.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        shape: XbShape,
+        batches: usize,
+        beams: usize,
+    ) -> Result<CudaBackend, GpuError> {
+        let corr_shape = CorrShape {
+            n_ants: shape.n_ants,
+            channels: shape.channels,
+            spectra: shape.spectra,
+        };
+        let cfg = CorrConfig {
+            shape: corr_shape,
+            batches,
+            in_bits: shape.sample_bits,
+            path: CorrPath::best_for(&gpu),
+        };
+        let correlator = Correlator::new(Arc::clone(&gpu), cfg)?;
+        let st = &gpu.compute;
+        let inputs = (0..INPUT_SLOTS)
+            .map(|_| st.alloc_zeros::<u8>(cfg.input_bytes()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let acc = (0..shape.outputs)
+            .map(|_| st.alloc_zeros::<i64>(cfg.acc_len()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let vis_len = corr_shape.vis_len();
+        let beamformer = if beams == 0 {
+            None
+        } else {
+            Some(Beamformer::new(
+                Arc::clone(&gpu),
+                BeamformConfig {
+                    n_ants: shape.n_ants,
+                    channels: shape.channels,
+                    spectra: shape.spectra,
+                    batches,
+                    beams,
+                    in_bits: shape.sample_bits,
+                },
+            )?)
+        };
+        let beam_len = batches * beams * shape.channels * shape.spectra * 2;
+        let beam_slots = if beams == 0 {
+            Vec::new()
+        } else {
+            (0..BEAM_SLOTS)
+                .map(|_| -> Result<BeamSlot, GpuError> {
+                    Ok(BeamSlot {
+                        data: st.alloc_zeros(beam_len)?,
+                        clips: st.alloc_zeros(batches * beams)?,
+                        host_data: host(&gpu, beam_len)?,
+                        host_clips: host(&gpu, batches * beams)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        Ok(CudaBackend {
+            inputs,
+            current: 0,
+            copied: gpu.ctx.new_event(None)?,
+            correlator,
+            acc,
+            present: st.alloc_zeros(shape.n_ants)?,
+            vis: st.alloc_zeros(vis_len)?,
+            clips: st.alloc_zeros(1)?,
+            host_vis: host(&gpu, vis_len)?,
+            host_clips: host(&gpu, 1)?,
+            beamformer,
+            beam_slots,
+            next_beam_slot: 0,
+            pinned: Vec::new(),
+            input_bytes: cfg.input_bytes(),
+            gpu,
+        })
+    }
+}
+
+/// Pinned host memory the device writes and the host reads (not write-combined, which is
+/// cudarc's default and slow to read).
+fn host<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    len: usize,
+) -> Result<PinnedHostSlice<T>, GpuError> {
+    // SAFETY: the memory is only read through `as_slice`, after the device wrote it (cudarc
+    // waits for the write event), or after it was zeroed below.
+    let mut h = unsafe { gpu.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }?;
+    h.as_mut_slice()?.fill_with(|| {
+        // SAFETY: T is ValidAsZeroBits.
+        unsafe { std::mem::zeroed() }
+    });
+    Ok(h)
+}
+
+impl XbBackend for CudaBackend {
+    fn load(&mut self, chunk: &[u8]) -> Result<(), BackendError> {
+        if chunk.len() != self.input_bytes {
+            return Err(BackendError(format!(
+                "chunk of {} bytes, the backend was built for {}",
+                chunk.len(),
+                self.input_bytes
+            )));
+        }
+        self.current = (self.current + 1) % INPUT_SLOTS;
+        let h2d = &self.gpu.h2d;
+        h2d.memcpy_htod(chunk, &mut self.inputs[self.current])
+            .map_err(gpu_error)?;
+        self.copied.record(h2d).map_err(gpu_error)?;
+        Ok(())
+    }
+
+    fn release(&mut self) -> Result<(), BackendError> {
+        self.copied.synchronize().map_err(gpu_error)
+    }
+
+    fn correlate(&mut self, output: usize, batches: Range<usize>) -> Result<(), BackendError> {
+        self.correlator
+            .correlate_range(
+                &self.inputs[self.current].as_view(),
+                &mut self.acc[output],
+                batches,
+            )
+            .map_err(gpu_error)
+    }
+
+    fn dump(
+        &mut self,
+        output: usize,
+        present: &[bool],
+        out: &mut [u8],
+    ) -> Result<u64, BackendError> {
+        let flags: Vec<u8> = present.iter().map(|&p| u8::from(p)).collect();
+        let st = &self.gpu.compute;
+        st.memcpy_htod(&flags, &mut self.present)
+            .map_err(gpu_error)?;
+        self.correlator
+            .reduce(
+                &mut self.acc[output],
+                &self.present,
+                &mut self.vis,
+                &mut self.clips,
+                true,
+            )
+            .map_err(gpu_error)?;
+        let d2h = &self.gpu.d2h;
+        d2h.memcpy_dtoh(&self.vis, &mut self.host_vis)
+            .map_err(gpu_error)?;
+        d2h.memcpy_dtoh(&self.clips, &mut self.host_clips)
+            .map_err(gpu_error)?;
+        let vis = self.host_vis.as_slice().map_err(gpu_error)?;
+        for (o, v) in out.chunks_exact_mut(4).zip(vis) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(self.host_clips.as_slice().map_err(gpu_error)?[0])
+    }
+
+    fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError> {
+        let Some(bf) = &mut self.beamformer else {
+            return Err(BackendError(
+                "beamform called on a backend built without beams".into(),
+            ));
+        };
+        let s = self.next_beam_slot;
+        self.next_beam_slot = (s + 1) % BEAM_SLOTS;
+        let slot = &mut self.beam_slots[s];
+        bf.set_beams(input.version, input.beams)
+            .map_err(gpu_error)?;
+        bf.form(
+            &self.inputs[self.current].as_view(),
+            input.present,
+            input.first,
+            input.batch_step,
+            input.spectrum_step,
+            input.dither,
+            &mut slot.data,
+            &mut slot.clips,
+        )
+        .map_err(gpu_error)?;
+        let d2h = &self.gpu.d2h;
+        d2h.memcpy_dtoh(&slot.data, &mut slot.host_data)
+            .map_err(gpu_error)?;
+        d2h.memcpy_dtoh(&slot.clips, &mut slot.host_clips)
+            .map_err(gpu_error)?;
+        Ok(s)
+    }
+
+    fn beams(&mut self, slot: usize) -> Result<BeamResult<'_>, BackendError> {
+        let slot = &self.beam_slots[slot];
+        Ok(BeamResult {
+            data: bytemuck::cast_slice(slot.host_data.as_slice().map_err(gpu_error)?),
+            clips: slot.host_clips.as_slice().map_err(gpu_error)?,
+        })
+    }
+
+    fn pin(&mut self, buffer: &mut [u8]) -> Result<(), BackendError> {
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        self.gpu.ctx.bind_to_thread().map_err(gpu_error)?;
+        // SAFETY: `buffer` is live host memory of its length; the caller keeps it alive and
+        // unmoved until this backend is dropped, which unregisters it first.
+        unsafe {
+            cudarc::driver::sys::cuMemHostRegister_v2(
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+            .result()
+            .map_err(gpu_error)?;
+        }
+        self.pinned.push(buffer.as_mut_ptr() as usize);
+        Ok(())
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Nothing may still read the chunks: wait for every stream before unlocking them.
+        let _ = self.gpu.ctx.synchronize();
+        for &p in &self.pinned {
+            // SAFETY: `p` was registered by `pin` and its buffer is still alive (the contract
+            // of `pin`).
+            let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };
+            if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                tracing::warn!(?r, "could not unlock a receive chunk");
+            }
+        }
+    }
+}
