@@ -11,25 +11,29 @@
 // byte per complex value with the real part in the high nibble (IN_BITS 4); output (batch, beam,
 // channel, spectrum, re/im) int8; clips (batch, beam) u64, added to (the op zeroes them first).
 //
-// Mapping (seed 003 §GPU kernel): a block takes one channel of one batch and THREADS spectra, a
-// thread one spectrum. Coefficients are generated in the kernel, per antenna batch of ANT_BATCH
-// antennas and beam batch of BEAM_BATCH beams, into shared memory (phases in double precision,
-// as the oracle's, then rounded to float), with a barrier between generating and applying
-// them; each thread loads an antenna's sample (both pols, one 32-bit word) once for every beam
-// of the batch and keeps one complex float accumulator per beam in registers. Beams beyond
-// BEAM_BATCH are taken in an outer loop (seed 003 §Higher beam counts) so that registers never
-// spill; the input is then read again, mostly from L2. Absent antennas get W = 0: their terms
-// add exact zeros, so the float sum equals the sum over present antennas.
+// Mapping (seed 003 §GPU kernel): a block takes one channel and THREADS consecutive (batch,
+// spectrum) pairs of it (batches laid end to end, so that heaps of few spectra still fill
+// blocks), a thread one pair. Coefficients depend only on (antenna, beam, channel): they are
+// generated in the kernel, per antenna batch of ANT_BATCH antennas and beam batch of BEAM_BATCH
+// beams, into shared memory, with a barrier between generating and applying them; each thread
+// first issues the loads of the antenna batch's samples (both pols, one 32-bit word each, into
+// registers, so that ANT_BATCH loads are in flight while the coefficients are generated), then
+// uses each sample for every beam of the batch, keeping one complex float accumulator per beam
+// in registers. Beams beyond BEAM_BATCH are taken
+// in an outer loop (seed 003 §Higher beam counts) so that registers never spill; the input is
+// then read again, mostly from L2. An antenna absent from a thread's batch is skipped.
 //
-// Arithmetic: the sums are in float (seed 003: single precision) where the oracle sums in
-// double, so a value whose sum lies within float rounding of a quantisation boundary may round
-// the other way: ±1 LSB, rarely, unbiased (the self-test bounds count and bias).
+// Arithmetic: the phase π·c·d is reduced modulo 2π in double (c·d may be hundreds of turns), the
+// sine and cosine taken in float, and the sums are in float (seed 003: single precision) where
+// the oracle works in double throughout, so a value whose sum lies within float rounding of a
+// quantisation boundary may round the other way: ±1 LSB, rarely, unbiased (the self-test bounds
+// count and bias).
 //
-// Compile-time constants (-D): N_ANTS, CHANNELS, SPECTRA, N_BEAMS, IN_BITS (8 or 4), THREADS
-// (spectra per block, a multiple of 32).
+// Compile-time constants (-D): N_ANTS, CHANNELS, SPECTRA, BATCHES, N_BEAMS, IN_BITS (8 or 4),
+// THREADS ((batch, spectrum) pairs per block, a multiple of 32).
 
 #define ANT_BATCH 32
-#define BEAM_BATCH (N_BEAMS < 32 ? N_BEAMS : 32)
+#define BEAM_BATCH (N_BEAMS < 16 ? N_BEAMS : 16)
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -57,38 +61,48 @@ __device__ __forceinline__ int quantise(float v, float u, bool *clipped)
     return (int)rintf(fminf(fmaxf(x, -127.0f), 127.0f));
 }
 
-// Both pols of one complex sample: (re0, im0, re1, im1).
-__device__ __forceinline__ float4 load_sample(const unsigned char *__restrict__ in, i64 idx)
+// One antenna's sample of both pols as raw bits (one 32-bit word, or 16 bits of 4-bit values).
+__device__ __forceinline__ unsigned int load_raw(const unsigned char *__restrict__ in, i64 idx)
 {
 #if IN_BITS == 8
-    const char4 s = reinterpret_cast<const char4 *>(in)[idx];
-    return make_float4(s.x, s.y, s.z, s.w);
+    return __ldg(reinterpret_cast<const unsigned int *>(in) + idx);
 #elif IN_BITS == 4
-    const uchar2 b = reinterpret_cast<const uchar2 *>(in)[idx];
-    const signed char p0 = (signed char)b.x, p1 = (signed char)b.y;
-    return make_float4(p0 >> 4, (signed char)(p0 << 4) >> 4, p1 >> 4, (signed char)(p1 << 4) >> 4);
+    return __ldg(reinterpret_cast<const unsigned short *>(in) + idx);
 #else
 #error "IN_BITS must be 8 or 4"
+#endif
+}
+
+// The raw bits as (re0, im0, re1, im1).
+__device__ __forceinline__ float4 unpack(unsigned int r)
+{
+#if IN_BITS == 8
+    return make_float4((signed char)r, (signed char)(r >> 8), (signed char)(r >> 16), (signed char)(r >> 24));
+#else
+    const signed char p0 = (signed char)r, p1 = (signed char)(r >> 8);
+    return make_float4(p0 >> 4, (signed char)(p0 << 4) >> 4, p1 >> 4, (signed char)(p1 << 4) >> 4);
 #endif
 }
 
 // weights: (beam, antenna) complex double w_ab; delays: (beam, antenna) double d_ab; pols: per
 // beam. present: (batch, antenna) u8. seeds: per beam, the dither seed + beam index; dithered:
 // per beam, 1 to dither. Spectrum t of batch i has timestamp first + i·batch_step + t·spectrum_step.
+// n_ants: N_ANTS again, at run time (see below).
 extern "C" __global__ void __launch_bounds__(THREADS) beamform(
     const unsigned char *__restrict__ in, const double2 *__restrict__ weights,
     const double *__restrict__ delays, const int *__restrict__ pols,
     const unsigned char *__restrict__ present, const u64 *__restrict__ seeds,
     const int *__restrict__ dithered, signed char *__restrict__ out, u64 *__restrict__ clips,
-    i64 first, i64 batch_step, i64 spectrum_step)
+    i64 first, i64 batch_step, i64 spectrum_step, int n_ants)
 {
     __shared__ float2 coeff[ANT_BATCH][BEAM_BATCH];
-    __shared__ int clip_count[BEAM_BATCH];
     const int c = blockIdx.y;
-    const int batch = blockIdx.z;
-    const int t = blockIdx.x * THREADS + threadIdx.x;
-    const bool active = t < SPECTRA;
+    const int f = blockIdx.x * THREADS + threadIdx.x;
+    const bool active = f < BATCHES * SPECTRA;
+    const int batch = active ? f / SPECTRA : 0;
+    const int t = f - batch * SPECTRA;
     const i64 ts = first + batch * batch_step + (i64)t * spectrum_step;
+    const unsigned char *pres = present + (i64)batch * N_ANTS;
 
     for (int b0 = 0; b0 < N_BEAMS; b0 += BEAM_BATCH)
     {
@@ -97,8 +111,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) beamform(
 #pragma unroll
         for (int k = 0; k < BEAM_BATCH; ++k)
             acc[k] = make_float2(0.0f, 0.0f);
-        for (int i = threadIdx.x; i < BEAM_BATCH; i += THREADS)
-            clip_count[i] = 0;
         // Beams are few and their pols uniform across the block: no divergence.
         unsigned int pol1 = 0;
         for (int k = 0; k < nb; ++k)
@@ -106,30 +118,51 @@ extern "C" __global__ void __launch_bounds__(THREADS) beamform(
 
         for (int a0 = 0; a0 < N_ANTS; a0 += ANT_BATCH)
         {
-            const int na = min(ANT_BATCH, N_ANTS - a0);
+            // n_ants == N_ANTS, passed at run time: with one antenna batch a constant count
+            // here led ptxas into spilling kilobytes (19 antennas, 64 beams).
+            const int na = min(ANT_BATCH, n_ants - a0);
+            // The antenna batch's samples, loaded before the coefficients are generated so
+            // that the loads are in flight meanwhile; an absent antenna's sample is zero (its
+            // terms add exact zeros).
+            unsigned int raw[ANT_BATCH];
+            const i64 base = (((i64)batch * N_ANTS + a0) * CHANNELS + c) * SPECTRA + t;
+#pragma unroll
+            for (int la = 0; la < ANT_BATCH; ++la)
+            {
+                raw[la] = 0;
+                if (active && la < na)
+                {
+                    const unsigned int keep = __ldg(pres + a0 + la) ? ~0u : 0u;
+                    raw[la] = load_raw(in, base + (i64)la * CHANNELS * SPECTRA) & keep;
+                }
+            }
             __syncthreads(); // the previous batch's coefficients are no longer read
             for (int i = threadIdx.x; i < ANT_BATCH * BEAM_BATCH; i += THREADS)
             {
                 const int la = i / BEAM_BATCH, lb = i % BEAM_BATCH;
                 const int a = a0 + la, b = b0 + lb;
                 float2 w = make_float2(0.0f, 0.0f);
-                if (la < na && lb < nb && present[(i64)batch * N_ANTS + a])
+                if (la < na && lb < nb)
                 {
                     const double2 wab = weights[(i64)b * N_ANTS + a];
-                    double s, co;
-                    sincospi((double)c * delays[(i64)b * N_ANTS + a], &s, &co);
-                    w = make_float2((float)(wab.x * co - wab.y * s), (float)(wab.x * s + wab.y * co));
+                    double x = (double)c * delays[(i64)b * N_ANTS + a];
+                    x -= 2.0 * rint(0.5 * x); // e^{jπx} has period 2 in x
+                    float s, co;
+                    sincospif((float)x, &s, &co);
+                    const float wr = (float)wab.x, wi = (float)wab.y;
+                    w = make_float2(wr * co - wi * s, wr * s + wi * co);
                 }
                 coeff[la][lb] = w;
             }
             __syncthreads();
-            if (!active)
-                continue;
-            const i64 base = (((i64)batch * N_ANTS + a0) * CHANNELS + c) * SPECTRA + t;
-#pragma unroll 4
-            for (int la = 0; la < na; ++la)
+            // Fully unrolled (raw[] must stay in registers), predicated rather than broken
+            // out of: a data-dependent exit stops the unrolling and spills raw[].
+#pragma unroll
+            for (int la = 0; la < ANT_BATCH; ++la)
             {
-                const float4 x = load_sample(in, base + (i64)la * CHANNELS * SPECTRA);
+                if (la >= na)
+                    continue;
+                const float4 x = unpack(raw[la]);
 #pragma unroll
                 for (int k = 0; k < BEAM_BATCH; ++k)
                 {
@@ -143,6 +176,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) beamform(
         }
         if (active)
         {
+            // Lanes of one batch count together (a warp may straddle two batches).
+            const unsigned int mask = __activemask();
+            const unsigned int same = __match_any_sync(mask, batch);
 #pragma unroll
             for (int k = 0; k < BEAM_BATCH; ++k)
             {
@@ -161,15 +197,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) beamform(
                 const int im = quantise(acc[k].y, u1, &c1);
                 const i64 o = (((i64)batch * N_BEAMS + b) * CHANNELS + c) * SPECTRA + t;
                 reinterpret_cast<char2 *>(out)[o] = make_char2((signed char)re, (signed char)im);
-                const unsigned int ballot = __ballot_sync(__activemask(), c0 || c1);
-                if ((threadIdx.x & 31) == __ffs(__activemask()) - 1 && ballot)
-                    atomicAdd(&clip_count[k], __popc(ballot));
+                const unsigned int clipped = __ballot_sync(mask, c0 || c1) & same;
+                if ((threadIdx.x & 31) == __ffs(same) - 1 && clipped)
+                    atomicAdd(&clips[(i64)batch * N_BEAMS + b], (u64)__popc(clipped));
             }
         }
-        __syncthreads();
-        for (int i = threadIdx.x; i < nb; i += THREADS)
-            if (clip_count[i])
-                atomicAdd(&clips[(i64)batch * N_BEAMS + b0 + i], (u64)clip_count[i]);
-        __syncthreads(); // clip_count is read before the next beam batch zeroes it
     }
 }

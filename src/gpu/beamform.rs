@@ -10,12 +10,16 @@
 //! bit for bit, `None` none.
 //!
 //! The kernel (`kernels/beamform.cu`) generates W = w·e^{jπcd} per (antenna batch, beam batch)
-//! in shared memory and sums in float, as seed 003 designs it; the oracle sums in double, so a
+//! in shared memory and sums in float, as seed 003 designs it, with the batches of a call laid
+//! end to end so that short heaps still fill its blocks; the oracle sums in double, so a
 //! value may differ by ±1 LSB where its sum lies within float rounding of a quantisation
 //! boundary (the self-test bounds how many and their bias). Coefficients are uploaded only when
-//! the steering version changes; the per-call presence flags and dither seeds go through
-//! double-buffered pinned host memory mapped into the device (no copy queued behind the sample
-//! transfers, nothing allocated per call).
+//! the steering version changes; the per-call presence flags and dither seeds are written into
+//! pinned host memory and copied on the compute stream into device buffers, two sets used in
+//! turn, so nothing is allocated per call and the host never waits for the device's idle
+//! stream (as a copy from pageable memory would). Mapped host memory, which the F-engine uses
+//! for its per-heap terms, was measured here to cut the kernel to a fifth of its bandwidth:
+//! every block reads the flags, and each read crosses PCIe.
 
 use std::sync::Arc;
 
@@ -24,7 +28,6 @@ use cudarc::driver::{
 };
 
 use super::compile::{Defines, Kernel};
-use super::memory::mapped;
 use super::{Gpu, GpuError};
 use crate::dsp::beamform::Beam;
 
@@ -64,8 +67,9 @@ impl BeamformConfig {
         if !(1..=65535).contains(&self.channels) || !(1..=65535).contains(&self.batches) {
             return bad("channels or batches", "1 to 65535");
         }
-        if !(1..=1 << 24).contains(&self.spectra) {
-            return bad("spectra", "1 to 2^24");
+        if !(1..=1 << 24).contains(&self.spectra) || self.batches * self.spectra > i32::MAX as usize
+        {
+            return bad("spectra", "1 to 2^24, and batches × spectra below 2^31");
         }
         if !(1..=1024).contains(&self.beams) {
             return bad("beams", "1 to 1024");
@@ -76,19 +80,30 @@ impl BeamformConfig {
         Ok(())
     }
 
-    /// Spectra per block: a warp's multiple, at most 256.
+    /// (batch, spectrum) pairs per block: a warp's multiple, at most 256.
     fn threads(&self) -> usize {
-        self.spectra.next_multiple_of(32).min(256)
+        (self.batches * self.spectra).next_multiple_of(32).min(256)
     }
 }
 
-/// Per-call parameters in mapped host memory, one set per call in flight.
+/// Per-call parameters, on the host (pinned) and on the device; one set per call in flight.
 struct CallParams {
-    present: (PinnedHostSlice<u8>, u64),
-    seeds: (PinnedHostSlice<u64>, u64),
-    dithered: (PinnedHostSlice<i32>, u64),
-    /// Recorded on the compute stream after the call that read these.
-    done: cudarc::driver::CudaEvent,
+    host_present: PinnedHostSlice<u8>,
+    host_seeds: PinnedHostSlice<u64>,
+    host_dithered: PinnedHostSlice<i32>,
+    present: CudaSlice<u8>,
+    seeds: CudaSlice<u64>,
+    dithered: CudaSlice<i32>,
+}
+
+/// Pinned host memory (written by the host, copied to the device; cudarc waits for the last
+/// copy from it before the host writes it again).
+fn pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    len: usize,
+) -> Result<PinnedHostSlice<T>, GpuError> {
+    // SAFETY: the host writes every element it copies before each copy.
+    Ok(unsafe { gpu.ctx.alloc_pinned_with_flags::<T>(len, 0) }?)
 }
 
 pub struct Beamformer {
@@ -110,6 +125,7 @@ impl Beamformer {
             ("N_ANTS", cfg.n_ants as i64),
             ("CHANNELS", cfg.channels as i64),
             ("SPECTRA", cfg.spectra as i64),
+            ("BATCHES", cfg.batches as i64),
             ("N_BEAMS", cfg.beams as i64),
             ("IN_BITS", i64::from(cfg.in_bits)),
             ("THREADS", cfg.threads() as i64),
@@ -117,11 +133,14 @@ impl Beamformer {
         let kernel = gpu.function(Kernel::Beamform, &defs)?;
         let st = &gpu.compute;
         let params = |gpu: &Gpu| -> Result<CallParams, GpuError> {
+            let st = &gpu.compute;
             Ok(CallParams {
-                present: mapped(gpu, cfg.batches * cfg.n_ants)?,
-                seeds: mapped(gpu, cfg.beams)?,
-                dithered: mapped(gpu, cfg.beams)?,
-                done: gpu.ctx.new_event(None)?,
+                host_present: pinned(gpu, cfg.batches * cfg.n_ants)?,
+                host_seeds: pinned(gpu, cfg.beams)?,
+                host_dithered: pinned(gpu, cfg.beams)?,
+                present: st.alloc_zeros(cfg.batches * cfg.n_ants)?,
+                seeds: st.alloc_zeros(cfg.beams)?,
+                dithered: st.alloc_zeros(cfg.beams)?,
             })
         };
         Ok(Beamformer {
@@ -211,22 +230,29 @@ impl Beamformer {
         let k = self.next;
         self.next = (k + 1) % self.params.len();
         let p = &mut self.params[k];
-        // The call two back read these host buffers: wait for it before rewriting them.
-        p.done.synchronize()?;
-        p.present.0.as_mut_slice()?.copy_from_slice(present);
+        // `as_mut_slice` waits for the copy of two calls back to have read these.
+        p.host_present.as_mut_slice()?.copy_from_slice(present);
+        let seeds = p.host_seeds.as_mut_slice()?;
         for (b, d) in dither.iter().enumerate() {
             // Beam b's bits are keyed on seed + b (`dsp::beamform::beam_dither`).
-            p.seeds.0.as_mut_slice()?[b] = d.map_or(0, |s| s.wrapping_add(b as u64));
-            p.dithered.0.as_mut_slice()?[b] = i32::from(d.is_some());
+            seeds[b] = d.map_or(0, |s| s.wrapping_add(b as u64));
+        }
+        let dithered = p.host_dithered.as_mut_slice()?;
+        for (f, d) in dithered.iter_mut().zip(dither) {
+            *f = i32::from(d.is_some());
         }
         let st = &self.gpu.compute;
+        st.memcpy_htod(&p.host_present, &mut p.present)?;
+        st.memcpy_htod(&p.host_seeds, &mut p.seeds)?;
+        st.memcpy_htod(&p.host_dithered, &mut p.dithered)?;
         st.memset_zeros(clips)?;
         let threads = cfg.threads();
+        let n_ants = cfg.n_ants as i32;
         let launch = LaunchConfig {
             grid_dim: (
-                cfg.spectra.div_ceil(threads) as u32,
+                (cfg.batches * cfg.spectra).div_ceil(threads) as u32,
                 cfg.channels as u32,
-                cfg.batches as u32,
+                1,
             ),
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
@@ -236,20 +262,19 @@ impl Beamformer {
             .arg(&self.weights)
             .arg(&self.delays)
             .arg(&self.pols)
-            .arg(&p.present.1)
-            .arg(&p.seeds.1)
-            .arg(&p.dithered.1)
+            .arg(&p.present)
+            .arg(&p.seeds)
+            .arg(&p.dithered)
             .arg(out)
             .arg(clips)
             .arg(&first)
             .arg(&batch_step)
-            .arg(&spectrum_step);
-        // SAFETY: every buffer's length was checked against the kernel's constants above; the
-        // mapped parameter buffers stay untouched until `done` says this call has finished;
-        // each thread writes only its own (batch, beam, channel, spectrum) outputs and adds to
-        // the clip counts atomically.
+            .arg(&spectrum_step)
+            .arg(&n_ants);
+        // SAFETY: every buffer's length was checked against the kernel's constants above (the
+        // parameter buffers were sized from the same config); each thread writes only its own
+        // (batch, beam, channel, spectrum) outputs and adds to the clip counts atomically.
         unsafe { b.launch(launch) }?;
-        p.done.record(st)?;
         Ok(())
     }
 }
