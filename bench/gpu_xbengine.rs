@@ -212,13 +212,22 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
     // The whole path, in the engine's order of calls; `stage` 0 copies only, 1 also
     // correlates, 2 is the engine's whole work (the first two say where time goes).
     let mut pending = None;
+    let mut dump_pending = false;
     let mut step = |k: usize, stage: u8, backend: &mut CudaBackend| -> Result<(), Box<dyn Error>> {
         backend.load(&ring[k % 4])?;
         if stage >= 1 {
             backend.correlate(0, 0..s.batches)?;
         }
+        // A dump is started here and sent (copied into a heap buffer) at the next chunk, as
+        // the engine does.
+        if dump_pending {
+            let (vis, _) = backend.dumped(0)?;
+            x_heap.copy_from_slice(vis);
+            dump_pending = false;
+        }
         if stage >= 2 && (k + 1) % dump_every == 0 {
-            backend.dump(0, &present_all, &mut x_heap)?;
+            backend.dump(0, &present_all)?;
+            dump_pending = true;
         }
         let slot = if stage >= 2 && s.beams > 0 {
             Some(backend.beamform(&BeamChunk {

@@ -75,9 +75,9 @@ pub const BEAM_SLOTS: usize = 2;
 
 /// The compute of an XB-engine, in the order the engine calls it per chunk: `load`, then
 /// `correlate` and `dump` as the accumulations fall, `beamform`, the previous chunk's
-/// `beams`, and `release` before the chunk goes back to the receivers. A backend may run the
-/// work asynchronously: `load` and `correlate` and `beamform` may return before it is done,
-/// `dump`, `beams` and `release` wait for what they return.
+/// `beams` and `dumped`, and `release` before the chunk goes back to the receivers. A backend
+/// may run the work asynchronously: `load`, `correlate`, `dump` and `beamform` may return
+/// before it is done; `dumped`, `beams` and `release` wait for what they return.
 pub trait XbBackend: Send {
     /// Start making `chunk` (batch-major, each batch (antenna, channel, spectrum, pol, re/im))
     /// current; its memory may be read until [`XbBackend::release`] returns.
@@ -86,15 +86,13 @@ pub trait XbBackend: Send {
     fn release(&mut self) -> Result<(), BackendError>;
     /// Add batches `batches` of the loaded chunk into output `output`'s accumulator.
     fn correlate(&mut self, output: usize, batches: Range<usize>) -> Result<(), BackendError>;
-    /// Reduce output `output`'s accumulator into `out` (int32 little-endian, (channel,
-    /// baseline, product, re/im)), flagging baselines of antennas not `present`, and zero the
-    /// accumulator. Returns the saturated value count.
-    fn dump(
-        &mut self,
-        output: usize,
-        present: &[bool],
-        out: &mut [u8],
-    ) -> Result<u64, BackendError>;
+    /// Start reducing output `output`'s accumulator (flagging baselines of antennas not
+    /// `present`) and zero it; [`XbBackend::dumped`] reads the result, before the next `dump`
+    /// of the same output.
+    fn dump(&mut self, output: usize, present: &[bool]) -> Result<(), BackendError>;
+    /// Output `output`'s last dump, waiting for it: int32 little-endian, (channel, baseline,
+    /// product, re/im), and the saturated value count.
+    fn dumped(&mut self, output: usize) -> Result<(&[u8], u64), BackendError>;
     /// Start forming every beam of every batch of the loaded chunk; returns the slot (below
     /// [`BEAM_SLOTS`]) to read the result from, valid until `BEAM_SLOTS` more calls.
     fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError>;
@@ -120,6 +118,8 @@ pub struct CpuBackend {
     batches: usize,
     acc: Vec<Vec<i64>>,
     vis: Vec<i32>,
+    /// Per output: the last dump (int32 little-endian bytes) and its saturated count.
+    dumps: Vec<(Vec<u8>, u64)>,
     /// Beam result slots: data and clips.
     beam_data: [Vec<u8>; BEAM_SLOTS],
     beam_clips: [Vec<u64>; BEAM_SLOTS],
@@ -144,6 +144,7 @@ impl CpuBackend {
             batches,
             acc: vec![vec![0; corr.vis_len()]; shape.outputs],
             vis: vec![0; corr.vis_len()],
+            dumps: vec![(vec![0; corr.vis_len() * 4], 0); shape.outputs],
             beam_data: Default::default(),
             beam_clips: Default::default(),
             next_slot: 0,
@@ -175,18 +176,20 @@ impl XbBackend for CpuBackend {
         Ok(())
     }
 
-    fn dump(
-        &mut self,
-        output: usize,
-        present: &[bool],
-        out: &mut [u8],
-    ) -> Result<u64, BackendError> {
+    fn dump(&mut self, output: usize, present: &[bool]) -> Result<(), BackendError> {
         let clips = reduce(self.shape.corr(), &self.acc[output], present, &mut self.vis);
+        let (out, count) = &mut self.dumps[output];
         for (o, v) in out.chunks_exact_mut(4).zip(&self.vis) {
             o.copy_from_slice(&v.to_le_bytes());
         }
+        *count = clips;
         self.acc[output].fill(0);
-        Ok(clips)
+        Ok(())
+    }
+
+    fn dumped(&mut self, output: usize) -> Result<(&[u8], u64), BackendError> {
+        let (out, count) = &self.dumps[output];
+        Ok((out, *count))
     }
 
     fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError> {

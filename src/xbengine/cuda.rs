@@ -31,6 +31,9 @@ fn gpu_error(e: impl Into<GpuError>) -> BackendError {
     BackendError(e.into().to_string())
 }
 
+#[cfg(not(target_endian = "little"))]
+compile_error!("xbengine::cuda hands out visibilities in host order, which must be little-endian");
+
 /// The self-test and the benchmark drive the backend through the trait from code that
 /// returns `GpuError`.
 impl From<BackendError> for GpuError {
@@ -63,10 +66,11 @@ pub struct CudaBackend {
     /// Per output: `batches` int64 accumulators.
     acc: Vec<CudaSlice<i64>>,
     present: CudaSlice<u8>,
+    host_present: PinnedHostSlice<u8>,
     vis: CudaSlice<i32>,
     clips: CudaSlice<u64>,
-    host_vis: PinnedHostSlice<i32>,
-    host_clips: PinnedHostSlice<u64>,
+    /// Per output: its last dump in pinned memory (visibilities, saturated count).
+    dumps: Vec<(PinnedHostSlice<i32>, PinnedHostSlice<u64>)>,
     beamformer: Option<Beamformer>,
     beam_slots: Vec<BeamSlot>,
     next_beam_slot: usize,
@@ -144,10 +148,12 @@ impl CudaBackend {
             correlator,
             acc,
             present: st.alloc_zeros(shape.n_ants)?,
+            host_present: host(&gpu, shape.n_ants)?,
             vis: st.alloc_zeros(vis_len)?,
             clips: st.alloc_zeros(1)?,
-            host_vis: host(&gpu, vis_len)?,
-            host_clips: host(&gpu, 1)?,
+            dumps: (0..shape.outputs)
+                .map(|_| Ok((host(&gpu, vis_len)?, host(&gpu, 1)?)))
+                .collect::<Result<Vec<_>, GpuError>>()?,
             beamformer,
             beam_slots,
             next_beam_slot: 0,
@@ -208,15 +214,15 @@ impl XbBackend for CudaBackend {
             .map_err(gpu_error)
     }
 
-    fn dump(
-        &mut self,
-        output: usize,
-        present: &[bool],
-        out: &mut [u8],
-    ) -> Result<u64, BackendError> {
-        let flags: Vec<u8> = present.iter().map(|&p| u8::from(p)).collect();
+    fn dump(&mut self, output: usize, present: &[bool]) -> Result<(), BackendError> {
+        // Through pinned memory: a copy from pageable memory would wait for the compute
+        // stream's queue to drain.
+        let flags = self.host_present.as_mut_slice().map_err(gpu_error)?;
+        for (f, &p) in flags.iter_mut().zip(present) {
+            *f = u8::from(p);
+        }
         let st = &self.gpu.compute;
-        st.memcpy_htod(&flags, &mut self.present)
+        st.memcpy_htod(&self.host_present, &mut self.present)
             .map_err(gpu_error)?;
         self.correlator
             .reduce(
@@ -228,20 +234,21 @@ impl XbBackend for CudaBackend {
             )
             .map_err(gpu_error)?;
         let d2h = &self.gpu.d2h;
-        d2h.memcpy_dtoh(&self.vis, &mut self.host_vis)
-            .map_err(gpu_error)?;
-        d2h.memcpy_dtoh(&self.clips, &mut self.host_clips)
-            .map_err(gpu_error)?;
-        let vis = self.host_vis.as_slice().map_err(gpu_error)?;
-        // int32 little-endian on the wire: the host's own order on every target cbf builds
-        // for, so one copy (a per-value loop cost ~20 ms per 50 MiB dump).
-        #[cfg(target_endian = "little")]
-        out.copy_from_slice(bytemuck::cast_slice(vis));
-        #[cfg(target_endian = "big")]
-        for (o, v) in out.chunks_exact_mut(4).zip(vis) {
-            o.copy_from_slice(&v.to_le_bytes());
-        }
-        Ok(self.host_clips.as_slice().map_err(gpu_error)?[0])
+        let (vis, clips) = &mut self.dumps[output];
+        d2h.memcpy_dtoh(&self.vis, vis).map_err(gpu_error)?;
+        d2h.memcpy_dtoh(&self.clips, clips).map_err(gpu_error)?;
+        Ok(())
+    }
+
+    fn dumped(&mut self, output: usize) -> Result<(&[u8], u64), BackendError> {
+        let (vis, clips) = &self.dumps[output];
+        let count = clips.as_slice().map_err(gpu_error)?[0];
+        // int32 little-endian on the wire is the host's own order (checked at compile time
+        // below), so the pinned memory is handed out as it is.
+        Ok((
+            bytemuck::cast_slice(vis.as_slice().map_err(gpu_error)?),
+            count,
+        ))
     }
 
     fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError> {

@@ -43,8 +43,6 @@ struct XOutput {
     acc: Accumulator,
     sink: HeapSink<u64>,
     heap_bytes: usize,
-    /// Where a dump that is not sent is reduced (to reset its accumulator).
-    scratch: Vec<u8>,
     totals: XTotals,
 }
 
@@ -67,6 +65,14 @@ struct PendingBeams {
     /// Per batch of the chunk: what its heaps carry, or `None` where no heap is sent (no
     /// antenna present, or no beam capturing).
     batches: Vec<Option<BeamMeta>>,
+}
+
+/// A dump started on the backend, sent once the next chunk's work has been queued.
+struct PendingDump {
+    output: usize,
+    timestamp: u64,
+    verdict: Verdict,
+    sends: bool,
 }
 
 /// What a finished run reports.
@@ -92,6 +98,9 @@ pub struct Engine {
     x: Vec<XOutput>,
     beams: Option<BeamOutputs>,
     pending: Option<PendingBeams>,
+    /// Dumps started during earlier chunks, and during this one.
+    dumps_before: Vec<PendingDump>,
+    dumps_now: Vec<PendingDump>,
     shutdown: Shutdown,
 }
 
@@ -189,6 +198,8 @@ impl Engine {
             x,
             beams,
             pending: None,
+            dumps_before: Vec::new(),
+            dumps_now: Vec::new(),
             shutdown,
         })
     }
@@ -248,6 +259,14 @@ impl Engine {
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                     self.send_beams()?;
+                    let dumps: Vec<PendingDump> = self
+                        .dumps_before
+                        .drain(..)
+                        .chain(self.dumps_now.drain(..))
+                        .collect();
+                    for d in dumps {
+                        self.send_dump(d)?;
+                    }
                     return Ok(input);
                 }
             };
@@ -287,67 +306,91 @@ impl Engine {
         }
         self.backend.load(&chunk.data).map_err(backend_error)?;
         let capture = self.control.capture();
-        for (i, x) in self.x.iter_mut().enumerate() {
-            for step in x.acc.chunk(first, &chunk.present) {
+        for (i, output_capture) in capture.iter().enumerate().take(self.x.len()) {
+            let steps = self.x[i].acc.chunk(first, &chunk.present);
+            for step in steps {
                 match step {
                     Step::Correlate(r) => self.backend.correlate(i, r).map_err(backend_error)?,
                     Step::Dump(d) => {
-                        let verdict = d.verdict();
-                        let sends = verdict != Verdict::Skipped && capture[i].sends(d.timestamp);
-                        let mut buf = if sends {
-                            x.sink
-                                .buffer()
-                                .ok_or_else(|| EngineError::Send("X send thread stopped".into()))?
-                        } else {
-                            std::mem::take(&mut x.scratch)
-                        };
-                        buf.resize(x.heap_bytes, 0);
-                        let clips = self
-                            .backend
-                            .dump(i, &d.present, &mut buf)
-                            .map_err(backend_error)?;
-                        let sensors = &self.control.sensors;
-                        sensors.set(
-                            &format!("{}.rx.synchronised", x.name),
-                            u8::from(verdict == Verdict::Complete),
-                            Status::Nominal,
-                        );
-                        match verdict {
-                            Verdict::Skipped => {
-                                tracing::warn!(output = %x.name, timestamp = d.timestamp, "no antenna present for a whole accumulation: not sent");
-                                x.totals.skipped_accs += 1;
+                        // The backend holds one dump per output: send an unsent one first.
+                        let mut waiting = Vec::new();
+                        for list in [&mut self.dumps_before, &mut self.dumps_now] {
+                            if let Some(k) = list.iter().position(|p| p.output == i) {
+                                waiting.push(list.remove(k));
                             }
-                            Verdict::Incomplete => x.totals.incomplete_accs += 1,
-                            Verdict::Complete => {}
                         }
-                        if sends {
-                            x.totals.heaps += 1;
-                            x.totals.bytes += x.heap_bytes as u64;
-                            x.totals.visibilities += (x.heap_bytes / 8) as u64;
-                            x.totals.clipped += clips;
-                            sensors.set(
-                                &format!("{}.xeng-clip-cnt", x.name),
-                                x.totals.clipped,
-                                Status::Nominal,
-                            );
-                            sensors.set(
-                                &format!("{}.tx.next-timestamp", x.name),
-                                d.timestamp + x.acc.span(),
-                                Status::Nominal,
-                            );
-                            x.sink.send(buf, d.timestamp);
-                        } else {
-                            x.scratch = buf;
+                        for p in waiting {
+                            self.send_dump(p)?;
                         }
+                        let verdict = d.verdict();
+                        self.backend.dump(i, &d.present).map_err(backend_error)?;
+                        self.dumps_now.push(PendingDump {
+                            output: i,
+                            timestamp: d.timestamp,
+                            verdict,
+                            sends: verdict != Verdict::Skipped && output_capture.sends(d.timestamp),
+                        });
                     }
                 }
             }
+        }
+        let formed = self.beamform(chunk, first, &capture[self.x.len()..])?;
+        // The previous chunk's results, while this chunk's copy runs.
+        self.send_beams()?;
+        self.pending = formed;
+        for d in std::mem::take(&mut self.dumps_before) {
+            self.send_dump(d)?;
+        }
+        self.dumps_before = std::mem::take(&mut self.dumps_now);
+        for x in &mut self.x {
             x.sink.check()?;
             metrics::x_output(&self.metrics, &x.name, &x.totals);
         }
-        let formed = self.beamform(chunk, first, &capture[self.x.len()..])?;
-        self.send_beams()?;
-        self.pending = formed;
+        Ok(())
+    }
+
+    /// Send (or drop, if not captured) a dump the backend has reduced.
+    fn send_dump(&mut self, p: PendingDump) -> Result<(), EngineError> {
+        let x = &mut self.x[p.output];
+        let (vis, clips) = self.backend.dumped(p.output).map_err(backend_error)?;
+        let sensors = &self.control.sensors;
+        sensors.set(
+            &format!("{}.rx.synchronised", x.name),
+            u8::from(p.verdict == Verdict::Complete),
+            Status::Nominal,
+        );
+        match p.verdict {
+            Verdict::Skipped => {
+                tracing::warn!(output = %x.name, timestamp = p.timestamp, "no antenna present for a whole accumulation: not sent");
+                x.totals.skipped_accs += 1;
+            }
+            Verdict::Incomplete => x.totals.incomplete_accs += 1,
+            Verdict::Complete => {}
+        }
+        if !p.sends {
+            return Ok(());
+        }
+        let mut buf = x
+            .sink
+            .buffer()
+            .ok_or_else(|| EngineError::Send("X send thread stopped".into()))?;
+        buf.clear();
+        buf.extend_from_slice(vis);
+        x.totals.heaps += 1;
+        x.totals.bytes += x.heap_bytes as u64;
+        x.totals.visibilities += (x.heap_bytes / 8) as u64;
+        x.totals.clipped += clips;
+        sensors.set(
+            &format!("{}.xeng-clip-cnt", x.name),
+            x.totals.clipped,
+            Status::Nominal,
+        );
+        sensors.set(
+            &format!("{}.tx.next-timestamp", x.name),
+            p.timestamp + x.acc.span(),
+            Status::Nominal,
+        );
+        x.sink.send(buf, p.timestamp);
         Ok(())
     }
 
@@ -535,7 +578,6 @@ fn x_output(
         acc,
         sink,
         heap_bytes,
-        scratch: Vec::with_capacity(heap_bytes),
         totals: XTotals::default(),
     })
 }
