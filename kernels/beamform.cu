@@ -33,6 +33,10 @@
 
 #define ANT_BATCH 32
 #define BEAM_BATCH (N_BEAMS < 16 ? N_BEAMS : 16)
+// Antennas whose loads are in flight together per thread: two at few beams, one at more (ptxas
+// spilled a few bytes at some shapes with four, and at 130 beams with two; the compile check
+// builds every shape the self-test and the benchmark use).
+#define ANT_UNROLL (BEAM_BATCH > 8 ? 1 : 2)
 
 typedef unsigned long long u64;
 typedef long long i64;
@@ -60,17 +64,14 @@ __device__ __forceinline__ int quantise(float v, float u, bool *clipped)
     return (int)rintf(fminf(fmaxf(x, -127.0f), 127.0f));
 }
 
-// One antenna's sample of both pols as raw bits (one 32-bit word, or 16 bits of 4-bit values).
-__device__ __forceinline__ unsigned int load_raw(const unsigned char *__restrict__ in, i64 idx)
-{
+// The input as words of one complex sample of both pols (32 bits, or 16 of 4-bit values).
 #if IN_BITS == 8
-    return __ldg(reinterpret_cast<const unsigned int *>(in) + idx);
+typedef unsigned int word_t;
 #elif IN_BITS == 4
-    return __ldg(reinterpret_cast<const unsigned short *>(in) + idx);
+typedef unsigned short word_t;
 #else
 #error "IN_BITS must be 8 or 4"
 #endif
-}
 
 // The raw bits as (re0, im0, re1, im1).
 __device__ __forceinline__ float4 unpack(unsigned int r)
@@ -141,14 +142,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) beamform(
             __syncthreads();
             if (!active)
                 continue;
-            const i64 base = (((i64)batch * N_ANTS + a0) * CHANNELS + c) * SPECTRA + t;
-#pragma unroll 4
+            // This thread's sample of antenna a0, then one antenna-row further per antenna.
+            const word_t *src = reinterpret_cast<const word_t *>(in) +
+                                ((((i64)batch * N_ANTS + a0) * CHANNELS + c) * SPECTRA + t);
+            const unsigned char *pa = pres + a0;
+#pragma unroll ANT_UNROLL
             for (int la = 0; la < na; ++la)
             {
                 // An absent antenna's sample is masked to zero (its terms add exact zeros);
                 // the two loads are independent, so neither waits for the other.
-                const unsigned int keep = __ldg(pres + a0 + la) ? ~0u : 0u;
-                const float4 x = unpack(load_raw(in, base + (i64)la * CHANNELS * SPECTRA) & keep);
+                const unsigned int keep = __ldg(pa + la) ? ~0u : 0u;
+                const float4 x = unpack(__ldg(src + la * (CHANNELS * SPECTRA)) & keep);
 #pragma unroll
                 for (int k = 0; k < BEAM_BATCH; ++k)
                 {
