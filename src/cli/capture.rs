@@ -12,7 +12,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::CliError;
-use crate::engine::Shutdown;
+use crate::engine::{check_seconds, Shutdown};
 use crate::net::pcap::{PcapDump, PcapReceiver};
 use crate::net::udp::UdpReceiver;
 use crate::net::{parse_endpoints, PacketReceiver, Received, RecvBatch};
@@ -156,6 +156,11 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
     if !(64..=65536).contains(&args.packet_size) {
         return Err(CliError::flag("--packet-size", "must be in 64..=65536"));
     }
+    let limit = args
+        .duration
+        .map(|d| check_seconds("--duration", d, true))
+        .transpose()
+        .map_err(|e| CliError::flag(e.flag, e.message))?;
     let (mut source, dst) = open_source(&args.src, args.interface.as_deref(), args.buffer)?;
     let mut dump = args
         .pcap
@@ -178,7 +183,6 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let src_addr = SocketAddrV4::new([0, 0, 0, 0].into(), 0);
-    let limit = args.duration.map(Duration::from_secs_f64);
     while !shutdown.requested()
         && !stream.is_stopped()
         && args.count.is_none_or(|c| n_heaps < c)
@@ -238,4 +242,32 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         d.finish().map_err(|e| CliError::flag("--pcap", e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        a: CaptureArgs,
+    }
+
+    /// A duration that is NaN, negative or beyond `MAX_SECONDS` is refused naming the flag,
+    /// before any socket is opened (`--duration 1e300` panicked converting to `Duration`).
+    #[test]
+    fn extreme_durations_are_refused_naming_the_flag() {
+        for value in ["1e300", "NaN", "-1", "inf"] {
+            let d = format!("--duration={value}");
+            let args = Wrap::try_parse_from(["capture", d.as_str(), "127.0.0.1:1"])
+                .unwrap()
+                .a;
+            match run(args) {
+                Err(CliError::Flag { flag, .. }) => assert_eq!(flag, "--duration", "{value}"),
+                other => panic!("{value}: expected a --duration error, got {other:?}"),
+            }
+        }
+    }
 }

@@ -155,6 +155,39 @@ mod tests {
         }
     }
 
+    /// Every numeric class of flag at its extremes (NaN, negative, huge, tiny) is refused at
+    /// start-up naming the flag; before, `--duration 1e300` panicked converting to `Duration`
+    /// and `--adc-sample-rate 1e300` ran unpaced.
+    #[test]
+    fn extreme_numbers_are_refused_naming_the_flag() {
+        let d = "127.0.0.1:7148";
+        for (flag, value) in [
+            ("--duration", "1e300"),
+            ("--duration", "NaN"),
+            ("--duration", "-1"),
+            ("--adc-sample-rate", "1e300"),
+            ("--adc-sample-rate", "1e-300"),
+            ("--adc-sample-rate", "NaN"),
+            ("--send-rate-factor", "1e300"),
+            ("--send-rate-factor", "1e-300"),
+            ("--send-rate-factor", "-1"),
+        ] {
+            let rate = if flag == "--adc-sample-rate" {
+                value
+            } else {
+                "1e9"
+            };
+            let rate = format!("--adc-sample-rate={rate}");
+            let other = format!("{flag}={value}");
+            let mut args = vec![rate.as_str()];
+            if flag != "--adc-sample-rate" {
+                args.push(&other);
+            }
+            args.push(d);
+            assert_eq!(flag_of(plan(&args)), flag, "{flag} {value}");
+        }
+    }
+
     #[test]
     fn bad_flags_are_named() {
         let d = "127.0.0.1:7148";

@@ -10,7 +10,7 @@ use super::dsim::DigitiserConfig;
 use super::signal::{self, Signal};
 use crate::dsp::samples::valid_sample_bits;
 use crate::engine::control::ControlConfig;
-use crate::engine::{unix_now, ConfigError};
+use crate::engine::{check_rate_factor, check_sample_rate, check_seconds, unix_now, ConfigError};
 use crate::spead::send::SendStreamConfig;
 use crate::spead::Flavour;
 
@@ -70,12 +70,7 @@ impl DsimConfig {
     /// Check every flag and how they combine; parse the signals (unseeded noise gets a
     /// random seed here, which the `signals` sensor then shows).
     pub fn validate(&self) -> Result<DsimPlan, ConfigError> {
-        if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
-            return Err(ConfigError::new(
-                "--adc-sample-rate",
-                "must be a positive number of Hz",
-            ));
-        }
+        check_sample_rate("--adc-sample-rate", self.adc_sample_rate)?;
         if !valid_sample_bits(self.sample_bits) {
             return Err(ConfigError::new(
                 "--sample-bits",
@@ -106,16 +101,9 @@ impl DsimConfig {
         let period = self.period.unwrap_or(self.max_period);
         check_period(period, self.heap_samples, self.max_period)
             .map_err(|e| ConfigError::new("--period", e))?;
-        if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
-            return Err(ConfigError::new("--send-rate-factor", "must be ≥ 0"));
-        }
+        check_rate_factor("--send-rate-factor", self.send_rate_factor)?;
         if let Some(d) = self.duration {
-            if !(d.is_finite() && d >= 0.0) {
-                return Err(ConfigError::new(
-                    "--duration",
-                    "must be a non-negative number of seconds",
-                ));
-            }
+            check_seconds("--duration", d, true)?;
         }
         if self.dests.is_empty() || self.dests.iter().any(Vec::is_empty) {
             return Err(ConfigError::new(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::fsim::{FsimLayout, Payload, PATTERN_BATCHES};
 use crate::engine::control::ControlConfig;
 use crate::engine::send::StreamSpec;
-use crate::engine::{unix_now, ConfigError};
+use crate::engine::{check_rate_factor, check_sample_rate, check_seconds, unix_now, ConfigError};
 use crate::spead::send::SendStreamConfig;
 use crate::spead::Flavour;
 
@@ -105,18 +105,11 @@ impl FsimConfig {
                 ),
             ));
         }
-        if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
-            return Err(ConfigError::new(
-                "--adc-sample-rate",
-                "must be a positive number of Hz",
-            ));
-        }
+        check_sample_rate("--adc-sample-rate", self.adc_sample_rate)?;
         if !self.sync_time.is_finite() || self.sync_time > unix_now() {
             return Err(ConfigError::new("--sync-time", "is in the future"));
         }
-        if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
-            return Err(ConfigError::new("--send-rate-factor", "must be ≥ 0"));
-        }
+        check_rate_factor("--send-rate-factor", self.send_rate_factor)?;
         let p = self.send_packet_payload;
         if p == 0 || p % 8 != 0 || p + PREAMBLE > MAX_DATAGRAM {
             return Err(ConfigError::new(
@@ -143,12 +136,7 @@ impl FsimConfig {
             ));
         }
         if let Some(d) = self.duration {
-            if !(d.is_finite() && d >= 0.0) {
-                return Err(ConfigError::new(
-                    "--duration",
-                    "must be a non-negative number of seconds",
-                ));
-            }
+            check_seconds("--duration", d, true)?;
         }
         let mut missing = vec![false; self.array_size];
         for &f in &self.missing_fengines {
@@ -398,6 +386,12 @@ mod tests {
             c.max_heaps = Some(3);
         };
         negative_duration: "--duration", |c| c.duration = Some(-1.0);
+        huge_duration: "--duration", |c| c.duration = Some(1e300);
+        nan_duration: "--duration", |c| c.duration = Some(f64::NAN);
+        tiny_adc_rate: "--adc-sample-rate", |c| c.adc_sample_rate = 1e-300;
+        huge_adc_rate: "--adc-sample-rate", |c| c.adc_sample_rate = 1e300;
+        huge_rate_factor: "--send-rate-factor", |c| c.send_rate_factor = 1e300;
+        tiny_rate_factor: "--send-rate-factor", |c| c.send_rate_factor = 1e-300;
         missing_feng_out_of_range: "--missing-fengines", |c| c.missing_fengines = vec![80];
         empty_missing_range: "--missing-timestamps", |c| {
             c.missing_fengines = vec![1];
