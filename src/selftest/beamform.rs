@@ -13,10 +13,10 @@ use num_complex::Complex64;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::correlate::draw_samples;
 use super::fengine::lsb_statistics;
 use super::Check;
 use crate::dsp::beamform::{beamform, Beam, BeamShape};
-use crate::dsp::correlate::unpack_4bit;
 use crate::gpu::beamform::{BeamformConfig, Beamformer};
 use crate::gpu::{Gpu, GpuError};
 
@@ -114,23 +114,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
     ];
     for &(version, given, used) in &calls {
         let n = cfg.batches * cfg.n_ants * cfg.channels * cfg.spectra * 4;
-        let (bytes, x): (Vec<u8>, Vec<i8>) = if cfg.in_bits == 4 {
-            let bytes: Vec<u8> = (0..n / 2).map(|_| rng.random()).collect();
-            let mut x = vec![0i8; n];
-            unpack_4bit(&bytes, &mut x);
-            (bytes, x)
-        } else {
-            let x: Vec<i8> = (0..n)
-                .map(|_| {
-                    if case.extremes {
-                        [-128, -127, 127][rng.random_range(0..3)]
-                    } else {
-                        rng.random()
-                    }
-                })
-                .collect();
-            (x.iter().map(|&v| v as u8).collect(), x)
-        };
+        let (bytes, x) = draw_samples(rng, cfg.in_bits, case.extremes, n);
         let mut present: Vec<u8> = (0..cfg.batches * cfg.n_ants)
             .map(|_| u8::from(!rng.random_ratio(1, 6)))
             .collect();

@@ -33,9 +33,15 @@ struct Case {
     garbage: i64,
 }
 
-/// Input bytes of one call and their int8 expansion (the oracle's input).
-fn draw(rng: &mut SmallRng, case: &Case, len: usize) -> (Vec<u8>, Vec<i8>) {
-    if case.in_bits == 4 {
+/// Input bytes of one call and their int8 expansion (the oracle's input): int8, or one byte per
+/// complex value with `in_bits` 4; with `extremes`, 8-bit values only from {−128, −127, 127}.
+pub(super) fn draw_samples(
+    rng: &mut SmallRng,
+    in_bits: u32,
+    extremes: bool,
+    len: usize,
+) -> (Vec<u8>, Vec<i8>) {
+    if in_bits == 4 {
         let bytes: Vec<u8> = (0..len / 2).map(|_| rng.random()).collect();
         let mut x = vec![0i8; len];
         unpack_4bit(&bytes, &mut x);
@@ -43,7 +49,7 @@ fn draw(rng: &mut SmallRng, case: &Case, len: usize) -> (Vec<u8>, Vec<i8>) {
     } else {
         let x: Vec<i8> = (0..len)
             .map(|_| {
-                if case.extremes {
+                if extremes {
                     [-128, -127, 127][rng.random_range(0..3)]
                 } else {
                     rng.random()
@@ -80,7 +86,12 @@ fn check(
     let mut acc: CudaSlice<i64> = st.clone_htod(&want)?;
     // Two calls into the same accumulators.
     for _ in 0..2 {
-        let (bytes, x) = draw(rng, &case, shape.input_len() * case.batches);
+        let (bytes, x) = draw_samples(
+            rng,
+            case.in_bits,
+            case.extremes,
+            shape.input_len() * case.batches,
+        );
         // Group j of `group` consecutive batches adds into accumulator j.
         let group = cfg.group();
         for (i, xb) in x.chunks_exact(shape.input_len()).enumerate() {
