@@ -167,7 +167,8 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
     let dither = vec![Some(1u64); s.beams];
     let present = vec![1u8; s.batches * s.n_ants];
     let present_all = vec![true; s.n_ants];
-    let mut x_heap = vec![0u8; shape.corr().vis_len() * 4];
+    // One X heap buffer, reused as the engine's send pool reuses its buffers.
+    let mut x_heap: Option<Vec<u8>> = None;
     let beam_heaps = s.beams * s.channels * s.spectra * 2;
     let mut beam_buf = vec![0u8; beam_heaps];
     let dump_every = ACC_SPECTRA.div_ceil(s.spectra * s.batches);
@@ -218,15 +219,15 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
         if stage >= 1 {
             backend.correlate(0, 0..s.batches)?;
         }
-        // A dump is started here and sent (copied into a heap buffer) at the next chunk, as
-        // the engine does.
+        // A dump is started here into a heap buffer and taken back at the next chunk, as the
+        // engine does.
         if dump_pending {
-            let (vis, _) = backend.dumped(0)?;
-            x_heap.copy_from_slice(vis);
+            // The heap buffer comes back filled; the engine would hand it to its send thread.
+            x_heap = Some(backend.dumped(0)?.0);
             dump_pending = false;
         }
         if stage >= 2 && (k + 1) % dump_every == 0 {
-            backend.dump(0, &present_all)?;
+            backend.dump(0, &present_all, x_heap.take().unwrap_or_default())?;
             dump_pending = true;
         }
         let slot = if stage >= 2 && s.beams > 0 {

@@ -87,12 +87,13 @@ pub trait XbBackend: Send {
     /// Add batches `batches` of the loaded chunk into output `output`'s accumulator.
     fn correlate(&mut self, output: usize, batches: Range<usize>) -> Result<(), BackendError>;
     /// Start reducing output `output`'s accumulator (flagging baselines of antennas not
-    /// `present`) and zero it; [`XbBackend::dumped`] reads the result, before the next `dump`
-    /// of the same output.
-    fn dump(&mut self, output: usize, present: &[bool]) -> Result<(), BackendError>;
-    /// Output `output`'s last dump, waiting for it: int32 little-endian, (channel, baseline,
-    /// product, re/im), and the saturated value count.
-    fn dumped(&mut self, output: usize) -> Result<(&[u8], u64), BackendError>;
+    /// `present`) into `out` (the X heap's buffer, resized to `vis_len` × 4 bytes and kept by
+    /// the backend until [`XbBackend::dumped`] gives it back) and zero the accumulator. One
+    /// dump per output is outstanding at a time.
+    fn dump(&mut self, output: usize, present: &[bool], out: Vec<u8>) -> Result<(), BackendError>;
+    /// Output `output`'s outstanding dump, waiting for it: the buffer, filled with int32
+    /// little-endian (channel, baseline, product, re/im), and the saturated value count.
+    fn dumped(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError>;
     /// Start forming every beam of every batch of the loaded chunk; returns the slot (below
     /// [`BEAM_SLOTS`]) to read the result from, valid until `BEAM_SLOTS` more calls.
     fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError>;
@@ -118,8 +119,8 @@ pub struct CpuBackend {
     batches: usize,
     acc: Vec<Vec<i64>>,
     vis: Vec<i32>,
-    /// Per output: the last dump (int32 little-endian bytes) and its saturated count.
-    dumps: Vec<(Vec<u8>, u64)>,
+    /// Per output: the outstanding dump (int32 little-endian bytes) and its saturated count.
+    dumps: Vec<Option<(Vec<u8>, u64)>>,
     /// Beam result slots: data and clips.
     beam_data: [Vec<u8>; BEAM_SLOTS],
     beam_clips: [Vec<u64>; BEAM_SLOTS],
@@ -144,7 +145,7 @@ impl CpuBackend {
             batches,
             acc: vec![vec![0; corr.vis_len()]; shape.outputs],
             vis: vec![0; corr.vis_len()],
-            dumps: vec![(vec![0; corr.vis_len() * 4], 0); shape.outputs],
+            dumps: vec![None; shape.outputs],
             beam_data: Default::default(),
             beam_clips: Default::default(),
             next_slot: 0,
@@ -176,20 +177,26 @@ impl XbBackend for CpuBackend {
         Ok(())
     }
 
-    fn dump(&mut self, output: usize, present: &[bool]) -> Result<(), BackendError> {
+    fn dump(
+        &mut self,
+        output: usize,
+        present: &[bool],
+        mut out: Vec<u8>,
+    ) -> Result<(), BackendError> {
         let clips = reduce(self.shape.corr(), &self.acc[output], present, &mut self.vis);
-        let (out, count) = &mut self.dumps[output];
+        out.resize(self.vis.len() * 4, 0);
         for (o, v) in out.chunks_exact_mut(4).zip(&self.vis) {
             o.copy_from_slice(&v.to_le_bytes());
         }
-        *count = clips;
+        self.dumps[output] = Some((out, clips));
         self.acc[output].fill(0);
         Ok(())
     }
 
-    fn dumped(&mut self, output: usize) -> Result<(&[u8], u64), BackendError> {
-        let (out, count) = &self.dumps[output];
-        Ok((out, *count))
+    fn dumped(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
+        self.dumps[output]
+            .take()
+            .ok_or_else(|| BackendError(format!("no dump of output {output} is outstanding")))
     }
 
     fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError> {

@@ -19,7 +19,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice};
 
 use super::backend::{BackendError, BeamChunk, BeamResult, XbBackend, XbShape, BEAM_SLOTS};
 use crate::dsp::correlate::CorrShape;
@@ -41,6 +41,19 @@ impl From<BackendError> for GpuError {
         GpuError::Backend(e.0)
     }
 }
+
+/// One output's dump in flight.
+struct OutDump {
+    buffer: Option<Vec<u8>>,
+    clips: PinnedHostSlice<u64>,
+    done: CudaEvent,
+}
+
+/// Heap buffers at least this large are page-locked in place and filled by the device
+/// directly (no host copy: at 1024 antennas a dump is 537 MB, whose copy on the engine thread
+/// stalled the input). They come from their own `mmap`, so no two share a page; smaller ones
+/// go through a pinned bounce buffer.
+const PIN_IN_PLACE: usize = 1 << 20;
 
 /// Device input slots: a chunk is copied into one while the other is correlated.
 const INPUT_SLOTS: usize = 2;
@@ -69,12 +82,16 @@ pub struct CudaBackend {
     host_present: PinnedHostSlice<u8>,
     vis: CudaSlice<i32>,
     clips: CudaSlice<u64>,
-    /// Per output: its last dump in pinned memory (visibilities, saturated count).
-    dumps: Vec<(PinnedHostSlice<i32>, PinnedHostSlice<u64>)>,
+    /// Per output: the outstanding dump (the heap buffer being filled, its clip count in
+    /// pinned memory, and the event after its copy-out).
+    dumps: Vec<OutDump>,
+    /// Pinned staging for heap buffers below [`PIN_IN_PLACE`].
+    bounce: PinnedHostSlice<i32>,
     beamformer: Option<Beamformer>,
     beam_slots: Vec<BeamSlot>,
     next_beam_slot: usize,
-    /// Host buffers page-locked by [`XbBackend::pin`], unlocked on drop.
+    /// Host buffers page-locked by [`XbBackend::pin`] and by `dump` (heap buffers), unlocked
+    /// on drop.
     pinned: Vec<usize>,
 }
 
@@ -151,8 +168,22 @@ impl CudaBackend {
             host_present: host(&gpu, shape.n_ants)?,
             vis: st.alloc_zeros(vis_len)?,
             clips: st.alloc_zeros(1)?,
+            bounce: host(
+                &gpu,
+                if vis_len * 4 < PIN_IN_PLACE {
+                    vis_len
+                } else {
+                    1
+                },
+            )?,
             dumps: (0..shape.outputs)
-                .map(|_| Ok((host(&gpu, vis_len)?, host(&gpu, 1)?)))
+                .map(|_| {
+                    Ok(OutDump {
+                        buffer: None,
+                        clips: host(&gpu, 1)?,
+                        done: gpu.ctx.new_event(None)?,
+                    })
+                })
                 .collect::<Result<Vec<_>, GpuError>>()?,
             beamformer,
             beam_slots,
@@ -214,7 +245,17 @@ impl XbBackend for CudaBackend {
             .map_err(gpu_error)
     }
 
-    fn dump(&mut self, output: usize, present: &[bool]) -> Result<(), BackendError> {
+    fn dump(
+        &mut self,
+        output: usize,
+        present: &[bool],
+        mut out: Vec<u8>,
+    ) -> Result<(), BackendError> {
+        if self.dumps[output].buffer.is_some() {
+            return Err(BackendError(format!(
+                "a dump of output {output} is already outstanding"
+            )));
+        }
         // Through pinned memory: a copy from pageable memory would wait for the compute
         // stream's queue to drain.
         let flags = self.host_present.as_mut_slice().map_err(gpu_error)?;
@@ -233,22 +274,64 @@ impl XbBackend for CudaBackend {
                 true,
             )
             .map_err(gpu_error)?;
+        out.resize(self.vis.len() * 4, 0);
         let d2h = &self.gpu.d2h;
-        let (vis, clips) = &mut self.dumps[output];
-        d2h.memcpy_dtoh(&self.vis, vis).map_err(gpu_error)?;
-        d2h.memcpy_dtoh(&self.clips, clips).map_err(gpu_error)?;
+        let dump = &mut self.dumps[output];
+        d2h.memcpy_dtoh(&self.clips, &mut dump.clips)
+            .map_err(gpu_error)?;
+        if out.len() >= PIN_IN_PLACE {
+            let ptr = out.as_mut_ptr() as usize;
+            if !self.pinned.contains(&ptr) {
+                // Once per heap buffer: the send pool's buffers come back, and never move.
+                self.gpu.ctx.bind_to_thread().map_err(gpu_error)?;
+                // SAFETY: `out` is live memory of its length; it stays alive and unmoved (a
+                // Vec's heap block does not move with the Vec, and no code here or in the
+                // send pool resizes a heap buffer past its capacity) until this backend drops,
+                // which unregisters it first.
+                unsafe {
+                    cudarc::driver::sys::cuMemHostRegister_v2(
+                        out.as_mut_ptr().cast(),
+                        out.len(),
+                        cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
+                    )
+                    .result()
+                    .map_err(gpu_error)?;
+                }
+                self.pinned.push(ptr);
+            }
+            let (src, _read) = self.vis.device_ptr(d2h);
+            // SAFETY: `out` holds exactly the visibilities' bytes and is page-locked; it is not
+            // touched until `dumped` has waited for `done`. `device_ptr` made d2h wait for the
+            // reduce and records the read, so the next reduce waits for this copy.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(&mut out[..], src, d2h.cu_stream())
+                    .map_err(gpu_error)?;
+            }
+        } else {
+            d2h.memcpy_dtoh(&self.vis, &mut self.bounce)
+                .map_err(gpu_error)?;
+        }
+        dump.done.record(d2h).map_err(gpu_error)?;
+        dump.buffer = Some(out);
         Ok(())
     }
 
-    fn dumped(&mut self, output: usize) -> Result<(&[u8], u64), BackendError> {
-        let (vis, clips) = &self.dumps[output];
-        let count = clips.as_slice().map_err(gpu_error)?[0];
-        // int32 little-endian on the wire is the host's own order (checked at compile time
-        // below), so the pinned memory is handed out as it is.
-        Ok((
-            bytemuck::cast_slice(vis.as_slice().map_err(gpu_error)?),
-            count,
-        ))
+    fn dumped(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
+        let dump = &mut self.dumps[output];
+        let mut out = dump
+            .buffer
+            .take()
+            .ok_or_else(|| BackendError(format!("no dump of output {output} is outstanding")))?;
+        dump.done.synchronize().map_err(gpu_error)?;
+        if out.len() < PIN_IN_PLACE {
+            // int32 little-endian on the wire is the host's own order (checked at compile
+            // time above).
+            out.copy_from_slice(bytemuck::cast_slice(
+                self.bounce.as_slice().map_err(gpu_error)?,
+            ));
+        }
+        let count = dump.clips.as_slice().map_err(gpu_error)?[0];
+        Ok((out, count))
     }
 
     fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError> {

@@ -43,6 +43,8 @@ struct XOutput {
     acc: Accumulator,
     sink: HeapSink<u64>,
     heap_bytes: usize,
+    /// The buffer a dump that is not sent is reduced into (its accumulator must be reset).
+    scratch: Option<Vec<u8>>,
     totals: XTotals,
 }
 
@@ -323,12 +325,26 @@ impl Engine {
                             self.send_dump(p)?;
                         }
                         let verdict = d.verdict();
-                        self.backend.dump(i, &d.present).map_err(backend_error)?;
+                        let sends =
+                            verdict != Verdict::Skipped && output_capture.sends(d.timestamp);
+                        // The backend fills the heap's own buffer (no copy), or a scratch one
+                        // for a dump that is not sent (its accumulator must still be reset).
+                        let x = &mut self.x[i];
+                        let buf = if sends {
+                            x.sink
+                                .buffer()
+                                .ok_or_else(|| EngineError::Send("X send thread stopped".into()))?
+                        } else {
+                            x.scratch.take().unwrap_or_default()
+                        };
+                        self.backend
+                            .dump(i, &d.present, buf)
+                            .map_err(backend_error)?;
                         self.dumps_now.push(PendingDump {
                             output: i,
                             timestamp: d.timestamp,
                             verdict,
-                            sends: verdict != Verdict::Skipped && output_capture.sends(d.timestamp),
+                            sends,
                         });
                     }
                 }
@@ -352,7 +368,7 @@ impl Engine {
     /// Send (or drop, if not captured) a dump the backend has reduced.
     fn send_dump(&mut self, p: PendingDump) -> Result<(), EngineError> {
         let x = &mut self.x[p.output];
-        let (vis, clips) = self.backend.dumped(p.output).map_err(backend_error)?;
+        let (buf, clips) = self.backend.dumped(p.output).map_err(backend_error)?;
         let sensors = &self.control.sensors;
         sensors.set(
             &format!("{}.rx.synchronised", x.name),
@@ -368,14 +384,9 @@ impl Engine {
             Verdict::Complete => {}
         }
         if !p.sends {
+            x.scratch = Some(buf);
             return Ok(());
         }
-        let mut buf = x
-            .sink
-            .buffer()
-            .ok_or_else(|| EngineError::Send("X send thread stopped".into()))?;
-        buf.clear();
-        buf.extend_from_slice(vis);
         x.totals.heaps += 1;
         x.totals.bytes += x.heap_bytes as u64;
         x.totals.visibilities += (x.heap_bytes / 8) as u64;
@@ -578,6 +589,7 @@ fn x_output(
         acc,
         sink,
         heap_bytes,
+        scratch: None,
         totals: XTotals::default(),
     })
 }
