@@ -214,11 +214,24 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
     // correlates, 2 is the engine's whole work (the first two say where time goes).
     let mut pending = None;
     let mut dump_pending = false;
-    let mut step = |k: usize, stage: u8, backend: &mut CudaBackend| -> Result<(), Box<dyn Error>> {
+    // Host time spent in each call of the loop (seconds, summed): where the engine thread
+    // waits. Order: load, correlate, dumped, dump, beamform, beams (wait + copy), release.
+    let mut step = |k: usize,
+                    stage: u8,
+                    backend: &mut CudaBackend,
+                    spent: &mut [f64; 7]|
+     -> Result<(), Box<dyn Error>> {
+        let mut t = Instant::now();
+        let mut lap = |i: usize, spent: &mut [f64; 7]| {
+            spent[i] += t.elapsed().as_secs_f64();
+            t = Instant::now();
+        };
         backend.load(&ring[k % 4])?;
+        lap(0, spent);
         if stage >= 1 {
             backend.correlate(0, 0..s.batches)?;
         }
+        lap(1, spent);
         // A dump is started here into a heap buffer and taken back at the next chunk, as the
         // engine does.
         if dump_pending {
@@ -226,10 +239,12 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
             x_heap = Some(backend.dumped(0)?.0);
             dump_pending = false;
         }
+        lap(2, spent);
         if stage >= 2 && (k + 1) % dump_every == 0 {
             backend.dump(0, &present_all, x_heap.take().unwrap_or_default())?;
             dump_pending = true;
         }
+        lap(3, spent);
         let slot = if stage >= 2 && s.beams > 0 {
             Some(backend.beamform(&BeamChunk {
                 version: 1,
@@ -243,6 +258,7 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
         } else {
             None
         };
+        lap(4, spent);
         if let Some(p) = pending.take() {
             let r = backend.beams(p)?;
             // Into heap buffers, as the engine copies them into its send pool.
@@ -251,22 +267,38 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
             }
         }
         pending = slot;
+        lap(5, spent);
         backend.release()?;
+        lap(6, spent);
         Ok(())
     };
     let mut rates = [0.0; 3];
+    let mut spent = [0.0f64; 7];
     for (stage, rate) in rates.iter_mut().enumerate() {
         for k in 0..4 {
-            step(k, stage as u8, &mut backend)?;
+            step(k, stage as u8, &mut backend, &mut spent)?;
         }
+        spent = [0.0; 7];
         let t = Instant::now();
         for k in 4..4 + chunks {
-            step(k, stage as u8, &mut backend)?;
+            step(k, stage as u8, &mut backend, &mut spent)?;
         }
         gpu.ctx.synchronize()?;
         *rate = (chunks * chunk_bytes) as f64 / t.elapsed().as_secs_f64();
     }
     let path = rates[2];
+    let ms = |v: f64| v * 1e3 / chunks as f64;
+    println!(
+        "    engine thread per chunk (ms), whole path: load {:.2}, correlate {:.2}, dumped {:.2}, dump {:.2}, beamform {:.2}, beams {:.2}, release {:.2}; H2D of a chunk {:.2}",
+        ms(spent[0]),
+        ms(spent[1]),
+        ms(spent[2]),
+        ms(spent[3]),
+        ms(spent[4]),
+        ms(spent[5]),
+        ms(spent[6]),
+        chunk_bytes as f64 / pcie * 1e3,
+    );
 
     // 8-bit complex input: 2 bytes per sample.
     let gsps = |bytes_per_s: f64| bytes_per_s / 2.0 * 1e-9;
