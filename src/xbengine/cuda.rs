@@ -90,9 +90,11 @@ pub struct CudaBackend {
     beamformer: Option<Beamformer>,
     beam_slots: Vec<BeamSlot>,
     next_beam_slot: usize,
-    /// Host buffers page-locked by [`XbBackend::pin`] and by `dump` (heap buffers), unlocked
-    /// on drop.
+    /// Host buffers page-locked by [`XbBackend::pin`], unlocked on drop.
     pinned: Vec<usize>,
+    /// Heap buffers page-locked by `dump` (address, length), unlocked when their memory is
+    /// registered again for another buffer, or on drop.
+    heap_pins: Vec<(usize, usize)>,
 }
 
 // SAFETY: the raw addresses in `pinned` are only handed back to the driver on drop; every
@@ -189,6 +191,7 @@ impl CudaBackend {
             beam_slots,
             next_beam_slot: 0,
             pinned: Vec::new(),
+            heap_pins: Vec::new(),
             input_bytes: cfg.input_bytes(),
             gpu,
         })
@@ -280,24 +283,35 @@ impl XbBackend for CudaBackend {
         d2h.memcpy_dtoh(&self.clips, &mut dump.clips)
             .map_err(gpu_error)?;
         if out.len() >= PIN_IN_PLACE {
-            let ptr = out.as_mut_ptr() as usize;
-            if !self.pinned.contains(&ptr) {
-                // Once per heap buffer: the send pool's buffers come back, and never move.
+            let (ptr, len) = (out.as_mut_ptr() as usize, out.len());
+            if !self.heap_pins.iter().any(|&(p, l)| p == ptr && l >= len) {
+                // Once per heap buffer in the engine (the send pool's buffers come back and
+                // never move). A registration overlapping this buffer belonged to a heap
+                // buffer since freed, whose memory this one now is: unlock it first (the
+                // driver refuses overlapping registrations).
                 self.gpu.ctx.bind_to_thread().map_err(gpu_error)?;
-                // SAFETY: `out` is live memory of its length; it stays alive and unmoved (a
-                // Vec's heap block does not move with the Vec, and no code here or in the
-                // send pool resizes a heap buffer past its capacity) until this backend drops,
-                // which unregisters it first.
+                let (stale, kept): (Vec<_>, Vec<_>) = self
+                    .heap_pins
+                    .iter()
+                    .partition(|&&(p, l)| p < ptr + len && ptr < p + l);
+                self.heap_pins = kept;
+                for (p, _) in stale {
+                    // SAFETY: `p` was registered below; unregistering only unlocks pages.
+                    let _ = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };
+                }
+                // SAFETY: `out` is live memory of its length, not written by the host until
+                // `dumped` has waited for the copy into it; a registration that outlives it is
+                // dropped above when its memory comes back, or on drop.
                 unsafe {
                     cudarc::driver::sys::cuMemHostRegister_v2(
                         out.as_mut_ptr().cast(),
-                        out.len(),
+                        len,
                         cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
                     )
                     .result()
                     .map_err(gpu_error)?;
                 }
-                self.pinned.push(ptr);
+                self.heap_pins.push((ptr, len));
             }
             let (src, _read) = self.vis.device_ptr(d2h);
             // SAFETY: `out` holds exactly the visibilities' bytes and is page-locked; it is not
@@ -404,6 +418,11 @@ impl Drop for CudaBackend {
             if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
                 tracing::warn!(?r, "could not unlock a receive chunk");
             }
+        }
+        for &(p, _) in &self.heap_pins {
+            // SAFETY: `p` was registered by `dump`; unregistering only unlocks pages (the
+            // buffer may be gone: then the call fails, harmlessly).
+            let _ = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };
         }
     }
 }
