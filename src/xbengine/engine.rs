@@ -5,13 +5,12 @@
 //! batch, and hands X and beam heaps to one send thread per output kind. A test can run it
 //! in-process.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::accum::{Accumulator, Step, Verdict};
-use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape, BEAM_SLOTS};
+use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape};
 use super::beams::{Band, Steering};
 use super::config::{Plan, XbengineConfig};
 use super::control::XbControl;
@@ -100,9 +99,7 @@ pub struct Engine {
     metrics: Metrics,
     x: Vec<XOutput>,
     beams: Option<BeamOutputs>,
-    /// Chunks' beams queued on the backend, oldest first (at most `BEAM_SLOTS` − 1 between
-    /// chunks).
-    pending: VecDeque<PendingBeams>,
+    pending: Option<PendingBeams>,
     /// Dumps started during earlier chunks, and during this one.
     dumps_before: Vec<PendingDump>,
     dumps_now: Vec<PendingDump>,
@@ -202,7 +199,7 @@ impl Engine {
             backend,
             x,
             beams,
-            pending: VecDeque::with_capacity(BEAM_SLOTS),
+            pending: None,
             dumps_before: Vec::new(),
             dumps_now: Vec::new(),
             shutdown,
@@ -263,9 +260,7 @@ impl Engine {
                 Ok(c) => c,
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    while !self.pending.is_empty() {
-                        self.send_beams()?;
-                    }
+                    self.send_beams()?;
                     let dumps: Vec<PendingDump> = self
                         .dumps_before
                         .drain(..)
@@ -356,13 +351,9 @@ impl Engine {
             }
         }
         let formed = self.beamform(chunk, first, &capture[self.x.len()..])?;
-        self.pending.extend(formed);
-        // Beams of two chunks back, while this chunk's copy runs: by then the backend has
-        // long finished them (one chunk back, the engine waited behind that chunk's
-        // correlation and idled the copy engine).
-        if self.pending.len() >= BEAM_SLOTS {
-            self.send_beams()?;
-        }
+        // The previous chunk's results, while this chunk's copy runs.
+        self.send_beams()?;
+        self.pending = formed;
         for d in std::mem::take(&mut self.dumps_before) {
             self.send_dump(d)?;
         }
@@ -465,9 +456,9 @@ impl Engine {
         Ok(Some(PendingBeams { slot, batches }))
     }
 
-    /// Send the heaps of the oldest beams queued by [`Engine::beamform`], if any.
+    /// Send the heaps of the beams queued by the last [`Engine::beamform`], if any.
     fn send_beams(&mut self) -> Result<(), EngineError> {
-        let (Some(pending), Some(b)) = (self.pending.pop_front(), &mut self.beams) else {
+        let (Some(pending), Some(b)) = (self.pending.take(), &mut self.beams) else {
             return Ok(());
         };
         let result = self.backend.beams(pending.slot).map_err(backend_error)?;
