@@ -18,7 +18,7 @@ use cbf::dsp::correlate::CorrShape;
 use cbf::gpu::beamform::{BeamformConfig, Beamformer};
 use cbf::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use cbf::gpu::Gpu;
-use cbf::xbengine::backend::{BeamChunk, XbBackend, XbShape};
+use cbf::xbengine::backend::{BeamChunk, XbBackend, XbShape, BEAM_SLOTS};
 use cbf::xbengine::cuda::CudaBackend;
 use cudarc::driver::sys::CUevent_flags;
 use num_complex::Complex64;
@@ -216,7 +216,7 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
 
     // The whole path, in the engine's order of calls; `stage` 0 copies only, 1 also
     // correlates, 2 is the engine's whole work (the first two say where time goes).
-    let mut pending = None;
+    let mut pending = std::collections::VecDeque::new();
     let mut dump_pending = false;
     // Host time spent in each call of the loop (seconds, summed): where the engine thread
     // waits. Order: load, correlate, dumped, dump, beamform, beams (wait + copy), release.
@@ -263,14 +263,15 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
             None
         };
         lap(4, spent);
-        if let Some(p) = pending.take() {
-            let r = backend.beams(p)?;
+        pending.extend(slot);
+        // Two chunks back, as the engine does.
+        if pending.len() >= BEAM_SLOTS {
+            let r = backend.beams(pending.pop_front().unwrap_or_default())?;
             // Into heap buffers, as the engine copies them into its send pool.
             for batch in r.data.chunks_exact(beam_heaps) {
                 beam_buf.copy_from_slice(batch);
             }
         }
-        pending = slot;
         lap(5, spent);
         backend.release()?;
         lap(6, spent);

@@ -70,8 +70,10 @@ pub struct BeamResult<'a> {
 }
 
 /// How many result slots a backend keeps: the engine reads a chunk's beams after it has
-/// started the next chunk's, so that copies and compute overlap (seed 001 §Synchronization).
-pub const BEAM_SLOTS: usize = 2;
+/// started the next two chunks', so that copies and compute overlap (seed 001
+/// §Synchronization); with two slots (one chunk later) it waited behind the previous chunk's
+/// correlation and left the copy engine idle at 576–1024 antennas and with short heaps.
+pub const BEAM_SLOTS: usize = 3;
 
 /// The compute of an XB-engine, in the order the engine calls it per chunk: `load`, then
 /// `correlate` and `dump` as the accumulations fall, `beamform`, the previous chunk's

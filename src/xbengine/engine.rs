@@ -5,12 +5,13 @@
 //! batch, and hands X and beam heaps to one send thread per output kind. A test can run it
 //! in-process.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::accum::{Accumulator, Step, Verdict};
-use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape};
+use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape, BEAM_SLOTS};
 use super::beams::{Band, Steering};
 use super::config::{Plan, XbengineConfig};
 use super::control::XbControl;
@@ -99,7 +100,9 @@ pub struct Engine {
     metrics: Metrics,
     x: Vec<XOutput>,
     beams: Option<BeamOutputs>,
-    pending: Option<PendingBeams>,
+    /// Chunks' beams queued on the backend, oldest first (at most `BEAM_SLOTS` − 1 between
+    /// chunks).
+    pending: VecDeque<PendingBeams>,
     /// Dumps started during earlier chunks, and during this one.
     dumps_before: Vec<PendingDump>,
     dumps_now: Vec<PendingDump>,
@@ -199,7 +202,7 @@ impl Engine {
             backend,
             x,
             beams,
-            pending: None,
+            pending: VecDeque::with_capacity(BEAM_SLOTS),
             dumps_before: Vec::new(),
             dumps_now: Vec::new(),
             shutdown,
@@ -258,17 +261,15 @@ impl Engine {
             }
             let mut chunk = match self.group.ready().recv_timeout(Duration::from_millis(100)) {
                 Ok(c) => c,
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    // No chunk for 100 ms: nothing to overlap with, so send what is held
+                    // (the last chunks' beams and dumps would otherwise wait for the next
+                    // chunk, or for shutdown when the input has stopped).
+                    self.flush()?;
+                    continue;
+                }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    self.send_beams()?;
-                    let dumps: Vec<PendingDump> = self
-                        .dumps_before
-                        .drain(..)
-                        .chain(self.dumps_now.drain(..))
-                        .collect();
-                    for d in dumps {
-                        self.send_dump(d)?;
-                    }
+                    self.flush()?;
                     return Ok(input);
                 }
             };
@@ -351,9 +352,13 @@ impl Engine {
             }
         }
         let formed = self.beamform(chunk, first, &capture[self.x.len()..])?;
-        // The previous chunk's results, while this chunk's copy runs.
-        self.send_beams()?;
-        self.pending = formed;
+        self.pending.extend(formed);
+        // Beams of two chunks back, while this chunk's copy runs: by then the backend has
+        // long finished them (one chunk back, the engine waited behind that chunk's
+        // correlation and idled the copy engine).
+        if self.pending.len() >= BEAM_SLOTS {
+            self.send_beams()?;
+        }
         for d in std::mem::take(&mut self.dumps_before) {
             self.send_dump(d)?;
         }
@@ -361,6 +366,22 @@ impl Engine {
         for x in &mut self.x {
             x.sink.check()?;
             metrics::x_output(&self.metrics, &x.name, &x.totals);
+        }
+        Ok(())
+    }
+
+    /// Send every beam heap and dump still held for overlap.
+    fn flush(&mut self) -> Result<(), EngineError> {
+        while !self.pending.is_empty() {
+            self.send_beams()?;
+        }
+        let dumps: Vec<PendingDump> = self
+            .dumps_before
+            .drain(..)
+            .chain(self.dumps_now.drain(..))
+            .collect();
+        for d in dumps {
+            self.send_dump(d)?;
         }
         Ok(())
     }
@@ -456,9 +477,9 @@ impl Engine {
         Ok(Some(PendingBeams { slot, batches }))
     }
 
-    /// Send the heaps of the beams queued by the last [`Engine::beamform`], if any.
+    /// Send the heaps of the oldest beams queued by [`Engine::beamform`], if any.
     fn send_beams(&mut self) -> Result<(), EngineError> {
-        let (Some(pending), Some(b)) = (self.pending.take(), &mut self.beams) else {
+        let (Some(pending), Some(b)) = (self.pending.pop_front(), &mut self.beams) else {
             return Ok(());
         };
         let result = self.backend.beams(pending.slot).map_err(backend_error)?;
