@@ -210,11 +210,11 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
             stream.recycle(h);
         }
         if args.stats && last_stats.elapsed() >= Duration::from_secs(1) {
-            writeln!(
-                out,
-                "{}",
-                stats_json(&stream.stats(), start.elapsed().as_secs_f64())
-            )?;
+            let stats = StatsSnapshot {
+                kernel_drops: source.kernel_drops(),
+                ..stream.stats()
+            };
+            writeln!(out, "{}", stats_json(&stats, start.elapsed().as_secs_f64()))?;
             out.flush()?;
             last_stats = Instant::now();
         }
@@ -231,7 +231,11 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
             }
         }
     }
-    let stats = stats_json(&stream.stats(), start.elapsed().as_secs_f64());
+    let stats = StatsSnapshot {
+        kernel_drops: source.kernel_drops(),
+        ..stream.stats()
+    };
+    let stats = stats_json(&stats, start.elapsed().as_secs_f64());
     if args.stats {
         writeln!(out, "{stats}")?;
     } else {

@@ -156,14 +156,16 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     let rx = &report.rx;
     let i = &report.input;
     println!(
-        "fengine: input chunks {}, heaps {}, incomplete {}, too old {}, far future {}, window jumps {}, resyncs {}, metadata {}, bad timestamp {}, malformed {}",
+        "fengine: input chunks {}, heaps {}, missing {:?}, incomplete {}, too old {}, far future {}, window jumps {}, resyncs {}, kernel drops {}, metadata {}, bad timestamp {}, malformed {}",
         i.chunks,
         rx.heaps,
+        i.missing,
         rx.incomplete_heaps_evicted + rx.incomplete_heaps_flushed,
         rx.too_old_heaps,
         rx.far_future_heaps,
         rx.window_jumps,
         rx.resyncs,
+        rx.kernel_drops,
         rx.rejected_heaps[0],
         rx.rejected_heaps[1],
         rx.malformed_total()

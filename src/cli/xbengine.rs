@@ -180,12 +180,16 @@ pub fn run(args: XbengineArgs) -> Result<(), CliError> {
     let rx = &report.rx;
     let i = &report.input;
     println!(
-        "xbengine: input chunks {}, heaps {}, missing {}, incomplete {}, too old {}, metadata {}, bad timestamp {}, bad feng_id {}, malformed {}",
+        "xbengine: input chunks {}, heaps {}, missing {}, incomplete {}, too old {}, far future {}, window jumps {}, resyncs {}, kernel drops {}, metadata {}, bad timestamp {}, bad feng_id {}, malformed {}",
         i.chunks,
         i.heaps,
         i.missing,
         rx.incomplete_heaps_evicted + rx.incomplete_heaps_flushed,
         rx.too_old_heaps,
+        rx.far_future_heaps,
+        rx.window_jumps,
+        rx.resyncs,
+        rx.kernel_drops,
         rx.rejected_heaps[0],
         rx.rejected_heaps[1],
         rx.rejected_heaps[2],

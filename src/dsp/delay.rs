@@ -185,6 +185,21 @@ impl DelayModels {
         &self.current
     }
 
+    /// The model that [`DelayModels::model_at`] would give for `t`, without advancing.
+    pub fn peek_at(&self, t: i64) -> &LinearDelayModel {
+        self.queued
+            .iter()
+            .rev()
+            .find(|m| m.t0 <= t)
+            .unwrap_or(&self.current)
+    }
+
+    /// The start of the first queued model after `t`, if any: until then the model at `t`
+    /// stays in force.
+    pub fn next_start_after(&self, t: i64) -> Option<i64> {
+        self.queued.iter().map(|m| m.t0).find(|&t0| t0 > t)
+    }
+
     /// The model now in force (for the delay sensor).
     pub fn current(&self) -> &LinearDelayModel {
         &self.current

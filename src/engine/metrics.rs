@@ -7,8 +7,39 @@ use std::collections::HashMap;
 
 use prometheus::{IntCounterVec, Opts, Registry};
 
+use crate::spead::recv::StatsSnapshot;
+
 /// (name, help, label names) of one counter.
 pub type MetricSpec = (&'static str, &'static str, &'static [&'static str]);
+
+/// Receive counters every engine adds to katgpucbf's set (cbf's own names): the window
+/// protections of issue 11 and the kernel's socket drops, so that no loss goes unseen.
+pub const RECV_METRICS: [MetricSpec; 4] = [
+    (
+        "input_far_future_heaps",
+        "Heaps far ahead of the window, dropped until enough agreed",
+        &[],
+    ),
+    ("input_window_jumps", "Far jumps of the chunk window", &[]),
+    (
+        "input_resyncs",
+        "Resynchronisations of the chunk window after persistent too-old input",
+        &[],
+    ),
+    (
+        "input_kernel_dropped_packets",
+        "Packets the kernel dropped because the socket buffer was full",
+        &[],
+    ),
+];
+
+/// Bring the [`RECV_METRICS`] up to the receive statistics `rx`.
+pub fn receive(m: &Metrics, rx: &StatsSnapshot) {
+    m.set("input_far_future_heaps", &[], rx.far_future_heaps);
+    m.set("input_window_jumps", &[], rx.window_jumps);
+    m.set("input_resyncs", &[], rx.resyncs);
+    m.set("input_kernel_dropped_packets", &[], rx.kernel_drops);
+}
 
 /// The registry and its counters.
 pub struct Metrics {

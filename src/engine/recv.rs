@@ -5,6 +5,7 @@
 //! of running on silently without input.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -88,7 +89,8 @@ impl Receivers {
         let mut stats = Vec::new();
         for (i, mut source) in sources.into_iter().enumerate() {
             let mut stream = ChunkStream::new(Arc::clone(group), Arc::clone(&place));
-            stats.push(stream.stats());
+            let my_stats = stream.stats();
+            stats.push(Arc::clone(&my_stats));
             let shutdown = shutdown.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -113,6 +115,9 @@ impl Receivers {
                                 }
                             }
                             stream.release_old();
+                            my_stats
+                                .kernel_drops
+                                .store(source.kernel_drops(), Ordering::Relaxed);
                         }
                         let group = Arc::clone(stream.group());
                         let snapshot = stream.finish();
@@ -152,5 +157,42 @@ impl Receivers {
             }
         }
         failure.map_or(Ok(total), Err)
+    }
+}
+
+/// The chunk ids a consumer never received: those skipped between consecutive chunks
+/// delivered, when the window jumped further than its own length (`chunk.rs`). Their heaps
+/// are as missing as the absent heaps of a delivered chunk, and are counted with them, so
+/// that an input gap of any length shows in `input_missing_heaps`. Ids going back (a
+/// resync) start the sequence again.
+#[derive(Debug, Default)]
+pub struct ChunkGaps {
+    last: Option<u64>,
+}
+
+impl ChunkGaps {
+    /// Chunks skipped between the previous chunk and `id`.
+    pub fn skipped_before(&mut self, id: u64) -> u64 {
+        let skipped = match self.last {
+            Some(last) if id > last => id - last - 1,
+            _ => 0,
+        };
+        self.last = Some(id);
+        skipped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChunkGaps;
+
+    #[test]
+    fn gaps_count_skipped_ids_and_a_resync_restarts() {
+        let mut g = ChunkGaps::default();
+        let counts: Vec<u64> = [5, 6, 7, 10, 1_000_000, 3, 4, 6]
+            .iter()
+            .map(|&id| g.skipped_before(id))
+            .collect();
+        assert_eq!(counts, [0, 0, 0, 2, 999_989, 0, 0, 1]);
     }
 }

@@ -19,7 +19,7 @@ use super::place::{InputLayout, ITEMS, REJECT_REASONS};
 use crate::control::katcp::Sensors;
 use crate::engine::control::ControlAddrs;
 use crate::engine::metrics::Metrics;
-use crate::engine::recv::{open_sources, Receivers};
+use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
 use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::gpu::Gpu;
@@ -259,6 +259,7 @@ impl Engine {
             .map(|d| Instant::now() + Duration::from_secs_f64(d));
         let mut prev: Option<Box<Chunk>> = None;
         let mut input = InputTotals::default();
+        let mut gaps = ChunkGaps::default();
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) || self.shutdown.requested() {
                 self.group.stop();
@@ -270,6 +271,7 @@ impl Engine {
             };
             if let Some(chunk) = prev.take() {
                 input.chunks += 1;
+                let skipped = gaps.skipped_before(chunk.chunk_id) * per_pol as u64;
                 // Input statistics from the chunk: heaps present and saturation counts per pol.
                 for pol in 0..2 {
                     let range = pol * per_pol..(pol + 1) * per_pol;
@@ -278,7 +280,7 @@ impl Engine {
                         .filter(|&&v| v != 0)
                         .count() as u64;
                     input.heaps[pol] += present;
-                    input.missing[pol] += per_pol as u64 - present;
+                    input.missing[pol] += skipped + per_pol as u64 - present;
                     input.clipped[pol] += chunk.extra[range].iter().sum::<u64>();
                 }
                 let result = self.process_chunk(&chunk, next.as_deref(), &input);

@@ -1,6 +1,6 @@
 //! fgpu's Prometheus metrics under katgpucbf's names (facts §1.8; namespace `fgpu`).
 
-use crate::engine::metrics::{MetricSpec, Metrics};
+use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS};
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, labels) of every metric.
@@ -65,7 +65,7 @@ pub struct OutputTotals {
 }
 
 pub fn new() -> Result<Metrics, prometheus::Error> {
-    Metrics::new("fgpu", &METRICS)
+    Metrics::new("fgpu", &[&METRICS[..], &RECV_METRICS[..]].concat())
 }
 
 pub fn input(m: &Metrics, t: &InputTotals, rx: &StatsSnapshot) {
@@ -77,6 +77,7 @@ pub fn input(m: &Metrics, t: &InputTotals, rx: &StatsSnapshot) {
         m.set("input_clipped_samples", &[&p], t.clipped[pol]);
     }
     m.set("input_too_old_heaps", &[], rx.too_old_heaps);
+    receive(m, rx);
     m.set("input_metadata_heaps", &[], rx.rejected_heaps[0]);
     m.set("input_bad_timestamp_heaps", &[], rx.rejected_heaps[1]);
 }

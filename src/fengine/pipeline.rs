@@ -237,6 +237,61 @@ impl Pipeline {
         Ok(())
     }
 
+    /// The first heap boundary after the heap of `next_t` whose first spectrum's input starts
+    /// at or after sample `start` in both polarisations; every heap before it has input
+    /// before `start`, so is lost. Under one delay model t − c(t) never decreases
+    /// (|delay rate| < 1, `dsp::delay`), so a bisection over the heap boundaries of each
+    /// model's interval finds it exactly, in a number of steps logarithmic in the gap (a
+    /// chunk after a window jump, or a large delay change, used to cost one iteration per
+    /// heap).
+    fn first_heap_from(&self, start: i64) -> u64 {
+        let span = self.heap_span() as i64;
+        let mut lo = (self.next_t as i64 / span)
+            .saturating_add(1)
+            .saturating_mul(span);
+        loop {
+            let m = [self.delays[0].peek_at(lo), self.delays[1].peek_at(lo)];
+            let input =
+                |t: i64| (t.saturating_sub(m[0].at(t).0)).min(t.saturating_sub(m[1].at(t).0));
+            let have = input(lo);
+            if have >= start {
+                return lo as u64;
+            }
+            // With slope ≥ 1 − 10⁻³ and ±1 of rounding, the input reaches `start` within
+            // 2·(start − have) + 2 samples; the end of the models' interval may come first.
+            let reach = start
+                .saturating_sub(have)
+                .saturating_mul(2)
+                .saturating_add(2);
+            let mut hi = lo.saturating_add((reach / span).saturating_add(1).saturating_mul(span));
+            let change = [0, 1]
+                .iter()
+                .filter_map(|&p| self.delays[p].next_start_after(lo))
+                .min()
+                .map(|c| c.saturating_add(span - 1) / span * span);
+            if let Some(c) = change.filter(|&c| c <= hi) {
+                if input(c - span) < start {
+                    lo = c; // none in this interval: on with the next model
+                    continue;
+                }
+                hi = c - span;
+            } else if input(hi) < start {
+                // Only if a model broke the rate bound: fall back to one heap.
+                return (lo + span) as u64;
+            }
+            // input(lo) < start <= input(hi): bisect on the heap boundaries.
+            while hi - lo > span {
+                let mid = lo + (hi - lo) / span / 2 * span;
+                if input(mid) >= start {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            return hi as u64;
+        }
+    }
+
     /// Process chunk `chunk` (with `next`, the following chunk, for the tail, if it arrived);
     /// `emit` receives every output heap completed. Returns the number of heaps skipped because
     /// their input was not there (a gap in the chunks, or a delay jump), whole or partial.
@@ -297,14 +352,22 @@ impl Pipeline {
             let latest_end = s[0].max(s[1]) + window as i64;
             if first < start as i64 || latest_end > (end as usize + self.tail) as i64 {
                 // Input no longer (or never) available: the heap containing next_t is lost
-                // (counted, partial or not), and the output skips to the next heap boundary.
-                skipped += 1;
+                // (counted, partial or not), and the output skips to the next heap boundary;
+                // when the input is before this chunk, straight past every heap that is
+                // (one step for a gap of any length).
                 if !self.heap_ts.is_empty() {
                     self.backend.discard()?;
                 }
                 self.clear_heap();
                 let span = self.heap_span();
-                self.next_t = (self.next_t / span + 1) * span;
+                let next = (self.next_t / span + 1) * span;
+                let to = if first < start as i64 {
+                    self.first_heap_from(start as i64).max(next)
+                } else {
+                    next
+                };
+                skipped += 1 + (to - next) / span;
+                self.next_t = to;
                 continue;
             }
             let k = self.heap_ts.len();
@@ -345,5 +408,76 @@ impl Pipeline {
         }
         self.backend.release()?;
         Ok(skipped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dsp::delay::LinearDelayModel;
+
+    fn pipeline() -> Pipeline {
+        let output = WidebandOutput::parse("name=w,channels=64,dst=127.0.0.1:7148,taps=4").unwrap();
+        let cfg = PipelineConfig {
+            layout: InputLayout {
+                heap_samples: 1024,
+                heap_bytes: 1280,
+                chunk_samples: 8192,
+            },
+            sample_bits: 10,
+            spectra_per_heap: 4,
+            max_delay_diff: 0,
+            gain: Complex32::new(1.0, 0.0),
+            dither_seed: 1,
+            out_bits: OutputBits::Eight,
+        };
+        Pipeline::new(output, cfg)
+    }
+
+    fn model(t0: i64, delay: f64, delay_rate: f64) -> LinearDelayModel {
+        LinearDelayModel {
+            t0,
+            delay,
+            delay_rate,
+            ..LinearDelayModel::ZERO
+        }
+    }
+
+    /// The one-step skip lands on the same heap as walking the boundaries one at a time and
+    /// evaluating each polarisation's model there (the old loop), across model changes and
+    /// both signs of delay rate.
+    #[test]
+    fn the_skip_matches_walking_heap_by_heap() {
+        let mut p = pipeline();
+        let span = p.heap_span() as i64; // 512 samples
+        p.delays[0].add(model(0, 3000.0, 9e-4));
+        p.delays[0].add(model(90_000, 80_000.0, -9e-4));
+        p.delays[1].add(model(0, 100.0, 0.0));
+        p.delays[1].add(model(200_003, 150_000.5, 5e-4));
+        for next_t in [0_i64, 511, 512, 40_000, 89_600, 150_000, 199_999] {
+            for start in [0_i64, 1, 5_000, 60_000, 100_000, 120_000, 260_000, 1 << 22] {
+                p.next_t = next_t as u64;
+                let got = p.first_heap_from(start) as i64;
+                let mut walk = (next_t / span + 1) * span;
+                let input = |t: i64| {
+                    let m = [p.delays[0].peek_at(t), p.delays[1].peek_at(t)];
+                    (t - m[0].at(t).0).min(t - m[1].at(t).0)
+                };
+                while input(walk) < start {
+                    walk += span;
+                }
+                assert_eq!(got, walk, "next_t {next_t}, start {start}");
+            }
+        }
+    }
+
+    /// A gap of 2^40 samples, crossed by bisection (the old loop took 2^31 iterations).
+    #[test]
+    fn a_huge_gap_lands_on_the_right_heap() {
+        let mut p = pipeline();
+        let start = 1_i64 << 40;
+        p.delays[0].add(model(0, 1.5e9, 0.0));
+        let got = p.first_heap_from(start) as i64;
+        assert_eq!(got, ((start + 1_500_000_000) / 512 + 1) * 512);
     }
 }

@@ -134,6 +134,10 @@ impl<R: PacketReceiver> PacketReceiver for FaultInjector<R> {
         self.inner.slot_size(max_packet)
     }
 
+    fn kernel_drops(&self) -> u64 {
+        self.inner.kernel_drops()
+    }
+
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
         if self.pending.is_empty() {

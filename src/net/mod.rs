@@ -141,6 +141,12 @@ pub trait PacketReceiver: Send {
     fn slot_size(&self, max_packet: usize) -> usize {
         max_packet
     }
+
+    /// Packets the kernel dropped before this receiver could take them (socket buffer full),
+    /// as far as the transport knows; 0 where it cannot tell.
+    fn kernel_drops(&self) -> u64 {
+        0
+    }
 }
 
 impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
@@ -150,6 +156,10 @@ impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
 
     fn slot_size(&self, max_packet: usize) -> usize {
         (**self).slot_size(max_packet)
+    }
+
+    fn kernel_drops(&self) -> u64 {
+        (**self).kernel_drops()
     }
 }
 

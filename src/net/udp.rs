@@ -65,8 +65,9 @@ pub const GRO_SLOT: usize = 65536;
 /// Most packets and bytes one GSO message may carry.
 const GSO_MAX_SEGMENTS: usize = 64;
 const GSO_MAX_BYTES: usize = 65000;
-/// Room for one control message carrying an int (CMSG_SPACE(4) is 24 on 64-bit Linux).
-const CONTROL_WORDS: usize = 4;
+/// Room for two control messages carrying an int each, UDP_GRO and SO_RXQ_OVFL
+/// (CMSG_SPACE(4) is 24 on 64-bit Linux).
+const CONTROL_WORDS: usize = 6;
 
 /// Reusable `mmsghdr`/`iovec`/control arrays for the batch calls, so that the hot path does
 /// not allocate. The pointers inside are rewritten before every call and mean nothing between
@@ -146,21 +147,63 @@ fn enable_gro(socket: &Socket) -> bool {
     }
 }
 
-/// The GRO segment size in a received message's control data (0 if none).
-fn gro_segment(hdr: &libc::msghdr) -> usize {
+/// Ask the kernel to attach its count of packets dropped on this socket (receive buffer
+/// full) to every datagram received after a drop; false where it cannot.
+fn enable_drop_count(socket: &Socket) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RXQ_OVFL,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// What a received message's control data says: the GRO segment size (0 if none) and the
+/// socket's drop count when the datagram was queued (`SO_RXQ_OVFL`; the kernel attaches it
+/// only once it is non-zero).
+fn control_data(hdr: &libc::msghdr) -> (usize, Option<u32>) {
+    let mut segment = 0;
+    let mut drops = None;
     // SAFETY: the kernel filled msg_control/msg_controllen for this message; the CMSG macros
     // walk within that buffer.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(hdr);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
-                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
-                return usize::try_from(v).unwrap_or(0);
+            let data = libc::CMSG_DATA(c);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_UDP, libc::UDP_GRO) => {
+                    let v = std::ptr::read_unaligned(data as *const libc::c_int);
+                    segment = usize::try_from(v).unwrap_or(0);
+                }
+                (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
+                    drops = Some(std::ptr::read_unaligned(data as *const u32));
+                }
+                _ => {}
             }
             c = libc::CMSG_NXTHDR(hdr, c);
         }
     }
-    0
+    (segment, drops)
+}
+
+/// A socket's drop count as the kernel reports it (`SO_RXQ_OVFL`: a u32 that wraps), kept
+/// as a total that does not.
+#[derive(Debug, Default, Clone, Copy)]
+struct DropCount {
+    last: u32,
+    total: u64,
+}
+
+impl DropCount {
+    fn update(&mut self, seen: u32) {
+        self.total += u64::from(seen.wrapping_sub(self.last));
+        self.last = seen;
+    }
 }
 
 /// A UDP receiver over one or more sockets (one per distinct port).
@@ -171,6 +214,8 @@ pub struct UdpReceiver {
     next: usize,
     scratch: MsgScratch,
     gro: bool,
+    /// Per socket, the kernel's drop count.
+    drops: Vec<DropCount>,
 }
 
 impl UdpReceiver {
@@ -192,6 +237,12 @@ impl UdpReceiver {
             let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
             socket.set_reuse_address(true)?;
             set_recv_buffer(&socket, buffer)?;
+            if !enable_drop_count(&socket) {
+                tracing::warn!(
+                    port,
+                    "the kernel will not report socket drops (SO_RXQ_OVFL)"
+                );
+            }
             socket.set_read_timeout(Some(POLL_INTERVAL))?;
             let groups: Vec<Ipv4Addr> = eps
                 .iter()
@@ -233,6 +284,7 @@ impl UdpReceiver {
                 };
                 sockets.len()
             ],
+            drops: vec![DropCount::default(); sockets.len()],
             sockets,
             next: 0,
             scratch: MsgScratch::default(),
@@ -253,6 +305,7 @@ impl UdpReceiver {
         scratch: &mut MsgScratch,
         batch: &mut RecvBatch,
         flags: libc::c_int,
+        drops: &mut DropCount,
     ) -> io::Result<()> {
         let cap = batch.capacity();
         scratch.prepare(cap);
@@ -288,7 +341,11 @@ impl UdpReceiver {
         }
         let n = n as usize;
         for (entry, m) in slots.iter_mut().zip(&scratch.msgs).take(n) {
-            *entry = ((m.msg_len as usize).min(slot), gro_segment(&m.msg_hdr));
+            let (segment, dropped) = control_data(&m.msg_hdr);
+            *entry = ((m.msg_len as usize).min(slot), segment);
+            if let Some(d) = dropped {
+                drops.update(d);
+            }
         }
         batch.set_filled(n);
         Ok(())
@@ -311,6 +368,10 @@ impl PacketReceiver for UdpReceiver {
         }
     }
 
+    fn kernel_drops(&self) -> u64 {
+        self.drops.iter().map(|d| d.total).sum()
+    }
+
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
         if self.sockets.len() == 1 {
@@ -320,6 +381,7 @@ impl PacketReceiver for UdpReceiver {
                 &mut self.scratch,
                 batch,
                 libc::MSG_WAITFORONE,
+                &mut self.drops[0],
             ) {
                 Ok(()) => Ok(Received::Packets(batch.len())),
                 Err(e) if is_timeout(&e) => Ok(Received::Idle),
@@ -361,6 +423,7 @@ impl PacketReceiver for UdpReceiver {
                     &mut self.scratch,
                     batch,
                     libc::MSG_DONTWAIT,
+                    &mut self.drops[i],
                 ) {
                     Ok(()) => Ok(Received::Packets(batch.len())),
                     Err(e) if is_timeout(&e) => Ok(Received::Idle),

@@ -24,7 +24,7 @@ use crate::dsp::beamform::Beam;
 use crate::dsp::correlate::n_baselines;
 use crate::engine::control::ControlAddrs;
 use crate::engine::metrics::Metrics;
-use crate::engine::recv::{open_sources, Receivers};
+use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
 use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::fengine::BackendKind;
@@ -255,6 +255,7 @@ impl Engine {
             .duration
             .map(|d| Instant::now() + Duration::from_secs_f64(d));
         let mut input = InputTotals::default();
+        let mut gaps = ChunkGaps::default();
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) || self.shutdown.requested() {
                 self.group.stop();
@@ -276,7 +277,8 @@ impl Engine {
             input.chunks += 1;
             let present = chunk.present.iter().filter(|&&p| p != 0).count() as u64;
             input.heaps += present;
-            input.missing += chunk.present.len() as u64 - present;
+            input.missing +=
+                (gaps.skipped_before(chunk.chunk_id) + 1) * chunk.present.len() as u64 - present;
             let result = self.process_chunk(&mut chunk);
             // The chunk's memory may be read by the backend until release returns.
             let released = self.backend.release().map_err(backend_error);

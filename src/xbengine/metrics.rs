@@ -1,6 +1,6 @@
 //! xbgpu's Prometheus metrics under katgpucbf's names (facts §1.8; namespace `xbgpu`).
 
-use crate::engine::metrics::{MetricSpec, Metrics};
+use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS};
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, labels) of every metric.
@@ -71,7 +71,7 @@ pub const METRICS: [MetricSpec; 19] = [
 ];
 
 pub fn new() -> Result<Metrics, prometheus::Error> {
-    Metrics::new("xbgpu", &METRICS)
+    Metrics::new("xbgpu", &[&METRICS[..], &RECV_METRICS[..]].concat())
 }
 
 /// The input side's totals.
@@ -108,6 +108,7 @@ pub fn input(m: &Metrics, t: &InputTotals, rx: &StatsSnapshot) {
     m.set("input_missing_heaps", &[], t.missing);
     m.set("input_bytes", &[], rx.bytes);
     m.set("input_too_old_heaps", &[], rx.too_old_heaps);
+    receive(m, rx);
     m.set(
         "input_incomplete_heaps",
         &[],

@@ -45,6 +45,9 @@ pub struct StreamStats {
     pub malformed: [AtomicU64; DropReason::ALL.len()],
     /// Stop heaps seen.
     pub stops: AtomicU64,
+    /// Packets the kernel dropped before the transport could take them (socket buffer
+    /// full), as the transport reports it; set, not added to, by the receive thread.
+    pub kernel_drops: AtomicU64,
 }
 
 impl StreamStats {
@@ -77,6 +80,7 @@ impl StreamStats {
             inconsistent_packets: ld(&self.inconsistent_packets),
             malformed: self.malformed.each_ref().map(ld),
             stops: ld(&self.stops),
+            kernel_drops: ld(&self.kernel_drops),
         }
     }
 }
@@ -100,6 +104,7 @@ pub struct StatsSnapshot {
     pub inconsistent_packets: u64,
     pub malformed: [u64; DropReason::ALL.len()],
     pub stops: u64,
+    pub kernel_drops: u64,
 }
 
 impl StatsSnapshot {
@@ -133,6 +138,7 @@ impl StatsSnapshot {
             *a += b;
         }
         self.stops += o.stops;
+        self.kernel_drops += o.kernel_drops;
     }
 
     /// `name=value` pairs for every counter, malformed ones by reason; for logs and `--stats`.
@@ -158,6 +164,7 @@ impl StatsSnapshot {
             ("duplicate_packets".into(), self.duplicate_packets),
             ("inconsistent_packets".into(), self.inconsistent_packets),
             ("stops".into(), self.stops),
+            ("kernel_drops".into(), self.kernel_drops),
         ];
         for (i, name) in reject_names.iter().enumerate().take(MAX_REJECT_REASONS) {
             v.push((format!("rejected_{name}"), self.rejected_heaps[i]));
