@@ -21,13 +21,14 @@ rcvbuf_errors() { awk '/^Udp:/ { if (h) print $6; h = 1 }' /proc/net/snmp; }
 # pattern before sending (seconds for wgn), so the clock starts at its "sending" line.
 e2e() {
     local rate=$1 secs=$2
-    local drops_before
+    local drops_before sync
     drops_before=$(rcvbuf_errors)
+    sync=$(date +%s)
     "$bin/cbf" fengine --backend cuda --src 127.0.0.1:7101,127.0.0.1:7102 --recv-threads 2 \
-        --adc-sample-rate "$rate" --katcp-port 0 \
+        --adc-sample-rate "$rate" --sync-time "$sync" --katcp-port 0 \
         --wideband name=wide,channels=4096,dst=127.0.0.1:7200 > "$out/fengine-$rate.txt" 2>&1 &
     local feng=$!
-    "$bin/cbf" dsim --adc-sample-rate "$rate" --duration "$secs" --katcp-port 0 \
+    "$bin/cbf" dsim --adc-sample-rate "$rate" --sync-time "$sync" --duration "$secs" --katcp-port 0 \
         --signals "cw(0.2, 1.0e8); wgn(0.05);" 127.0.0.1:7101 127.0.0.1:7102 > "$out/dsim-$rate.txt" 2>&1 &
     local dsim=$!
     until grep -q sending "$out/dsim-$rate.txt" || ! kill -0 $dsim 2>/dev/null; do sleep 0.2; done

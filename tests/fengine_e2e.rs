@@ -53,6 +53,8 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
         Command::new(cbf)
             .args([
                 "fengine",
+                "--sync-time",
+                "0",
                 "--src",
                 &format!("127.0.0.1:{in_port},127.0.0.1:{in_port2}"),
                 "--recv-threads",
@@ -561,6 +563,8 @@ fn lost_input_skips_exactly_the_affected_output_heaps() {
     let out = Command::new(env!("CARGO_BIN_EXE_cbf"))
         .args([
             "fengine",
+            "--sync-time",
+            "0",
             "--src",
             dir.to_str().unwrap(),
             "--adc-sample-rate",
@@ -800,6 +804,8 @@ fn gains_leakage_and_capture_control() {
         Command::new(cbf)
             .args([
                 "fengine",
+                "--sync-time",
+                "0",
                 "--src",
                 &format!("127.0.0.1:{in_port}"),
                 "--adc-sample-rate",
@@ -1027,6 +1033,8 @@ fn spead2_decodes_f_heaps(bits: u32) {
         Command::new(cbf)
             .args([
                 "fengine",
+                "--sync-time",
+                "0",
                 "--send-sample-bits",
                 &bits.to_string(),
                 "--src",

@@ -8,7 +8,7 @@ use clap::Args;
 use super::CliError;
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::SourceConfig;
-use crate::engine::{unix_now, Shutdown};
+use crate::engine::Shutdown;
 use crate::fengine::control::parse_complex;
 use crate::fengine::output::WidebandOutput;
 use crate::fengine::{BackendKind, Engine, FengineConfig};
@@ -85,9 +85,11 @@ pub struct FengineArgs {
     /// Stop after this many seconds.
     #[arg(long)]
     pub duration: Option<f64>,
-    /// UNIX time of timestamp 0 (for `?delays` start times) [default: now].
+    /// UNIX time of timestamp 0: the digitisers' sync time, against which `?delays` start
+    /// times are taken. Required, as in katgpucbf (a default of "now" would put every delay
+    /// model at the wrong time).
     #[arg(long)]
-    pub sync_time: Option<f64>,
+    pub sync_time: f64,
     /// katcp port (`?gain`, `?gain-all`, `?delays`, `?capture-start/stop`, sensors); 0 picks one.
     #[arg(long, default_value_t = 7147)]
     pub katcp_port: u16,
@@ -140,7 +142,7 @@ impl FengineArgs {
             dither_seed: self.dither_seed.unwrap_or_else(rand::random),
             outputs,
             duration: self.duration,
-            sync_time: self.sync_time.unwrap_or_else(unix_now),
+            sync_time: self.sync_time,
             control: ControlConfig {
                 host: self.katcp_host,
                 katcp_port: self.katcp_port,
@@ -197,6 +199,7 @@ mod tests {
             ("--adc-sample-rate", "1712e6"),
             ("--recv-chunk-samples", "4194304"),
             ("--max-delay-diff", "0"),
+            ("--sync-time", "0"),
             ("--wideband", "name=w,channels=1024,dst=239.0.0.1+3:7148"),
         ]
         .iter()
@@ -261,5 +264,67 @@ mod tests {
             flag_of(&["--max-delay-diff", "5000000"]),
             "--max-delay-diff"
         );
+    }
+
+    /// Each class of flag refused by name at its extremes (issue 11): durations (negative,
+    /// NaN, huge), rates, sizes whose products overflow, ports.
+    #[test]
+    fn extreme_values_are_refused_by_class() {
+        for d in ["-1", "0", "NaN", "inf", "1e300"] {
+            assert_eq!(flag_of(&["--duration", d]), "--duration", "{d}");
+        }
+        for r in ["0.5", "1e300", "NaN"] {
+            assert_eq!(flag_of(&["--adc-sample-rate", r]), "--adc-sample-rate");
+        }
+        for f in ["1e300", "1e-300", "NaN"] {
+            assert_eq!(flag_of(&["--send-rate-factor", f]), "--send-rate-factor");
+        }
+        for t in ["NaN", "-5", "inf"] {
+            assert_eq!(flag_of(&["--sync-time", t]), "--sync-time");
+        }
+        // 2^60 samples: a multiple of every span, and 1.4 EiB of chunk.
+        assert_eq!(
+            flag_of(&["--recv-chunk-samples", "1152921504606846976"]),
+            "--recv-chunk-samples"
+        );
+        // Overflowed the tail arithmetic.
+        assert_eq!(
+            flag_of(&["--max-delay-diff", "18446744073709551615"]),
+            "--max-delay-diff"
+        );
+        assert_eq!(
+            flag_of(&["--wideband", "name=w,channels=1024,dst=239.0.0.1+3:0"]),
+            "--wideband"
+        );
+        for (flag, value) in [("--katcp-port", "70000"), ("--prometheus-port", "65536")] {
+            let line = [
+                "fengine",
+                "--src=x:1",
+                "--adc-sample-rate=1",
+                "--sync-time=0",
+            ];
+            let err = Wrap::try_parse_from(line.iter().copied().chain([
+                "--wideband=name=w,channels=8,dst=1.2.3.4:5",
+                flag,
+                value,
+            ]))
+            .err()
+            .unwrap();
+            assert!(err.to_string().contains(flag), "{err}");
+        }
+    }
+
+    /// katgpucbf requires the sync time; "now" would put every `?delays` model elsewhere.
+    #[test]
+    fn the_sync_time_is_required() {
+        let err = Wrap::try_parse_from([
+            "fengine",
+            "--src=239.0.0.1:7148",
+            "--adc-sample-rate=1712e6",
+            "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
+        ])
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("--sync-time"), "{err}");
     }
 }

@@ -9,7 +9,7 @@ use super::katgpucbf::Unsupported;
 use super::CliError;
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::SourceConfig;
-use crate::engine::{unix_now, Shutdown};
+use crate::engine::Shutdown;
 use crate::fengine::BackendKind;
 use crate::xbengine::output::{BeamOutput, CorrprodOutput};
 use crate::xbengine::{Engine, XbengineConfig};
@@ -54,9 +54,11 @@ pub struct XbengineArgs {
     /// ADC sample rate in Hz.
     #[arg(long)]
     pub adc_sample_rate: f64,
-    /// UNIX time of timestamp 0 [default: now].
+    /// UNIX time of timestamp 0: the digitisers' sync time, against which `?delays` start
+    /// times are taken. Required, as in katgpucbf (a default of "now" would put every delay
+    /// model at the wrong time).
     #[arg(long)]
-    pub sync_time: Option<f64>,
+    pub sync_time: f64,
     /// A correlation output: name=…,dst=…,heap_accumulation_threshold=…; repeatable.
     #[arg(long)]
     pub corrprod: Vec<String>,
@@ -150,7 +152,7 @@ impl XbengineArgs {
             recv_reorder_tol: self.recv_reorder_tol,
             send_enabled: self.send_enabled,
             adc_sample_rate: self.adc_sample_rate,
-            sync_time: self.sync_time.unwrap_or_else(unix_now),
+            sync_time: self.sync_time,
             corrprods,
             beams,
             backend: self.backend,
@@ -233,6 +235,7 @@ mod tests {
             "--samples-between-spectra=2048",
             "--jones-per-batch=262144",
             "--adc-sample-rate=1712e6",
+            "--sync-time=0",
             "--corrprod=name=bl,dst=239.11.0.1:7148,heap_accumulation_threshold=4",
         ]
         .iter()
@@ -299,5 +302,59 @@ mod tests {
         assert_eq!(flag_of(&["--send-affinity=3"]), "--send-affinity");
         assert_eq!(flag_of(&["--recv-comp-vector=-1"]), "--recv-comp-vector");
         assert_eq!(flag_of(&["--monitor-log=/tmp/x"]), "--monitor-log");
+    }
+
+    /// Each class of flag refused by name at its extremes (issue 11): durations (negative,
+    /// NaN, huge), rates, sizes whose products overflow, ports, the required sync time.
+    #[test]
+    fn extreme_values_are_refused_by_class() {
+        for d in ["-1", "0", "NaN", "inf", "1e300"] {
+            assert_eq!(flag_of(&[&format!("--duration={d}")]), "--duration");
+        }
+        for r in ["0.5", "1e300", "NaN"] {
+            let f = format!("--adc-sample-rate={r}");
+            assert_eq!(flag_of(&[&f]), "--adc-sample-rate");
+        }
+        for f in ["1e300", "1e-300", "NaN"] {
+            let f = format!("--send-rate-factor={f}");
+            assert_eq!(flag_of(&[&f]), "--send-rate-factor");
+        }
+        assert_eq!(flag_of(&["--sync-time=NaN"]), "--sync-time");
+        // spectra per heap × samples between spectra overflowed 64 bits.
+        assert_eq!(
+            flag_of(&["--samples-between-spectra=18446744073709551615"]),
+            "--samples-between-spectra"
+        );
+        assert_eq!(
+            flag_of(&["--heaps-per-fengine-per-chunk=4096", "--array-size=4096"]),
+            "--heaps-per-fengine-per-chunk"
+        );
+        assert_eq!(
+            flag_of(&["--corrprod=name=bl,dst=239.11.0.1:0,heap_accumulation_threshold=4"]),
+            "--corrprod"
+        );
+        for flag in ["--katcp-port=70000", "--prometheus-port=-1"] {
+            let err = Wrap::try_parse_from(["xbengine", "239.10.0.1:7148", flag])
+                .err()
+                .unwrap();
+            assert!(
+                err.to_string().contains(&flag[..flag.find('=').unwrap()]),
+                "{err}"
+            );
+        }
+        let err = Wrap::try_parse_from([
+            "xbengine",
+            "239.10.0.1:7148",
+            "--array-size=4",
+            "--channels=1024",
+            "--channels-per-substream=256",
+            "--samples-between-spectra=2048",
+            "--jones-per-batch=262144",
+            "--adc-sample-rate=1712e6",
+            "--corrprod=name=bl,dst=239.11.0.1:7148,heap_accumulation_threshold=4",
+        ])
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("--sync-time"), "{err}");
     }
 }

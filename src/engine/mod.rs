@@ -75,6 +75,10 @@ pub fn check_seconds(
     Ok(std::time::Duration::from_secs_f64(seconds))
 }
 
+/// Largest receive chunk (all its heaps) accepted, in bytes: beyond it the chunk sizes are
+/// a typo, and their products overflow or exhaust memory at start-up.
+pub const MAX_CHUNK_BYTES: u64 = 8 << 30;
+
 /// Sample rates accepted, in Hz: beyond them pacing intervals vanish or overflow (`cbf fsim
 /// --adc-sample-rate 1e-300` panicked in its send thread; `cbf dsim --adc-sample-rate 1e300`
 /// paced at an infinite rate, that is not at all).

@@ -11,7 +11,9 @@ use crate::dsp::postproc::OutputBits;
 use crate::dsp::samples::{packed_len, valid_sample_bits};
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::SourceConfig;
-use crate::engine::ConfigError;
+use crate::engine::{
+    check_rate_factor, check_sample_rate, check_seconds, ConfigError, MAX_CHUNK_BYTES,
+};
 
 /// Where an engine's DSP runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -61,12 +63,7 @@ pub struct Plan {
 impl FengineConfig {
     /// Check every flag and how they combine.
     pub fn validate(&self) -> Result<Plan, ConfigError> {
-        if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
-            return Err(ConfigError::new(
-                "--adc-sample-rate",
-                "must be a positive number of Hz",
-            ));
-        }
+        check_sample_rate("--adc-sample-rate", self.adc_sample_rate)?;
         if !valid_sample_bits(self.dig_sample_bits) {
             return Err(ConfigError::new(
                 "--dig-sample-bits",
@@ -86,6 +83,15 @@ impl FengineConfig {
                 format!("must be a positive multiple of --recv-packet-samples ({hs})"),
             ));
         }
+        let chunk_bytes = (self.recv_chunk_samples as u64)
+            .checked_mul(2 * u64::from(self.dig_sample_bits))
+            .map(|bits| bits / 8);
+        if chunk_bytes.is_none_or(|b| b > MAX_CHUNK_BYTES) {
+            return Err(ConfigError::new(
+                "--recv-chunk-samples",
+                format!("chunks over {} GiB", MAX_CHUNK_BYTES >> 30),
+            ));
+        }
         if self.feng_id >= self.array_size {
             return Err(ConfigError::new(
                 "--feng-id",
@@ -98,9 +104,7 @@ impl FengineConfig {
                 format!("{} is not 4 or 8", self.send_sample_bits),
             ));
         }
-        if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
-            return Err(ConfigError::new("--send-rate-factor", "must be ≥ 0"));
-        }
+        check_rate_factor("--send-rate-factor", self.send_rate_factor)?;
         if self.send_packet_payload == 0 {
             return Err(ConfigError::new(
                 "--send-packet-payload",
@@ -120,12 +124,7 @@ impl FengineConfig {
             ));
         }
         if let Some(d) = self.duration {
-            if !(d.is_finite() && d > 0.0 && d < 1e9) {
-                return Err(ConfigError::new(
-                    "--duration",
-                    "must be a positive number of seconds",
-                ));
-            }
+            check_seconds("--duration", d, false)?;
         }
         if self.outputs.is_empty() {
             return Err(ConfigError::new(

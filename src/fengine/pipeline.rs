@@ -88,7 +88,11 @@ pub struct Pipeline {
 
 /// Samples of tail needed: footprint plus differential delay, rounded up to whole heaps.
 pub fn tail_samples(taps: usize, step: usize, max_delay_diff: usize, heap_samples: usize) -> usize {
-    (taps * step + max_delay_diff).div_ceil(heap_samples) * heap_samples
+    // Saturating: an absurd --max-delay-diff must be refused by name, not overflow.
+    taps.saturating_mul(step)
+        .saturating_add(max_delay_diff)
+        .div_ceil(heap_samples)
+        .saturating_mul(heap_samples)
 }
 
 /// How a pipeline is set up (everything but the output itself).

@@ -40,7 +40,12 @@ pub fn parse_endpoints(text: &str) -> Result<Vec<SocketAddrV4>, EndpointError> {
         let (host, port) = part
             .rsplit_once(':')
             .ok_or_else(|| err(EndpointError::Syntax))?;
-        let port: u16 = port.parse().map_err(|_| err(EndpointError::Port))?;
+        // Port 0 means "any" to bind and nothing to send to: never a stream's port.
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| err(EndpointError::Port))?;
         let (addr, extra) = match host.split_once('+') {
             Some((a, n)) => (a, n.parse::<u32>().map_err(|_| err(EndpointError::Count))?),
             None => (host, 0),
@@ -91,6 +96,10 @@ mod tests {
         ));
         assert!(matches!(
             parse_endpoints("1.2.3.4:70000"),
+            Err(EndpointError::Port(_))
+        ));
+        assert!(matches!(
+            parse_endpoints("1.2.3.4:0"),
             Err(EndpointError::Port(_))
         ));
         assert!(matches!(

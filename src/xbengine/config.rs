@@ -6,7 +6,9 @@ use super::output::{BeamOutput, CorrprodOutput};
 use super::place::XLayout;
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::SourceConfig;
-use crate::engine::ConfigError;
+use crate::engine::{
+    check_rate_factor, check_sample_rate, check_seconds, ConfigError, MAX_CHUNK_BYTES,
+};
 use crate::fengine::BackendKind;
 
 /// Everything an XB-engine is built from.
@@ -106,9 +108,7 @@ impl XbengineConfig {
         if self.heaps_per_fengine_per_chunk == 0 || self.heaps_per_fengine_per_chunk > 4096 {
             return Err(e("--heaps-per-fengine-per-chunk", "must be 1–4096"));
         }
-        if !(self.adc_sample_rate.is_finite() && self.adc_sample_rate > 0.0) {
-            return Err(e("--adc-sample-rate", "must be a positive number of Hz"));
-        }
+        check_sample_rate("--adc-sample-rate", self.adc_sample_rate)?;
         let bandwidth = self.bandwidth.unwrap_or(self.adc_sample_rate / 2.0);
         if !(bandwidth.is_finite() && bandwidth > 0.0) {
             return Err(e("--bandwidth", "must be a positive number of Hz"));
@@ -116,16 +116,12 @@ impl XbengineConfig {
         if !(self.sync_time.is_finite() && self.sync_time >= 0.0) {
             return Err(e("--sync-time", "must be a UNIX time in seconds"));
         }
-        if !(self.send_rate_factor.is_finite() && self.send_rate_factor >= 0.0) {
-            return Err(e("--send-rate-factor", "must be ≥ 0"));
-        }
+        check_rate_factor("--send-rate-factor", self.send_rate_factor)?;
         if self.send_packet_payload == 0 || self.send_packet_payload > 65000 {
             return Err(e("--send-packet-payload", "must be 1–65000 bytes"));
         }
         if let Some(d) = self.duration {
-            if !(d.is_finite() && d > 0.0 && d < 1e9) {
-                return Err(e("--duration", "must be a positive number of seconds"));
-            }
+            check_seconds("--duration", d, false)?;
         }
         if self.cpu_threads == 0 || self.cpu_threads > 1024 {
             return Err(e("--cpu-threads", "must be 1–1024"));
@@ -150,7 +146,18 @@ impl XbengineConfig {
             .and_then(|v| v.checked_mul(2 * value_bytes))
             .filter(|&v| v <= 1 << 30)
             .ok_or_else(|| e("--jones-per-batch", "F heaps over 1 GiB"))?;
-        let heap_step = spectra_per_heap as u64 * self.samples_between_spectra;
+        let heap_step = (spectra_per_heap as u64)
+            .checked_mul(self.samples_between_spectra)
+            .filter(|step| {
+                step.checked_mul(self.heaps_per_fengine_per_chunk as u64)
+                    .is_some()
+            })
+            .ok_or_else(|| {
+                e(
+                    "--samples-between-spectra",
+                    "a chunk's span of timestamps overflows 64 bits",
+                )
+            })?;
         let layout = XLayout {
             n_ants: self.array_size,
             heap_bytes,
@@ -160,11 +167,14 @@ impl XbengineConfig {
         if layout
             .heaps_per_chunk()
             .checked_mul(heap_bytes)
-            .is_none_or(|b| b > 8 << 30)
+            .is_none_or(|b| b as u64 > MAX_CHUNK_BYTES)
         {
             return Err(e(
                 "--heaps-per-fengine-per-chunk",
-                "chunks over 8 GiB: fewer batches per chunk",
+                format!(
+                    "chunks over {} GiB: fewer batches per chunk",
+                    MAX_CHUNK_BYTES >> 30
+                ),
             ));
         }
         // katgpucbf: enough chunks in flight to cover the reorder tolerance, plus the one
