@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::{ConfigError, EngineError};
+use super::{ConfigError, EngineError, Shutdown};
 use crate::net::udp::UdpSender;
 use crate::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
 
@@ -85,7 +85,9 @@ pub struct HeapSink<M> {
 }
 
 impl<M: Send + 'static> HeapSink<M> {
-    /// Start the thread `name` with `buffers` buffers of `buffer_bytes` capacity.
+    /// Start the thread `name` with `buffers` buffers of `buffer_bytes` capacity. Once
+    /// `shutdown` is raised the stream stops pacing, so that what is queued goes out and the
+    /// engine stops promptly however low `--send-rate-factor` is.
     pub fn spawn<F: HeapFormat<Meta = M>>(
         name: &str,
         mut stream: SendStream<UdpSender>,
@@ -93,7 +95,9 @@ impl<M: Send + 'static> HeapSink<M> {
         descriptors: DescriptorSchedule,
         buffers: usize,
         buffer_bytes: usize,
+        shutdown: &Shutdown,
     ) -> std::io::Result<HeapSink<M>> {
+        stream.set_hurry(shutdown.flag());
         let (heaps, rx) = crossbeam_channel::bounded::<(Vec<u8>, M)>(buffers);
         let (give, free) = crossbeam_channel::bounded(buffers);
         for _ in 0..buffers {

@@ -33,4 +33,10 @@ impl Shutdown {
     pub fn request(&self) {
         self.0.store(true, Ordering::Relaxed);
     }
+
+    /// The flag itself, for layers that know nothing of engines (a send stream's
+    /// `set_hurry`).
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.0)
+    }
 }

@@ -121,7 +121,7 @@ impl Engine {
         let mut gpu = None;
         let mut built = Vec::new();
         for (o, sph) in outputs {
-            built.push(Self::output(&config, layout, &mut gpu, o, sph)?);
+            built.push(Self::output(&config, layout, &mut gpu, o, sph, &shutdown)?);
         }
         Ok(Engine {
             config,
@@ -143,6 +143,7 @@ impl Engine {
         gpu: &mut Option<Arc<Gpu>>,
         o: WidebandOutput,
         sph: usize,
+        shutdown: &Shutdown,
     ) -> Result<Output, EngineError> {
         let n_dst = o.dst.len();
         let value_bytes = if cfg.send_sample_bits == 4 { 2 } else { 4 };
@@ -185,6 +186,7 @@ impl Engine {
             schedule,
             SEND_BUFFERS,
             o.channels * sph * value_bytes,
+            shutdown,
         )?;
         let pcfg = PipelineConfig {
             layout,

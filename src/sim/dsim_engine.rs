@@ -59,8 +59,9 @@ impl Dsim {
         );
         let heaps = Arc::new(DigitiserHeaps::new(plan.config.clone(), &plan.signals));
         let senders = open_senders(&plan, &config.interfaces, config.ttl, config.send_buffer)?;
-        let stream = SendStream::new(plan.send_config(), senders)
+        let mut stream = SendStream::new(plan.send_config(), senders)
             .map_err(|e| EngineError::Send(e.to_string()))?;
+        stream.set_hurry(shutdown.flag());
         let (changes_tx, changes) = crossbeam_channel::bounded(1);
         let sensors = Arc::new(Sensors::default());
         let control = Arc::new(DsimControl::new(

@@ -25,7 +25,7 @@ use crate::engine::metrics::Metrics;
 use crate::engine::{unix_now, EngineError, Shutdown};
 use crate::fengine::heaps::descriptor_heap;
 use crate::net::udp::UdpSender;
-use crate::spead::send::stream::{sleep_until, SendError};
+use crate::spead::send::stream::{sleep_until_or, SendError};
 use crate::spead::send::{HeapRef, SendMode, SendStream};
 
 /// First cnt of the descriptor heaps.
@@ -274,6 +274,7 @@ struct SendJob {
 
 impl SendJob {
     fn run(self, mut stream: SendStream<UdpSender>) -> Result<(), SendError> {
+        stream.set_hurry(self.shutdown[0].flag());
         let plan = &self.plan;
         let l = plan.layout;
         let n_ants = l.array_size as u64;
@@ -307,7 +308,10 @@ impl SendJob {
                 next_descriptors = now + DESCRIPTOR_INTERVAL;
             }
             if let Some(p) = period {
-                sleep_until(self.start + p.mul_f64(j as f64));
+                let stop = || self.shutdown.iter().any(Shutdown::requested);
+                if !sleep_until_or(self.start + p.mul_f64(j as f64), stop) {
+                    break;
+                }
             }
             let timestamp = self.first_timestamp + j * step;
             let batch = &mut heaps[((timestamp / step) % PATTERN_BATCHES as u64) as usize];

@@ -184,12 +184,12 @@ impl Engine {
         let x = config
             .corrprods
             .iter()
-            .map(|c| x_output(&config, &plan, c))
+            .map(|c| x_output(&config, &plan, c, &shutdown))
             .collect::<Result<Vec<_>, _>>()?;
         let beams = if config.beams.is_empty() {
             None
         } else {
-            Some(beam_outputs(&config, &plan)?)
+            Some(beam_outputs(&config, &plan, &shutdown)?)
         };
         Ok(Engine {
             config,
@@ -579,6 +579,7 @@ fn x_output(
     config: &XbengineConfig,
     plan: &Plan,
     c: &super::output::CorrprodOutput,
+    shutdown: &Shutdown,
 ) -> Result<XOutput, EngineError> {
     let format = XHeapFormat {
         channels_per_substream: config.channels_per_substream,
@@ -606,6 +607,7 @@ fn x_output(
         },
         2,
         heap_bytes,
+        shutdown,
     )?;
     Ok(XOutput {
         name: c.name.clone(),
@@ -617,7 +619,11 @@ fn x_output(
     })
 }
 
-fn beam_outputs(config: &XbengineConfig, plan: &Plan) -> Result<BeamOutputs, EngineError> {
+fn beam_outputs(
+    config: &XbengineConfig,
+    plan: &Plan,
+    shutdown: &Shutdown,
+) -> Result<BeamOutputs, EngineError> {
     let format = BeamHeapFormat {
         beams: config.beams.len(),
         channels_per_substream: config.channels_per_substream,
@@ -645,6 +651,7 @@ fn beam_outputs(config: &XbengineConfig, plan: &Plan) -> Result<BeamOutputs, Eng
         },
         buffers,
         per_buffer,
+        shutdown,
     )?;
     let pols: Vec<usize> = config.beams.iter().map(|b| b.pol).collect();
     let steering = Steering::new(config.beams.len(), config.array_size);

@@ -14,6 +14,8 @@
 //! user space) and handed to the transport in bursts.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::heap::{Heap, PacketGenerator, PacketiseError, PREFIX_LEN};
@@ -141,6 +143,8 @@ pub struct SendStream<S: PacketSender> {
     /// Storage of the per-call [`SendBatch`], kept so that steady sending does not allocate.
     spare: SendBatch<'static>,
     counters: SendCounters,
+    /// Once raised, pacing stops (see [`SendStream::set_hurry`]).
+    hurry: Option<Arc<AtomicBool>>,
 }
 
 impl<S: PacketSender> SendStream<S> {
@@ -167,7 +171,15 @@ impl<S: PacketSender> SendStream<S> {
             ifaces,
             spare: SendBatch::default(),
             counters: SendCounters::default(),
+            hurry: None,
         })
+    }
+
+    /// Stop pacing once `flag` is raised (a shutdown): what is still to send then goes out at
+    /// line rate, and a wait already begun ends within [`SLEEP_SLICE`]. Stopping a process
+    /// then takes bounded time however low the rate, and loses nothing already queued.
+    pub fn set_hurry(&mut self, flag: Arc<AtomicBool>) {
+        self.hurry = Some(flag);
     }
 
     pub fn config(&self) -> &SendStreamConfig {
@@ -318,12 +330,13 @@ impl<S: PacketSender> SendStream<S> {
             return Ok(());
         }
         let bytes = batch.bytes();
-        let i = &mut self.ifaces[iface];
-        if paced {
-            let now = Instant::now();
-            let at = i.limiter.reserve(now, bytes);
-            sleep_until(at);
+        let flag = &self.hurry;
+        let hurry = || flag.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
+        if paced && !hurry() {
+            let at = self.ifaces[iface].limiter.reserve(Instant::now(), bytes);
+            sleep_until_or(at, hurry);
         }
+        let i = &mut self.ifaces[iface];
         i.tx.send_batch(batch)?;
         self.counters.packets += batch.len() as u64;
         self.counters.bytes += bytes as u64;
@@ -349,18 +362,25 @@ fn push_packet<'h>(
     }
 }
 
-/// Sleep until `at`: the kernel sleep for all but the last 100 µs, then spin, so that bursts
-/// start on time without burning a core between them.
-pub fn sleep_until(at: Instant) {
+/// Longest single kernel sleep of [`sleep_until_or`]: how soon a stop is noticed.
+pub const SLEEP_SLICE: Duration = Duration::from_millis(20);
+
+/// Sleep until `at`, or until `stop()` holds (checked at least every [`SLEEP_SLICE`]): the
+/// kernel sleep for all but the last 100 µs, then spin, so that bursts start on time without
+/// burning a core between them. False if stopped early.
+pub fn sleep_until_or(at: Instant, stop: impl Fn() -> bool) -> bool {
     const SPIN: Duration = Duration::from_micros(100);
     loop {
         let now = Instant::now();
         if now >= at {
-            return;
+            return true;
+        }
+        if stop() {
+            return false;
         }
         let left = at - now;
         if left > SPIN {
-            std::thread::sleep(left - SPIN);
+            std::thread::sleep((left - SPIN).min(SLEEP_SLICE));
         } else {
             std::hint::spin_loop();
         }
@@ -412,6 +432,46 @@ mod tests {
             })
             .collect();
         assert_eq!(cnts, [5, 8, 5, 8, 5, 8]);
+    }
+
+    /// A raised hurry flag ends pacing at once: a heap paced to take 1000 s goes out whole
+    /// within seconds of the flag (a stopping engine used to wait for the pace).
+    #[test]
+    fn hurry_stops_pacing_and_sends_everything() {
+        let (tx, mut rx) = mem::channel(1000, 1);
+        let mut s = SendStream::new(
+            SendStreamConfig {
+                rate: 100.0,
+                burst_size: 1500,
+                ..Default::default()
+            },
+            vec![tx],
+        )
+        .unwrap();
+        let flag = Arc::new(AtomicBool::new(false));
+        s.set_hurry(Arc::clone(&flag));
+        let raise = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            flag.store(true, Ordering::Relaxed);
+        });
+        let data = vec![7u8; 100_000];
+        let mut a = Heap::new();
+        a.add_bytes(0x1000, &data[..]);
+        let started = Instant::now();
+        s.send_heaps(&[HeapRef::new(&a, 0)], SendMode::Serial)
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+        raise.join().unwrap();
+        let bytes: usize = drain(&mut rx).iter().map(Vec::len).sum();
+        assert!(
+            bytes > data.len(),
+            "{bytes} bytes sent of a {}-byte heap",
+            data.len()
+        );
     }
 
     #[test]
