@@ -1,0 +1,93 @@
+//! The sensor table a katcp server reads `?sensor-list` and `?sensor-value` from.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// katcp sensor status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Unknown,
+    Nominal,
+    Warn,
+    Error,
+}
+
+impl Status {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Status::Unknown => "unknown",
+            Status::Nominal => "nominal",
+            Status::Warn => "warn",
+            Status::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sensor {
+    pub description: String,
+    pub units: String,
+    /// katcp type: integer, float, boolean, string, timestamp.
+    pub kind: &'static str,
+    pub value: String,
+    pub status: Status,
+    pub timestamp: f64,
+}
+
+/// The sensor table a program updates and the server reads.
+#[derive(Debug, Default)]
+pub struct Sensors(Mutex<BTreeMap<String, Sensor>>);
+
+pub(super) fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+impl Sensors {
+    pub fn add(
+        &self,
+        name: &str,
+        description: &str,
+        units: &str,
+        kind: &'static str,
+        value: impl ToString,
+    ) {
+        let s = Sensor {
+            description: description.into(),
+            units: units.into(),
+            kind,
+            value: value.to_string(),
+            status: Status::Nominal,
+            timestamp: now(),
+        };
+        self.lock().insert(name.into(), s);
+    }
+
+    pub fn set(&self, name: &str, value: impl ToString, status: Status) {
+        if let Some(s) = self.lock().get_mut(name) {
+            s.value = value.to_string();
+            s.status = status;
+            s.timestamp = now();
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Sensor> {
+        self.lock().get(name).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Sensor>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sensors matching `filter`: all, one by name, or a `/regex/`-free substring match.
+    pub(super) fn matching(&self, filter: Option<&str>) -> Vec<(String, Sensor)> {
+        self.lock()
+            .iter()
+            .filter(|(n, _)| filter.is_none_or(|f| *n == f))
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect()
+    }
+}
