@@ -1,13 +1,15 @@
-//! Fuzz katcp request lines through the server's parser and dispatch (`answer_line`) with the
-//! F-engine's own handler (`?gain`, `?gain-all`, `?delays`, `?capture-*`) and the standard
-//! requests. The input is split into lines as the server splits them. Every reply must format
-//! and parse back to itself. Seeds: fuzz/seeds/katcp_line.
+//! Fuzz katcp request lines through the server's parser and dispatch (`answer_line`) with each
+//! engine's own handler (the F-engine's `?gain`, `?gain-all`, `?delays`, `?capture-*`; the
+//! XB-engine's `?beam-weights`, `?beam-delays`, `?beam-quant-gains`, `?capture-*`) and the
+//! standard requests. The input is split into lines as the server splits them. Every reply
+//! must format and parse back to itself. Seeds: fuzz/seeds/katcp_line.
 #![no_main]
 
 use std::sync::Arc;
 
 use cbf::control::katcp::{answer_line, Limits, Message, Sensors};
 use cbf::fengine::control::{EngineControl, OutputState};
+use cbf::xbengine::control::XbControl;
 use libfuzzer_sys::fuzz_target;
 use num_complex::Complex32;
 
@@ -24,12 +26,25 @@ fuzz_target!(|data: &[u8]| {
     };
     let sensors = Arc::new(Sensors::default());
     let control = EngineControl::new(vec![out], Arc::clone(&sensors), 1712e6, 1000.0, 1 << 20);
+    let xb_sensors = Arc::new(Sensors::default());
+    let xb = XbControl::new(
+        Arc::clone(&xb_sensors),
+        4,
+        vec!["bl".into()],
+        vec!["b0".into(), "b1".into()],
+        false,
+        (0, 1024),
+        1,
+    );
     let limits = Limits {
         max_args: 64,
         ..Limits::default()
     };
     for line in data.split(|&c| c == b'\n') {
-        for reply in answer_line(line, &sensors, &control, "fuzz", &limits) {
+        let replies = answer_line(line, &sensors, &control, "fuzz", &limits)
+            .into_iter()
+            .chain(answer_line(line, &xb_sensors, &xb, "fuzz", &limits));
+        for reply in replies {
             let text = reply.to_line();
             let back = Message::parse(text.trim_end_matches('\n').as_bytes());
             assert_eq!(back.as_ref(), Ok(&reply), "{text:?}");

@@ -1,9 +1,11 @@
-//! Fuzz the `--wideband key=value,...` output specs: no panic; an accepted spec satisfies the
-//! documented bounds, and its derived spectra-per-heap never divides by zero.
+//! Fuzz the `key=value,...` output specs, `--wideband` (F-engine), `--corrprod` and `--beam`
+//! (XB-engine): no panic; an accepted spec satisfies the documented bounds, and the
+//! wideband's derived spectra-per-heap never divides by zero.
 //! Seeds: fuzz/seeds/output_spec.
 #![no_main]
 
 use cbf::fengine::output::{WidebandOutput, MAX_CHANNELS, MAX_TAPS};
+use cbf::xbengine::output::{BeamOutput, CorrprodOutput};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,5 +18,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(!o.dst.is_empty() && o.channels % o.dst.len() == 0);
         let _ = o.spectra_per_heap(1 << 20);
         let _ = o.spectra_per_heap(0);
+    }
+    if let Ok(c) = CorrprodOutput::parse(text) {
+        assert!(c.heap_accumulation_threshold >= 1 && c.dst.port() != 0);
+    }
+    if let Ok(b) = BeamOutput::parse(text) {
+        assert!(b.pol <= 1 && b.dst.port() != 0);
     }
 });
