@@ -154,7 +154,7 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
             .unwrap_or_else(|| panic!("{name} missing: {text}"));
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
-    assert!(value("dsim_output_heaps ") > 0.0);
-    assert!(value("dsim_output_bytes ") > value("dsim_output_heaps ") * 5120.0);
+    assert!(value("dsim_output_heaps_total ") > 0.0);
+    assert!(value("dsim_output_bytes_total ") > value("dsim_output_heaps_total ") * 5120.0);
     assert!(value("dsim_time_error_s ").abs() < 1.0, "{text}");
 }

@@ -390,20 +390,31 @@ fn katcp_gains_and_a_future_phase_step() {
         ],
         "{replies:?}"
     );
-    assert_eq!(replies[2]["args"][0], "0.02+0j");
+    // katgpucbf's read-back: one value per channel, the float32 gain to 17 digits.
+    let gains = replies[2]["args"].as_array().unwrap();
+    assert_eq!(gains.len(), channels);
+    assert!(
+        gains.iter().all(|g| g == "0.019999999552965164+0j"),
+        "{gains:?}"
+    );
     assert!(replies[7]["args"][0]
         .as_str()
         .unwrap()
         .contains("prior to the sync time"));
-    assert_eq!(replies[10]["informs"][0][4], "0.02+0j");
-    // A 0.3 full-scale tone: RMS 0.3·511/√2 of a 512 full scale, −13.6 dBFS (dither adds
-    // 1/12 LSB², negligible), nominal; nothing saturated.
+    let eq = replies[10]["informs"][0][4].as_str().unwrap();
+    assert_eq!(
+        eq,
+        format!("[{}]", vec!["0.019999999552965164+0j"; channels].join(", "))
+    );
+    // A 0.3 full-scale tone on katgpucbf's scale (0 dBFS = a full-scale sine wave):
+    // 20·log10(0.3) = −10.46 dBFS (dither adds 1/12 LSB², negligible), nominal; nothing
+    // saturated.
     let dbfs: f64 = replies[11]["informs"][0][4]
         .as_str()
         .unwrap()
         .parse()
         .unwrap();
-    let want = 20.0 * (0.3 * 511.0 / 2f64.sqrt() / 512.0).log10();
+    let want = 20.0 * 0.3f64.log10();
     assert!((dbfs - want).abs() < 0.1, "dig-rms-dbfs {dbfs} vs {want}");
     assert_eq!(replies[11]["informs"][0][3], "nominal");
     assert_eq!(replies[12]["informs"][0][4], "0");
@@ -986,12 +997,12 @@ fn gains_leakage_and_capture_control() {
             .unwrap_or_else(|| panic!("{prefix} missing:\n{text}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
-    assert!(value("fgpu_input_heaps{pol=\"0\"}") > 100.0);
-    assert!(value("fgpu_input_chunks ") > 10.0);
-    assert_eq!(value("fgpu_input_too_old_heaps "), 0.0);
-    assert!(value("fgpu_output_heaps{stream=\"wide\"}") > 10.0);
+    assert!(value("fgpu_input_heaps_total{pol=\"0\"}") > 100.0);
+    assert!(value("fgpu_input_chunks_total ") > 10.0);
+    assert_eq!(value("fgpu_input_too_old_heaps_total "), 0.0);
+    assert!(value("fgpu_output_heaps_total{stream=\"wide\"}") > 10.0);
     assert!(
-        value("fgpu_output_clipped_samples{pol=\"0\",stream=\"wide\"}") > 0.0,
+        value("fgpu_output_clipped_samples_total{pol=\"0\",stream=\"wide\"}") > 0.0,
         "the ×100 gain saturates the tone"
     );
 }

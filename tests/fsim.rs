@@ -186,12 +186,12 @@ fn spead2_receives_katgpucbf_heaps_with_a_gap() {
     let mut text = String::new();
     std::io::Read::read_to_string(&mut s, &mut text).unwrap();
     assert!(
-        text.contains(&format!("fsim_output_heaps {}", report.heaps)),
+        text.contains(&format!("fsim_output_heaps_total {}", report.heaps)),
         "{text}"
     );
     let payload = report.heaps * (CPS * SPH * 4) as u64;
     assert!(
-        text.contains(&format!("fsim_output_bytes {payload}")),
+        text.contains(&format!("fsim_output_bytes_total {payload}")),
         "{text}"
     );
     assert!(text.contains("fsim_time_error_s{stream=\"1\"}"), "{text}");

@@ -34,27 +34,30 @@ impl Handler for Probe {
 
 fn start(limits: Limits) -> (SocketAddr, Arc<Probe>) {
     let probe = Arc::new(Probe::default());
-    let addr = katcp::serve_with(
-        "127.0.0.1:0".parse().unwrap(),
+    let addr = katcp::Server::new(
         Arc::new(Sensors::default()),
         Arc::clone(&probe) as Arc<dyn Handler>,
         "test",
-        limits,
     )
+    .with_limits(limits)
+    .serve("127.0.0.1:0".parse().unwrap())
     .unwrap();
     (addr, probe)
 }
 
-/// Connect and read the two `#version-connect` lines.
+/// Connect and read the greeting: three `#version-connect` lines and `#build-state`.
 fn client(addr: SocketAddr) -> (TcpStream, BufReader<TcpStream>) {
     let s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
-    for _ in 0..2 {
+    for what in ["katcp-protocol", "katcp-library", "katcp-device"] {
         let mut l = String::new();
         r.read_line(&mut l).unwrap();
-        assert!(l.starts_with("#version-connect"), "{l}");
+        assert!(l.starts_with(&format!("#version-connect {what} ")), "{l}");
     }
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    assert!(l.starts_with("#build-state test-"), "{l}");
     (s, r)
 }
 

@@ -344,7 +344,7 @@ fn katcp_requests_sensors_and_metrics() {
         "xbgpu_output_b_clipped_samples",
     ] {
         assert!(
-            metrics.contains(&format!("# HELP {name} ")),
+            metrics.contains(&format!("# HELP {name}_total ")),
             "{name} missing:\n{metrics}"
         );
     }

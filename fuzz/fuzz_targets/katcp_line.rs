@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use cbf::control::katcp::{answer_line, Limits, Message, Sensors};
+use cbf::control::katcp::{Limits, Message, Sensors, Server, Session};
 use cbf::fengine::control::{EngineControl, OutputState};
 use cbf::xbengine::control::XbControl;
 use libfuzzer_sys::fuzz_target;
@@ -40,10 +40,14 @@ fuzz_target!(|data: &[u8]| {
         max_args: 64,
         ..Limits::default()
     };
+    let f = Server::new(sensors, Arc::new(control), "fuzz").with_limits(limits);
+    let x = Server::new(xb_sensors, Arc::new(xb), "fuzz").with_limits(limits);
+    let session = Session::new("fuzz".into());
     for line in data.split(|&c| c == b'\n') {
-        let replies = answer_line(line, &sensors, &control, "fuzz", &limits)
+        let replies = f
+            .answer_line(line, &session)
             .into_iter()
-            .chain(answer_line(line, &xb_sensors, &xb, "fuzz", &limits));
+            .chain(x.answer_line(line, &session));
         for reply in replies {
             let text = reply.to_line();
             let back = Message::parse(text.trim_end_matches('\n').as_bytes());

@@ -10,6 +10,7 @@ mod katgpucbf;
 pub mod selftest;
 pub mod xbengine;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -53,15 +54,25 @@ pub enum Command {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::{fmt, reload, EnvFilter};
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Reloadable, so that katcp's `?log-level` changes the level of a running engine.
+    let (filter, level) = reload::Layer::new(filter);
+    // Colour only for a person at a terminal: files, pipes and journald get plain text.
+    let plain = fmt::layer()
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Human => registry.with(plain).init(),
+        LogFormat::Json => registry.with(plain.json()).init(),
     }
+    crate::control::katcp::set_log_level_hook(move |directive| {
+        level
+            .modify(|f| *f = EnvFilter::new(directive))
+            .map_err(|e| e.to_string())
+    });
 }
 
 /// Parse arguments, run the subcommand, map errors to a message and exit status 1

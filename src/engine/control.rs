@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use prometheus::Registry;
 
-use super::ConfigError;
+use super::{ConfigError, Shutdown};
 use crate::control::katcp::{self, Handler, Sensors};
 
 /// Where the control servers listen.
@@ -25,22 +25,22 @@ pub struct ControlAddrs {
     pub prometheus: Option<SocketAddr>,
 }
 
-/// Start the katcp server (answering `handler`'s requests and the standard ones) and the
-/// Prometheus endpoint. A port that cannot be bound is a start-up error naming its flag.
+/// Start the katcp server (answering `handler`'s requests and the standard ones; `?halt`
+/// raises `shutdown`) and the Prometheus endpoint. A port that cannot be bound is a start-up
+/// error naming its flag.
 pub fn serve(
     cfg: ControlConfig,
     program: &str,
     sensors: Arc<Sensors>,
     handler: Arc<dyn Handler>,
     registry: Registry,
+    shutdown: &Shutdown,
 ) -> Result<ControlAddrs, ConfigError> {
-    let katcp = katcp::serve(
-        SocketAddr::new(cfg.host, cfg.katcp_port),
-        sensors,
-        handler,
-        program,
-    )
-    .map_err(|e| ConfigError::new("--katcp-port", e))?;
+    let halt = shutdown.clone();
+    let katcp = katcp::Server::new(sensors, handler, program)
+        .with_halt(move || halt.request())
+        .serve(SocketAddr::new(cfg.host, cfg.katcp_port))
+        .map_err(|e| ConfigError::new("--katcp-port", e))?;
     tracing::info!(%katcp, "katcp server listening");
     let prometheus = match cfg.prometheus_port {
         Some(port) => {

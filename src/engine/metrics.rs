@@ -1,7 +1,10 @@
 //! An engine's Prometheus counters under katgpucbf's names (facts §1.8): a fixed table of
 //! (name, help, labels) registered once in a registry namespaced by the program (`fgpu`,
-//! `xbgpu`, `fsim`, ...). Engines keep their own totals and bring the counters up to them,
-//! since a Prometheus counter only moves forward.
+//! `xbgpu`, `fsim`, ...). Each counter is exposed as `{namespace}_{name}_total`, as Python's
+//! prometheus_client (katgpucbf's) names a counter, so that dashboards and alerts written for
+//! katgpucbf read cbf unchanged; the code refers to it by its bare name. Engines keep their
+//! own totals and bring the counters up to them, since a Prometheus counter only moves
+//! forward.
 
 use std::collections::HashMap;
 
@@ -53,7 +56,7 @@ impl Metrics {
         let registry = Registry::new_custom(Some(namespace.into()), None)?;
         let mut counters = HashMap::new();
         for &(name, help, labels) in table {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            let c = IntCounterVec::new(Opts::new(format!("{name}_total"), help), labels)?;
             registry.register(Box::new(c.clone()))?;
             if labels.is_empty() {
                 // Shown (at 0) from the start, as katgpucbf's counters are.
@@ -110,6 +113,13 @@ mod tests {
         m.set("output_x_heaps", &[], 9);
         m.set("nope", &[], 1);
         let t = text(&m);
-        assert!(t.contains("xbgpu_output_x_heaps{stream=\"bl\"} 5"), "{t}");
+        assert!(
+            t.contains("xbgpu_output_x_heaps_total{stream=\"bl\"} 5"),
+            "{t}"
+        );
+        assert!(
+            t.contains("# TYPE xbgpu_output_x_heaps_total counter"),
+            "{t}"
+        );
     }
 }

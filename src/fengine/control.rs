@@ -65,13 +65,60 @@ pub fn parse_complex(text: &str) -> Option<Complex32> {
     t.parse::<f32>().ok().map(|re| Complex32::new(re, 0.0))
 }
 
-fn format_gains(g: &[Complex32]) -> String {
-    let fmt = |c: &Complex32| format!("{}{:+}j", c.re, c.im);
-    if g.iter().all(|v| *v == g[0]) {
-        fmt(&g[0])
-    } else {
-        g.iter().map(fmt).collect::<Vec<_>>().join(" ")
+/// Python's `format(x, ".17g")`: 17 significant digits, trailing zeros dropped, scientific
+/// notation for exponents below −4 or from 17 (two-digit exponent with its sign).
+fn format_g17(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return match x {
+            v if v.is_nan() => "nan".into(),
+            v if v.is_infinite() => if v > 0.0 { "inf" } else { "-inf" }.into(),
+            v if v.is_sign_negative() => "-0".into(),
+            _ => "0".into(),
+        };
     }
+    // Correctly rounded to 17 significant digits, as Python rounds them.
+    let sci = format!("{:.16e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let trim = |s: String| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    let body = if (-4..17).contains(&exp) {
+        if exp >= 0 {
+            let (int, frac) = digits.split_at(exp as usize + 1);
+            trim(format!("{int}.{frac}"))
+        } else {
+            trim(format!("0.{}{digits}", "0".repeat((-exp - 1) as usize)))
+        }
+    } else {
+        let (first, rest) = digits.split_at(1);
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(format!("{first}.{rest}")), exp.abs())
+    };
+    if x < 0.0 {
+        format!("-{body}")
+    } else {
+        body
+    }
+}
+
+/// katgpucbf's `format_complex` (fgpu `engine.py`): Python's `format(z, ".17g")` of the
+/// complex64 gain widened to double, so that a client reading both engines sees the same text.
+fn format_complex(c: Complex32) -> String {
+    let (re, im) = (f64::from(c.re), f64::from(c.im));
+    let sign = if im.is_sign_negative() { "" } else { "+" };
+    format!("{}{sign}{}j", format_g17(re), format_g17(im))
+}
+
+/// The `{stream}.input{p}.eq` sensor as katgpucbf sets it: every channel's gain, `[g0, g1, …]`.
+fn eq_sensor(g: &[Complex32]) -> String {
+    let all: Vec<String> = g.iter().map(|&c| format_complex(c)).collect();
+    format!("[{}]", all.join(", "))
 }
 
 impl EngineControl {
@@ -119,7 +166,7 @@ impl EngineControl {
                     "Complex gain per channel (one value when all equal)",
                     "",
                     "string",
-                    format_gains(&o.gains[p]),
+                    eq_sensor(&o.gains[p]),
                 );
                 sensors.add(
                     &format!("{}.input{p}.delay", o.name),
@@ -199,14 +246,15 @@ impl EngineControl {
         let out = self.output(stream)?;
         let mut o = out.lock().map_err(|_| "state poisoned".to_string())?;
         if values.is_empty() {
-            return Ok(vec![format_gains(&o.gains[pol])]);
+            // One value per channel, as katgpucbf replies.
+            return Ok(o.gains[pol].iter().map(|&g| format_complex(g)).collect());
         }
         let g = Self::parse_gains(values, o.channels, o.default_gain)?;
         o.gains[pol] = g;
         o.gains_version += 1;
         self.sensors.set(
             &format!("{}.input{pol}.eq", o.name),
-            format_gains(&o.gains[pol]),
+            eq_sensor(&o.gains[pol]),
             Status::Nominal,
         );
         drop(o);
@@ -228,7 +276,7 @@ impl EngineControl {
             o.gains[pol] = g.clone();
             self.sensors.set(
                 &format!("{}.input{pol}.eq", o.name),
-                format_gains(&g),
+                eq_sensor(&g),
                 Status::Nominal,
             );
         }
@@ -317,8 +365,12 @@ impl EngineControl {
         timestamp: u64,
         clipped: [u64; 2],
         mean_power: [Option<f64>; 2],
-        full_scale: f64,
+        sample_bits: u32,
     ) {
+        // katgpucbf's scale (fgpu `_update_dig_power_sensors`): 0 dBFS is a sine wave at full
+        // scale, power (2^(b−1) − 1)² / 2.
+        let full = f64::from((1u32 << (sample_bits - 1)) - 1);
+        let full_scale_power = full * full / 2.0;
         self.sensors.set("rx.timestamp", timestamp, Status::Nominal);
         for p in 0..2 {
             self.sensors.set(
@@ -327,7 +379,7 @@ impl EngineControl {
                 Status::Nominal,
             );
             if let Some(pw) = mean_power[p] {
-                let dbfs = 10.0 * (pw.max(1e-30) / (full_scale * full_scale)).log10();
+                let dbfs = 10.0 * (pw.max(1e-30) / full_scale_power).log10();
                 let status = if (-30.0..=-10.0).contains(&dbfs) {
                     Status::Nominal
                 } else if (-33.0..=-7.0).contains(&dbfs) {
@@ -395,6 +447,40 @@ impl Handler for EngineControl {
 
 #[cfg(test)]
 mod tests {
+    /// Python's own output (`format(float(v), ".17g")`, numpy for the float32 values).
+    #[test]
+    fn complex_values_format_as_python_does() {
+        let cases = [
+            (0.02f32 as f64, "0.019999999552965164"),
+            (1.0, "1"),
+            (-2.25, "-2.25"),
+            (1e-5, "1.0000000000000001e-05"),
+            (1.2345678901234568e17, "1.2345678901234568e+17"),
+            (1e16, "10000000000000000"),
+            (1e17, "1e+17"),
+            (-0.0, "-0"),
+            (0.0, "0"),
+            (0.1f32 as f64, "0.10000000149011612"),
+            (3.0000000000000004, "3.0000000000000004"),
+            (1e-4, "0.0001"),
+            (0.00012345678901234567, "0.00012345678901234567"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(format_g17(v), want, "{v:e}");
+        }
+        assert_eq!(format_complex(Complex32::new(1.0, -0.0)), "1-0j");
+        assert_eq!(format_complex(Complex32::new(0.0, 2.0)), "0+2j");
+        assert_eq!(format_complex(Complex32::new(-0.5, -2.0)), "-0.5-2j");
+        assert_eq!(
+            format_complex(Complex32::new(0.02, 0.5)),
+            "0.019999999552965164+0.5j"
+        );
+        assert_eq!(
+            eq_sensor(&[Complex32::new(1.0, 0.0), Complex32::new(0.5, 0.0)]),
+            "[1+0j, 0.5+0j]"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -106,6 +106,7 @@ impl Engine {
             sensors,
             control.clone(),
             metrics.registry.clone(),
+            &shutdown,
         )?;
         for pol in ["0", "1"] {
             metrics.touch_all("input_", &[pol]);
@@ -114,9 +115,7 @@ impl Engine {
             }
         }
         for (o, _) in &outputs {
-            for name in ["output_heaps", "output_bytes", "output_skipped_heaps"] {
-                metrics.touch(name, &[&o.name]);
-            }
+            metrics.touch_all("output_", &[&o.name]);
         }
         let mut gpu = None;
         let mut built = Vec::new();
@@ -238,6 +237,7 @@ impl Engine {
             tail = tail.and(joined);
             totals.heaps = sink.sent() * pipeline.output.dst.len() as u64;
             totals.bytes = sink.bytes();
+            totals.samples = sink.sent() * pipeline.heap_span();
         }
         let outcome = result.and_then(|input| tail.map(|()| input));
         let rx = self.receivers.join();
@@ -282,6 +282,8 @@ impl Engine {
                         .filter(|&&v| v != 0)
                         .count() as u64;
                     input.heaps[pol] += present;
+                    input.samples[pol] += present * self.layout.heap_samples;
+                    input.bytes[pol] += present * self.layout.heap_bytes;
                     input.missing[pol] += skipped + per_pol as u64 - present;
                     input.clipped[pol] += chunk.extra[range].iter().sum::<u64>();
                 }
@@ -349,18 +351,18 @@ impl Engine {
                 .fetch_max(out.pipeline.next_timestamp(), Ordering::Relaxed);
             out.totals.heaps = out.sink.sent() * out.pipeline.output.dst.len() as u64;
             out.totals.bytes = out.sink.bytes();
+            out.totals.samples = out.sink.sent() * out.pipeline.heap_span();
             metrics::output(&self.metrics, &out.pipeline.output.name, &out.totals);
         }
         let power = self
             .outputs
             .first_mut()
             .map_or([None, None], |o| o.pipeline.take_dig_power());
-        let full_scale = f64::from((1u32 << (self.config.dig_sample_bits - 1)) as f32);
         control.input_stats(
             chunk.chunk_id * self.layout.chunk_samples,
             input.clipped,
             power,
-            full_scale,
+            self.config.dig_sample_bits,
         );
         metrics::input(&self.metrics, input, &self.receivers.snapshot());
         Ok(())

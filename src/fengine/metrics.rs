@@ -4,8 +4,14 @@ use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS};
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, labels) of every metric.
-pub const METRICS: [MetricSpec; 11] = [
+pub const METRICS: [MetricSpec; 14] = [
     ("input_heaps", "Digitiser heaps received", &["pol"]),
+    ("input_samples", "Digitiser samples received", &["pol"]),
+    (
+        "input_bytes",
+        "Bytes of digitiser samples received",
+        &["pol"],
+    ),
     (
         "input_missing_heaps",
         "Digitiser heaps missing from processed chunks",
@@ -35,6 +41,11 @@ pub const METRICS: [MetricSpec; 11] = [
     ("output_heaps", "Heaps sent", &["stream"]),
     ("output_bytes", "Bytes sent", &["stream"]),
     (
+        "output_samples",
+        "Complex samples sent (channels × spectra × pols)",
+        &["stream"],
+    ),
+    (
         "output_skipped_heaps",
         "Output heaps not sent because input was missing",
         &["stream"],
@@ -51,6 +62,8 @@ pub const METRICS: [MetricSpec; 11] = [
 pub struct InputTotals {
     pub chunks: u64,
     pub heaps: [u64; 2],
+    pub samples: [u64; 2],
+    pub bytes: [u64; 2],
     pub missing: [u64; 2],
     pub clipped: [u64; 2],
 }
@@ -60,6 +73,7 @@ pub struct InputTotals {
 pub struct OutputTotals {
     pub heaps: u64,
     pub bytes: u64,
+    pub samples: u64,
     pub skipped: u64,
     pub clipped: [u64; 2],
 }
@@ -73,6 +87,8 @@ pub fn input(m: &Metrics, t: &InputTotals, rx: &StatsSnapshot) {
     for pol in 0..2 {
         let p = pol.to_string();
         m.set("input_heaps", &[&p], t.heaps[pol]);
+        m.set("input_samples", &[&p], t.samples[pol]);
+        m.set("input_bytes", &[&p], t.bytes[pol]);
         m.set("input_missing_heaps", &[&p], t.missing[pol]);
         m.set("input_clipped_samples", &[&p], t.clipped[pol]);
     }
@@ -85,6 +101,7 @@ pub fn input(m: &Metrics, t: &InputTotals, rx: &StatsSnapshot) {
 pub fn output(m: &Metrics, stream: &str, t: &OutputTotals) {
     m.set("output_heaps", &[stream], t.heaps);
     m.set("output_bytes", &[stream], t.bytes);
+    m.set("output_samples", &[stream], t.samples);
     m.set("output_skipped_heaps", &[stream], t.skipped);
     for (pol, v) in t.clipped.iter().enumerate() {
         m.set("output_clipped_samples", &[stream, &pol.to_string()], *v);

@@ -10,8 +10,8 @@ use std::net::SocketAddrV4;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
-use pcap_file::DataLink;
+use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
+use pcap_file::{DataLink, Endianness};
 
 use super::{PacketReceiver, Received, RecvBatch};
 
@@ -57,11 +57,19 @@ pub fn udp_payload(link: DataLink, frame: &[u8]) -> Option<(SocketAddrV4, &[u8])
     Some((SocketAddrV4::new(dst_ip, dst_port), payload))
 }
 
+/// Largest frame one record may hold (pcap's customary snaplen ceiling): a record claiming
+/// more is corrupt, and would otherwise size a buffer from the file.
+pub const MAX_FRAME: usize = 262_144;
+
 /// Replays the UDP payloads of a pcap file (or of any byte source: the fuzz target reads
-/// from memory).
+/// from memory). Records are read one at a time into one frame buffer, so memory is bounded
+/// by [`MAX_FRAME`] (pcap-file's own reader buffers 8 MB per file, which also dominated the
+/// fuzz target's time).
 pub struct PcapReceiver<R: Read = BufReader<File>> {
-    reader: PcapReader<R>,
+    source: R,
+    endianness: Endianness,
     link: DataLink,
+    frame: Vec<u8>,
     filter: Vec<SocketAddrV4>,
     /// Frames skipped as not IPv4/UDP or not to a wanted endpoint.
     pub skipped: u64,
@@ -74,35 +82,81 @@ impl PcapReceiver {
     }
 }
 
+/// Fill `buf` from `r`; the bytes read (fewer only at the end of the stream).
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+fn invalid(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
 impl<R: Read> PcapReceiver<R> {
     /// Read a pcap stream from `source`; `filter` as for [`PcapReceiver::open`].
-    pub fn from_reader(source: R, filter: &[SocketAddrV4]) -> io::Result<Self> {
-        let reader = PcapReader::new(source).map_err(pcap_err)?;
-        let link = reader.header().datalink;
+    pub fn from_reader(mut source: R, filter: &[SocketAddrV4]) -> io::Result<Self> {
+        let mut head = [0u8; 24];
+        if read_full(&mut source, &mut head)? < head.len() {
+            return Err(invalid("not a pcap file: shorter than its header".into()));
+        }
+        let (_, header) = PcapHeader::from_slice(&head).map_err(pcap_err)?;
         Ok(PcapReceiver {
-            reader,
-            link,
+            source,
+            endianness: header.endianness,
+            link: header.datalink,
+            frame: Vec::new(),
             filter: filter.to_vec(),
             skipped: 0,
         })
+    }
+
+    /// Read the next record's frame into `self.frame`; false at the end of the file.
+    fn next_frame(&mut self) -> io::Result<bool> {
+        let mut rec = [0u8; 16];
+        match read_full(&mut self.source, &mut rec)? {
+            0 => return Ok(false),
+            16 => {}
+            n => {
+                return Err(invalid(format!(
+                    "truncated pcap record header ({n} of 16 bytes)"
+                )))
+            }
+        }
+        let len = [rec[8], rec[9], rec[10], rec[11]];
+        let len = match self.endianness {
+            Endianness::Big => u32::from_be_bytes(len),
+            Endianness::Little => u32::from_le_bytes(len),
+        } as usize;
+        if len > MAX_FRAME {
+            return Err(invalid(format!(
+                "pcap record of {len} bytes (at most {MAX_FRAME})"
+            )));
+        }
+        self.frame.resize(len, 0);
+        if read_full(&mut self.source, &mut self.frame)? < len {
+            return Err(invalid("truncated pcap record".into()));
+        }
+        Ok(true)
     }
 }
 
 impl<R: Read + Send> PacketReceiver for PcapReceiver<R> {
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
-        while batch.len() < batch.capacity() {
-            match self.reader.next_packet() {
-                None => break,
-                Some(Err(e)) => return Err(pcap_err(e)),
-                Some(Ok(pkt)) => match udp_payload(self.link, &pkt.data) {
-                    Some((dst, payload))
-                        if self.filter.is_empty() || self.filter.contains(&dst) =>
-                    {
-                        batch.push(payload);
-                    }
-                    _ => self.skipped += 1,
-                },
+        while batch.len() < batch.capacity() && self.next_frame()? {
+            match udp_payload(self.link, &self.frame) {
+                Some((dst, payload)) if self.filter.is_empty() || self.filter.contains(&dst) => {
+                    batch.push(payload);
+                }
+                _ => self.skipped += 1,
             }
         }
         Ok(if batch.is_empty() {
@@ -217,6 +271,39 @@ mod tests {
         assert_eq!(r.skipped, 1);
         assert_eq!(r.recv_batch(&mut b).unwrap(), Received::End);
         std::fs::remove_file(&dir).unwrap();
+    }
+
+    /// A big-endian file written by hand (pcap's own layout), then the same file cut short
+    /// and with a record claiming 1 GiB: the first replays, the others are errors, not
+    /// panics or allocations.
+    #[test]
+    fn big_endian_truncated_and_oversized_records() {
+        let mut ip = vec![
+            0x45, 0, 0, 33, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 239, 1, 2, 3,
+        ];
+        ip.extend_from_slice(&[0x13, 0x88, 0x1b, 0xec, 0, 13, 0, 0]); // 5000 → 7148, 13 bytes
+        ip.extend_from_slice(b"hello");
+        let mut file = vec![0xa1, 0xb2, 0xc3, 0xd4, 0, 2, 0, 4];
+        file.extend_from_slice(&[0; 8]);
+        file.extend_from_slice(&65535u32.to_be_bytes());
+        file.extend_from_slice(&101u32.to_be_bytes()); // LINKTYPE_RAW
+        file.extend_from_slice(&[0; 8]);
+        file.extend_from_slice(&(ip.len() as u32).to_be_bytes());
+        file.extend_from_slice(&(ip.len() as u32).to_be_bytes());
+        file.extend_from_slice(&ip);
+        let mut b = RecvBatch::new(8, 9200);
+        let mut r = PcapReceiver::from_reader(io::Cursor::new(file.clone()), &[]).unwrap();
+        assert_eq!(r.recv_batch(&mut b).unwrap(), Received::Packets(1));
+        assert_eq!(b.packet(0), b"hello");
+        assert_eq!(r.recv_batch(&mut b).unwrap(), Received::End);
+        let cut = &file[..file.len() - 3];
+        let mut r = PcapReceiver::from_reader(cut, &[]).unwrap();
+        assert!(r.recv_batch(&mut b).is_err());
+        let mut huge = file.clone();
+        huge[32..36].copy_from_slice(&(1u32 << 30).to_be_bytes());
+        let mut r = PcapReceiver::from_reader(&huge[..], &[]).unwrap();
+        assert!(r.recv_batch(&mut b).is_err());
+        assert!(PcapReceiver::from_reader(&file[..20], &[]).is_err());
     }
 
     #[test]

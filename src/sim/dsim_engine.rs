@@ -77,6 +77,7 @@ impl Dsim {
             sensors,
             control,
             metrics.metrics.registry.clone(),
+            &shutdown,
         )?;
         Ok(Dsim {
             plan,

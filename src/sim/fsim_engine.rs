@@ -105,6 +105,7 @@ impl Fsim {
             settings_sensors(&plan),
             Arc::new(FsimControl),
             metrics.registry.clone(),
+            &shutdown,
         )?;
         Ok(Fsim {
             plan,

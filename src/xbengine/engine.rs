@@ -174,6 +174,7 @@ impl Engine {
             sensors,
             control.clone(),
             metrics.registry.clone(),
+            &shutdown,
         )?;
         for c in &config.corrprods {
             metrics.touch_all("output_x_", &[&c.name]);
@@ -277,6 +278,10 @@ impl Engine {
             input.chunks += 1;
             let present = chunk.present.iter().filter(|&&p| p != 0).count() as u64;
             input.heaps += present;
+            input.samples += present
+                * self.plan.spectra_per_heap as u64
+                * self.config.channels_per_substream as u64
+                * 2;
             input.missing +=
                 (gaps.skipped_before(chunk.chunk_id) + 1) * chunk.present.len() as u64 - present;
             let result = self.process_chunk(&mut chunk);

@@ -4,8 +4,13 @@ use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS};
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, labels) of every metric.
-pub const METRICS: [MetricSpec; 19] = [
+pub const METRICS: [MetricSpec; 20] = [
     ("input_heaps", "F heaps received", &[]),
+    (
+        "input_samples",
+        "Complex samples of F heaps received (channels × spectra × pols)",
+        &[],
+    ),
     (
         "input_missing_heaps",
         "F heaps missing from processed chunks",
@@ -79,6 +84,7 @@ pub fn new() -> Result<Metrics, prometheus::Error> {
 pub struct InputTotals {
     pub chunks: u64,
     pub heaps: u64,
+    pub samples: u64,
     pub missing: u64,
 }
 
@@ -105,6 +111,7 @@ pub struct BTotals {
 pub fn input(m: &Metrics, t: &InputTotals, rx: &StatsSnapshot) {
     m.set("input_chunks", &[], t.chunks);
     m.set("input_heaps", &[], t.heaps);
+    m.set("input_samples", &[], t.samples);
     m.set("input_missing_heaps", &[], t.missing);
     m.set("input_bytes", &[], rx.bytes);
     m.set("input_too_old_heaps", &[], rx.too_old_heaps);

@@ -2,11 +2,15 @@
 //!
 //! Pure part: [`Message`] parsing and formatting, with katcp's escapes (`\_` space, `\\`,
 //! `\t`, `\n`, `\r`, `\0`, `\e`, `\@` for an empty argument) and message ids (`?name[7]`).
-//! Server part: one thread accepting connections and one thread per client, answering the
-//! standard requests (`?help`, `?watchdog`, `?version-list`, `?sensor-list`, `?sensor-value`)
-//! from a shared [`Sensors`] table and passing everything else to the program's [`Handler`].
-//! A malformed line gets a `fail` reply naming the problem; an unknown request gets `invalid`,
-//! as aiokatcp servers answer. Nothing a client sends can stop the server.
+//! Server part ([`Server`]): one thread accepting connections and two per client (its
+//! requests; its sampled sensors), answering the standard requests (`?help`, `?watchdog`,
+//! `?version-list`, `?sensor-list`, `?sensor-value`, `?sensor-sampling` with every katcp v5
+//! strategy, `?client-list`, `?log-level`, `?halt`) from a shared [`Sensors`] table and passing
+//! everything else to the program's [`Handler`]. A client is greeted with the
+//! `#version-connect` and `#build-state` informs aiokatcp clients expect. A malformed line gets
+//! a `fail` reply naming the problem; an unknown request gets `invalid`, as aiokatcp servers
+//! answer. Nothing a client sends can stop the server, except `?halt` where the program
+//! offers it (a clean stop).
 //!
 //! Every client is bounded ([`Limits`], issue 11): a line longer than [`MAX_LINE`] is refused
 //! whole (a `fail` reply if its head names a request) and the rest of it discarded up to its
@@ -16,14 +20,20 @@
 //! dropped, freeing its place.
 
 mod message;
+mod sampling;
 mod sensors;
 mod server;
+mod session;
+mod standard;
 
 use std::time::Duration;
 
 pub use message::{Kind, Message, ParseError};
+pub use sampling::{Sampler, Strategy};
 pub use sensors::{Sensor, Sensors, Status};
-pub use server::{answer_line, respond, serve, serve_with, Handler};
+pub use server::Server;
+pub use session::Session;
+pub use standard::{set_log_level_hook, Handler};
 
 /// Longest request line accepted, newline excluded (katcp has no limit; this bounds memory per
 /// client). The largest legitimate request is `?gain` with one complex value per channel:

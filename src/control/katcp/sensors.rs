@@ -35,6 +35,20 @@ pub struct Sensor {
     pub timestamp: f64,
 }
 
+impl Sensor {
+    /// `timestamp 1 name status value`: the arguments of a `#sensor-value` or
+    /// `#sensor-status` inform.
+    pub fn status_args(&self, name: &str) -> Vec<String> {
+        vec![
+            format!("{:.6}", self.timestamp),
+            "1".into(),
+            name.into(),
+            self.status.as_str().into(),
+            self.value.clone(),
+        ]
+    }
+}
+
 /// The sensor table a program updates and the server reads.
 #[derive(Debug, Default)]
 pub struct Sensors(Mutex<BTreeMap<String, Sensor>>);

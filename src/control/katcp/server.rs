@@ -1,116 +1,59 @@
-//! The katcp server: the standard requests, the program's [`Handler`], and the bounded
-//! client loop ([`Limits`]).
+//! The katcp server: one thread accepting connections and, per client, one thread reading
+//! its requests and one sending its sampled sensors; every client bounded by [`Limits`].
 
+use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::sensors::now;
-use super::{Kind, Limits, Message, ParseError, Sensors};
+use super::session::Session;
+use super::standard::versions;
+use super::{Handler, Kind, Limits, Message, ParseError, Sensors};
 
-/// A program's own requests.
-pub trait Handler: Send + Sync {
-    /// (name, one-line description) of each request the handler serves.
-    fn requests(&self) -> Vec<(&'static str, &'static str)>;
-    /// Serve `name`; `None` if it is not one of ours. `Err` becomes a `fail` reply.
-    fn handle(&self, name: &str, args: &[String]) -> Option<Result<Vec<String>, String>>;
+/// A katcp device: the sensors it reports, the program's own requests, and the standard ones.
+pub struct Server {
+    pub(super) sensors: Arc<Sensors>,
+    pub(super) handler: Arc<dyn Handler>,
+    pub(super) program: String,
+    limits: Limits,
+    /// Connected clients' addresses, by connection number.
+    clients: Mutex<BTreeMap<u64, String>>,
+    next_client: AtomicU64,
+    /// What `?halt` does (nothing is offered without it).
+    pub(super) halt: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
-const STANDARD: [(&str, &str); 5] = [
-    ("help", "List requests, or describe one: ?help [name]"),
-    ("watchdog", "Check that the server is alive"),
-    ("version-list", "List software versions"),
-    ("sensor-list", "List sensors: ?sensor-list [name]"),
-    ("sensor-value", "Read sensors: ?sensor-value [name]"),
-];
-
-/// Answer one message; returns the lines to send.
-pub fn respond(
-    msg: &Message,
-    sensors: &Sensors,
-    handler: &dyn Handler,
-    program: &str,
-) -> Vec<Message> {
-    let reply = |args: Vec<String>| Message::new(Kind::Reply, &msg.name, msg.mid, args);
-    let inform = |args: Vec<String>| Message::new(Kind::Inform, &msg.name, msg.mid, args);
-    let ok = |mut rest: Vec<String>| {
-        rest.insert(0, "ok".into());
-        reply(rest)
-    };
-    let fail = |why: String| reply(vec!["fail".into(), why]);
-    if msg.kind != Kind::Request {
-        return vec![];
+impl Server {
+    /// A server for `program` with the default [`Limits`] and no `?halt`.
+    pub fn new(sensors: Arc<Sensors>, handler: Arc<dyn Handler>, program: &str) -> Server {
+        Server {
+            sensors,
+            handler,
+            program: program.to_string(),
+            limits: Limits::default(),
+            clients: Mutex::new(BTreeMap::new()),
+            next_client: AtomicU64::new(0),
+            halt: None,
+        }
     }
-    let arg0 = msg.args.first().map(String::as_str);
-    match msg.name.as_str() {
-        "help" => {
-            let mut all: Vec<(&str, &str)> = STANDARD.to_vec();
-            all.extend(handler.requests());
-            let chosen: Vec<_> = all
-                .into_iter()
-                .filter(|(n, _)| arg0.is_none_or(|a| a == *n))
-                .collect();
-            if chosen.is_empty() {
-                return vec![fail(format!(
-                    "unknown request {:?}",
-                    arg0.unwrap_or_default()
-                ))];
-            }
-            let mut out: Vec<Message> = chosen
-                .iter()
-                .map(|(n, d)| inform(vec![n.to_string(), d.to_string()]))
-                .collect();
-            out.push(ok(vec![chosen.len().to_string()]));
-            out
-        }
-        "watchdog" => vec![ok(vec![])],
-        "version-list" => vec![
-            inform(vec!["katcp-protocol".into(), "5.1-MIB".into()]),
-            inform(vec![program.into(), env!("CARGO_PKG_VERSION").into()]),
-            ok(vec!["2".into()]),
-        ],
-        "sensor-list" | "sensor-value" => {
-            let found = sensors.matching(arg0);
-            if found.is_empty() && arg0.is_some() {
-                return vec![fail(format!(
-                    "unknown sensor {:?}",
-                    arg0.unwrap_or_default()
-                ))];
-            }
-            let mut out: Vec<Message> = found
-                .iter()
-                .map(|(n, s)| {
-                    if msg.name == "sensor-list" {
-                        inform(vec![
-                            n.clone(),
-                            s.description.clone(),
-                            s.units.clone(),
-                            s.kind.into(),
-                        ])
-                    } else {
-                        inform(vec![
-                            format!("{:.6}", s.timestamp),
-                            "1".into(),
-                            n.clone(),
-                            s.status.as_str().into(),
-                            s.value.clone(),
-                        ])
-                    }
-                })
-                .collect();
-            out.push(ok(vec![found.len().to_string()]));
-            out
-        }
-        name => match handler.handle(name, &msg.args) {
-            Some(Ok(args)) => vec![ok(args)],
-            Some(Err(why)) => vec![fail(why)],
-            None => vec![reply(vec![
-                "invalid".into(),
-                format!("Unknown request {name}."),
-            ])],
-        },
+
+    pub fn with_limits(mut self, limits: Limits) -> Server {
+        self.limits = limits;
+        self
+    }
+
+    /// `?halt` calls `halt` (a clean stop of the program) and replies `ok`.
+    pub fn with_halt(mut self, halt: impl Fn() + Send + Sync + 'static) -> Server {
+        self.halt = Some(Box::new(halt));
+        self
+    }
+
+    /// Addresses of the connected clients.
+    pub(super) fn clients(&self) -> Vec<String> {
+        self.lock_clients().values().cloned().collect()
     }
 }
 
@@ -191,69 +134,139 @@ fn refuse(head: &[u8], why: String) -> Vec<Message> {
     }
 }
 
-/// Answer one request line (terminator removed): parse it with `limits.max_args` and
-/// dispatch it. What the server does with every complete line; public for the fuzz target.
-pub fn answer_line(
-    line: &[u8],
-    sensors: &Sensors,
-    handler: &dyn Handler,
-    program: &str,
-    limits: &Limits,
-) -> Vec<Message> {
-    let mut line = line;
-    while let [rest @ .., b'\r'] = line {
-        line = rest;
-    }
-    if line.iter().all(u8::is_ascii_whitespace) {
-        return vec![];
-    }
-    match Message::parse_bounded(line, limits.max_args) {
-        Ok(m) => respond(&m, sensors, handler, program),
-        Err(ParseError::TooManyArgs(n)) => refuse(line, format!("more than {n} arguments refused")),
-        Err(e) => {
-            tracing::warn!(error = %e, "malformed katcp message");
-            vec![log_inform("warn", format!("malformed message: {e}"))]
+impl Server {
+    /// Answer one request line (terminator removed) from `session`'s client: parse it with
+    /// the limit on arguments and dispatch it. What the server does with every complete
+    /// line; public for the fuzz target.
+    pub fn answer_line(&self, line: &[u8], session: &Session) -> Vec<Message> {
+        let mut line = line;
+        while let [rest @ .., b'\r'] = line {
+            line = rest;
         }
-    }
-}
-
-fn serve_client(
-    stream: TcpStream,
-    sensors: Arc<Sensors>,
-    handler: Arc<dyn Handler>,
-    program: String,
-    limits: Limits,
-) -> io::Result<()> {
-    stream.set_read_timeout(Some(limits.idle_timeout))?;
-    stream.set_write_timeout(Some(limits.write_timeout))?;
-    let mut w = stream.try_clone()?;
-    for args in [
-        vec!["katcp-protocol".into(), "5.1-MIB".into()],
-        vec![program.clone(), env!("CARGO_PKG_VERSION").into()],
-    ] {
-        w.write_all(
-            Message::new(Kind::Inform, "version-connect", None, args)
-                .to_line()
-                .as_bytes(),
-        )?;
-    }
-    let mut r = BufReader::new(stream);
-    let mut line = Vec::new();
-    loop {
-        let out = match read_line(&mut r, &mut line, limits.max_line)? {
-            LineRead::Eof => return Ok(()),
-            LineRead::TooLong => {
-                tracing::warn!(limit = limits.max_line, "over-long katcp line refused");
-                refuse(
-                    &line,
-                    format!("request longer than {} bytes refused", limits.max_line),
-                )
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return vec![];
+        }
+        match Message::parse_bounded(line, self.limits.max_args) {
+            Ok(m) => self.respond(&m, session),
+            Err(ParseError::TooManyArgs(n)) => {
+                refuse(line, format!("more than {n} arguments refused"))
             }
-            LineRead::Line => answer_line(&line, &sensors, handler.as_ref(), &program, &limits),
-        };
-        for m in out {
-            w.write_all(m.to_line().as_bytes())?;
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed katcp message");
+                vec![log_inform("warn", format!("malformed message: {e}"))]
+            }
         }
+    }
+
+    /// Serve one client until it goes: the connect informs, then a reply to every line, with
+    /// its sampled sensors sent by a second thread through the same (locked) writer.
+    fn serve_client(self: &Arc<Self>, stream: TcpStream, session: &Arc<Session>) -> io::Result<()> {
+        let limits = self.limits;
+        stream.set_read_timeout(Some(limits.idle_timeout))?;
+        stream.set_write_timeout(Some(limits.write_timeout))?;
+        let writer = Arc::new(Mutex::new(stream.try_clone()?));
+        let write = |messages: &[Message]| -> io::Result<()> {
+            let text: String = messages.iter().map(Message::to_line).collect();
+            writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write_all(text.as_bytes())
+        };
+        let mut hello: Vec<Message> = versions(&self.program)
+            .into_iter()
+            .map(|args| Message::new(Kind::Inform, "version-connect", None, args))
+            .collect();
+        hello.push(Message::new(
+            Kind::Inform,
+            "build-state",
+            None,
+            vec![format!("{}-{}", self.program, env!("CARGO_PKG_VERSION"))],
+        ));
+        write(&hello)?;
+        {
+            let (session, sensors, writer) = (
+                Arc::clone(session),
+                Arc::clone(&self.sensors),
+                Arc::clone(&writer),
+            );
+            std::thread::Builder::new()
+                .name("katcp-sampling".into())
+                .spawn(move || session.sample(sensors, writer))?;
+        }
+        let mut r = BufReader::new(stream);
+        let mut line = Vec::new();
+        loop {
+            let out = match read_line(&mut r, &mut line, limits.max_line)? {
+                LineRead::Eof => return Ok(()),
+                LineRead::TooLong => {
+                    tracing::warn!(limit = limits.max_line, "over-long katcp line refused");
+                    refuse(
+                        &line,
+                        format!("request longer than {} bytes refused", limits.max_line),
+                    )
+                }
+                LineRead::Line => self.answer_line(&line, session),
+            };
+            write(&out)?;
+        }
+    }
+
+    /// Start serving on `addr` (port 0 picks one); returns the bound address.
+    pub fn serve(self, addr: SocketAddr) -> io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr)?;
+        let local = listener.local_addr()?;
+        let server = Arc::new(self);
+        let active = Arc::new(AtomicUsize::new(0));
+        std::thread::Builder::new()
+            .name("katcp".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(stream) = conn else { continue };
+                    server.accept(stream, &active);
+                }
+            })?;
+        Ok(local)
+    }
+
+    /// Take one new connection: refused past the connection cap, else served on its own
+    /// thread, listed in `?client-list` while it lasts.
+    fn accept(self: &Arc<Self>, mut stream: TcpStream, active: &Arc<AtomicUsize>) {
+        let max = self.limits.max_connections;
+        if active.fetch_add(1, Ordering::AcqRel) >= max {
+            active.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(limit = max, "katcp client refused");
+            let why = format!("too many clients (limit {max})");
+            // A fresh socket's send buffer takes one short line without blocking; the
+            // timeout covers the impossible case anyway.
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.write_all(log_inform("error", why).to_line().as_bytes());
+            return;
+        }
+        let place = Place(Arc::clone(active));
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let server = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("katcp-client".into())
+            .spawn(move || {
+                let _place = place;
+                let session = Arc::new(Session::new(peer.clone()));
+                server.lock_clients().insert(id, peer);
+                if let Err(e) = server.serve_client(stream, &session) {
+                    tracing::debug!(error = %e, "katcp client gone");
+                }
+                session.close();
+                server.lock_clients().remove(&id);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread for a katcp client");
+        }
+    }
+
+    fn lock_clients(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, String>> {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -264,62 +277,6 @@ impl Drop for Place {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// Start the server on `addr` (port 0 picks one) with the default [`Limits`]; returns the
-/// bound address.
-pub fn serve(
-    addr: SocketAddr,
-    sensors: Arc<Sensors>,
-    handler: Arc<dyn Handler>,
-    program: &str,
-) -> io::Result<SocketAddr> {
-    serve_with(addr, sensors, handler, program, Limits::default())
-}
-
-/// Start the server on `addr` with explicit `limits`; returns the bound address.
-pub fn serve_with(
-    addr: SocketAddr,
-    sensors: Arc<Sensors>,
-    handler: Arc<dyn Handler>,
-    program: &str,
-    limits: Limits,
-) -> io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)?;
-    let local = listener.local_addr()?;
-    let program = program.to_string();
-    let active = Arc::new(AtomicUsize::new(0));
-    std::thread::Builder::new()
-        .name("katcp".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut stream) = conn else { continue };
-                if active.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
-                    active.fetch_sub(1, Ordering::AcqRel);
-                    tracing::warn!(limit = limits.max_connections, "katcp client refused");
-                    let why = format!("too many clients (limit {})", limits.max_connections);
-                    // A fresh socket's send buffer takes one short line without blocking; the
-                    // timeout covers the impossible case anyway.
-                    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-                    let _ = stream.write_all(log_inform("error", why).to_line().as_bytes());
-                    continue;
-                }
-                let place = Place(Arc::clone(&active));
-                let (s, h, p) = (Arc::clone(&sensors), Arc::clone(&handler), program.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("katcp-client".into())
-                    .spawn(move || {
-                        let _place = place;
-                        if let Err(e) = serve_client(stream, s, h, p, limits) {
-                            tracing::debug!(error = %e, "katcp client gone");
-                        }
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!(error = %e, "no thread for a katcp client");
-                }
-            }
-        })?;
-    Ok(local)
 }
 
 #[cfg(test)]
@@ -345,10 +302,14 @@ mod tests {
 
     #[test]
     fn standard_and_program_requests() {
-        let s = Sensors::default();
+        let s = Arc::new(Sensors::default());
         s.add("period", "Pattern length", "samples", "integer", 8192);
+        s.add("name", "A string", "", "string", "x");
+        let server = Server::new(s, Arc::new(Echo), "test");
+        let session = Session::new("127.0.0.1:1".into());
         let r = |line: &str| {
-            respond(&Message::parse(line.as_bytes()).unwrap(), &s, &Echo, "test")
+            server
+                .respond(&Message::parse(line.as_bytes()).unwrap(), &session)
                 .iter()
                 .map(Message::to_line)
                 .collect::<String>()
@@ -356,10 +317,36 @@ mod tests {
         assert_eq!(r("?echo[3] a b"), "!echo[3] ok a b\n");
         assert_eq!(r("?echo"), "!echo fail nothing\\_to\\_echo\n");
         assert_eq!(r("?nope"), "!nope invalid Unknown\\_request\\_nope.\n");
-        assert!(r("?sensor-list").ends_with("!sensor-list ok 1\n"));
+        assert!(r("?sensor-list").ends_with("!sensor-list ok 2\n"));
         assert!(r("?sensor-value period").contains("period nominal 8192\n"));
         assert!(r("?sensor-value bogus").starts_with("!sensor-value fail"));
-        assert!(r("?help").ends_with("!help ok 6\n"));
+        assert!(r("?help").ends_with("!help ok 10\n"));
+        assert!(r("?version-list").contains("#version-list katcp-device test-"));
         assert_eq!(r("!echo ok"), "");
+        // Sampling: the reading at once, then the strategy in force; refusals name why.
+        let set = r("?sensor-sampling period,name event");
+        assert!(set.starts_with("#sensor-status "), "{set}");
+        assert!(set.contains(" 1 name nominal x\n"), "{set}");
+        assert!(
+            set.ends_with("!sensor-sampling ok period,name event\n"),
+            "{set}"
+        );
+        assert_eq!(
+            r("?sensor-sampling period"),
+            "!sensor-sampling ok period event\n"
+        );
+        assert!(r("?sensor-sampling name differential 1").starts_with("!sensor-sampling fail"));
+        assert!(r("?sensor-sampling period,period auto").contains("Duplicate"));
+        assert!(r("?sensor-sampling nope auto").starts_with("!sensor-sampling fail"));
+        assert_eq!(
+            r("?sensor-sampling period none"),
+            "!sensor-sampling ok period none\n"
+        );
+        assert_eq!(
+            r("?sensor-sampling period"),
+            "!sensor-sampling ok period none\n"
+        );
+        assert!(r("?halt").starts_with("!halt fail"));
+        assert!(r("?log-level loud").starts_with("!log-level fail"));
     }
 }
