@@ -298,6 +298,7 @@ fn fengine_pipeline(c: &mut Criterion) {
         heap_samples: 4096,
         heap_bytes: 5120,
         chunk_samples: chunk_samples as u64,
+        mask_timestamp: false,
     };
     let per_pol = layout.heaps_per_pol();
     // Two consecutive chunks of pseudo-random 10-bit data, every heap present.

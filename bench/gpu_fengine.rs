@@ -327,6 +327,7 @@ fn whole_path(
         heap_samples: 4096,
         heap_bytes: 4096 * 10 / 8,
         chunk_samples: 1 << chunk_log2,
+        mask_timestamp: false,
     };
     let out = WidebandOutput {
         taps,

@@ -183,6 +183,8 @@ pub fn run(
                 send_packet_payload: 8192,
                 send_interfaces: vec![],
                 send_ttl: 1,
+                send_buffer: 1 << 20,
+                mask_timestamp: false,
                 gain: Complex32::new(gain as f32, 0.0),
                 dither_seed: 1 + a as u64,
                 outputs: vec![WidebandOutput {

@@ -5,6 +5,7 @@
 
 use clap::Args;
 
+use super::katgpucbf::Unsupported;
 use super::CliError;
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::SourceConfig;
@@ -15,10 +16,18 @@ use crate::fengine::{BackendKind, Engine, FengineConfig};
 
 #[derive(Debug, Clone, Args)]
 pub struct FengineArgs {
-    /// Digitiser streams (A.B.C.D[+N]:port[,...], both polarisations) or a pcap file.
-    #[arg(long)]
-    pub src: String,
-    /// Interface on which to receive (multicast joins).
+    /// Digitiser streams (A.B.C.D[+N]:port[,...], both polarisations) or a pcap file
+    /// (katgpucbf's positional `src`, also accepted as `--src`).
+    #[arg(
+        value_name = "SRC",
+        required_unless_present = "src_flag",
+        conflicts_with = "src_flag"
+    )]
+    pub src: Option<String>,
+    #[arg(long = "src", value_name = "SRC")]
+    pub src_flag: Option<String>,
+    /// Interface(s) on which to receive (multicast joins); a comma-separated list is dealt
+    /// to the receive threads in turn.
     #[arg(long)]
     pub recv_interface: Option<String>,
     /// Socket receive buffer in bytes.
@@ -67,9 +76,32 @@ pub struct FengineArgs {
     /// Payload bytes per output packet.
     #[arg(long, default_value_t = 8192)]
     pub send_packet_payload: usize,
-    /// Interface to send from (name or address).
+    /// Interface(s) to send from (names or addresses, comma-separated: the output rate is
+    /// shared between them).
     #[arg(long)]
     pub send_interface: Option<String>,
+    /// Socket send buffer in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub send_buffer: usize,
+    /// Jones vectors per output chunk (katgpucbf's GPU → host transfer unit, rounded up to a
+    /// multiple of --jones-per-batch). cbf transfers and sends heap by heap, so this sets no
+    /// buffer: it is checked, and a value other than the default is logged as having no
+    /// effect.
+    #[arg(long, default_value_t = 1 << 23)]
+    pub send_chunk_jones: usize,
+    /// Clear the timestamp's bits below the heap size before placing a heap (a workaround for
+    /// digitisers that set them).
+    #[arg(long)]
+    pub mask_timestamp: bool,
+    /// katgpucbf's GPU-direct options and narrowband outputs, refused by name.
+    #[arg(long, hide = true)]
+    pub use_vkgdr: bool,
+    #[arg(long, hide = true)]
+    pub use_peerdirect: bool,
+    #[arg(long, hide = true)]
+    pub narrowband: Vec<String>,
+    #[command(flatten)]
+    pub unsupported: Unsupported,
     /// Multicast TTL of the output.
     #[arg(long, default_value_t = 4)]
     pub send_ttl: u32,
@@ -105,6 +137,40 @@ impl FengineArgs {
     /// The engine's configuration from the flags (each parse error names its flag; the
     /// engine validates how they combine).
     pub fn config(&self) -> Result<FengineConfig, CliError> {
+        self.unsupported.refuse()?;
+        let gpu_direct = "GPU-direct receive and send are not implemented (the chunks are page-locked host memory)";
+        if self.use_vkgdr {
+            return Err(CliError::flag(
+                "--use-vkgdr",
+                format!("not supported: {gpu_direct}"),
+            ));
+        }
+        if self.use_peerdirect {
+            return Err(CliError::flag(
+                "--use-peerdirect",
+                format!("not supported: {gpu_direct}"),
+            ));
+        }
+        if !self.narrowband.is_empty() {
+            return Err(CliError::flag(
+                "--narrowband",
+                "not supported yet: narrowband outputs are issue 16",
+            ));
+        }
+        if self.send_chunk_jones == 0 {
+            return Err(CliError::flag("--send-chunk-jones", "must be positive"));
+        }
+        if self.send_chunk_jones != 1 << 23 {
+            tracing::info!(
+                send_chunk_jones = self.send_chunk_jones,
+                "--send-chunk-jones has no effect: cbf transfers and sends heap by heap"
+            );
+        }
+        let src = self
+            .src
+            .clone()
+            .or_else(|| self.src_flag.clone())
+            .ok_or_else(|| CliError::flag("--src", "no source given"))?;
         let gain = parse_complex(&self.gain).ok_or_else(|| {
             CliError::flag(
                 "--gain",
@@ -118,7 +184,7 @@ impl FengineArgs {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(FengineConfig {
             source: SourceConfig {
-                src: self.src.clone(),
+                src,
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
                 threads: self.recv_threads,
@@ -136,7 +202,14 @@ impl FengineArgs {
             send_rate_factor: self.send_rate_factor,
             send_sample_bits: self.send_sample_bits,
             send_packet_payload: self.send_packet_payload,
-            send_interfaces: self.send_interface.iter().cloned().collect(),
+            send_interfaces: self
+                .send_interface
+                .iter()
+                .flat_map(|list| list.split(','))
+                .map(str::to_string)
+                .collect(),
+            send_buffer: self.send_buffer,
+            mask_timestamp: self.mask_timestamp,
             send_ttl: self.send_ttl,
             gain,
             dither_seed: self.dither_seed.unwrap_or_else(rand::random),
@@ -311,6 +384,62 @@ mod tests {
             .err()
             .unwrap();
             assert!(err.to_string().contains(flag), "{err}");
+        }
+    }
+
+    /// A command line as katsdpcontroller starts fgpu (positional source, every tuning flag)
+    /// is accepted as it is.
+    #[test]
+    fn a_katgpucbf_command_line_starts() {
+        let line = "fengine --katcp-port 7147 --prometheus-port 7150 --adc-sample-rate 1712e6 \
+            --sync-time 1700000000 --recv-interface lo --send-interface lo,lo --recv-buffer 134217728 \
+            --send-buffer 1048576 --send-ttl 4 --send-rate-factor 1.1 --recv-packet-samples 4096 \
+            --send-packet-payload 8192 --feng-id 3 --array-size 64 --jones-per-batch 1048576 \
+            --recv-chunk-samples 33554432 --send-chunk-jones 8388608 --max-delay-diff 1048576 \
+            --dig-sample-bits 10 --send-sample-bits 8 --gain 1.0 --mask-timestamp \
+            --wideband name=wideband,channels=4096,dst=239.10.11.0+15:7148,taps=16 \
+            239.10.10.0+7:7148";
+        let args = Wrap::try_parse_from(line.split_whitespace()).unwrap().a;
+        let config = args.config().unwrap();
+        assert_eq!(config.source.src, "239.10.10.0+7:7148");
+        assert_eq!(config.send_interfaces, ["lo", "lo"]);
+        assert!(config.mask_timestamp);
+        assert!(config.validate().is_ok());
+    }
+
+    /// katgpucbf flags cbf cannot honour are refused by name, with the reason.
+    #[test]
+    fn flags_cbf_cannot_honour_are_refused_by_name() {
+        for (flag, value) in [
+            ("--use-vkgdr", None),
+            ("--use-peerdirect", None),
+            (
+                "--narrowband",
+                Some("name=nb,channels=1024,centre_frequency=2e8,decimation=8,dst=239.1.1.1:7148"),
+            ),
+            ("--recv-ibv", None),
+            ("--send-ibv", None),
+            ("--recv-affinity", Some("0,1")),
+            ("--send-comp-vector", Some("-1")),
+            ("--monitor-log", Some("/tmp/m")),
+            ("--aiomonitor", None),
+            ("--send-chunk-jones", Some("0")),
+        ] {
+            let mut v = vec![
+                "fengine".to_string(),
+                "--adc-sample-rate=1712e6".into(),
+                "--sync-time=0".into(),
+                "--wideband=name=w,channels=1024,dst=239.0.0.1:7148".into(),
+                "239.0.0.1:7148".into(),
+            ];
+            v.push(match value {
+                Some(x) => format!("{flag}={x}"),
+                None => flag.to_string(),
+            });
+            match Wrap::try_parse_from(v).unwrap().a.config() {
+                Err(CliError::Flag { flag: f, .. }) => assert_eq!(f, flag),
+                other => panic!("{flag}: {other:?}"),
+            }
         }
     }
 

@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[command(
     name = "cbf",
     version,
+    propagate_version = true,
     about = "GPU correlator-beamformer for radio telescopes"
 )]
 pub struct Cli {
@@ -44,7 +45,7 @@ pub enum Command {
     /// F-engine simulator: F heaps from many simulated F-engines to one destination per X-engine.
     Fsim(fsim::FsimArgs),
     /// Wideband F-engine (CPU or CUDA backend): digitiser heaps in, channelised F heaps out.
-    Fengine(fengine::FengineArgs),
+    Fengine(Box<fengine::FengineArgs>),
     /// XB-engine (correlator and beamformer): F heaps in, correlation products and beams out.
     Xbengine(Box<xbengine::XbengineArgs>),
     /// Check the CUDA kernels against their CPU oracles on fresh random inputs.
@@ -84,7 +85,7 @@ pub fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a),
         Command::Dsim(a) => dsim::run(a),
         Command::Capture(a) => capture::run(a),
-        Command::Fengine(a) => fengine::run(a),
+        Command::Fengine(a) => fengine::run(*a),
         Command::Xbengine(a) => xbengine::run(*a),
         Command::Fsim(a) => fsim::run(a),
         Command::Selftest(a) => selftest::run(a),

@@ -62,7 +62,13 @@ pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, 
     (0..cfg.threads)
         .map(|t| {
             let mine: Vec<_> = eps.iter().skip(t).step_by(cfg.threads).copied().collect();
-            UdpReceiver::bind(&mine, cfg.interface.as_deref(), cfg.buffer)
+            // A list of interfaces (katgpucbf fgpu's multi --recv-interface) is dealt to the
+            // receive threads in turn.
+            let iface = cfg.interface.as_deref().map(|list| {
+                let all: Vec<&str> = list.split(',').collect();
+                all[t % all.len()]
+            });
+            UdpReceiver::bind(&mine, iface, cfg.buffer)
                 .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
                 .map_err(|e| ConfigError::new("--src", e))
         })

@@ -43,6 +43,10 @@ pub struct FengineConfig {
     pub send_packet_payload: usize,
     pub send_interfaces: Vec<String>,
     pub send_ttl: u32,
+    /// Socket send buffer, bytes.
+    pub send_buffer: usize,
+    /// Clear the timestamp bits below the heap size (`--mask-timestamp`).
+    pub mask_timestamp: bool,
     pub gain: Complex32,
     pub dither_seed: u64,
     pub outputs: Vec<WidebandOutput>,
@@ -165,6 +169,7 @@ impl FengineConfig {
                 heap_samples: hs as u64,
                 heap_bytes: packed_len(hs, self.dig_sample_bits) as u64,
                 chunk_samples: self.recv_chunk_samples as u64,
+                mask_timestamp: self.mask_timestamp,
             },
             outputs,
         })

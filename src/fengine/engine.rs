@@ -154,7 +154,7 @@ impl Engine {
             dst: o.dst.clone(),
             interfaces: cfg.send_interfaces.clone(),
             ttl: cfg.send_ttl,
-            buffer: 4 << 20,
+            buffer: cfg.send_buffer,
             config: SendStreamConfig {
                 max_packet_size: cfg.send_packet_payload + 72,
                 rate,

@@ -427,6 +427,7 @@ mod tests {
                 heap_samples: 1024,
                 heap_bytes: 1280,
                 chunk_samples: 8192,
+                mask_timestamp: false,
             },
             sample_bits: 10,
             spectra_per_heap: 4,

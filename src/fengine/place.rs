@@ -22,6 +22,9 @@ pub struct InputLayout {
     pub heap_samples: u64,
     pub heap_bytes: u64,
     pub chunk_samples: u64,
+    /// Clear the timestamp's bits below `heap_samples` first (katgpucbf's `--mask-timestamp`,
+    /// `timestamp & ~(heap_samples − 1)`, for digitisers that set them).
+    pub mask_timestamp: bool,
 }
 
 impl InputLayout {
@@ -35,9 +38,12 @@ impl InputLayout {
     }
 
     pub fn place(&self, p: &PlaceInput<'_>) -> Placement {
-        let (Some(ts), Some(id)) = (p.items[0], p.items[1]) else {
+        let (Some(mut ts), Some(id)) = (p.items[0], p.items[1]) else {
             return Placement::Reject(METADATA);
         };
+        if self.mask_timestamp {
+            ts &= !(self.heap_samples - 1);
+        }
         if p.heap_length != self.heap_bytes {
             return Placement::Reject(METADATA);
         }
@@ -62,10 +68,11 @@ mod tests {
 
     #[test]
     fn places_like_fgpu() {
-        let l = InputLayout {
+        let mut l = InputLayout {
             heap_samples: 4096,
             heap_bytes: 5120,
             chunk_samples: 4096 * 8,
+            mask_timestamp: false,
         };
         let at = |ts: u64, id: u64, status: u64, len: u64| {
             l.place(&PlaceInput {
@@ -101,6 +108,21 @@ mod tests {
                 heap_length: 5120
             }),
             Placement::Reject(METADATA)
+        );
+        // --mask-timestamp: the bits below the heap size are cleared, not refused.
+        l.mask_timestamp = true;
+        assert_eq!(
+            l.place(&PlaceInput {
+                items: &[Some(4096 * 9 + 17), Some(0), None],
+                heap_cnt: 1,
+                heap_length: 5120
+            }),
+            Placement::Heap {
+                chunk_id: 1,
+                heap_index: 1,
+                heap_offset: 5120,
+                extra: 0
+            }
         );
     }
 }
