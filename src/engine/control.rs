@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use prometheus::Registry;
 
+use super::health::{self, Timeout};
 use super::{ConfigError, Shutdown};
 use crate::control::katcp::{self, Handler, Sensors};
 
@@ -25,9 +26,9 @@ pub struct ControlAddrs {
     pub prometheus: Option<SocketAddr>,
 }
 
-/// Start the katcp server (answering `handler`'s requests and the standard ones; `?halt`
-/// raises `shutdown`) and the Prometheus endpoint. A port that cannot be bound is a start-up
-/// error naming its flag.
+/// Start the health sensors (with the engine's receive-sensor `timeouts`), the katcp server
+/// (answering `handler`'s requests and the standard ones; `?halt` raises `shutdown`) and the
+/// Prometheus endpoint. A port that cannot be bound is a start-up error naming its flag.
 pub fn serve(
     cfg: ControlConfig,
     program: &str,
@@ -35,7 +36,9 @@ pub fn serve(
     handler: Arc<dyn Handler>,
     registry: Registry,
     shutdown: &Shutdown,
+    timeouts: Vec<Timeout>,
 ) -> Result<ControlAddrs, ConfigError> {
+    health::start(&sensors, timeouts).map_err(|e| ConfigError::new("--katcp-port", e))?;
     let halt = shutdown.clone();
     let katcp = katcp::Server::new(sensors, handler, program)
         .with_halt(move || halt.request())

@@ -61,7 +61,8 @@ impl StreamSpec {
     }
 }
 
-/// When descriptors are sent: first at `first`, then every `period`.
+/// When descriptors are sent: once at start-up (so that a receiver that joins with the
+/// engine can decode its first heaps), then at `first`, then every `period`.
 #[derive(Debug, Clone, Copy)]
 pub struct DescriptorSchedule {
     pub first: Instant,
@@ -110,8 +111,9 @@ impl<M: Send + 'static> HeapSink<M> {
             move || -> Result<(), String> {
                 let n = format.substreams();
                 let mut next_desc = descriptors.first;
+                let mut at_start = true;
                 loop {
-                    if Instant::now() >= next_desc {
+                    if at_start || Instant::now() >= next_desc {
                         let d: Vec<Heap<'static>> = (0..n).map(|s| format.descriptors(s)).collect();
                         let refs: Vec<HeapRef> = d
                             .iter()
@@ -126,7 +128,9 @@ impl<M: Send + 'static> HeapSink<M> {
                         stream
                             .send_heaps(&refs, SendMode::RoundRobin)
                             .map_err(|e| e.to_string())?;
-                        next_desc += descriptors.period;
+                        if !std::mem::take(&mut at_start) {
+                            next_desc += descriptors.period;
+                        }
                     }
                     let (data, meta) = match rx.recv_timeout(Duration::from_millis(100)) {
                         Ok(h) => h,

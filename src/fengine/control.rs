@@ -366,13 +366,33 @@ impl EngineControl {
         clipped: [u64; 2],
         mean_power: [Option<f64>; 2],
         sample_bits: u32,
+        missing: [bool; 2],
     ) {
         // katgpucbf's scale (fgpu `_update_dig_power_sensors`): 0 dBFS is a sine wave at full
         // scale, power (2^(b−1) − 1)² / 2.
         let full = f64::from((1u32 << (sample_bits - 1)) - 1);
         let full_scale_power = full * full / 2.0;
         self.sensors.set("rx.timestamp", timestamp, Status::Nominal);
+        let unix = format!(
+            "{:.6}",
+            self.sync_time + timestamp as f64 / self.adc_sample_rate
+        );
         for p in 0..2 {
+            // katgpucbf's per-input receive sensors (`recv.py`); `engine::health` times them out.
+            self.sensors.set(
+                &format!("input{p}.rx.timestamp"),
+                timestamp,
+                Status::Nominal,
+            );
+            self.sensors
+                .set(&format!("input{p}.rx.unixtime"), &unix, Status::Nominal);
+            if missing[p] {
+                self.sensors.set(
+                    &format!("input{p}.rx.missing-unixtime"),
+                    &unix,
+                    Status::Error,
+                );
+            }
             self.sensors.set(
                 &format!("input{p}.dig-clip-cnt"),
                 clipped[p],

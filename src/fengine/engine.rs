@@ -16,8 +16,9 @@ use super::metrics::{self, InputTotals, OutputTotals};
 use super::output::WidebandOutput;
 use super::pipeline::{OutputHeap, Pipeline, PipelineConfig};
 use super::place::{InputLayout, ITEMS, REJECT_REASONS};
-use crate::control::katcp::Sensors;
+use crate::control::katcp::{Sensors, Status};
 use crate::engine::control::ControlAddrs;
+use crate::engine::health;
 use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
 use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
@@ -100,6 +101,33 @@ impl Engine {
             layout.chunk_samples,
         ));
         let metrics = metrics::new().map_err(|e| EngineError::Backend(e.to_string()))?;
+        // katgpucbf's recv_sensor_timeout: ten chunks, at least a second.
+        let chunk_s = layout.chunk_samples as f64 / config.adc_sample_rate;
+        let rx_timeouts = health::add_rx_sensors(
+            &sensors,
+            &["input0.", "input1."],
+            Duration::from_secs_f64((10.0 * chunk_s).clamp(1.0, crate::engine::MAX_SECONDS)),
+        );
+        for (o, _) in &outputs {
+            // The seed reproduces the dither: logged and shown (katgpucbf `dither-seed`).
+            tracing::info!(output = %o.name, dither_seed = config.dither_seed, "dither");
+            sensors.add(
+                &format!("{}.dither-seed", o.name),
+                "Random seed used in dithering for quantisation",
+                "",
+                "integer",
+                config.dither_seed,
+            );
+            for p in 0..2 {
+                sensors.add(
+                    &format!("{}.input{p}.feng-clip-cnt", o.name),
+                    "Number of output samples that are saturated",
+                    "",
+                    "integer",
+                    0,
+                );
+            }
+        }
         let addrs = crate::engine::control::serve(
             config.control,
             "cbf-fengine",
@@ -107,6 +135,7 @@ impl Engine {
             control.clone(),
             metrics.registry.clone(),
             &shutdown,
+            rx_timeouts,
         )?;
         for pol in ["0", "1"] {
             metrics.touch_all("input_", &[pol]);
@@ -353,16 +382,23 @@ impl Engine {
             out.totals.bytes = out.sink.bytes();
             out.totals.samples = out.sink.sent() * out.pipeline.heap_span();
             metrics::output(&self.metrics, &out.pipeline.output.name, &out.totals);
+            for (p, clipped) in out.totals.clipped.iter().enumerate() {
+                let name = format!("{}.input{p}.feng-clip-cnt", out.pipeline.output.name);
+                control.sensors.set(&name, clipped, Status::Nominal);
+            }
         }
         let power = self
             .outputs
             .first_mut()
             .map_or([None, None], |o| o.pipeline.take_dig_power());
+        let per_pol = self.layout.heaps_per_pol();
+        let missing = [0, 1].map(|p| chunk.present[p * per_pol..(p + 1) * per_pol].contains(&0));
         control.input_stats(
             chunk.chunk_id * self.layout.chunk_samples,
             input.clipped,
             power,
             self.config.dig_sample_bits,
+            missing,
         );
         metrics::input(&self.metrics, input, &self.receivers.snapshot());
         Ok(())

@@ -78,6 +78,7 @@ impl Dsim {
             control,
             metrics.metrics.registry.clone(),
             &shutdown,
+            vec![],
         )?;
         Ok(Dsim {
             plan,

@@ -106,6 +106,7 @@ impl Fsim {
             Arc::new(FsimControl),
             metrics.registry.clone(),
             &shutdown,
+            vec![],
         )?;
         Ok(Fsim {
             plan,

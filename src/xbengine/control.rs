@@ -63,13 +63,6 @@ impl XbControl {
             "integer",
             0,
         );
-        sensors.add(
-            "rx.timestamp",
-            "Timestamp of the latest input chunk processed",
-            "",
-            "integer",
-            0,
-        );
         for name in &corrprods {
             sensors.add(
                 &format!("{name}.chan-range"),

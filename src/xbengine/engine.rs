@@ -23,6 +23,7 @@ use crate::control::katcp::{Sensors, Status};
 use crate::dsp::beamform::Beam;
 use crate::dsp::correlate::n_baselines;
 use crate::engine::control::ControlAddrs;
+use crate::engine::health;
 use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
 use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
@@ -168,6 +169,7 @@ impl Engine {
             config.dither_seed,
         ));
         let metrics = metrics::new().map_err(|e| EngineError::Backend(e.to_string()))?;
+        let rx_timeouts = health::add_rx_sensors(&sensors, &[""], sensor_timeout(&config, &plan));
         let addrs = crate::engine::control::serve(
             config.control,
             "cbf-xbengine",
@@ -175,6 +177,7 @@ impl Engine {
             control.clone(),
             metrics.registry.clone(),
             &shutdown,
+            rx_timeouts,
         )?;
         for c in &config.corrprods {
             metrics.touch_all("output_x_", &[&c.name]);
@@ -303,9 +306,13 @@ impl Engine {
             first + layout.chunk_step(),
             std::sync::atomic::Ordering::Relaxed,
         );
-        self.control
-            .sensors
-            .set("rx.timestamp", first, Status::Nominal);
+        let sensors = &self.control.sensors;
+        let unix = self.config.sync_time + first as f64 / self.config.adc_sample_rate;
+        sensors.set("rx.timestamp", first, Status::Nominal);
+        sensors.set("rx.unixtime", format!("{unix:.6}"), Status::Nominal);
+        if chunk.present.contains(&0) {
+            sensors.set("rx.missing-unixtime", format!("{unix:.6}"), Status::Error);
+        }
         // Missing heaps hold stale bytes from the chunk's last use: zero them so the beams'
         // sums see nothing there (seed 003 §Missing data handling); their baselines are
         // flagged anyway.
@@ -607,7 +614,7 @@ fn x_output(
         stream,
         format,
         DescriptorSchedule {
-            first: Instant::now(),
+            first: Instant::now() + DESCRIPTOR_PERIOD,
             period: DESCRIPTOR_PERIOD,
         },
         2,
@@ -651,7 +658,7 @@ fn beam_outputs(
         stream,
         format,
         DescriptorSchedule {
-            first: Instant::now(),
+            first: Instant::now() + DESCRIPTOR_PERIOD,
             period: DESCRIPTOR_PERIOD,
         },
         buffers,
@@ -674,4 +681,11 @@ fn beam_outputs(
         heap_bytes,
         totals: vec![BTotals::default(); config.beams.len()],
     })
+}
+
+/// How long the receive sensors wait for data before going to error: ten chunks, and at
+/// least a second (katgpucbf's `recv_sensor_timeout`).
+fn sensor_timeout(config: &XbengineConfig, plan: &Plan) -> Duration {
+    let chunk_s = plan.layout.chunk_step() as f64 / config.adc_sample_rate;
+    Duration::from_secs_f64((10.0 * chunk_s).clamp(1.0, crate::engine::MAX_SECONDS))
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Watch a cbf engine's sensors with aiokatcp's SensorWatcher, as katgpucbf's monitoring does.
 
-Usage: katcp_watch.py HOST PORT SENSOR REQUEST_JSON
+Usage: katcp_watch.py HOST PORT SENSOR REQUEST_JSON [HEALTH_SENSOR...]
 Connects, lets the watcher sync (it lists the sensors and subscribes to them all with bulk
 `?sensor-sampling ... auto`), notes SENSOR's value, runs REQUEST_JSON (["name", arg, ...]),
 waits for the watcher to see SENSOR change, then runs ?client-list, ?log-level debug,
@@ -26,6 +26,11 @@ async def main():
     await asyncio.wait_for(watcher.synced.wait(), 20)
     sensor = watcher.sensors[name]
     out = {"sensors": len(watcher.sensors), "before": text(sensor.value)}
+    # The health sensors as the watcher mirrors them: value and status.
+    out["health"] = {
+        n: [text(aiokatcp.encode(watcher.sensors[n].value)), watcher.sensors[n].status.name]
+        for n in sys.argv[5:]
+    }
     changed = asyncio.Event()
     sensor.attach(lambda s, reading: changed.set())
     await client.request(*request)

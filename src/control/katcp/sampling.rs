@@ -186,6 +186,7 @@ mod tests {
             description: String::new(),
             units: String::new(),
             kind: "float",
+            params: &[],
             value: value.into(),
             status,
             timestamp,

@@ -28,8 +28,10 @@ impl Status {
 pub struct Sensor {
     pub description: String,
     pub units: String,
-    /// katcp type: integer, float, boolean, string, timestamp.
+    /// katcp type: integer, float, boolean, string, timestamp, discrete.
     pub kind: &'static str,
+    /// A discrete sensor's values (listed by `?sensor-list` after the type).
+    pub params: &'static [&'static str],
     pub value: String,
     pub status: Status,
     pub timestamp: f64,
@@ -69,11 +71,35 @@ impl Sensors {
         kind: &'static str,
         value: impl ToString,
     ) {
+        self.insert(name, description, units, kind, &[], value.to_string());
+    }
+
+    /// A discrete sensor taking one of `values`.
+    pub fn add_discrete(
+        &self,
+        name: &str,
+        description: &str,
+        values: &'static [&'static str],
+        value: &str,
+    ) {
+        self.insert(name, description, "", "discrete", values, value.into());
+    }
+
+    fn insert(
+        &self,
+        name: &str,
+        description: &str,
+        units: &str,
+        kind: &'static str,
+        params: &'static [&'static str],
+        value: String,
+    ) {
         let s = Sensor {
             description: description.into(),
             units: units.into(),
             kind,
-            value: value.to_string(),
+            params,
+            value,
             status: Status::Nominal,
             timestamp: now(),
         };
@@ -90,6 +116,11 @@ impl Sensors {
 
     pub fn get(&self, name: &str) -> Option<Sensor> {
         self.lock().get(name).cloned()
+    }
+
+    /// Every sensor, by name.
+    pub fn snapshot(&self) -> Vec<(String, Sensor)> {
+        self.matching(None)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Sensor>> {

@@ -128,12 +128,14 @@ impl Server {
                         .iter()
                         .map(|(n, s)| {
                             if msg.name == "sensor-list" {
-                                inform(vec![
+                                let mut args = vec![
                                     n.clone(),
                                     s.description.clone(),
                                     s.units.clone(),
                                     s.kind.into(),
-                                ])
+                                ];
+                                args.extend(s.params.iter().map(|p| p.to_string()));
+                                inform(args)
                             } else {
                                 inform(s.status_args(n))
                             }
