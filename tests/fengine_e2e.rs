@@ -502,55 +502,13 @@ fn katcp_gains_and_a_future_phase_step() {
 #[test]
 fn lost_input_skips_exactly_the_affected_output_heaps() {
     let _serial = serial();
-    use cbf::net::pcap::PcapDump;
-    use cbf::sim::dsim::{DigitiserConfig, DigitiserHeaps};
-    use cbf::sim::signal::{Expr, Signal};
-    use cbf::spead::send::PacketGenerator;
-    use cbf::spead::Flavour;
-
     let (channels, taps, sph, hs, chunk) = (256usize, 16usize, 64usize, 4096u64, 65536u64);
     let n_heaps = 4 * chunk / hs; // per polarisation: four chunks
     let dropped = [(0usize, 20u64), (1usize, 45u64)]; // (pol, heap index)
-    let cfg = DigitiserConfig {
-        adc_sample_rate: 2e6,
-        sample_bits: 10,
-        heap_samples: hs as usize,
-        period: chunk as usize,
-        first_id: 0,
-        dither_seed: 1,
-    };
-    let sig = Signal {
-        expr: Expr::Wgn { std: 0.1, seed: 3 },
-        dither: true,
-    };
-    let dig = DigitiserHeaps::new(cfg, &[sig.clone(), sig]);
     let dir = std::env::temp_dir().join(format!("cbf-lost-{}.pcap", std::process::id()));
-    {
-        let mut dump = PcapDump::create(&dir).unwrap();
-        let (src, dst) = (
-            "10.0.0.1:7000".parse().unwrap(),
-            "239.1.1.1:7148".parse().unwrap(),
-        );
-        for h in 0..n_heaps {
-            for pol in 0..2 {
-                if dropped.contains(&(pol, h)) {
-                    continue;
-                }
-                let heap = dig.heap(pol, h * hs);
-                let mut g = PacketGenerator::new(
-                    &heap,
-                    2 * (2 * h + pol as u64) + 2,
-                    Flavour::SPEAD_64_48,
-                    8192,
-                )
-                .unwrap();
-                let mut buf = Vec::new();
-                g.next_packet(&mut buf).unwrap();
-                dump.write(src, dst, &buf).unwrap();
-            }
-        }
-        dump.finish().unwrap();
-    }
+    common::record_noise(&dir, hs, chunk, 0..n_heaps, |pol, h| {
+        dropped.contains(&(pol, h))
+    });
     // Expected: heap k of the output (spectra T = k·span + s·step) is sent iff every window
     // [T, T + taps·step) lies inside the recording and misses every dropped heap.
     let step = 2 * channels as u64;

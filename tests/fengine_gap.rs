@@ -5,19 +5,15 @@
 //! between the first and last chunk must be counted received, missing or dropped far-future,
 //! and every output heap slot must be sent or counted skipped.
 
-use std::net::SocketAddrV4;
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cbf::net::pcap::PcapDump;
 use cbf::net::udp::UdpReceiver;
 use cbf::net::{PacketReceiver, Received, RecvBatch};
-use cbf::sim::dsim::{DigitiserConfig, DigitiserHeaps};
-use cbf::sim::signal::{Expr, Signal};
 use cbf::spead::items::TIMESTAMP_ID;
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
-use cbf::spead::send::PacketGenerator;
-use cbf::spead::Flavour;
 
 /// The number after `key` in `line` (`key[a, b]` gives a + b).
 fn field(line: &str, key: &str) -> u64 {
@@ -42,41 +38,9 @@ fn a_gap_of_billions_of_chunks_is_crossed_and_counted() {
     let gap = 4_000_000_000u64;
     let chunks: Vec<u64> = (0..4).chain(gap..gap + 6).collect();
     let per_pol = chunk / hs;
-    let cfg = DigitiserConfig {
-        adc_sample_rate: 2e6,
-        sample_bits: 10,
-        heap_samples: hs as usize,
-        period: chunk as usize,
-        first_id: 0,
-        dither_seed: 1,
-    };
-    let sig = Signal {
-        expr: Expr::Wgn { std: 0.1, seed: 3 },
-        dither: true,
-    };
-    let dig = DigitiserHeaps::new(cfg, &[sig.clone(), sig]);
     let path = std::env::temp_dir().join(format!("cbf-gap-{}.pcap", std::process::id()));
-    let mut recorded = 0u64;
-    {
-        let mut dump = PcapDump::create(&path).unwrap();
-        let src: SocketAddrV4 = "10.0.0.1:7000".parse().unwrap();
-        let dst: SocketAddrV4 = "239.1.1.1:7148".parse().unwrap();
-        for &c in &chunks {
-            for h in c * per_pol..(c + 1) * per_pol {
-                for pol in 0..2 {
-                    let heap = dig.heap(pol, h * hs);
-                    let cnt = 2 * (2 * h + pol as u64) + 2;
-                    let mut g =
-                        PacketGenerator::new(&heap, cnt, Flavour::SPEAD_64_48, 8192).unwrap();
-                    let mut buf = Vec::new();
-                    g.next_packet(&mut buf).unwrap();
-                    dump.write(src, dst, &buf).unwrap();
-                    recorded += 1;
-                }
-            }
-        }
-        dump.finish().unwrap();
-    }
+    let heaps = chunks.iter().flat_map(|&c| c * per_pol..(c + 1) * per_pol);
+    let recorded = common::record_noise(&path, hs, chunk, heaps, |_, _| false);
 
     let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
     let port = rx.local_addr().unwrap().port();

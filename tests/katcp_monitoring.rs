@@ -34,14 +34,7 @@ fn aiokatcp_watches_an_engine_and_halts_it() {
             .spawn()
             .unwrap(),
     );
-    let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no katcp server"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for_tcp(port);
     let lines = common::run_reference(
         "katcp_watch.py",
         &[

@@ -224,23 +224,23 @@ mod tests {
         a: XbengineArgs,
     }
 
+    /// A good command line but for `--sync-time=0`, which `flag_of` adds.
+    const GOOD: [&str; 9] = [
+        "xbengine",
+        "239.10.0.1:7148",
+        "--array-size=4",
+        "--channels=1024",
+        "--channels-per-substream=256",
+        "--samples-between-spectra=2048",
+        "--jones-per-batch=262144",
+        "--adc-sample-rate=1712e6",
+        "--corrprod=name=bl,dst=239.11.0.1:7148,heap_accumulation_threshold=4",
+    ];
+
     /// The flag named by the first error for a command line of good defaults plus `extra`.
     fn flag_of(extra: &[&str]) -> &'static str {
-        let mut v: Vec<String> = [
-            "xbengine",
-            "239.10.0.1:7148",
-            "--array-size=4",
-            "--channels=1024",
-            "--channels-per-substream=256",
-            "--samples-between-spectra=2048",
-            "--jones-per-batch=262144",
-            "--adc-sample-rate=1712e6",
-            "--sync-time=0",
-            "--corrprod=name=bl,dst=239.11.0.1:7148,heap_accumulation_threshold=4",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut v: Vec<String> = GOOD.iter().map(|s| s.to_string()).collect();
+        v.push("--sync-time=0".into());
         v.extend(extra.iter().map(|s| s.to_string()));
         let config = match Wrap::try_parse_from(v).unwrap().a.config() {
             Err(CliError::Flag { flag, .. }) => return flag,
@@ -342,19 +342,7 @@ mod tests {
                 "{err}"
             );
         }
-        let err = Wrap::try_parse_from([
-            "xbengine",
-            "239.10.0.1:7148",
-            "--array-size=4",
-            "--channels=1024",
-            "--channels-per-substream=256",
-            "--samples-between-spectra=2048",
-            "--jones-per-batch=262144",
-            "--adc-sample-rate=1712e6",
-            "--corrprod=name=bl,dst=239.11.0.1:7148,heap_accumulation_threshold=4",
-        ])
-        .err()
-        .unwrap();
+        let err = Wrap::try_parse_from(GOOD).err().unwrap();
         assert!(err.to_string().contains("--sync-time"), "{err}");
     }
 }

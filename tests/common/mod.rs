@@ -95,3 +95,67 @@ impl Drop for Kill {
         let _ = self.0.wait();
     }
 }
+
+/// Record digitiser heaps of white noise to a pcap file, one packet per heap, as `cbf dsim`
+/// would send them (10-bit, `hs` samples per heap, a pattern of `period` samples, 2 MS/s):
+/// heap indices `heaps` of both polarisations, less those `dropped(pol, heap)` names.
+/// Returns the heaps written.
+pub fn record_noise(
+    path: &std::path::Path,
+    hs: u64,
+    period: u64,
+    heaps: impl IntoIterator<Item = u64>,
+    dropped: impl Fn(usize, u64) -> bool,
+) -> u64 {
+    use cbf::net::pcap::PcapDump;
+    use cbf::sim::dsim::{DigitiserConfig, DigitiserHeaps};
+    use cbf::sim::signal::{Expr, Signal};
+    use cbf::spead::send::PacketGenerator;
+    use cbf::spead::Flavour;
+
+    let cfg = DigitiserConfig {
+        adc_sample_rate: 2e6,
+        sample_bits: 10,
+        heap_samples: hs as usize,
+        period: period as usize,
+        first_id: 0,
+        dither_seed: 1,
+    };
+    let sig = Signal {
+        expr: Expr::Wgn { std: 0.1, seed: 3 },
+        dither: true,
+    };
+    let dig = DigitiserHeaps::new(cfg, &[sig.clone(), sig]);
+    let mut dump = PcapDump::create(path).unwrap();
+    let src = "10.0.0.1:7000".parse().unwrap();
+    let dst = "239.1.1.1:7148".parse().unwrap();
+    let mut written = 0;
+    for h in heaps {
+        for pol in 0..2 {
+            if dropped(pol, h) {
+                continue;
+            }
+            let heap = dig.heap(pol, h * hs);
+            let cnt = 2 * (2 * h + pol as u64) + 2;
+            let mut g = PacketGenerator::new(&heap, cnt, Flavour::SPEAD_64_48, 8192).unwrap();
+            let mut buf = Vec::new();
+            g.next_packet(&mut buf).unwrap();
+            dump.write(src, dst, &buf).unwrap();
+            written += 1;
+        }
+    }
+    dump.finish().unwrap();
+    written
+}
+
+/// Wait (up to 30 s) until something listens on TCP `port` of the loopback.
+pub fn wait_for_tcp(port: u16) {
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
