@@ -4,6 +4,7 @@
 
 use clap::Args;
 
+use super::katgpucbf::DsimUnsupported;
 use super::CliError;
 use crate::engine::control::ControlConfig;
 use crate::engine::{unix_now, Shutdown};
@@ -73,11 +74,14 @@ pub struct DsimArgs {
     /// One destination list per polarisation: A.B.C.D[+N]:port[,...].
     #[arg(required = true)]
     pub dest: Vec<String>,
+    #[command(flatten)]
+    pub unsupported: DsimUnsupported,
 }
 
 impl DsimArgs {
     /// The library configuration; destination lists are parsed here (errors name `dest`).
     pub fn config(&self) -> Result<DsimConfig, CliError> {
+        self.unsupported.refuse()?;
         let dests = self
             .dest
             .iter()
@@ -252,6 +256,22 @@ mod tests {
             ])),
             "--send-rate-factor"
         );
+    }
+
+    /// katgpucbf dsim's flags that cbf cannot honour are refused by name.
+    #[test]
+    fn dsim_flags_cbf_cannot_honour_are_refused_by_name() {
+        let d = "239.1.1.1:7148";
+        for (flag, extra) in [
+            ("--ibv", None),
+            ("--comp-vector", Some("-1")),
+            ("--affinity", Some("3")),
+            ("--main-affinity", Some("2")),
+            ("--aiomonitor", None),
+        ] {
+            let f = extra.map_or(flag.to_string(), |v| format!("{flag}={v}"));
+            assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", &f, d])), flag);
+        }
     }
 
     #[test]

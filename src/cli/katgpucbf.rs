@@ -6,6 +6,43 @@ use clap::Args;
 
 use super::CliError;
 
+const NETWORK: &str =
+    "kernel-bypass transports and thread pinning are not implemented yet (UDP sockets only)";
+const MONITOR: &str = "cbf has no asyncio monitor (it is not Python)";
+
+/// The first of `given` that is set, refused with its reason.
+fn refuse_first(given: &[(&'static str, bool, &str)]) -> Result<(), CliError> {
+    match given.iter().find(|(_, on, _)| *on) {
+        Some((flag, _, why)) => Err(CliError::flag(flag, format!("not supported: {why}"))),
+        None => Ok(()),
+    }
+}
+
+/// aiomonitor's flags, which every katgpucbf program takes.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Monitor {
+    #[arg(long, hide = true)]
+    aiomonitor: bool,
+    #[arg(long, hide = true)]
+    aiomonitor_host: Option<String>,
+    #[arg(long, hide = true)]
+    aiomonitor_port: Option<String>,
+    #[arg(long, hide = true)]
+    aioconsole_port: Option<String>,
+}
+
+impl Monitor {
+    fn refuse(&self) -> Result<(), CliError> {
+        refuse_first(&[
+            ("--aiomonitor", self.aiomonitor, MONITOR),
+            ("--aiomonitor-host", self.aiomonitor_host.is_some(), MONITOR),
+            ("--aiomonitor-port", self.aiomonitor_port.is_some(), MONITOR),
+            ("--aioconsole-port", self.aioconsole_port.is_some(), MONITOR),
+        ])
+    }
+}
+
+/// The engines' (fgpu, xbgpu) flags cbf cannot honour.
 #[derive(Debug, Clone, Default, Args)]
 pub struct Unsupported {
     #[arg(long, hide = true)]
@@ -22,64 +59,62 @@ pub struct Unsupported {
     send_comp_vector: Option<String>,
     #[arg(long, hide = true)]
     monitor_log: Option<String>,
-    #[arg(long, hide = true)]
-    aiomonitor: bool,
-    #[arg(long, hide = true)]
-    aiomonitor_host: Option<String>,
-    #[arg(long, hide = true)]
-    aiomonitor_port: Option<String>,
-    #[arg(long, hide = true)]
-    aioconsole_port: Option<String>,
+    #[command(flatten)]
+    monitor: Monitor,
 }
 
 impl Unsupported {
     /// The first flag given, refused with its reason.
     pub fn refuse(&self) -> Result<(), CliError> {
-        let network = "kernel-bypass transports and thread pinning are not implemented yet (UDP sockets only)";
-        let given: [(&'static str, bool, &str); 11] = [
-            ("--recv-ibv", self.recv_ibv, network),
-            ("--send-ibv", self.send_ibv, network),
-            ("--recv-affinity", self.recv_affinity.is_some(), network),
-            ("--send-affinity", self.send_affinity.is_some(), network),
+        refuse_first(&[
+            ("--recv-ibv", self.recv_ibv, NETWORK),
+            ("--send-ibv", self.send_ibv, NETWORK),
+            ("--recv-affinity", self.recv_affinity.is_some(), NETWORK),
+            ("--send-affinity", self.send_affinity.is_some(), NETWORK),
             (
                 "--recv-comp-vector",
                 self.recv_comp_vector.is_some(),
-                network,
+                NETWORK,
             ),
             (
                 "--send-comp-vector",
                 self.send_comp_vector.is_some(),
-                network,
+                NETWORK,
             ),
             (
                 "--monitor-log",
                 self.monitor_log.is_some(),
                 "the queue-trace log is not implemented; use the Prometheus metrics",
             ),
-            (
-                "--aiomonitor",
-                self.aiomonitor,
-                "cbf has no asyncio monitor (it is not Python)",
-            ),
-            (
-                "--aiomonitor-host",
-                self.aiomonitor_host.is_some(),
-                "cbf has no asyncio monitor (it is not Python)",
-            ),
-            (
-                "--aiomonitor-port",
-                self.aiomonitor_port.is_some(),
-                "cbf has no asyncio monitor (it is not Python)",
-            ),
-            (
-                "--aioconsole-port",
-                self.aioconsole_port.is_some(),
-                "cbf has no asyncio monitor (it is not Python)",
-            ),
-        ];
-        match given.iter().find(|(_, on, _)| *on) {
-            Some((flag, _, why)) => Err(CliError::flag(flag, format!("not supported: {why}"))),
-            None => Ok(()),
-        }
+        ])?;
+        self.monitor.refuse()
+    }
+}
+
+/// dsim's flags cbf cannot honour (its send options carry no `send-` prefix).
+#[derive(Debug, Clone, Default, Args)]
+pub struct DsimUnsupported {
+    #[arg(long, hide = true)]
+    ibv: bool,
+    #[arg(long, hide = true, allow_hyphen_values = true)]
+    comp_vector: Option<String>,
+    #[arg(long, hide = true, allow_hyphen_values = true)]
+    affinity: Option<String>,
+    #[arg(long, hide = true, allow_hyphen_values = true)]
+    main_affinity: Option<String>,
+    #[command(flatten)]
+    monitor: Monitor,
+}
+
+impl DsimUnsupported {
+    /// The first flag given, refused with its reason.
+    pub fn refuse(&self) -> Result<(), CliError> {
+        refuse_first(&[
+            ("--ibv", self.ibv, NETWORK),
+            ("--comp-vector", self.comp_vector.is_some(), NETWORK),
+            ("--affinity", self.affinity.is_some(), NETWORK),
+            ("--main-affinity", self.main_affinity.is_some(), NETWORK),
+        ])?;
+        self.monitor.refuse()
     }
 }
