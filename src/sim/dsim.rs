@@ -99,18 +99,59 @@ pub fn quantise(x: f64, bits: u32, d: f64) -> (i32, bool) {
 
 /// Render one polarisation: evaluate, dither, quantise and pack the whole period.
 pub fn render(signal: &Signal, pol: usize, cfg: &DigitiserConfig) -> Pattern {
-    let tb = Timebase {
-        period: cfg.period as u64,
-        adc_sample_rate: cfg.adc_sample_rate,
-    };
+    render_threads(signal, pol, cfg, 1)
+}
+
+/// [`render`] on `threads` threads, each taking a run of heaps. Every heap depends only on
+/// its own timestamp (the signal is evaluated at absolute sample times and the dither is
+/// counter-based), so the pattern is the same bit for bit whatever the thread count; a
+/// 2^27-sample period took tens of seconds on one thread per polarisation (issue 14).
+pub fn render_threads(
+    signal: &Signal,
+    pol: usize,
+    cfg: &DigitiserConfig,
+    threads: usize,
+) -> Pattern {
     let n_heaps = cfg.period / cfg.heap_samples;
     let heap_bytes = cfg.heap_bytes();
     let mut packed = vec![0u8; n_heaps * heap_bytes];
     let mut clipped = vec![0u32; n_heaps];
+    let per = n_heaps.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let runs = packed
+            .chunks_mut(per * heap_bytes)
+            .zip(clipped.chunks_mut(per))
+            .enumerate();
+        for (k, (packed, clipped)) in runs {
+            s.spawn(move || render_heaps(signal, pol, cfg, k * per, packed, clipped));
+        }
+    });
+    Pattern { packed, clipped }
+}
+
+/// Render heaps `first..` of the pattern into `packed` (whole heaps) and their clip counts
+/// into `clipped`.
+fn render_heaps(
+    signal: &Signal,
+    pol: usize,
+    cfg: &DigitiserConfig,
+    first: usize,
+    packed: &mut [u8],
+    clipped: &mut [u32],
+) {
+    let tb = Timebase {
+        period: cfg.period as u64,
+        adc_sample_rate: cfg.adc_sample_rate,
+    };
+    let heap_bytes = cfg.heap_bytes();
     let mut values = vec![0.0f64; cfg.heap_samples];
     let mut codes = vec![0i32; cfg.heap_samples];
-    for h in 0..n_heaps {
-        let t0 = (h * cfg.heap_samples) as u64;
+    for (j, (out, clip_count)) in packed
+        .chunks_exact_mut(heap_bytes)
+        .zip(clipped.iter_mut())
+        .enumerate()
+    {
+        let t0 = ((first + j) * cfg.heap_samples) as u64;
         signal.expr.eval(tb, t0, &mut values);
         for (i, (c, &x)) in codes.iter_mut().zip(&values).enumerate() {
             let d = if signal.dither {
@@ -120,15 +161,10 @@ pub fn render(signal: &Signal, pol: usize, cfg: &DigitiserConfig) -> Pattern {
             };
             let (q, clip) = quantise(x, cfg.sample_bits, d);
             *c = q;
-            clipped[h] += u32::from(clip);
+            *clip_count += u32::from(clip);
         }
-        pack(
-            &codes,
-            cfg.sample_bits,
-            &mut packed[h * heap_bytes..(h + 1) * heap_bytes],
-        );
+        pack(&codes, cfg.sample_bits, out);
     }
-    Pattern { packed, clipped }
 }
 
 /// Heaps of all polarisations, built on demand from the rendered patterns.
@@ -139,15 +175,18 @@ pub struct DigitiserHeaps {
 }
 
 impl DigitiserHeaps {
-    /// Render every polarisation (in parallel: the period can be 2^27 samples).
+    /// Render every polarisation, each on its share of the machine's cores (the period can
+    /// be 2^27 samples).
     pub fn new(config: DigitiserConfig, signals: &[Signal]) -> DigitiserHeaps {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = (cores / signals.len().max(1)).max(1);
         let patterns = std::thread::scope(|s| {
             let handles: Vec<_> = signals
                 .iter()
                 .enumerate()
                 .map(|(p, sig)| {
                     let cfg = &config;
-                    s.spawn(move || render(sig, p, cfg))
+                    s.spawn(move || render_threads(sig, p, cfg, threads))
                 })
                 .collect();
             handles
@@ -244,6 +283,7 @@ mod tests {
     use super::*;
     use crate::dsp::samples::unpack;
     use crate::sim::signal::Expr;
+    use std::sync::Arc;
 
     fn cfg(bits: u32) -> DigitiserConfig {
         DigitiserConfig {
@@ -283,6 +323,51 @@ mod tests {
             assert_eq!(q, want, "t={t}");
         }
         assert_eq!(d.patterns[1].clipped, [0, 0]);
+    }
+
+    /// Rendering on several threads gives the pattern bit for bit, dither and clip counts
+    /// included, however the heaps divide (7 heaps over 1, 2, 3 and 7 threads); without
+    /// dither every sample is the quantised tone computed here directly.
+    #[test]
+    fn threads_do_not_change_the_pattern() {
+        let c = DigitiserConfig {
+            heap_samples: 256,
+            period: 7 * 256,
+            ..cfg(8)
+        };
+        let tone = Expr::Cw {
+            amplitude: 1.2,
+            frequency: 1712e6 / 1792.0 * 5.0,
+        };
+        let noisy = Signal {
+            expr: Expr::Add(
+                Arc::new(tone.clone()),
+                Arc::new(Expr::Wgn { std: 0.1, seed: 9 }),
+            ),
+            dither: true,
+        };
+        let one = render_threads(&noisy, 1, &c, 1);
+        for t in [2, 3, 7, 16] {
+            let many = render_threads(&noisy, 1, &c, t);
+            assert_eq!(many.packed, one.packed, "{t} threads");
+            assert_eq!(many.clipped, one.clipped, "{t} threads");
+        }
+        assert!(one.clipped.iter().sum::<u32>() > 0, "the 1.2 tone clips");
+        let plain = render_threads(
+            &Signal {
+                expr: tone,
+                dither: false,
+            },
+            0,
+            &c,
+            3,
+        );
+        let mut codes = vec![0i32; 1792];
+        unpack(&plain.packed, 8, &mut codes);
+        for (t, &q) in codes.iter().enumerate() {
+            let x = 127.0 * 1.2 * (std::f64::consts::TAU * 5.0 * t as f64 / 1792.0).cos();
+            assert_eq!(q, (x.round() as i32).clamp(-127, 127), "t={t}");
+        }
     }
 
     #[test]
