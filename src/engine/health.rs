@@ -171,10 +171,15 @@ fn aggregate(sensors: &Sensors, name: &str, counted: impl Fn(&str) -> bool) {
     }
 }
 
+/// The receive sensors `rx.device-status` sums up (katgpucbf's `make_sensors` set).
+const RX_SENSORS: [&str; 3] = ["rx.timestamp", "rx.unixtime", "rx.missing-unixtime"];
+
 /// Bring `device-status` and `rx.device-status` up to the other sensors.
 pub fn update_aggregates(sensors: &Sensors) {
     aggregate(sensors, "device-status", |_| true);
-    aggregate(sensors, "rx.device-status", |n| n.contains("rx."));
+    aggregate(sensors, "rx.device-status", |n| {
+        RX_SENSORS.iter().any(|s| n.ends_with(s))
+    });
 }
 
 /// The status of an error in seconds against (warn, error) thresholds.
@@ -265,6 +270,13 @@ mod tests {
         assert_eq!(got("rx.device-status").value, "ok");
         assert_eq!(got("device-status").value, "ok");
         assert_eq!(got("device-status").status, Status::Nominal);
+        // Another sensor in error degrades the device, not the receiver (an XB-engine's
+        // `{output}.rx.synchronised` is not one of the receive sensors).
+        s.add("bl.rx.synchronised", "", "", "boolean", 0);
+        s.set("bl.rx.synchronised", 0, Status::Error);
+        update_aggregates(&s);
+        assert_eq!(got("rx.device-status").value, "ok");
+        assert_eq!(got("device-status").value, "degraded");
     }
 
     #[test]

@@ -136,13 +136,6 @@ impl EngineControl {
             "integer",
             0,
         );
-        sensors.add(
-            "rx.timestamp",
-            "Timestamp of the latest input chunk processed",
-            "",
-            "integer",
-            0,
-        );
         for p in 0..2 {
             sensors.add(
                 &format!("input{p}.dig-clip-cnt"),
@@ -372,7 +365,6 @@ impl EngineControl {
         // scale, power (2^(b−1) − 1)² / 2.
         let full = f64::from((1u32 << (sample_bits - 1)) - 1);
         let full_scale_power = full * full / 2.0;
-        self.sensors.set("rx.timestamp", timestamp, Status::Nominal);
         let unix = format!(
             "{:.6}",
             self.sync_time + timestamp as f64 / self.adc_sample_rate
