@@ -104,21 +104,31 @@ impl MsgScratch {
     }
 }
 
+/// Set an integer socket option (socket2 has no call for SO_RCVBUFFORCE, UDP_GRO or
+/// SO_RXQ_OVFL); false where the kernel refuses it.
+fn set_int_option(
+    socket: &Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> bool {
+    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 /// Set SO_RCVBUF to `bytes`, past `net.core.rmem_max` where the process may (SO_RCVBUFFORCE
 /// needs CAP_NET_ADMIN): high-rate receivers need tens of MiB to ride out scheduling hiccups.
 fn set_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
     let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
-    let r = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
+    if !set_int_option(socket, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v) {
         socket.set_recv_buffer_size(bytes)?;
     }
     let got = socket.recv_buffer_size()?;
@@ -134,33 +144,13 @@ fn set_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
 
 /// Turn UDP GRO on; false where the kernel lacks it.
 fn enable_gro(socket: &Socket) -> bool {
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_GRO,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
+    set_int_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1)
 }
 
 /// Ask the kernel to attach its count of packets dropped on this socket (receive buffer
 /// full) to every datagram received after a drop; false where it cannot.
 fn enable_drop_count(socket: &Socket) -> bool {
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt reads an int from a valid pointer for the given length.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RXQ_OVFL,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
+    set_int_option(socket, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1)
 }
 
 /// What a received message's control data says: the GRO segment size (0 if none) and the
