@@ -145,10 +145,12 @@ fn run(weak: Weak<Sensors>, timeouts: Vec<Timeout>) {
 /// Change the status of every timed-out sensor (at UNIX time `now`), keeping its value.
 pub fn apply_timeouts(sensors: &Sensors, timeouts: &[Timeout], now: f64) {
     for t in timeouts {
-        if let Some(s) = sensors.get(&t.sensor) {
-            if s.status != t.to && now - s.timestamp >= t.after.as_secs_f64() {
-                sensors.set(&t.sensor, &s.value, t.to);
-            }
+        let due = sensors.with(&t.sensor, |s| {
+            (s.status != t.to && now - s.timestamp >= t.after.as_secs_f64())
+                .then(|| s.value.clone())
+        });
+        if let Some(Some(value)) = due {
+            sensors.set(&t.sensor, value, t.to);
         }
     }
 }
@@ -156,17 +158,17 @@ pub fn apply_timeouts(sensors: &Sensors, timeouts: &[Timeout], now: f64) {
 /// `ok` and nominal while every sensor `counted` is nominal or unknown, else `degraded`
 /// and warn.
 fn aggregate(sensors: &Sensors, name: &str, counted: impl Fn(&str) -> bool) {
-    let bad = sensors
-        .snapshot()
-        .iter()
-        .filter(|(n, _)| !n.ends_with("device-status") && counted(n))
-        .any(|(_, s)| matches!(s.status, Status::Warn | Status::Error));
+    let bad = sensors.any(|n, s| {
+        !n.ends_with("device-status")
+            && counted(n)
+            && matches!(s.status, Status::Warn | Status::Error)
+    });
     let (value, status) = if bad {
         ("degraded", Status::Warn)
     } else {
         ("ok", Status::Nominal)
     };
-    if sensors.get(name).is_some_and(|s| s.value != value) {
+    if sensors.with(name, |s| s.value != value) == Some(true) {
         sensors.set(name, value, status);
     }
 }

@@ -10,57 +10,24 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::accum::{Accumulator, Step, Verdict};
+use super::accum::{Step, Verdict};
 use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape, BEAM_SLOTS};
-use super::beams::{Band, Steering};
 use super::config::{Plan, XbengineConfig};
 use super::control::XbControl;
 use super::cuda::CudaBackend;
-use super::heaps::{BeamHeapFormat, BeamMeta, XHeapFormat};
+use super::heaps::BeamMeta;
 use super::metrics::{self, BTotals, InputTotals, XTotals};
+use super::outputs::{band, beam_outputs, x_output, BeamOutputs, XOutput};
 use super::place::{ITEMS, REJECT_REASONS};
 use crate::control::katcp::{Sensors, Status};
-use crate::dsp::beamform::Beam;
-use crate::dsp::correlate::n_baselines;
 use crate::engine::control::ControlAddrs;
 use crate::engine::health;
 use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
-use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::fengine::BackendKind;
 use crate::gpu::Gpu;
 use crate::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, PlaceInput, StatsSnapshot};
-use crate::spead::send::SendStreamConfig;
-
-/// katgpucbf's descriptor interval.
-const DESCRIPTOR_PERIOD: Duration = Duration::from_secs(5);
-/// Bytes of packet header and item pointers per packet of X and beam heaps (facts §1.9).
-const X_PREAMBLE: usize = 64;
-const B_PREAMBLE: usize = 72;
-
-/// One `--corrprod` output.
-struct XOutput {
-    name: String,
-    acc: Accumulator,
-    sink: HeapSink<u64>,
-    heap_bytes: usize,
-    /// The buffer a dump that is not sent is reduced into (its accumulator must be reset).
-    scratch: Option<Vec<u8>>,
-    totals: XTotals,
-}
-
-/// Every `--beam` output (one send stream, one substream per beam).
-struct BeamOutputs {
-    names: Vec<String>,
-    pols: Vec<usize>,
-    dither: Vec<Option<u64>>,
-    sink: HeapSink<BeamMeta>,
-    heap_bytes: usize,
-    steering_version: u64,
-    coeffs: Vec<Beam>,
-    totals: Vec<BTotals>,
-}
 
 /// A chunk's beams, formed (or being formed) by the backend and sent once the next chunk's
 /// work has been queued, so that the backend's copies overlap its compute.
@@ -453,8 +420,7 @@ impl Engine {
             return Ok(None);
         };
         if let Some(s) = self.control.steering_if_changed(b.steering_version) {
-            b.coeffs = coefficients(&s, &b.pols, band(&self.config, &self.plan));
-            b.steering_version = s.version;
+            b.steer(&s, band(&self.config, &self.plan));
         }
         let n_ants = layout.n_ants;
         let batches: Vec<Option<BeamMeta>> = (0..layout.batches)
@@ -541,146 +507,6 @@ impl Engine {
 
 fn backend_error(e: super::backend::BackendError) -> EngineError {
     EngineError::Backend(e.to_string())
-}
-
-fn band(config: &XbengineConfig, plan: &Plan) -> Band {
-    Band {
-        channel_spacing: plan.channel_spacing,
-        channel_offset: config.channel_offset_value,
-        channels: config.channels as u64,
-    }
-}
-
-fn coefficients(s: &Steering, pols: &[usize], band: Band) -> Vec<Beam> {
-    pols.iter()
-        .enumerate()
-        .map(|(b, &pol)| s.beam(b, pol, band))
-        .collect()
-}
-
-/// The wire rate of heaps of `heap_bytes` every `seconds`, with `preamble` bytes per packet.
-fn rate(config: &XbengineConfig, heap_bytes: usize, preamble: usize, seconds: f64) -> f64 {
-    let packets = heap_bytes.div_ceil(config.send_packet_payload);
-    (heap_bytes + packets * preamble) as f64 / seconds * config.send_rate_factor
-}
-
-fn stream_spec(
-    config: &XbengineConfig,
-    dst: Vec<std::net::SocketAddrV4>,
-    preamble: usize,
-    rate: f64,
-) -> StreamSpec {
-    let cps = config.channels_per_substream as u64;
-    StreamSpec {
-        dst,
-        interfaces: config.send_interfaces.clone(),
-        ttl: config.send_ttl,
-        buffer: config.send_buffer,
-        config: SendStreamConfig {
-            max_packet_size: config.send_packet_payload + preamble,
-            rate,
-            // Unique across the X-engines of a band (facts §1.9).
-            cnt_first: config.channel_offset_value / cps,
-            cnt_step: config.channels as u64 / cps,
-            ..Default::default()
-        },
-    }
-}
-
-fn x_output(
-    config: &XbengineConfig,
-    plan: &Plan,
-    c: &super::output::CorrprodOutput,
-    shutdown: &Shutdown,
-) -> Result<XOutput, EngineError> {
-    let format = XHeapFormat {
-        channels_per_substream: config.channels_per_substream,
-        n_baselines: n_baselines(config.array_size),
-        channel_offset: config.channel_offset_value,
-    };
-    let heap_bytes = format.heap_bytes();
-    let acc = Accumulator::new(
-        config.array_size,
-        plan.layout.heap_step,
-        c.heap_accumulation_threshold,
-    );
-    // Paced over the dump interval (facts §1.9).
-    let dump_s = acc.span() as f64 / config.adc_sample_rate;
-    let r = rate(config, heap_bytes, X_PREAMBLE, dump_s);
-    let stream = stream_spec(config, vec![c.dst], X_PREAMBLE, r).open()?;
-    tracing::info!(output = %c.name, dump_s, heap_mib = heap_bytes as f64 / (1 << 20) as f64, rate_gbps = r * 8e-9, "correlation products");
-    let sink = HeapSink::spawn(
-        &format!("xbengine-tx-{}", c.name),
-        stream,
-        format,
-        DescriptorSchedule {
-            first: Instant::now() + DESCRIPTOR_PERIOD,
-            period: DESCRIPTOR_PERIOD,
-        },
-        2,
-        heap_bytes,
-        shutdown,
-    )?;
-    Ok(XOutput {
-        name: c.name.clone(),
-        acc,
-        sink,
-        heap_bytes,
-        scratch: None,
-        totals: XTotals::default(),
-    })
-}
-
-fn beam_outputs(
-    config: &XbengineConfig,
-    plan: &Plan,
-    shutdown: &Shutdown,
-) -> Result<BeamOutputs, EngineError> {
-    let format = BeamHeapFormat {
-        beams: config.beams.len(),
-        channels_per_substream: config.channels_per_substream,
-        spectra_per_heap: plan.spectra_per_heap,
-        channel_offset: config.channel_offset_value,
-    };
-    let heap_bytes = format.heap_bytes();
-    let batch_s = plan.layout.heap_step as f64 / config.adc_sample_rate;
-    let r = rate(config, heap_bytes, B_PREAMBLE, batch_s) * config.beams.len() as f64;
-    let dst = config.beams.iter().map(|b| b.dst).collect();
-    let stream = stream_spec(config, dst, B_PREAMBLE, r).open()?;
-    let per_buffer = heap_bytes * config.beams.len();
-    // Two chunks' worth of batches in flight, within 1 GiB.
-    let buffers = (2 * plan.layout.batches)
-        .min((1usize << 30) / per_buffer.max(1))
-        .max(4);
-    tracing::info!(beams = config.beams.len(), rate_gbps = r * 8e-9, "beams");
-    let sink = HeapSink::spawn(
-        "xbengine-tx-beams",
-        stream,
-        format,
-        DescriptorSchedule {
-            first: Instant::now() + DESCRIPTOR_PERIOD,
-            period: DESCRIPTOR_PERIOD,
-        },
-        buffers,
-        per_buffer,
-        shutdown,
-    )?;
-    let pols: Vec<usize> = config.beams.iter().map(|b| b.pol).collect();
-    let steering = Steering::new(config.beams.len(), config.array_size);
-    Ok(BeamOutputs {
-        names: config.beams.iter().map(|b| b.name.clone()).collect(),
-        dither: config
-            .beams
-            .iter()
-            .map(|b| b.dither.then_some(config.dither_seed))
-            .collect(),
-        coeffs: coefficients(&steering, &pols, band(config, plan)),
-        steering_version: steering.version,
-        pols,
-        sink,
-        heap_bytes,
-        totals: vec![BTotals::default(); config.beams.len()],
-    })
 }
 
 /// How long the receive sensors wait for data before going to error: ten chunks, and at

@@ -3,7 +3,7 @@
 //! [`config`] validates the flags, [`output`] parses `--corrprod` and `--beam`, [`place`] puts
 //! F heaps into chunks, [`accum`] schedules correlation and dumps, [`beams`] turns katcp
 //! steering into beamformer coefficients, [`backend`] is the compute (CPU now), [`heaps`] the
-//! X and beam heaps on the wire, [`control`] serves katcp, [`metrics`] names the Prometheus
+//! X and beam heaps on the wire, `outputs` their send streams, [`control`] serves katcp, [`metrics`] names the Prometheus
 //! counters, and [`engine`] wires them to the shared receive and send threads.
 
 pub mod accum;
@@ -16,6 +16,7 @@ pub mod engine;
 pub mod heaps;
 pub mod metrics;
 pub mod output;
+mod outputs;
 pub mod place;
 
 pub use config::XbengineConfig;

@@ -113,8 +113,8 @@ pub struct Sampler {
     last_time: f64,
     last_value: String,
     last_status: Status,
-    /// The sensor timestamp last seen (an assignment moves it).
-    last_seen: f64,
+    /// The sensor's assignment number when last polled.
+    last_seen: u64,
     /// A change is waiting for `shortest` to pass.
     pending: bool,
 }
@@ -139,17 +139,17 @@ impl Sampler {
             last_time: now,
             last_value: reading.value.clone(),
             last_status: reading.status,
-            last_seen: reading.timestamp,
+            last_seen: reading.seq,
             pending: false,
         }
     }
 
     fn changed(&self, r: &Sensor) -> bool {
-        if r.status != self.last_status {
-            return true;
+        if r.seq == self.last_seen {
+            return false; // not assigned since the last poll
         }
-        if self.always {
-            return r.timestamp != self.last_seen;
+        if self.always || r.status != self.last_status {
+            return true;
         }
         match self.difference {
             None => r.value != self.last_value,
@@ -163,7 +163,7 @@ impl Sampler {
     /// Whether `reading` is to be sent at `now`; if so it counts as sent.
     pub fn poll(&mut self, now: f64, reading: &Sensor) -> bool {
         self.pending |= self.changed(reading);
-        self.last_seen = reading.timestamp;
+        self.last_seen = reading.seq;
         let due_change = self.pending && now >= self.last_time + self.shortest;
         let due_anyway = self.longest.is_some_and(|l| now >= self.last_time + l);
         if !(due_change || due_anyway) {
@@ -190,6 +190,8 @@ mod tests {
             value: value.into(),
             status,
             timestamp,
+            // Each reading of these tests is a new assignment at its own time.
+            seq: (timestamp * 1000.0) as u64,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The sensor table a katcp server reads `?sensor-list` and `?sensor-value` from.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -35,6 +36,16 @@ pub struct Sensor {
     pub value: String,
     pub status: Status,
     pub timestamp: f64,
+    /// Bumped by every assignment (process-wide, so a re-added sensor never repeats a
+    /// number): how a sampler tells a new assignment from none without comparing values,
+    /// which may be a whole band of gains.
+    pub(super) seq: u64,
+}
+
+/// The next assignment number.
+fn next_seq() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(1);
+    SEQ.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Sensor {
@@ -102,6 +113,7 @@ impl Sensors {
             value,
             status: Status::Nominal,
             timestamp: now(),
+            seq: next_seq(),
         };
         self.lock().insert(name.into(), s);
     }
@@ -111,6 +123,7 @@ impl Sensors {
             s.value = value.to_string();
             s.status = status;
             s.timestamp = now();
+            s.seq = next_seq();
         }
     }
 
@@ -118,9 +131,14 @@ impl Sensors {
         self.lock().get(name).cloned()
     }
 
-    /// Every sensor, by name.
-    pub fn snapshot(&self) -> Vec<(String, Sensor)> {
-        self.matching(None)
+    /// `f` of sensor `name` read in place (no copy of its value); `None` if there is none.
+    pub fn with<R>(&self, name: &str, f: impl FnOnce(&Sensor) -> R) -> Option<R> {
+        self.lock().get(name).map(f)
+    }
+
+    /// Whether any sensor satisfies `pred`, read in place.
+    pub fn any(&self, pred: impl Fn(&str, &Sensor) -> bool) -> bool {
+        self.lock().iter().any(|(n, s)| pred(n, s))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Sensor>> {

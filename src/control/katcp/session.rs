@@ -61,14 +61,15 @@ impl Session {
     /// The `#sensor-status` lines due at `now` (a sensor that has gone is dropped).
     fn due(&self, sensors: &Sensors, now: f64) -> String {
         let mut out = String::new();
+        // Read in place: a subscribed sensor may hold every channel's gain.
         self.samplers().retain(|name, sampler| {
-            let Some(reading) = sensors.get(name) else {
-                return false;
-            };
-            if sampler.poll(now, &reading) {
-                out.push_str(&sensor_status(name, &reading).to_line());
-            }
-            true
+            sensors
+                .with(name, |reading| {
+                    if sampler.poll(now, reading) {
+                        out.push_str(&sensor_status(name, reading).to_line());
+                    }
+                })
+                .is_some()
         });
         out
     }
