@@ -110,6 +110,14 @@ fn descriptor_json(d: &Descriptor) -> Value {
     v
 }
 
+/// The stream's counters with the transport's kernel drops.
+fn counted(stream: &HeapStream, source: &impl PacketReceiver) -> StatsSnapshot {
+    StatsSnapshot {
+        kernel_drops: source.kernel_drops(),
+        ..stream.stats()
+    }
+}
+
 fn stats_json(s: &StatsSnapshot, elapsed: f64) -> Value {
     let mut v = serde_json::Map::new();
     v.insert("elapsed_s".into(), json!(elapsed));
@@ -210,11 +218,8 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
             stream.recycle(h);
         }
         if args.stats && last_stats.elapsed() >= Duration::from_secs(1) {
-            let stats = StatsSnapshot {
-                kernel_drops: source.kernel_drops(),
-                ..stream.stats()
-            };
-            writeln!(out, "{}", stats_json(&stats, start.elapsed().as_secs_f64()))?;
+            let stats = stats_json(&counted(&stream, &source), start.elapsed().as_secs_f64());
+            writeln!(out, "{stats}")?;
             out.flush()?;
             last_stats = Instant::now();
         }
@@ -231,11 +236,7 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
             }
         }
     }
-    let stats = StatsSnapshot {
-        kernel_drops: source.kernel_drops(),
-        ..stream.stats()
-    };
-    let stats = stats_json(&stats, start.elapsed().as_secs_f64());
+    let stats = stats_json(&counted(&stream, &source), start.elapsed().as_secs_f64());
     if args.stats {
         writeln!(out, "{stats}")?;
     } else {

@@ -35,6 +35,12 @@ pub struct Timeout {
     pub to: Status,
 }
 
+/// How long the receive sensors wait for data before going to error, for chunks of
+/// `chunk_seconds`: ten chunks, and at least a second (katgpucbf's `recv_sensor_timeout`).
+pub fn rx_timeout(chunk_seconds: f64) -> Duration {
+    Duration::from_secs_f64((10.0 * chunk_seconds).clamp(1.0, crate::engine::MAX_SECONDS))
+}
+
 /// Add the receive sensors for each prefix (`input0.` and `input1.` in the F-engine, `` in
 /// the XB-engine); the timeouts to keep.
 pub fn add_rx_sensors(sensors: &Sensors, prefixes: &[&str], timeout: Duration) -> Vec<Timeout> {

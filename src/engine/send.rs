@@ -69,6 +69,29 @@ pub struct DescriptorSchedule {
     pub period: Duration,
 }
 
+/// One descriptor heap per substream of `format`, unpaced.
+fn send_descriptors<F: HeapFormat>(
+    stream: &mut SendStream<UdpSender>,
+    format: &F,
+) -> Result<(), String> {
+    let d: Vec<Heap<'static>> = (0..format.substreams())
+        .map(|s| format.descriptors(s))
+        .collect();
+    let refs: Vec<HeapRef> = d
+        .iter()
+        .enumerate()
+        .map(|(s, heap)| HeapRef {
+            heap,
+            cnt: None,
+            substream: s,
+            unpaced: true,
+        })
+        .collect();
+    stream
+        .send_heaps(&refs, SendMode::RoundRobin)
+        .map_err(|e| e.to_string())
+}
+
 /// Heaps and bytes sent so far (read by metrics and sensors from other threads).
 #[derive(Debug, Default)]
 pub struct SinkCounters {
@@ -110,27 +133,12 @@ impl<M: Send + 'static> HeapSink<M> {
         let thread = std::thread::Builder::new().name(name.into()).spawn(
             move || -> Result<(), String> {
                 let n = format.substreams();
+                send_descriptors(&mut stream, &format)?;
                 let mut next_desc = descriptors.first;
-                let mut at_start = true;
                 loop {
-                    if at_start || Instant::now() >= next_desc {
-                        let d: Vec<Heap<'static>> = (0..n).map(|s| format.descriptors(s)).collect();
-                        let refs: Vec<HeapRef> = d
-                            .iter()
-                            .enumerate()
-                            .map(|(s, heap)| HeapRef {
-                                heap,
-                                cnt: None,
-                                substream: s,
-                                unpaced: true,
-                            })
-                            .collect();
-                        stream
-                            .send_heaps(&refs, SendMode::RoundRobin)
-                            .map_err(|e| e.to_string())?;
-                        if !std::mem::take(&mut at_start) {
-                            next_desc += descriptors.period;
-                        }
+                    if Instant::now() >= next_desc {
+                        send_descriptors(&mut stream, &format)?;
+                        next_desc += descriptors.period;
                     }
                     let (data, meta) = match rx.recv_timeout(Duration::from_millis(100)) {
                         Ok(h) => h,

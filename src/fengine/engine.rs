@@ -101,12 +101,10 @@ impl Engine {
             layout.chunk_samples,
         ));
         let metrics = metrics::new().map_err(|e| EngineError::Backend(e.to_string()))?;
-        // katgpucbf's recv_sensor_timeout: ten chunks, at least a second.
-        let chunk_s = layout.chunk_samples as f64 / config.adc_sample_rate;
         let rx_timeouts = health::add_rx_sensors(
             &sensors,
             &["input0.", "input1."],
-            Duration::from_secs_f64((10.0 * chunk_s).clamp(1.0, crate::engine::MAX_SECONDS)),
+            health::rx_timeout(layout.chunk_samples as f64 / config.adc_sample_rate),
         );
         for (o, _) in &outputs {
             // The seed reproduces the dither: logged and shown (katgpucbf `dither-seed`).

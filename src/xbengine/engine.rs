@@ -136,7 +136,11 @@ impl Engine {
             config.dither_seed,
         ));
         let metrics = metrics::new().map_err(|e| EngineError::Backend(e.to_string()))?;
-        let rx_timeouts = health::add_rx_sensors(&sensors, &[""], sensor_timeout(&config, &plan));
+        let rx_timeouts = health::add_rx_sensors(
+            &sensors,
+            &[""],
+            health::rx_timeout(layout.chunk_step() as f64 / config.adc_sample_rate),
+        );
         let addrs = crate::engine::control::serve(
             config.control,
             "cbf-xbengine",
@@ -507,11 +511,4 @@ impl Engine {
 
 fn backend_error(e: super::backend::BackendError) -> EngineError {
     EngineError::Backend(e.to_string())
-}
-
-/// How long the receive sensors wait for data before going to error: ten chunks, and at
-/// least a second (katgpucbf's `recv_sensor_timeout`).
-fn sensor_timeout(config: &XbengineConfig, plan: &Plan) -> Duration {
-    let chunk_s = plan.layout.chunk_step() as f64 / config.adc_sample_rate;
-    Duration::from_secs_f64((10.0 * chunk_s).clamp(1.0, crate::engine::MAX_SECONDS))
 }
