@@ -140,6 +140,8 @@ pub struct SendStream<S: PacketSender> {
     config: SendStreamConfig,
     ifaces: Vec<Interface<S>>,
     next_cnt: u64,
+    /// The interface [`SendStream::send_heaps`] used last: ties go to the one after it.
+    last_iface: usize,
     /// Storage of the per-call [`SendBatch`], kept so that steady sending does not allocate.
     spare: SendBatch<'static>,
     counters: SendCounters,
@@ -169,6 +171,7 @@ impl<S: PacketSender> SendStream<S> {
             next_cnt: config.cnt_first,
             config,
             ifaces,
+            last_iface: 0,
             spare: SendBatch::default(),
             counters: SendCounters::default(),
             hurry: None,
@@ -208,13 +211,18 @@ impl<S: PacketSender> SendStream<S> {
         cnt & mask
     }
 
-    /// The interface whose schedule is least far ahead.
+    /// The interface whose schedule is least far ahead; among equals, the next after the one
+    /// used last. Ties are the rule, not the exception, when the sender runs behind its rate
+    /// (every limiter then answers "now"): a first-index tie-break would put every heap on the
+    /// first interface exactly when the host is busiest.
     fn least_loaded(&self, now: Instant) -> usize {
-        if self.ifaces.len() == 1 {
+        let n = self.ifaces.len();
+        if n == 1 {
             return 0;
         }
         // Probe each limiter's next start without committing (clones are cheap).
-        (0..self.ifaces.len())
+        (1..=n)
+            .map(|k| (self.last_iface + k) % n)
             .min_by_key(|&i| {
                 let mut probe = self.ifaces[i].limiter.clone();
                 probe.reserve(now, 0)
@@ -230,6 +238,7 @@ impl<S: PacketSender> SendStream<S> {
     ) -> Result<(), SendError> {
         let now = Instant::now();
         let iface = self.least_loaded(now);
+        self.last_iface = iface;
         self.send_on(iface, heaps, mode, now)
     }
 
@@ -553,6 +562,25 @@ mod tests {
         assert_eq!((descriptors(&p0), descriptors(&p1)), (4, 0));
         // Least-loaded assignment alternates between equally paced interfaces.
         assert_eq!((p0.len() - 4, p1.len()), (32, 32));
+    }
+
+    #[test]
+    fn interfaces_that_tie_take_turns() {
+        // Unlimited rate: every limiter answers "now" for every heap, as they all do on a host
+        // that runs behind its rate; the heaps must still spread evenly.
+        let (tx0, mut rx0) = mem::channel(10_000, 1);
+        let (tx1, mut rx1) = mem::channel(10_000, 1);
+        let (tx2, mut rx2) = mem::channel(10_000, 1);
+        let mut s = SendStream::new(SendStreamConfig::default(), vec![tx0, tx1, tx2]).unwrap();
+        let mut h = Heap::new();
+        h.add_bytes(0x4300, &[1u8; 100][..]);
+        for _ in 0..30 {
+            s.send_heaps(&[HeapRef::new(&h, 0)], SendMode::Serial)
+                .unwrap();
+        }
+        drop(s);
+        let counts = [rx0, rx1, rx2].map(|mut rx| drain(&mut rx).len());
+        assert_eq!(counts, [10, 10, 10]);
     }
 
     #[test]
