@@ -568,9 +568,9 @@ mod tests {
     fn interfaces_that_tie_take_turns() {
         // Unlimited rate: every limiter answers "now" for every heap, as they all do on a host
         // that runs behind its rate; the heaps must still spread evenly.
-        let (tx0, mut rx0) = mem::channel(10_000, 1);
-        let (tx1, mut rx1) = mem::channel(10_000, 1);
-        let (tx2, mut rx2) = mem::channel(10_000, 1);
+        let (tx0, rx0) = mem::channel(10_000, 1);
+        let (tx1, rx1) = mem::channel(10_000, 1);
+        let (tx2, rx2) = mem::channel(10_000, 1);
         let mut s = SendStream::new(SendStreamConfig::default(), vec![tx0, tx1, tx2]).unwrap();
         let mut h = Heap::new();
         h.add_bytes(0x4300, &[1u8; 100][..]);
