@@ -6,7 +6,7 @@
 //! in pinned memory through the engine's own `Pipeline` in input samples per second.
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-gpu-bench [--quick]`.
+//! Usage: `cbf-gpu-bench [--quick] [--scan] [--timeline] [--kernels-only CHANNELS]`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +19,7 @@ use cbf::fengine::output::WidebandOutput;
 use cbf::fengine::pipeline::{ChunkView, Pipeline, PipelineConfig};
 use cbf::fengine::place::InputLayout;
 use cbf::gpu::compile::Kernel;
+use cbf::gpu::memory::HostRegistrations;
 use cbf::gpu::{Gpu, GpuError};
 use cudarc::driver::{LaunchConfig, PinnedHostSlice, PushKernelArg};
 use num_complex::Complex32;
@@ -316,11 +317,14 @@ fn kernels_at(
 /// The engine path: `Pipeline` on `GpuBackend` over pinned chunks (10-bit, both pols),
 /// 8-bit heaps to pinned memory; input samples per second (both pols).
 /// `shape` = (channels, log2 of the chunk's samples per pol, taps).
+/// `slots`: output slots of a launch's heaps each (the engine uses max(8 / batch, 2)). With
+/// `timeline`, every copy and launch is timed and summarised per label after the run.
 fn whole_path(
     gpu: &Arc<Gpu>,
     shape: (usize, u32, usize),
     chunks: usize,
-    depth: usize,
+    slots: usize,
+    timeline: bool,
 ) -> Result<(f64, u64), GpuError> {
     let (channels, chunk_log2, taps) = shape;
     let layout = InputLayout {
@@ -354,14 +358,27 @@ fn whole_path(
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
             batch: default_batch(sph),
-            depth: (depth / default_batch(sph)).max(2),
+            depth: slots,
         },
     )?;
+    let mut backend = backend;
+    let tl = timeline.then(|| backend.record_timeline());
     let mut pipeline = Pipeline::with_backend(out, cfg, Box::new(backend));
+    // Chunks as the engine has them: ordinary heap memory, page-locked in place
+    // (`HostRegistrations`, as `fengine::Engine` does with its receive chunks).
     let bytes = 2 * layout.pol_bytes();
-    let bufs = (0..3)
-        .map(|i| pinned(gpu, bytes, 10 + i))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut bufs: Vec<Vec<u8>> = (0..3)
+        .map(|i| {
+            let mut b = vec![0u8; bytes];
+            fill(&mut b, 10 + i);
+            b
+        })
+        .collect();
+    let mut pins = HostRegistrations::new(Arc::clone(gpu));
+    for b in &mut bufs {
+        // SAFETY: `bufs` outlives `pins` (dropped first, below) and is never resized.
+        unsafe { pins.register(b) }?;
+    }
     let present = vec![1u8; 2 * layout.heaps_per_pol()];
     let mut heaps = 0u64;
     let mut check = 0u64;
@@ -374,7 +391,7 @@ fn whole_path(
         let view = |i: usize| -> Result<ChunkView<'_>, GpuError> {
             Ok(ChunkView {
                 chunk_id: i as u64,
-                data: bufs[i % 3].as_slice()?,
+                data: &bufs[i % 3],
                 present: &present,
             })
         };
@@ -386,6 +403,18 @@ fn whole_path(
     pipeline.flush(|_| heaps += 1)?;
     let t = t0.elapsed().as_secs_f64();
     std::hint::black_box(check);
+    drop(pipeline);
+    drop(pins);
+    if let Some(tl) = tl {
+        let (window, labels) = tl.summarise()?;
+        println!("  timeline over {window:.1} ms:");
+        for l in labels {
+            println!(
+                "    {:<22} {:>5} spans, busy {:>7.1} ms ({:>3.0}%), mean {:.3} ms, max {:.3} ms; idle between {:>7.1} ms, largest gap {:.3} ms",
+                l.label, l.count, l.busy_ms, 100.0 * l.busy_ms / window, l.mean_ms, l.max_ms, l.idle_ms, l.max_gap_ms
+            );
+        }
+    }
     Ok(((chunks as u64 * 2 * layout.chunk_samples) as f64 / t, heaps))
 }
 
@@ -407,7 +436,12 @@ fn main() -> Result<(), GpuError> {
     } else {
         &[8, 16, 32, 64, 128]
     };
-    for channels in [4096, 32768] {
+    // `--kernels-only CH`: the kernel figures at CH channels and nothing else (for a profiler).
+    let only: Option<usize> = std::env::args()
+        .skip_while(|a| a != "--kernels-only")
+        .nth(1)
+        .and_then(|v| v.parse().ok());
+    for channels in only.map_or(vec![4096, 32768], |c| vec![c]) {
         for dither in [true, false] {
             for f in kernels(&gpu, channels, dither, sections)? {
                 println!(
@@ -421,19 +455,25 @@ fn main() -> Result<(), GpuError> {
             }
         }
     }
+    if only.is_some() {
+        return Ok(());
+    }
     // The PCIe bound is re-measured right before each whole-path run: the machine's link is
     // shared and has been seen to vary between runs.
+    let timeline = std::env::args().any(|a| a == "--timeline");
     for channels in [4096, 32768] {
-        for depth in [4, 8] {
+        let batch = default_batch((1 << 20) / channels);
+        for slots in [(8 / batch).max(2), 4] {
             let bound = pcie_bound(&gpu)?;
             let (rate, heaps) = whole_path(
                 &gpu,
                 (channels, 25, 16),
                 if quick { 200 } else { 600 },
-                depth,
+                slots,
+                timeline,
             )?;
             println!(
-                "whole path {channels:>5} ch, 16 taps, 10-bit in, 8-bit out, {depth} heaps in flight: {:.1} GS/s = {:.0}% of the PCIe bound measured just before ({:.1} GS/s; {heaps} heaps)",
+                "whole path {channels:>5} ch, 16 taps, 10-bit in, 8-bit out, {slots} slots of {batch} heaps: {:.1} GS/s = {:.0}% of the PCIe bound measured just before ({:.1} GS/s; {heaps} heaps)",
                 rate / GB,
                 100.0 * rate / bound,
                 bound / GB,
@@ -463,7 +503,8 @@ fn main() -> Result<(), GpuError> {
             (4096, 24, 16),
         ] {
             let bound = pcie_bound(&gpu)?;
-            let (rate, _) = whole_path(&gpu, shape, 100, 8)?;
+            let batch = default_batch((1 << 20) / shape.0);
+            let (rate, _) = whole_path(&gpu, shape, 100, (8 / batch).max(2), false)?;
             println!(
                 "scan {:>5} ch, 2^{} samples per chunk, {:>2} taps: {:.1} GS/s = {:.0}% of {:.1}",
                 shape.0,

@@ -17,8 +17,8 @@
 // complex values z_i (re = x_2i, im = x_2i+1) with i = q·n + r is stored at r·(N/n) + q, so that
 // every z^r is contiguous for one batched C2C cuFFT of N/n points.
 //
-// Products and sums are rounded separately (no FMA contraction), in tap order, as the CPU
-// oracle does them, so the two agree bit for bit.
+// Each tap is one fused multiply-add (one rounding), in tap order from 0, as the CPU oracle
+// does them, so the two agree bit for bit.
 
 #define STEP (2 * CHANNELS)
 #define SUBLEN (CHANNELS / UNZIP)
@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(256) pfb_fir(
                     float acc = 0.0f;
 #pragma unroll
                     for (int t = 0; t < TAPS; t++)
-                        acc = __fadd_rn(acc, __fmul_rn(w[t], win[(jj + t) % TAPS]));
+                        acc = __fmaf_rn(w[t], win[(jj + t) % TAPS], acc);
                     o[(i64)j * STEP] = acc;
                 }
             }

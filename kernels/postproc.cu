@@ -58,25 +58,31 @@ __device__ __forceinline__ float2 expjpi(float x)
     return make_float2(c, s);
 }
 
-// `dsp::postproc::dither` split in two so that the 64-bit products are shared: the key of
-// `dsp::random::mix` is seed + stream·C1 + channel·C2, the first part per (spectrum, pol), the
-// second per channel. One draw gives both parts (`dsp::random::dither_pair_f32`): bits 63..40
-// for the real part and 39..16 for the imaginary, each uniform in [−½, ½), exact in f32.
-__device__ __forceinline__ u64 dither_stream(u64 seed, i64 ts, int pol)
+// `dsp::postproc::dither`: a 32-bit key per (spectrum, pol) from SplitMix64 (`dsp::random::mix`
+// with index 0, top half), computed once per row and pol; then per value one 32-bit hash of
+// key + channel·0x9e3779b9 (`dsp::random::hash32`, two 32-bit multiplies), bits 31..16 for
+// the real part and 15..0 for the imaginary, each uniform in [−½, ½), exact in f32.
+__device__ __forceinline__ unsigned int dither_key(u64 seed, i64 ts, int pol)
 {
     const u64 stream = ((u64)ts << 1) | (u64)pol;
-    return seed + stream * 0xd1b54a32d192ed03ull;
-}
-
-__device__ __forceinline__ float2 dither(u64 stream_key, u64 channel_key)
-{
-    u64 z = stream_key + channel_key;
+    u64 z = seed + stream * 0xd1b54a32d192ed03ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
-    const float scale = 1.0f / 16777216.0f;
-    return make_float2(__fsub_rn(__fmul_rn((float)(unsigned int)(z >> 40), scale), 0.5f),
-                       __fsub_rn(__fmul_rn((float)(unsigned int)((z >> 16) & 0xffffffu), scale), 0.5f));
+    return (unsigned int)(z >> 32);
+}
+
+__device__ __forceinline__ float2 dither(unsigned int key, unsigned int channel_key)
+{
+    unsigned int x = key + channel_key;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    const float scale = 1.0f / 65536.0f;
+    return make_float2(__fsub_rn(__fmul_rn((float)(x >> 16), scale), 0.5f),
+                       __fsub_rn(__fmul_rn((float)(x & 0xffffu), scale), 0.5f));
 }
 
 #if OUT_BITS == 8
@@ -103,25 +109,40 @@ __device__ __forceinline__ int pack(const int q[4])
 #endif
 }
 
+// The batch's delay terms and first timestamps, moved from mapped host memory into device
+// memory once per launch. Read by every block straight from the host, they cost a PCIe round
+// trip per block and, for a large batch (17 × 1024 blocks at 4096 channels), megabytes of
+// host reads queued with the chunk copies.
+extern "C" __global__ void __launch_bounds__(THREADS) postproc_params(
+    float2 *__restrict__ dphase,         // [pol][spectrum], device
+    i64 *__restrict__ dts0,              // [heap], device
+    const float2 *__restrict__ phase,    // the same, mapped host memory
+    const i64 *__restrict__ ts0)
+{
+    const int i = blockIdx.x * THREADS + threadIdx.x;
+    if (i < 2 * SPECTRA)
+        dphase[i] = phase[i];
+    if (i < SPECTRA / HEAP_SPECTRA)
+        dts0[i] = ts0[i];
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) postproc(
     unsigned char *__restrict__ out,     // [heap] CHANNELS × HEAP_SPECTRA × 2 pols × (re, im)
     const float2 *__restrict__ in,       // cuFFT output (see above)
     const float2 *__restrict__ gains,    // [heap][pol][channel]
-    const float2 *__restrict__ phase,    // [pol][spectrum]: θ_k/π = x·k + y (mapped host memory)
-    const i64 *__restrict__ ts0,         // [heap] first spectrum's timestamp (mapped); a heap's
-                                         // spectra are consecutive: ts0 + sp·2N (dither key)
+    const float2 *__restrict__ phase,    // [pol][spectrum]: θ_k/π = x·k + y (postproc_params)
+    const i64 *__restrict__ ts0,         // [heap] first spectrum's timestamp (postproc_params);
+                                         // a heap's spectra are consecutive: ts0 + sp·2N
     u64 seed,
     u64 *__restrict__ power,             // [heap][pol] the front end's Σx²: moved out
     u64 *__restrict__ stats)             // [heap][clips pol 0, clips pol 1, power 0, power 1];
                                          // clip counts accumulate (the host takes differences)
 {
     __shared__ int tile[2 * UNZIP][STILE][TILE + 1];
-    // This block's delay terms, read once from host memory (seed 000 §Postprocessing: small
-    // per-heap values are not worth a copy queued behind the sample transfers).
-    __shared__ float2 sphase[2][TILE];
+    __shared__ float2 sphase[2][TILE];           // this block's delay terms
 #if DITHER
     // First timestamps of the heaps this block's spectra belong to (usually one: a heap of
-    // HEAP_SPECTRA >= 32 spectra), each read once from mapped host memory.
+    // HEAP_SPECTRA >= 32 spectra).
     __shared__ i64 sts0[TILE + 1];
     const int hp0 = blockIdx.y * TILE / HEAP_SPECTRA;
 #endif
@@ -162,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
         // Twiddles depend on s alone: e^{−2πj·rs/N} per r, e^{−πjk/N} per p.
         float2 tw[UNZIP], et[UNZIP];
 #if DITHER
-        u64 ckey[UNZIP][2]; // channel part of the dither key, for X_k and X_{N−k}
+        unsigned int ckey[UNZIP][2]; // channel part of the dither key, for X_k and X_{N−k}
 #endif
 #pragma unroll
         for (int r = 0; r < UNZIP; r++)
@@ -171,8 +192,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
             const int k = r * SUBLEN + s;
             et[r] = expjpi(-(float)k / (float)CHANNELS);
 #if DITHER
-            ckey[r][0] = (u64)k * 0x9e3779b97f4a7c15ull;
-            ckey[r][1] = (u64)(CHANNELS - k) * 0x9e3779b97f4a7c15ull;
+            ckey[r][0] = (unsigned int)k * 0x9e3779b9u;
+            ckey[r][1] = (unsigned int)(CHANNELS - k) * 0x9e3779b9u;
 #endif
         }
         for (int row = lin / STILE; row < TILE; row += THREADS / STILE)
@@ -195,10 +216,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                     a[r] = cmul(tw[r], zs);
                     b[r] = cmul(tw[r], make_float2(zm.x, -zm.y));
                 }
+                // e^{jθ_k} with θ_k/π = ph.x·k + ph.y (fengine_delay_convention.md §3), from
+                // three sincospi per row and pol instead of one per value: for k = p·m + s,
+                // e^{jθ_k} = e^{jθ_s}·(e^{jπ·ph.x·m})^p, and e^{jθ_{N−k}} = w·conj(e^{jθ_k})
+                // with w = e^{jπ(ph.x·N + 2·ph.y)}.
                 const float2 ph = sphase[pol][row];
+                float2 rot = expjpi(ph.x * (float)s + ph.y);
+                const float2 step = expjpi(ph.x * (float)SUBLEN);
+                const float2 wn = expjpi(ph.x * (float)CHANNELS + 2.0f * ph.y);
 #if DITHER
                 const i64 ts = sts0[sp / HEAP_SPECTRA - hp0] + (i64)(sp % HEAP_SPECTRA) * (2 * CHANNELS);
-                const u64 skey = dither_stream(seed, ts, pol);
+                const unsigned int skey = dither_key(seed, ts, pol);
 #endif
 #pragma unroll
                 for (int p = 0; p < UNZIP; p++)
@@ -222,14 +250,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                     const float2 xk = make_float2(u.x + ev.x, u.y + ev.y);
                     const float2 xn = make_float2(u.x - ev.x, -(u.y - ev.y));
                     const int kn = CHANNELS - k;
+                    const float2 rotn = cmul(wn, make_float2(rot.x, -rot.y));
 #pragma unroll
                     for (int h = 0; h < 2; h++)
                     {
                         const int ch = h ? kn : k;
                         const float2 x = h ? xn : xk;
-                        // Y = (g·e^{jθ})·X, θ/π = ph.x·k + ph.y (fengine_delay_convention.md §3)
+                        // Y = (g·e^{jθ})·X
                         const float2 g = gains[((sp / HEAP_SPECTRA) * 2 + pol) * CHANNELS + (ch & (CHANNELS - 1))];
-                        const float2 y = cmul(cmul(g, expjpi(ph.x * (float)ch + ph.y)), x);
+                        const float2 y = cmul(cmul(g, h ? rotn : rot), x);
 #if DITHER
                         const float2 d = dither(skey, ckey[p][h]);
                         const float d0 = d.x, d1 = d.y;
@@ -245,6 +274,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                         dst[2 * pol] = qr;
                         dst[2 * pol + 1] = qi;
                     }
+                    rot = cmul(rot, step);
                 }
             }
             for (int pol = 0; pol < 2; pol++)

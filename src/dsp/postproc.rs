@@ -21,7 +21,7 @@ use std::f64::consts::PI;
 
 use num_complex::{Complex32, Complex64};
 
-use super::random::{dither_pair_f32, mix};
+use super::random::{dither_pair16, hash32, mix};
 
 /// The delay terms of one spectrum of one polarisation (from `dsp::delay`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -88,11 +88,29 @@ fn round_ties_even(x: f32) -> f32 {
 }
 
 /// The dither of the (real, imaginary) parts for (seed, spectrum timestamp, channel, pol): a
-/// pure function, so a GPU produces the same values; one 64-bit draw serves both parts.
+/// pure function, so a GPU produces the same values. A 32-bit key per (spectrum, pol) comes
+/// from the 64-bit [`mix`] (a GPU computes it once per spectrum); each channel then costs one
+/// [`hash32`] of key + channel·⌊2³²/φ⌋. Two keys that collide (chance 2⁻³² for a pair of
+/// spectra) repeat a dither sequence, and two that differ by a multiple of the channel step
+/// share values at *different* channels, which a correlator never multiplies together.
 #[inline]
 pub fn dither(seed: u64, timestamp: i64, channel: usize, pol: usize) -> (f32, f32) {
+    dither_at(dither_key(seed, timestamp, pol), channel)
+}
+
+/// [`dither`] from its (spectrum, pol) key, for loops that hold the key.
+#[inline]
+pub fn dither_at(key: u32, channel: usize) -> (f32, f32) {
+    dither_pair16(hash32(
+        key.wrapping_add((channel as u32).wrapping_mul(0x9e37_79b9)),
+    ))
+}
+
+/// The (spectrum, pol) half of [`dither`]'s key.
+#[inline]
+pub fn dither_key(seed: u64, timestamp: i64, pol: usize) -> u32 {
     let stream = ((timestamp as u64) << 1) | pol as u64;
-    dither_pair_f32(mix(seed, stream, channel as u64))
+    (mix(seed, stream, 0) >> 32) as u32
 }
 
 /// One F heap's worth of post-processing.
@@ -127,10 +145,9 @@ pub fn postproc_heap(
         for (s, &ts) in input.timestamps.iter().enumerate() {
             let x = &input.spectra[pol][s * channels..(s + 1) * channels];
             correct(x, input.gains[pol], &input.delays[pol][s], &mut y);
+            let key = input.dither.map(|seed| dither_key(seed, ts, pol));
             for (k, v) in y.iter().enumerate() {
-                let (u0, u1) = input
-                    .dither
-                    .map_or((0.0, 0.0), |seed| dither(seed, ts, k, pol));
+                let (u0, u1) = key.map_or((0.0, 0.0), |key| dither_at(key, k));
                 let (re, c0) = quantise(v.re, u0, qmax);
                 let (im, c1) = quantise(v.im, u1, qmax);
                 let at = ((k * n_spectra + s) * 2 + pol) * 2;

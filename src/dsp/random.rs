@@ -29,15 +29,27 @@ pub fn dither_f32(bits: u64) -> f32 {
     (bits >> 40) as f32 * (1.0 / (1u32 << 24) as f32) - 0.5
 }
 
-/// Two uniforms in [−½, ½) from one draw: bits 63..40 and 39..16 (24 bits each, exact in
-/// f32). The F-engine dithers the real and imaginary parts of a value with one draw, which
-/// halves the 64-bit arithmetic a GPU spends on it.
+/// A 32-bit integer hash with full avalanche (Wellons' "lowbias32" from hash-prospector:
+/// xorshift-multiply twice). It turns a counter into 32 random bits with two 32-bit multiplies,
+/// where [`mix`] needs three 64-bit ones (about four 32-bit multiplies each on a GPU): the
+/// F-engine draws one per output value, which made the 64-bit generator the largest cost of
+/// its post-processing kernel.
 #[inline]
-pub fn dither_pair_f32(bits: u64) -> (f32, f32) {
-    (
-        dither_f32(bits),
-        dither_f32((bits << 24) & 0xffff_ff00_0000_0000),
-    )
+pub fn hash32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
+}
+
+/// Two uniforms in [−½, ½) from 32 bits: bits 31..16 and 15..0 (16 bits each, exact in f32).
+/// Sixteen bits are ample for dither: the steps of 2⁻¹⁶ LSB shift a quantiser's decision by
+/// at most 2⁻¹⁷ LSB.
+#[inline]
+pub fn dither_pair16(bits: u32) -> (f32, f32) {
+    let u = |v: u32| v as f32 * (1.0 / 65536.0) - 0.5;
+    (u(bits >> 16), u(bits & 0xffff))
 }
 
 #[cfg(test)]
@@ -56,20 +68,54 @@ mod tests {
         // U(−½, ½): mean 0, variance 1/12; standard errors ≈ 6.5e-4 and 1.5e-4.
         assert!(mean.abs() < 3e-3, "{mean}");
         assert!((var - 1.0 / 12.0).abs() < 1e-3, "{var}");
-        // The two halves of a pair are uncorrelated uniforms.
-        let pairs: Vec<(f64, f64)> = (0..n)
+        // The two halves of a pair are uncorrelated uniforms, and so are neighbours along a
+        // counter (the F-engine's channels) and two keys' sequences side by side.
+        let pairs: Vec<(f64, f64)> = (0..n as u32)
             .map(|i| {
-                let (a, b) = dither_pair_f32(mix(9, 3, i));
+                let (a, b) = dither_pair16(hash32(
+                    0x1234_5678u32.wrapping_add(i.wrapping_mul(0x9e37_79b9)),
+                ));
                 (f64::from(a), f64::from(b))
             })
             .collect();
-        let cov = pairs.iter().map(|(a, b)| a * b).sum::<f64>() / n as f64;
-        let var_b = pairs.iter().map(|(_, b)| b * b).sum::<f64>() / n as f64;
-        assert!(cov.abs() < 1e-3, "{cov}");
-        assert!((var_b - 1.0 / 12.0).abs() < 1e-3, "{var_b}");
+        let other: Vec<f64> = (0..n as u32)
+            .map(|i| {
+                f64::from(
+                    dither_pair16(hash32(
+                        0x1234_5679u32.wrapping_add(i.wrapping_mul(0x9e37_79b9)),
+                    ))
+                    .0,
+                )
+            })
+            .collect();
+        let mean_of = |f: &dyn Fn(usize) -> f64| (0..pairs.len()).map(f).sum::<f64>() / n as f64;
+        let var_a = mean_of(&|i| pairs[i].0 * pairs[i].0);
+        let var_b = mean_of(&|i| pairs[i].1 * pairs[i].1);
+        let cov_ab = mean_of(&|i| pairs[i].0 * pairs[i].1);
+        let cov_next = (0..pairs.len() - 1)
+            .map(|i| pairs[i].0 * pairs[i + 1].0)
+            .sum::<f64>()
+            / n as f64;
+        let cov_keys = mean_of(&|i| pairs[i].0 * other[i]);
+        for v in [var_a, var_b] {
+            assert!((v - 1.0 / 12.0).abs() < 1e-3, "{v}");
+        }
+        for c in [cov_ab, cov_next, cov_keys] {
+            // Standard error of a product mean of independent U(−½, ½): 1/12/√n ≈ 1.9e-4.
+            assert!(c.abs() < 1e-3, "{c}");
+        }
         assert!(pairs
             .iter()
             .all(|&(a, b)| (-0.5..0.5).contains(&a) && (-0.5..0.5).contains(&b)));
+        // Every 16-bit value is reachable and none is favoured: a χ² over 256 bins of the
+        // top byte (255 degrees of freedom: mean 255, sd 22.6; 400 is 6.4 sd out).
+        let mut bins = [0u64; 256];
+        for &(a, _) in &pairs {
+            bins[((a + 0.5) * 256.0) as usize] += 1;
+        }
+        let e = n as f64 / 256.0;
+        let chi2: f64 = bins.iter().map(|&b| (b as f64 - e).powi(2) / e).sum();
+        assert!(chi2 < 400.0, "{chi2}");
         // Streams and seeds are independent draws.
         assert_ne!(mix(7, 1, 5), mix(7, 2, 5));
         assert_ne!(mix(7, 1, 5), mix(8, 1, 5));

@@ -26,6 +26,7 @@ use crate::gpu::fft::BatchedFft;
 use crate::gpu::memory::mapped;
 use crate::gpu::pfb::{natural_order, Pfb, PfbRun, PfbShape};
 use crate::gpu::postproc::{Postproc, PostprocShape};
+use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
 
 impl From<GpuError> for BackendError {
@@ -156,6 +157,8 @@ pub struct GpuBackend {
     unzip: usize,
     /// The dither seed of the heaps being batched.
     dither: Option<u64>,
+    /// Copies and launches, timed when a benchmark asks ([`GpuBackend::timeline`]).
+    timeline: Timeline,
 }
 
 impl GpuBackend {
@@ -273,6 +276,7 @@ impl GpuBackend {
             section: if channels >= 16384 { 64 } else { 32 },
             unzip: n,
             dither: None,
+            timeline: Timeline::default(),
             gpu,
         })
     }
@@ -321,6 +325,7 @@ impl GpuBackend {
             section: self.section,
             heap: k / self.heap_spectra,
         };
+        let t = self.timeline.start(&self.gpu, &self.gpu.compute)?;
         self.pfb.launch(
             &self.gpu.compute,
             &mut self.frames,
@@ -328,7 +333,9 @@ impl GpuBackend {
             &self.weights,
             &mut self.power,
             run,
-        )
+        )?;
+        let compute = Arc::clone(&self.gpu.compute);
+        self.timeline.end(&self.gpu, &compute, "compute pfb", t)
     }
 
     /// The frames of the heap being assembled, in natural order (pol-major, then spectrum,
@@ -360,6 +367,7 @@ impl GpuBackend {
         self.cur = cur;
         let (pb, tb, stride) = (self.pol_bytes, self.tail_bytes, self.pol_stride);
         let h2d = &self.gpu.h2d;
+        let t = self.timeline.start(&self.gpu, h2d)?;
         for p in 0..2 {
             let base = p * stride;
             let slot = &mut self.inputs[cur];
@@ -379,12 +387,19 @@ impl GpuBackend {
         // same stream) is before this mark; the prefetch below reads the next chunk's, which
         // the caller keeps until that chunk's own release.
         self.copied.record(h2d)?;
+        let label = if prefetched.is_some() {
+            "h2d tail"
+        } else {
+            "h2d body+tail"
+        };
+        self.timeline.end(&self.gpu, h2d, label, t)?;
         self.resident[cur] = Some(chunk.id);
         if let Some(next) = chunk.next {
             // The slot after this one held the chunk before last: its compute is long done,
             // so the prefetch starts at once (with two slots it waited for the previous
             // chunk's compute to let go of its slot).
             let to = (cur + 1) % slots;
+            let t = self.timeline.start(&self.gpu, h2d)?;
             let slot = &mut self.inputs[to];
             for p in 0..2 {
                 let base = p * stride;
@@ -393,9 +408,16 @@ impl GpuBackend {
                     &mut slot.slice_mut(base..base + pb),
                 )?;
             }
+            self.timeline.end(&self.gpu, h2d, "h2d prefetch", t)?;
             self.resident[to] = Some(chunk.id + 1);
         }
         Ok(())
+    }
+
+    /// Time every copy and launch from now on (for benchmarks); the handle summarises them.
+    pub fn record_timeline(&mut self) -> Timeline {
+        self.timeline.enable();
+        self.timeline.clone()
     }
 
     /// An event recorded now on the compute stream, with timing (for benchmarks).
@@ -488,13 +510,19 @@ impl GpuBackend {
     /// FFT and post-process the filling slot's heaps (all of the batch, however many were
     /// submitted: the rest are ignored), copy them out, and move on to the next slot.
     fn launch_batch(&mut self) -> Result<(), GpuError> {
+        let t = self.timeline.start(&self.gpu, &self.gpu.compute)?;
         self.fft()?;
         self.postproc(self.dither)?;
-        let d2h = &self.gpu.d2h;
+        let compute = Arc::clone(&self.gpu.compute);
+        self.timeline
+            .end(&self.gpu, &compute, "compute fft+postproc", t)?;
+        let d2h = Arc::clone(&self.gpu.d2h);
+        let t = self.timeline.start(&self.gpu, &d2h)?;
         let slot = &mut self.slots[self.fill];
         d2h.memcpy_dtoh(&slot.out, &mut slot.out_host)?;
         d2h.memcpy_dtoh(&slot.stats, &mut slot.stats_host)?;
-        slot.done.record(d2h)?;
+        slot.done.record(&d2h)?;
+        self.timeline.end(&self.gpu, &d2h, "d2h batch", t)?;
         self.fill = (self.fill + 1) % self.slots.len();
         self.pending = 0;
         Ok(())

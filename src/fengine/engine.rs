@@ -23,6 +23,7 @@ use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
 use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
+use crate::gpu::memory::HostRegistrations;
 use crate::gpu::Gpu;
 use crate::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, PlaceInput, StatsSnapshot};
 use crate::spead::send::SendStreamConfig;
@@ -52,6 +53,9 @@ pub struct FengineReport {
 pub struct Engine {
     config: FengineConfig,
     layout: InputLayout,
+    /// The receive chunks page-locked for the GPU's copies (CUDA backend); declared before
+    /// `group` so that they are unlocked before its memory can go.
+    _pinned: Option<HostRegistrations>,
     group: Arc<ChunkGroup>,
     receivers: Receivers,
     control: Arc<EngineControl>,
@@ -79,6 +83,24 @@ impl Engine {
             reject_reasons: REJECT_REASONS.to_vec(),
         })
         .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
+        let mut gpu = None;
+        let pinned = match config.backend {
+            BackendKind::Cpu => None,
+            BackendKind::Cuda => {
+                // Before any receiver writes into the chunks: the chunks are the copies'
+                // source, so they copy at the link's rate, as in `cbf-gpu-bench`.
+                let mut pins = HostRegistrations::new(open_gpu(&config, &mut gpu)?);
+                group
+                    .for_each_buffer(|b| {
+                        // SAFETY: the chunks live in `group` and never move; `pins` is
+                        // dropped before it (field order of `Engine`).
+                        unsafe { pins.register(b) }
+                    })
+                    .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
+                tracing::info!(chunks = pins.len(), "receive chunks page-locked");
+                Some(pins)
+            }
+        };
         let place = Arc::new(move |p: &PlaceInput<'_>| layout.place(p));
         let receivers = Receivers::spawn("fengine", &group, place, sources, &shutdown)?;
         let sensors = Arc::new(Sensors::default());
@@ -144,7 +166,6 @@ impl Engine {
         for (o, _) in &outputs {
             metrics.touch_all("output_", &[&o.name]);
         }
-        let mut gpu = None;
         let mut built = Vec::new();
         for (o, sph) in outputs {
             built.push(Self::output(&config, layout, &mut gpu, o, sph, &shutdown)?);
@@ -152,6 +173,7 @@ impl Engine {
         Ok(Engine {
             config,
             layout,
+            _pinned: pinned,
             group,
             receivers,
             control,
@@ -422,6 +444,16 @@ fn emit(sink: &mut HeapSink<u64>, totals: &mut OutputTotals, capture: bool, h: &
     sink.send(buf, h.timestamp);
 }
 
+/// The engine's GPU, opened on first use.
+fn open_gpu(cfg: &FengineConfig, gpu: &mut Option<Arc<Gpu>>) -> Result<Arc<Gpu>, EngineError> {
+    if let Some(g) = gpu {
+        return Ok(Arc::clone(g));
+    }
+    let g = Gpu::open(cfg.gpu_device).map_err(|e| ConfigError::new("--backend", e))?;
+    tracing::info!(device = %g.name, arch = %g.arch, "CUDA backend");
+    Ok(gpu.insert(g).clone())
+}
+
 /// The output's pipeline on the chosen backend (one GPU context shared by every output).
 fn make_pipeline(
     cfg: &FengineConfig,
@@ -432,15 +464,7 @@ fn make_pipeline(
     match cfg.backend {
         BackendKind::Cpu => Ok(Pipeline::new(output, pcfg)),
         BackendKind::Cuda => {
-            let gpu = match gpu {
-                Some(g) => Arc::clone(g),
-                None => {
-                    let g =
-                        Gpu::open(cfg.gpu_device).map_err(|e| ConfigError::new("--backend", e))?;
-                    tracing::info!(device = %g.name, arch = %g.arch, "CUDA backend");
-                    gpu.insert(g).clone()
-                }
-            };
+            let gpu = open_gpu(cfg, gpu)?;
             let backend = GpuBackend::new(
                 gpu,
                 &output,

@@ -24,3 +24,74 @@ pub fn mapped<T: DeviceRepr + ValidAsZeroBits>(
         Ok((host, dev))
     }
 }
+
+/// Host buffers page-locked in place (`cuMemHostRegister`), so that copies from them run as
+/// DMA straight from the buffer, asynchronously, at the link's rate: a copy from pageable
+/// memory is staged through a driver buffer and returns only when done. Engines register their
+/// receive chunks once, before any receiver writes into them; everything is unlocked on drop,
+/// after the device has finished with it.
+pub struct HostRegistrations {
+    gpu: std::sync::Arc<Gpu>,
+    /// Start addresses, handed back to the driver on drop.
+    starts: Vec<usize>,
+}
+
+// SAFETY: the raw addresses are only handed back to the driver on drop.
+unsafe impl Send for HostRegistrations {}
+// SAFETY: no method reads or writes through the addresses.
+unsafe impl Sync for HostRegistrations {}
+
+impl HostRegistrations {
+    pub fn new(gpu: std::sync::Arc<Gpu>) -> HostRegistrations {
+        HostRegistrations {
+            gpu,
+            starts: Vec::new(),
+        }
+    }
+
+    /// Page-lock `buffer` (nothing for an empty one).
+    ///
+    /// # Safety
+    /// `buffer` stays alive and unmoved until `self` is dropped.
+    pub unsafe fn register(&mut self, buffer: &mut [u8]) -> Result<(), GpuError> {
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        self.gpu.ctx.bind_to_thread()?;
+        cudarc::driver::sys::cuMemHostRegister_v2(
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+            cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
+        )
+        .result()?;
+        self.starts.push(buffer.as_mut_ptr() as usize);
+        Ok(())
+    }
+
+    /// How many buffers are locked.
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+}
+
+impl Drop for HostRegistrations {
+    fn drop(&mut self) {
+        if self.starts.is_empty() {
+            return;
+        }
+        // Nothing may still read the buffers: wait for every stream before unlocking them.
+        let _ = self.gpu.ctx.synchronize();
+        for &p in &self.starts {
+            // SAFETY: `p` was registered by `register`, whose contract keeps its buffer alive
+            // until now.
+            let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };
+            if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                tracing::warn!(?r, "could not unlock a receive chunk");
+            }
+        }
+    }
+}

@@ -14,6 +14,7 @@ pub mod fft;
 pub mod memory;
 pub mod pfb;
 pub mod postproc;
+pub mod timeline;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -97,6 +98,16 @@ impl Gpu {
 
     /// `kernel`'s entry point compiled with `defines` for this device (cached).
     pub fn function(&self, kernel: Kernel, defines: &Defines) -> Result<CudaFunction, GpuError> {
+        self.function_entry(kernel, defines, kernel.entry())
+    }
+
+    /// Another entry point of `kernel`'s source, from the same cached module.
+    pub fn function_entry(
+        &self,
+        kernel: Kernel,
+        defines: &Defines,
+        entry: &str,
+    ) -> Result<CudaFunction, GpuError> {
         let key = (kernel, defines.clone());
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         let module = match modules.get(&key) {
@@ -108,6 +119,6 @@ impl Gpu {
                 m
             }
         };
-        Ok(module.load_function(kernel.entry())?)
+        Ok(module.load_function(entry)?)
     }
 }

@@ -8,6 +8,10 @@
 //! f32; `phase` (mapped) [pol][spectrum] pairs (x, y) with θ_k/π = x·k + y; `ts0` (mapped)
 //! [heap] first timestamps (the dither key); `power` u64 [heap][pol] moved into `stats`;
 //! `stats` u64 [heap][clips pol 0, clips pol 1, power 0, power 1], clip counts accumulated.
+//!
+//! The mapped `phase` and `ts0` are read once per launch, by `postproc_params` into device
+//! copies the op owns: the host writes them without a copy queued behind the chunk transfers
+//! (seed 000 §Postprocessing), and the blocks then read device memory, not the host's.
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
@@ -27,10 +31,15 @@ pub struct PostprocShape {
     pub dither: bool,
 }
 
-/// The compiled kernel and its grid.
+/// The compiled kernels, their grids and the device copies of the per-launch parameters
+/// (one set: launches on one stream run in order).
 pub struct Postproc {
     func: CudaFunction,
+    params: CudaFunction,
     grid: (u32, u32, u32),
+    params_blocks: u32,
+    phase: CudaSlice<f32>,
+    ts0: CudaSlice<i64>,
 }
 
 impl Postproc {
@@ -58,6 +67,10 @@ impl Postproc {
         ];
         Ok(Postproc {
             func: gpu.function(Kernel::Postproc, &defs)?,
+            params: gpu.function_entry(Kernel::Postproc, &defs, "postproc_params")?,
+            params_blocks: (2 * s.spectra).div_ceil(256) as u32,
+            phase: gpu.compute.alloc_zeros(4 * s.spectra)?,
+            ts0: gpu.compute.alloc_zeros(s.spectra / s.heap_spectra)?,
             grid: (
                 values_of_s.div_ceil(stile) as u32,
                 s.spectra.div_ceil(32) as u32,
@@ -68,7 +81,7 @@ impl Postproc {
 
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
-        &self,
+        &mut self,
         st: &CudaStream,
         out: &mut CudaSlice<u8>,
         frames: &CudaSlice<f32>,
@@ -84,18 +97,32 @@ impl Postproc {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let mut p = st.launch_builder(&self.params);
+        p.arg(&mut self.phase)
+            .arg(&mut self.ts0)
+            .arg(&phase_dev)
+            .arg(&ts0_dev);
+        // SAFETY: the arguments match postproc_params' signature; the device copies hold
+        // 2·SPECTRA pairs and SPECTRA / HEAP_SPECTRA timestamps, as do the caller's mapped
+        // allocations, which are live.
+        unsafe {
+            p.launch(LaunchConfig {
+                grid_dim: (self.params_blocks, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
         let mut b = st.launch_builder(&self.func);
         b.arg(out)
             .arg(frames)
             .arg(gains)
-            .arg(&phase_dev)
-            .arg(&ts0_dev)
+            .arg(&self.phase)
+            .arg(&self.ts0)
             .arg(&seed)
             .arg(power)
             .arg(stats);
         // SAFETY: the arguments match postproc's signature and the sizes it was compiled for
-        // (CHANNELS, SPECTRA, HEAP_SPECTRA); the mapped addresses belong to live allocations
-        // of the caller's.
+        // (CHANNELS, SPECTRA, HEAP_SPECTRA).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

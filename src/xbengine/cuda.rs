@@ -25,6 +25,7 @@ use super::backend::{BackendError, BeamChunk, BeamResult, XbBackend, XbShape, BE
 use crate::dsp::correlate::CorrShape;
 use crate::gpu::beamform::{BeamformConfig, Beamformer};
 use crate::gpu::correlate::{CorrConfig, CorrPath, Correlator};
+use crate::gpu::memory::HostRegistrations;
 use crate::gpu::{Gpu, GpuError};
 
 fn gpu_error(e: impl Into<GpuError>) -> BackendError {
@@ -91,14 +92,14 @@ pub struct CudaBackend {
     beam_slots: Vec<BeamSlot>,
     next_beam_slot: usize,
     /// Host buffers page-locked by [`XbBackend::pin`], unlocked on drop.
-    pinned: Vec<usize>,
+    pinned: HostRegistrations,
     /// Heap buffers page-locked by `dump` (address, length), unlocked when their memory is
     /// registered again for another buffer, or on drop.
     heap_pins: Vec<(usize, usize)>,
 }
 
-// SAFETY: the raw addresses in `pinned` are only handed back to the driver on drop; every
-// other field is Send.
+// SAFETY: the raw addresses in `heap_pins` are only handed back to the driver; every other
+// field is Send.
 unsafe impl Send for CudaBackend {}
 
 impl CudaBackend {
@@ -190,7 +191,7 @@ impl CudaBackend {
             beamformer,
             beam_slots,
             next_beam_slot: 0,
-            pinned: Vec::new(),
+            pinned: HostRegistrations::new(Arc::clone(&gpu)),
             heap_pins: Vec::new(),
             input_bytes: cfg.input_bytes(),
             gpu,
@@ -387,38 +388,17 @@ impl XbBackend for CudaBackend {
     }
 
     fn pin(&mut self, buffer: &mut [u8]) -> Result<(), BackendError> {
-        if buffer.is_empty() {
-            return Ok(());
-        }
-        self.gpu.ctx.bind_to_thread().map_err(gpu_error)?;
-        // SAFETY: `buffer` is live host memory of its length; the caller keeps it alive and
-        // unmoved until this backend is dropped, which unregisters it first.
-        unsafe {
-            cudarc::driver::sys::cuMemHostRegister_v2(
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
-            )
-            .result()
-            .map_err(gpu_error)?;
-        }
-        self.pinned.push(buffer.as_mut_ptr() as usize);
-        Ok(())
+        // SAFETY: the caller keeps `buffer` alive and unmoved until this backend is dropped
+        // (the contract of `XbBackend::pin`), and with it the registrations.
+        unsafe { self.pinned.register(buffer) }.map_err(gpu_error)
     }
 }
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        // Nothing may still read the chunks: wait for every stream before unlocking them.
+        // Nothing may still read the heap buffers: wait for every stream before unlocking
+        // them (the receive chunks are unlocked by `pinned`'s own drop).
         let _ = self.gpu.ctx.synchronize();
-        for &p in &self.pinned {
-            // SAFETY: `p` was registered by `pin` and its buffer is still alive (the contract
-            // of `pin`).
-            let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };
-            if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-                tracing::warn!(?r, "could not unlock a receive chunk");
-            }
-        }
         for &(p, _) in &self.heap_pins {
             // SAFETY: `p` was registered by `dump`; unregistering only unlocks pages (the
             // buffer may be gone: then the call fails, harmlessly).

@@ -1,0 +1,114 @@
+//! An event timeline of a stream's work, for benchmarks: spans (label, start, end) recorded
+//! with timing events around copies and launches, summarised per label as count, busy time
+//! and the idle time between consecutive spans of that label. It answers the question a
+//! throughput figure cannot: which of the copies and launches ran back to back, and where a
+//! stream sat idle waiting for the host or for another stream. Off, it records nothing.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::{CudaEvent, CudaStream};
+
+use super::{Gpu, GpuError};
+
+/// Spans recorded so far (empty and inert unless [`Timeline::enable`]d); clones share them, so
+/// a benchmark keeps a handle to the timeline of a backend it hands over.
+#[derive(Default, Clone)]
+pub struct Timeline {
+    spans: Option<Arc<Mutex<Vec<Span>>>>,
+}
+
+type Span = (&'static str, CudaEvent, CudaEvent);
+
+/// One label's summary, in milliseconds from the first recorded event.
+#[derive(Debug, Clone)]
+pub struct LabelSummary {
+    pub label: &'static str,
+    pub count: usize,
+    pub busy_ms: f64,
+    pub mean_ms: f64,
+    pub max_ms: f64,
+    /// Σ of the gaps between one span's end and the next span's start, and the largest.
+    pub idle_ms: f64,
+    pub max_gap_ms: f64,
+}
+
+impl Timeline {
+    pub fn enable(&mut self) {
+        self.spans.get_or_insert_with(Arc::default);
+    }
+
+    /// A timing event recorded now on `stream`, if recording.
+    pub fn start(
+        &self,
+        gpu: &Arc<Gpu>,
+        stream: &CudaStream,
+    ) -> Result<Option<CudaEvent>, GpuError> {
+        if self.spans.is_none() {
+            return Ok(None);
+        }
+        let e = gpu
+            .ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        e.record(stream)?;
+        Ok(Some(e))
+    }
+
+    /// Close the span `start` opened, under `label`.
+    pub fn end(
+        &mut self,
+        gpu: &Arc<Gpu>,
+        stream: &CudaStream,
+        label: &'static str,
+        start: Option<CudaEvent>,
+    ) -> Result<(), GpuError> {
+        if let (Some(s), Some(e), Some(spans)) = (start, self.start(gpu, stream)?, &self.spans) {
+            spans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((label, s, e));
+        }
+        Ok(())
+    }
+
+    /// Per label, in label order, after every span has completed (waits for them); the
+    /// recorded spans are then forgotten.
+    pub fn summarise(&self) -> Result<(f64, Vec<LabelSummary>), GpuError> {
+        let Some(spans) = &self.spans else {
+            return Ok((0.0, Vec::new()));
+        };
+        let mut spans = spans.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some((_, first, _)) = spans.first() else {
+            return Ok((0.0, Vec::new()));
+        };
+        let mut by_label: BTreeMap<&'static str, Vec<(f64, f64)>> = BTreeMap::new();
+        let mut window = 0f64;
+        for (label, s, e) in spans.iter() {
+            e.synchronize()?;
+            let t0 = f64::from(first.elapsed_ms(s)?);
+            let t1 = f64::from(first.elapsed_ms(e)?);
+            window = window.max(t1);
+            by_label.entry(label).or_default().push((t0, t1));
+        }
+        let out = by_label
+            .into_iter()
+            .map(|(label, mut v)| {
+                v.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let durations: Vec<f64> = v.iter().map(|(a, b)| b - a).collect();
+                let gaps: Vec<f64> = v.windows(2).map(|w| (w[1].0 - w[0].1).max(0.0)).collect();
+                let busy: f64 = durations.iter().sum();
+                LabelSummary {
+                    label,
+                    count: v.len(),
+                    busy_ms: busy,
+                    mean_ms: busy / v.len() as f64,
+                    max_ms: durations.iter().copied().fold(0.0, f64::max),
+                    idle_ms: gaps.iter().sum(),
+                    max_gap_ms: gaps.iter().copied().fold(0.0, f64::max),
+                }
+            })
+            .collect();
+        spans.clear();
+        Ok((window, out))
+    }
+}
