@@ -263,6 +263,7 @@ fn kernels_at(
     let ts: Vec<i64> = (0..spectra as i64).map(|k| k * step as i64).collect();
     let input = BackEndInput {
         gains: [&gains, &gains],
+        gains_version: 0,
         delays: [&delays, &delays],
         timestamps: &ts,
         dither: dither.then_some(7),
@@ -414,6 +415,9 @@ fn whole_path(
                 l.label, l.count, l.busy_ms, 100.0 * l.busy_ms / window, l.mean_ms, l.max_ms, l.idle_ms, l.max_gap_ms
             );
         }
+        for (label, n, ms) in tl.host_waits() {
+            println!("    {label:<32} {n:>5} times, {ms:>7.1} ms in all");
+        }
     }
     Ok(((chunks as u64 * 2 * layout.chunk_samples) as f64 / t, heaps))
 }
@@ -432,7 +436,7 @@ fn main() -> Result<(), GpuError> {
         (c.both_h2d / 1.25).min(c.both_d2h)
     );
     let sections: &[usize] = if quick {
-        &[16, 32, 64]
+        &[32, 64, 128]
     } else {
         &[8, 16, 32, 64, 128]
     };

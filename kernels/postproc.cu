@@ -99,13 +99,16 @@ __device__ __forceinline__ int quantise(float v, float u, bool *clipped)
     return __float2int_rn(fminf(fmaxf(x, -QMAX), QMAX));
 }
 
-// Both polarisations of one (channel, spectrum), packed as the wire has them.
-__device__ __forceinline__ int pack(const int q[4])
+// One polarisation's (re, im) of a (channel, spectrum) into its place in the tile word that
+// holds both, as the wire has them: 8-bit (re, im) bytes per pol, or one byte of packed
+// nibbles (re high) per pol, pol 0 first. Written as soon as it is known, so that no thread
+// holds a row's values for both polarisations in registers.
+__device__ __forceinline__ void put(int *word, int pol, int re, int im)
 {
 #if OUT_BITS == 8
-    return (q[0] & 0xff) | ((q[1] & 0xff) << 8) | ((q[2] & 0xff) << 16) | ((q[3] & 0xff) << 24);
+    reinterpret_cast<unsigned short *>(word)[pol] = (unsigned short)((re & 0xff) | ((im & 0xff) << 8));
 #else
-    return (((q[0] & 0xf) << 4) | (q[1] & 0xf)) | ((((q[2] & 0xf) << 4) | (q[3] & 0xf)) << 8);
+    reinterpret_cast<unsigned char *>(word)[pol] = (unsigned char)(((re & 0xf) << 4) | (im & 0xf));
 #endif
 }
 
@@ -201,7 +204,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
             const int sp = sp0 + row;
             if (sp >= SPECTRA)
                 break;
-            int lo[UNZIP][4], hi[UNZIP][4];
             unsigned int nclip[2] = {0, 0};
 #pragma unroll
             for (int pol = 0; pol < 2; pol++)
@@ -270,9 +272,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                         const int qi = quantise(y.y, d1, &c);
                         if (h == 0 || mirror)
                             nclip[pol] += c;
-                        int *dst = h ? hi[p] : lo[p];
-                        dst[2 * pol] = qr;
-                        dst[2 * pol + 1] = qi;
+                        put(&tile[h * UNZIP + p][sx][row], pol, qr, qi);
                     }
                     rot = cmul(rot, step);
                 }
@@ -280,12 +280,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
             for (int pol = 0; pol < 2; pol++)
                 if (nclip[pol])
                     atomicAdd(&sclip[row][pol], nclip[pol]);
-#pragma unroll
-            for (int p = 0; p < UNZIP; p++)
-            {
-                tile[p][sx][row] = pack(lo[p]);
-                tile[UNZIP + p][sx][row] = pack(hi[p]);
-            }
         }
     }
     __syncthreads();

@@ -34,6 +34,8 @@ pub struct ChunkInput<'a> {
 /// What the back end needs besides the spectra it holds.
 pub struct BackEndInput<'a> {
     pub gains: [&'a [Complex32]; 2],
+    /// Changes whenever `gains` do (and only then need they be uploaded again).
+    pub gains_version: u64,
     pub delays: [&'a [SpectrumDelay]; 2],
     pub timestamps: &'a [i64],
     pub dither: Option<u64>,

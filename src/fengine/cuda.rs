@@ -3,9 +3,10 @@
 //! ([`Pfb`], [`BatchedFft`], [`Postproc`]), which know no engine. Per chunk, both polarisations are copied to one of
 //! three device input slots on the host-to-device stream (the tail, the next chunk's head, is
 //! copied straight after the body), and the next chunk's body is prefetched into the next
-//! slot while this chunk computes. The per-heap delay terms are read by the kernel from mapped
-//! host memory rather than copied (seed 000 §Postprocessing: small copies queue behind the
-//! sample transfers). The front end batches consecutive spectra of one coarse
+//! slot while this chunk computes (the engine's chunks are page-locked, so these copies are
+//! DMA straight from them). The per-heap delay terms are written into mapped host memory
+//! rather than copied (seed 000 §Postprocessing: small copies queue behind the sample
+//! transfers), and moved into device memory once per launch by the post-processing op. The front end batches consecutive spectra of one coarse
 //! delay into one launch of `pfb_fir` (both polarisations in one grid where their runs line
 //! up); the back end runs a batched C2C cuFFT in place and `postproc` on the compute stream,
 //! then the heap and its clip and power counters go to pinned host memory on the
@@ -16,7 +17,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
-use num_complex::Complex32;
 
 use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
 use super::output::WidebandOutput;
@@ -139,12 +139,11 @@ pub struct GpuBackend {
     power: CudaSlice<u64>,
     /// Per heap of a batch: [pol][channel] complex gains.
     gains: CudaSlice<f32>,
-    /// The latest gains on the device, their host copy, a version counter, and the version
-    /// each batch position holds.
+    /// The latest gains on the device, their version (the pipeline's), and the version each
+    /// batch position holds.
     gains_master: CudaSlice<f32>,
-    gains_host: Vec<Complex32>,
-    gains_version: u64,
-    gains_at: Vec<u64>,
+    gains_version: Option<u64>,
+    gains_at: Vec<Option<u64>>,
     slots: Vec<OutSlot>,
     /// The slot being filled, and how many heaps it holds so far (not yet launched).
     fill: usize,
@@ -263,17 +262,17 @@ impl GpuBackend {
             power: st.alloc_zeros(2 * batch)?,
             gains: st.alloc_zeros(4 * channels * batch)?,
             gains_master: st.alloc_zeros(4 * channels)?,
-            gains_version: 0,
-            gains_at: vec![u64::MAX; batch],
-            gains_host: vec![Complex32::new(f32::NAN, 0.0); 2 * channels],
+            gains_version: None,
+            gains_at: vec![None; batch],
             slots,
             fill: 0,
             pending: 0,
             in_flight: VecDeque::with_capacity(cfg.depth * batch),
             runs: [None, None],
             out_bytes,
-            // Measured best on the H100 (bench/gpu-notes.md): longer sections for longer rows.
-            section: if channels >= 16384 { 64 } else { 32 },
+            // Measured best on the H100 with staged rows (bench/gpu-notes.md, v4); the kernel
+            // takes fewer where a section's rows would not fit in shared memory.
+            section: 128,
             unzip: n,
             dither: None,
             timeline: Timeline::default(),
@@ -455,14 +454,16 @@ impl GpuBackend {
         // takes effect at its heap. Uploaded once per change, then copied on the device into
         // each position as it is next used.
         let b = self.pending;
-        let changed = (0..2).any(|p| input.gains[p] != &self.gains_host[p * n..(p + 1) * n]);
-        if changed {
+        let version = Some(input.gains_version);
+        if self.gains_version != version {
             for p in 0..2 {
-                self.gains_host[p * n..(p + 1) * n].copy_from_slice(input.gains[p]);
+                let flat: &[f32] = bytemuck::cast_slice(input.gains[p]);
+                self.gpu.compute.memcpy_htod(
+                    flat,
+                    &mut self.gains_master.slice_mut(p * 2 * n..(p + 1) * 2 * n),
+                )?;
             }
-            let flat: &[f32] = bytemuck::cast_slice(&self.gains_host);
-            self.gpu.compute.memcpy_htod(flat, &mut self.gains_master)?;
-            self.gains_version += 1;
+            self.gains_version = version;
         }
         if self.gains_at[b] != self.gains_version {
             let len = 4 * n;
@@ -550,7 +551,10 @@ impl Backend for GpuBackend {
     fn release(&mut self) -> Result<(), BackendError> {
         // The copies read host memory until they complete; the prefetch of the next chunk
         // goes on (its memory is released after its own turn).
-        Ok(self.copied.synchronize()?)
+        let copied = &self.copied;
+        Ok(self
+            .timeline
+            .wait("host waits for chunk copies", || copied.synchronize())?)
     }
 
     fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> Result<(), BackendError> {
@@ -609,7 +613,8 @@ impl Backend for GpuBackend {
         }
         let slot = &self.slots[idx];
         if wait {
-            slot.done.synchronize()?;
+            self.timeline
+                .wait("host waits for a heap", || slot.done.synchronize())?;
         } else if !slot.done.is_complete() {
             return Ok(None);
         }

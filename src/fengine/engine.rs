@@ -360,7 +360,7 @@ impl Engine {
             let capture = match control.outputs[i].lock() {
                 Ok(mut st) => {
                     if st.gains_version != out.gains_version {
-                        out.pipeline.gains = st.gains.clone();
+                        out.pipeline.set_gains(st.gains.clone());
                         out.gains_version = st.gains_version;
                     }
                     for pol in 0..2 {

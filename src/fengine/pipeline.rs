@@ -66,7 +66,9 @@ pub struct Pipeline {
     spectra_per_heap: usize,
     tail: usize,
     backend: Box<dyn Backend>,
-    pub gains: [Vec<Complex32>; 2],
+    gains: [Vec<Complex32>; 2],
+    /// Bumped by every [`Pipeline::set_gains`].
+    gains_version: u64,
     pub delays: [DelayModels; 2],
     dither_seed: Option<u64>,
     /// Next output spectrum timestamp.
@@ -154,6 +156,7 @@ impl Pipeline {
         Pipeline {
             backend,
             gains: [vec![gain; channels], vec![gain; channels]],
+            gains_version: 0,
             delays: [DelayModels::default(), DelayModels::default()],
             dither_seed: output.dither.then_some(dither_seed),
             layout,
@@ -204,6 +207,12 @@ impl Pipeline {
         }
         self.heap_ts.clear();
         self.heap_valid = true;
+    }
+
+    /// Per-channel complex gains of both polarisations, from the next heap on.
+    pub fn set_gains(&mut self, gains: [Vec<Complex32>; 2]) {
+        self.gains = gains;
+        self.gains_version += 1;
     }
 
     /// Emit the oldest heap in flight (waiting for it if `wait`); false if there was none ready.
@@ -399,6 +408,7 @@ impl Pipeline {
                 }
                 let input = BackEndInput {
                     gains: [&self.gains[0], &self.gains[1]],
+                    gains_version: self.gains_version,
                     delays: [&self.heap_delays[0], &self.heap_delays[1]],
                     timestamps: &self.heap_ts,
                     dither: self.dither_seed,

@@ -42,7 +42,23 @@ pub struct PfbRun {
 pub struct Pfb {
     func: CudaFunction,
     step: usize,
+    taps: usize,
+    /// Bytes of shared memory per staged window row, or `None` where the kernel reads global
+    /// memory directly (rows of fractional bytes, or fewer than 256 columns).
+    staged_row: Option<usize>,
 }
+
+/// Threads (columns) per block.
+const BLOCK: usize = 256;
+
+/// The kernel's `SROW`: a block's 256 samples of a row, 15 bytes of alignment slop and the
+/// byte after them, in 16-byte units.
+fn staged_row_bytes(sample_bits: u32) -> usize {
+    (BLOCK * sample_bits as usize / 8 + 17).next_multiple_of(16)
+}
+
+/// Shared memory a block may take without opting in to more (CUDA's default limit).
+const SHARED_LIMIT: usize = 48 * 1024;
 
 impl Pfb {
     pub fn new(gpu: &Gpu, s: PfbShape) -> Result<Pfb, GpuError> {
@@ -53,9 +69,13 @@ impl Pfb {
             ("UNZIP", s.unzip as i64),
             ("SPECTRA", s.spectra as i64),
         ];
+        let step = 2 * s.channels;
+        let whole_rows = (step * s.sample_bits as usize) % 8 == 0;
         Ok(Pfb {
             func: gpu.function(Kernel::Pfb, &defs)?,
-            step: 2 * s.channels,
+            step,
+            taps: s.taps,
+            staged_row: (whole_rows && step % BLOCK == 0).then(|| staged_row_bytes(s.sample_bits)),
         })
     }
 
@@ -68,16 +88,24 @@ impl Pfb {
         power: &mut CudaSlice<u64>,
         run: PfbRun,
     ) -> Result<(), GpuError> {
-        let section = run.section.clamp(1, run.count.max(1));
+        let mut section = run.section.clamp(1, run.count.max(1));
+        let mut shared = 0;
+        if let Some(row) = self.staged_row {
+            // A staged block holds its section's window rows: fewer spectra per block where
+            // they would not fit.
+            section = section.min((SHARED_LIMIT / row).saturating_sub(self.taps - 1).max(1));
+            shared = (section + self.taps - 1) * row;
+        }
         let cfg = LaunchConfig {
             grid_dim: (
-                self.step.div_ceil(256) as u32,
+                self.step.div_ceil(BLOCK) as u32,
                 run.count.div_ceil(section) as u32,
                 run.pols as u32,
             ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (BLOCK as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
         };
+        let in_len = input.len() as i64;
         let (s0, s1, stride) = (
             run.starts[0] as i64,
             run.starts[1] as i64,
@@ -93,6 +121,7 @@ impl Pfb {
         let mut b = st.launch_builder(&self.func);
         b.arg(frames)
             .arg(input)
+            .arg(&in_len)
             .arg(weights)
             .arg(power)
             .arg(&s0)

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
@@ -16,9 +17,14 @@ use super::{Gpu, GpuError};
 #[derive(Default, Clone)]
 pub struct Timeline {
     spans: Option<Arc<Mutex<Vec<Span>>>>,
+    /// Host time spent blocked, per label: (count, total).
+    waits: Option<Arc<Mutex<Waits>>>,
 }
 
 type Span = (&'static str, CudaEvent, CudaEvent);
+
+/// Per label: how many waits and their total.
+type Waits = BTreeMap<&'static str, (usize, Duration)>;
 
 /// One label's summary, in milliseconds from the first recorded event.
 #[derive(Debug, Clone)]
@@ -36,6 +42,35 @@ pub struct LabelSummary {
 impl Timeline {
     pub fn enable(&mut self) {
         self.spans.get_or_insert_with(Arc::default);
+        self.waits.get_or_insert_with(Arc::default);
+    }
+
+    /// Run `f` (a host wait on the device), timing it under `label` if recording.
+    pub fn wait<T>(&self, label: &'static str, f: impl FnOnce() -> T) -> T {
+        let Some(waits) = &self.waits else {
+            return f();
+        };
+        let t = Instant::now();
+        let r = f();
+        let mut w = waits.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = w.entry(label).or_default();
+        e.0 += 1;
+        e.1 += t.elapsed();
+        r
+    }
+
+    /// Host waits so far per label: (label, count, total ms); then forgotten.
+    pub fn host_waits(&self) -> Vec<(&'static str, usize, f64)> {
+        let Some(waits) = &self.waits else {
+            return Vec::new();
+        };
+        let mut w = waits.lock().unwrap_or_else(PoisonError::into_inner);
+        let out = w
+            .iter()
+            .map(|(l, (n, d))| (*l, *n, d.as_secs_f64() * 1e3))
+            .collect();
+        w.clear();
+        out
     }
 
     /// A timing event recorded now on `stream`, if recording.

@@ -287,6 +287,8 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
     let inputs: Vec<BackEndInput> = (0..sh.heaps)
         .map(|h| BackEndInput {
             gains: [&gains_of(h)[0], &gains_of(h)[1]],
+            // Gains change for heap 2 and back for heap 3.
+            gains_version: h.min(3).saturating_sub(1) as u64,
             delays: [
                 &delays[0][h * hs..(h + 1) * hs],
                 &delays[1][h * hs..(h + 1) * hs],
