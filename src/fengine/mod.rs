@@ -8,6 +8,7 @@ pub mod backend;
 pub mod config;
 pub mod control;
 pub mod cuda;
+pub mod cuda_shape;
 pub mod engine;
 pub mod heaps;
 pub mod metrics;

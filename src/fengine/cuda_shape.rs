@@ -1,0 +1,59 @@
+//! The shape of the F-engine's CUDA backend ([`super::cuda::GpuBackend`]) and its defaults,
+//! and the conversions between the backend's and the device layer's errors.
+
+use super::backend::BackendError;
+use crate::dsp::postproc::OutputBits;
+use crate::gpu::GpuError;
+
+impl From<GpuError> for BackendError {
+    fn from(e: GpuError) -> BackendError {
+        BackendError(e.to_string())
+    }
+}
+
+impl From<cudarc::driver::DriverError> for BackendError {
+    fn from(e: cudarc::driver::DriverError) -> BackendError {
+        BackendError(GpuError::from(e).to_string())
+    }
+}
+
+/// The self-test and the benchmark drive the backend through the trait from code that
+/// returns `GpuError`.
+impl From<BackendError> for GpuError {
+    fn from(e: BackendError) -> GpuError {
+        GpuError::Backend(e.0)
+    }
+}
+
+/// The unzip factor n of seed 000 §Unzipping the FFT: 4 from 8 channels up, else the largest
+/// that leaves sub-transforms of at least 2 points.
+pub fn default_unzip(channels: usize) -> usize {
+    match channels {
+        0..=2 => 1,
+        3..=7 => 2,
+        _ => 4,
+    }
+}
+
+/// How a [`GpuBackend`] is shaped.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuConfig {
+    pub sample_bits: u32,
+    /// Samples per polarisation in a chunk, and in its tail.
+    pub body: usize,
+    pub tail: usize,
+    pub spectra_per_heap: usize,
+    pub out_bits: OutputBits,
+    pub unzip: usize,
+    /// Heaps post-processed per launch (FFT and post-processing of a heap of few spectra
+    /// leave the GPU idle; see [`default_batch`]).
+    pub batch: usize,
+    /// Output slots of `batch` heaps each in flight.
+    pub depth: usize,
+}
+
+/// Heaps per back-end launch: enough for 256 spectra, below which post-processing was
+/// measured at a fraction of its bandwidth (bench/gpu-notes.md).
+pub fn default_batch(spectra_per_heap: usize) -> usize {
+    256usize.div_ceil(spectra_per_heap).max(1)
+}
