@@ -282,8 +282,8 @@ impl GpuBackend {
             &mut self.power,
             run,
         )?;
-        let compute = Arc::clone(&self.gpu.compute);
-        self.timeline.end(&self.gpu, &compute, "compute pfb", t)
+        self.timeline
+            .end(&self.gpu, &self.gpu.compute, "compute pfb", t)
     }
 
     /// The frames of the heap being assembled, in natural order (pol-major, then spectrum,
@@ -463,16 +463,15 @@ impl GpuBackend {
         let t = self.timeline.start(&self.gpu, &self.gpu.compute)?;
         self.fft()?;
         self.postproc(self.dither)?;
-        let compute = Arc::clone(&self.gpu.compute);
         self.timeline
-            .end(&self.gpu, &compute, "compute fft+postproc", t)?;
-        let d2h = Arc::clone(&self.gpu.d2h);
-        let t = self.timeline.start(&self.gpu, &d2h)?;
+            .end(&self.gpu, &self.gpu.compute, "compute fft+postproc", t)?;
+        let d2h = &self.gpu.d2h;
+        let t = self.timeline.start(&self.gpu, d2h)?;
         let slot = &mut self.slots[self.fill];
         d2h.memcpy_dtoh(&slot.out, &mut slot.out_host)?;
         d2h.memcpy_dtoh(&slot.stats, &mut slot.stats_host)?;
-        slot.done.record(&d2h)?;
-        self.timeline.end(&self.gpu, &d2h, "d2h batch", t)?;
+        slot.done.record(d2h)?;
+        self.timeline.end(&self.gpu, d2h, "d2h batch", t)?;
         self.fill = (self.fill + 1) % self.slots.len();
         self.pending = 0;
         Ok(())

@@ -91,7 +91,7 @@ impl Timeline {
 
     /// Close the span `start` opened, under `label`.
     pub fn end(
-        &mut self,
+        &self,
         gpu: &Arc<Gpu>,
         stream: &CudaStream,
         label: &'static str,
