@@ -4,6 +4,10 @@
 # (dsim → fengine --backend cuda → capture). Binaries come from `cargo build --release` on
 # the development machine, stripped into .dev/ (ignored by git, carried to the device).
 # Usage: bench/device-run.sh [--quick] [--skip-bench] [--skip-e2e]; logs go to $OUT if set.
+# Environment: CBF_E2E_RATES, CBF_E2E_ANTS (antenna counts to try), CBF_E2E_SECS,
+# CBF_DSIM_THREADS (dsim send threads per antenna), CBF_E2E_LAYOUTS (DESTS:RECV pairs: loopback
+# addresses per pol, as a digitiser spreads a pol over several groups, and the engine's receive
+# threads; default 1:2), CBF_E2E_PIN (1: dsim on its own cores), CBF_BACKEND (cuda; cpu for a dry run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=.dev
@@ -15,30 +19,65 @@ if [[ " $* " != *" --skip-bench "* ]]; then
     "$bin/cbf-gpu-bench" "$@" 2>&1 | tee "$out/bench.txt"
 fi
 [[ " $* " == *" --skip-e2e "* ]] && exit 0
-# End to end over loopback: 2 pols × rate × 10 bits in, 4096 channels out.
+# End to end over loopback: per antenna, 2 pols × rate × 10 bits in (one dsim with
+# CBF_DSIM_THREADS send threads), one fengine --backend cuda, 4096 channels out to a capture.
+# CBF_E2E_ANTS antennas run at once, each its own processes (as katgpucbf runs one fgpu per
+# antenna), all on the one GPU.
 rcvbuf_errors() { awk '/^Udp:/ { if (h) print $6; h = 1 }' /proc/net/snmp; }
 # The engine runs until SIGINT (a graceful stop: flush, summary); dsim renders its signal
 # pattern before sending (seconds for wgn), so the clock starts at its "sending" line.
 e2e() {
-    local rate=$1 secs=$2
-    local drops_before sync
+    local rate=$1 secs=$2 ants=$3 threads=${CBF_DSIM_THREADS:-1}
+    local dests=${4%:*} recv=${4#*:}
+    local drops_before sync a tag p0 p1 pin_dsim="" pin_rest=""
+    # CBF_E2E_PIN=1: dsim's send threads on cores 0.., the engines and captures on the rest
+    # (unpinned, a busy send thread and a receive thread can share a core and fall behind).
+    if [ "${CBF_E2E_PIN:-0}" = 1 ]; then
+        pin_rest="taskset -c $((ants * threads))-$(($(nproc) - 1))"
+    fi
+    local -a fengs dsims caps
     drops_before=$(rcvbuf_errors)
     sync=$(date +%s)
-    "$bin/cbf" fengine --backend cuda --src 127.0.0.1:7101,127.0.0.1:7102 --recv-threads 2 \
-        --adc-sample-rate "$rate" --sync-time "$sync" --katcp-port 0 \
-        --wideband name=wide,channels=4096,dst=127.0.0.1:7200 > "$out/fengine-$rate.txt" 2>&1 &
-    local feng=$!
-    "$bin/cbf" dsim --adc-sample-rate "$rate" --sync-time "$sync" --duration "$secs" --katcp-port 0 \
-        --signals "cw(0.2, 1.0e8); wgn(0.05);" 127.0.0.1:7101 127.0.0.1:7102 > "$out/dsim-$rate.txt" 2>&1 &
-    local dsim=$!
-    until grep -q sending "$out/dsim-$rate.txt" || ! kill -0 $dsim 2>/dev/null; do sleep 0.2; done
-    "$bin/cbf" capture --stats --duration $((secs + 3)) 127.0.0.1:7200 > "$out/capture-$rate.txt" 2>&1 &
-    local cap=$!
-    wait $dsim
+    for ((a = 0; a < ants; a++)); do
+        tag="$rate-n$ants-$dests-$recv-a$a"
+        p0="127.0.0.1+$((dests - 1)):$((7101 + 2 * a))" p1="127.0.0.1+$((dests - 1)):$((7102 + 2 * a))"
+        $pin_rest "$bin/cbf" fengine --backend "${CBF_BACKEND:-cuda}" --src "$p0,$p1" \
+            --recv-threads "$recv" --adc-sample-rate "$rate" --sync-time "$sync" --katcp-port 0 \
+            --wideband "name=wide,channels=4096,dst=127.0.0.1:$((7200 + a))" > "$out/fengine-$tag.txt" 2>&1 &
+        fengs+=($!)
+    done
+    for ((a = 0; a < ants; a++)); do
+        tag="$rate-n$ants-$dests-$recv-a$a"
+        p0="127.0.0.1+$((dests - 1)):$((7101 + 2 * a))" p1="127.0.0.1+$((dests - 1)):$((7102 + 2 * a))"
+        [ -n "$pin_rest" ] && pin_dsim="--affinity=$(seq -s, $((a * threads)) $((a * threads + threads - 1)))"
+        "$bin/cbf" dsim $pin_dsim --adc-sample-rate "$rate" --sync-time "$sync" --duration "$secs" --katcp-port 0 \
+            --send-threads "$threads" --dither-seed "$a" --signals "cw(0.2, 1.0e8); wgn(0.05);" \
+            "$p0" "$p1" > "$out/dsim-$tag.txt" 2>&1 &
+        dsims+=($!)
+    done
+    for ((a = 0; a < ants; a++)); do
+        tag="$rate-n$ants-$dests-$recv-a$a"
+        until grep -q sending "$out/dsim-$tag.txt" || ! kill -0 "${dsims[a]}" 2>/dev/null; do sleep 0.2; done
+        $pin_rest "$bin/cbf" capture --stats --duration $((secs + 3)) "127.0.0.1:$((7200 + a))" > "$out/capture-$tag.txt" 2>&1 &
+        caps+=($!)
+    done
+    wait "${dsims[@]}"
     sleep 3
-    kill -INT $feng; wait $feng; wait $cap
-    echo "== e2e at $rate S/s per pol: UDP receive-buffer drops during the run: $(( $(rcvbuf_errors) - drops_before ))"
-    grep 'dsim: sent' "$out/dsim-$rate.txt"; grep '^fengine:' "$out/fengine-$rate.txt"
-    tail -n 1 "$out/capture-$rate.txt" | tr ',' '\n' | grep -E '"(heaps|incomplete_heaps_evicted|too_old_heaps|gbps)"' | tr '\n' ' '; echo
+    kill -INT "${fengs[@]}"; wait "${fengs[@]}"; wait "${caps[@]}"
+    local drops_after
+    drops_after=$(rcvbuf_errors)
+    echo "== e2e at $rate S/s per pol, $ants antenna(s), $threads dsim send thread(s), $dests destination(s) per pol, $recv receive thread(s), pinned ${CBF_E2E_PIN:-0}: UDP receive-buffer errors before $drops_before, after $drops_after (+$((drops_after - drops_before)))"
+    for ((a = 0; a < ants; a++)); do
+        tag="$rate-n$ants-$dests-$recv-a$a"
+        echo "-- antenna $a"
+        grep 'dsim: sent' "$out/dsim-$tag.txt"; grep '^fengine:' "$out/fengine-$tag.txt"
+        tail -n 1 "$out/capture-$tag.txt" | tr ',' '\n' | grep -E '"(heaps|incomplete_heaps_evicted|too_old_heaps|gbps)"' | tr '\n' ' '; echo
+    done
 }
-for rate in ${CBF_E2E_RATES:-428e6 856e6 1712e6}; do e2e "$rate" 8; done
+for ants in ${CBF_E2E_ANTS:-1}; do
+    for layout in ${CBF_E2E_LAYOUTS:-1:2}; do
+        for rate in ${CBF_E2E_RATES:-428e6 856e6 1712e6}; do
+            e2e "$rate" "${CBF_E2E_SECS:-8}" "$ants" "$layout"
+        done
+    done
+done

@@ -1,5 +1,5 @@
 //! `cbf dsim` under a real katcp client (aiokatcp): `?signals` changes the output exactly at the
-//! timestamp it replies with; sensors describe the output; bad requests fail and the
+//! timestamp it replies with, in all of its send threads; sensors describe the output; bad requests fail and the
 //! simulator keeps running.
 
 mod common;
@@ -32,6 +32,9 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
                 "--signals",
                 "0.5;",
                 "--dither-seed",
+                "3",
+                // The switch must land at one timestamp in every send thread.
+                "--send-threads",
                 "3",
             ])
             .args([

@@ -156,7 +156,7 @@ fn beamformer_matches_numpy_within_quantisation() {
         .collect();
     let timestamps: Vec<i64> = (0..spectra as i64).map(|t| t * 1024).collect();
     let mut out = vec![0i8; beams.len() * channels * spectra * 2];
-    let (clips, ants) = beamform(
+    let cbf::dsp::beamform::Formed { clips, ants, .. } = beamform(
         shape,
         &x,
         &[true; 5],

@@ -221,6 +221,8 @@ pub fn run(
                 ttl: 1,
                 send_buffer: 1 << 20,
                 send_stop: false,
+                send_threads: None,
+                affinity: vec![],
                 dests: vec![vec![local(in_port)], vec![local(in_port)]],
                 control: loopback_control(),
             },

@@ -61,6 +61,15 @@ pub struct DsimArgs {
     /// Send a stop heap to every destination when done.
     #[arg(long)]
     pub send_stop: bool,
+    /// Send threads, each with its own sockets and an equal share of the rate (one thread
+    /// sends about 25 Gb/s; a 1712 MS/s 10-bit antenna is 34 Gb/s) [default: one per
+    /// --affinity core, or 1].
+    #[arg(long)]
+    pub send_threads: Option<usize>,
+    /// Cores for the send threads, one per thread (katgpucbf: one core for its send thread);
+    /// -1 = not bound.
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+    pub affinity: Vec<i64>,
     /// katcp port (`?signals`, `?time`, sensors); 0 picks a free one.
     #[arg(long, default_value_t = 7147)]
     pub katcp_port: u16,
@@ -104,6 +113,8 @@ impl DsimArgs {
             ttl: self.ttl,
             send_buffer: self.send_buffer,
             send_stop: self.send_stop,
+            send_threads: self.send_threads,
+            affinity: self.cores()?,
             dests,
             control: ControlConfig {
                 host: self.katcp_host,
@@ -111,6 +122,20 @@ impl DsimArgs {
                 prometheus_port: self.prometheus_port,
             },
         })
+    }
+
+    /// `--affinity` as core numbers: katgpucbf's -1 (alone) means not bound.
+    fn cores(&self) -> Result<Vec<usize>, CliError> {
+        if self.affinity == [-1] {
+            return Ok(vec![]);
+        }
+        self.affinity
+            .iter()
+            .map(|&c| {
+                usize::try_from(c)
+                    .map_err(|_| CliError::flag("--affinity", format!("{c} is not a core number")))
+            })
+            .collect()
     }
 
     /// Check every flag; errors name the flag.
@@ -152,7 +177,7 @@ mod tests {
         Wrap::try_parse_from(v).unwrap().a.plan()
     }
 
-    fn flag_of(r: Result<DsimPlan, CliError>) -> &'static str {
+    fn flag_of<T: std::fmt::Debug>(r: Result<T, CliError>) -> &'static str {
         match r {
             Err(CliError::Flag { flag, .. }) => flag,
             other => panic!("expected a flag error, got {other:?}"),
@@ -265,13 +290,58 @@ mod tests {
         for (flag, extra) in [
             ("--ibv", None),
             ("--comp-vector", Some("-1")),
-            ("--affinity", Some("3")),
             ("--main-affinity", Some("2")),
             ("--aiomonitor", None),
         ] {
             let f = extra.map_or(flag.to_string(), |v| format!("{flag}={v}"));
             assert_eq!(flag_of(plan(&["--adc-sample-rate", "1e9", &f, d])), flag);
         }
+    }
+
+    /// `--send-threads` and `--affinity` decide the send threads together; each thread gets an
+    /// equal share of the rate and its own interleaved run of even heap counters.
+    #[test]
+    fn send_threads_and_their_cores() {
+        let d = "239.1.1.1:7148";
+        let cores = |args: &[&str]| {
+            let mut v = vec!["--adc-sample-rate", "1712e6"];
+            v.extend_from_slice(args);
+            v.push(d);
+            plan(&v).map(|p| p.send_cores)
+        };
+        assert_eq!(cores(&[]).unwrap(), vec![None]);
+        assert_eq!(cores(&["--affinity=-1"]).unwrap(), vec![None]);
+        assert_eq!(cores(&["--affinity", "3"]).unwrap(), vec![Some(3)]);
+        assert_eq!(
+            cores(&["--affinity", "2,5,7"]).unwrap(),
+            vec![Some(2), Some(5), Some(7)]
+        );
+        assert_eq!(
+            cores(&["--send-threads", "2", "--affinity", "4,6"]).unwrap(),
+            vec![Some(4), Some(6)]
+        );
+        assert_eq!(cores(&["--send-threads", "3"]).unwrap(), vec![None; 3]);
+        for (bad, flag) in [
+            (&["--send-threads", "0"][..], "--send-threads"),
+            (&["--send-threads", "65"], "--send-threads"),
+            (&["--send-threads", "2", "--affinity", "4"], "--affinity"),
+            (&["--affinity=-2"], "--affinity"),
+            (&["--affinity=1,-1"], "--affinity"),
+            (&["--affinity", "1000000"], "--affinity"),
+        ] {
+            assert_eq!(flag_of(cores(bad)), flag, "{bad:?}");
+        }
+        let p = plan(&["--adc-sample-rate", "1712e6", "--send-threads", "4", d]).unwrap();
+        let configs: Vec<_> = (0..4).map(|t| p.send_config(t)).collect();
+        assert!(configs
+            .iter()
+            .all(|c| (c.rate * 4.0 - p.rate()).abs() < 1e-3));
+        let mut cnts: Vec<u64> = configs
+            .iter()
+            .flat_map(|c| (0..5).map(move |k| c.cnt_first + k * c.cnt_step))
+            .collect();
+        cnts.sort_unstable();
+        assert_eq!(cnts, (1..=20).map(|k| 2 * k).collect::<Vec<_>>());
     }
 
     #[test]

@@ -8,6 +8,8 @@ use super::CliError;
 
 const NETWORK: &str =
     "kernel-bypass transports and thread pinning are not implemented yet (UDP sockets only)";
+const MAIN_AFFINITY: &str = "cbf's katcp threads render ?signals patterns on every core, so \
+     they are not bound to one (--affinity binds the send threads)";
 const MONITOR: &str = "cbf has no asyncio monitor (it is not Python)";
 
 /// The first of `given` that is set, refused with its reason.
@@ -99,8 +101,6 @@ pub struct DsimUnsupported {
     #[arg(long, hide = true, allow_hyphen_values = true)]
     comp_vector: Option<String>,
     #[arg(long, hide = true, allow_hyphen_values = true)]
-    affinity: Option<String>,
-    #[arg(long, hide = true, allow_hyphen_values = true)]
     main_affinity: Option<String>,
     #[command(flatten)]
     monitor: Monitor,
@@ -112,8 +112,11 @@ impl DsimUnsupported {
         refuse_first(&[
             ("--ibv", self.ibv, NETWORK),
             ("--comp-vector", self.comp_vector.is_some(), NETWORK),
-            ("--affinity", self.affinity.is_some(), NETWORK),
-            ("--main-affinity", self.main_affinity.is_some(), NETWORK),
+            (
+                "--main-affinity",
+                self.main_affinity.is_some(),
+                MAIN_AFFINITY,
+            ),
         ])?;
         self.monitor.refuse()
     }

@@ -47,7 +47,24 @@ pub fn beam_dither(seed: u64, beam: usize, timestamp: i64, channel: usize, part:
     ))
 }
 
-/// Form every beam. Returns (clipped values per beam, antennas present).
+/// How close to the clip level a dithered value must be for float rounding to decide whether
+/// it clips: a GPU's f32 sums of up to a few hundred terms differ from these f64 sums by far
+/// less. A value that near ±127 is 127 either way, but only one side counts it clipped.
+pub const CLIP_MARGIN: f32 = 1.0 / 64.0;
+
+/// What [`beamform`] reports besides the samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Formed {
+    /// Per beam: complex values with a part clipped.
+    pub clips: Vec<u64>,
+    /// Per beam: complex values with a part within [`CLIP_MARGIN`] of the clip level, whose
+    /// clip flag another implementation may rightly set the other way.
+    pub near_clip: Vec<u64>,
+    /// Antennas present.
+    pub ants: usize,
+}
+
+/// Form every beam.
 pub fn beamform(
     shape: BeamShape,
     x: &[i8],
@@ -56,7 +73,7 @@ pub fn beamform(
     timestamps: &[i64],
     dither: Option<u64>,
     out: &mut [i8],
-) -> (Vec<u64>, usize) {
+) -> Formed {
     let BeamShape {
         n_ants,
         channels,
@@ -67,6 +84,8 @@ pub fn beamform(
     assert_eq!(timestamps.len(), spectra);
     assert_eq!(out.len(), beams.len() * channels * spectra * 2);
     let mut clips = vec![0u64; beams.len()];
+    let mut near_clip = vec![0u64; beams.len()];
+    let near = |v: f32, u: f32| ((v + u).abs() - 127.0).abs() <= CLIP_MARGIN;
     for (b, beam) in beams.iter().enumerate() {
         for c in 0..channels {
             let coeff: Vec<Complex64> = (0..n_ants)
@@ -85,16 +104,23 @@ pub fn beamform(
                     acc += coeff[a] * Complex64::new(f64::from(x[i]), f64::from(x[i + 1]));
                 }
                 let u = |part| dither.map_or(0.0, |seed| beam_dither(seed, b, ts, c, part));
-                let (re, c0) = quantise(acc.re as f32, u(0), 127.0);
-                let (im, c1) = quantise(acc.im as f32, u(1), 127.0);
+                let (v0, v1) = (acc.re as f32, acc.im as f32);
+                let (u0, u1) = (u(0), u(1));
+                let (re, c0) = quantise(v0, u0, 127.0);
+                let (im, c1) = quantise(v1, u1, 127.0);
                 let o = ((b * channels + c) * spectra + t) * 2;
                 out[o] = re;
                 out[o + 1] = im;
                 clips[b] += u64::from(c0 || c1);
+                near_clip[b] += u64::from(near(v0, u0) || near(v1, u1));
             }
         }
     }
-    (clips, present.iter().filter(|&&p| p).count())
+    Formed {
+        clips,
+        near_clip,
+        ants: present.iter().filter(|&&p| p).count(),
+    }
 }
 
 #[cfg(test)]
@@ -124,7 +150,7 @@ mod tests {
             delays: vec![0.0; 3],
         };
         let mut out = vec![0i8; 2 * 2 * 2 * 2];
-        let (clips, ants) = beamform(
+        let Formed { clips, ants, .. } = beamform(
             shape,
             &x,
             &[true, false, true],
@@ -175,8 +201,18 @@ mod tests {
             delays: vec![0.0; 2],
         };
         let mut out = vec![0i8; 2];
-        let (clips, _) = beamform(shape, &x, &[true, true], &[beam], &[0], Some(1), &mut out);
+        let f = beamform(shape, &x, &[true, true], &[beam], &[0], Some(1), &mut out);
         assert_eq!(out, [127, 127]);
-        assert_eq!(clips, [1]);
+        assert_eq!(f.clips, [1]);
+        // 254 + dither is far from the clip level.
+        assert_eq!(f.near_clip, [0]);
+        // 127 + 0 is exactly at it: not clipped, but near.
+        let half = Beam {
+            pol: 0,
+            weights: vec![Complex64::new(0.5, 0.0); 2],
+            delays: vec![0.0; 2],
+        };
+        let f = beamform(shape, &x, &[true, true], &[half], &[0], None, &mut out);
+        assert_eq!((f.clips[0], f.near_clip[0]), (0, 1));
     }
 }

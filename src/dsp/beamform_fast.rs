@@ -323,7 +323,7 @@ mod tests {
             let mut got = vec![0x55i8; want.len()];
             let oracle = beamform(shape, &x, &present, &beams, &ts, dither, &mut want);
             let fast = Beamformer::new(shape, threads).form(&x, &present, &beams, &ts, dither, &mut got);
-            prop_assert_eq!(fast, oracle);
+            prop_assert_eq!(fast, (oracle.clips, oracle.ants));
             prop_assert!(got == want);
         }
     }

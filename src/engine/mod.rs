@@ -5,6 +5,7 @@
 //! name the flag at fault ([`ConfigError`]) and clean shutdown ([`Shutdown`]). The F-engine,
 //! the XB-engine and the simulators are built from these pieces, so each exists once.
 
+pub mod affinity;
 pub mod control;
 pub mod health;
 pub mod metrics;

@@ -56,7 +56,7 @@ fn oracle(
     batch_step: i64,
     spectrum_step: i64,
     dither: &[Option<u64>],
-) -> (Vec<i8>, Vec<u64>) {
+) -> (Vec<i8>, Vec<u64>, Vec<u64>) {
     let shape = BeamShape {
         n_ants: cfg.n_ants,
         channels: cfg.channels,
@@ -66,6 +66,7 @@ fn oracle(
     let per_beam = cfg.channels * cfg.spectra * 2;
     let mut out = vec![0i8; cfg.output_len()];
     let mut clips = vec![0u64; cfg.batches * cfg.beams];
+    let mut near = vec![0u64; cfg.batches * cfg.beams];
     for batch in 0..cfg.batches {
         let p: Vec<bool> = present[batch * cfg.n_ants..][..cfg.n_ants]
             .iter()
@@ -78,7 +79,7 @@ fn oracle(
             // One beam at a time so that each has its own dither choice: beam b's bits are
             // the oracle's for seed + b at index 0.
             let i = batch * cfg.beams + b;
-            let (c, _) = beamform(
+            let f = beamform(
                 shape,
                 &x[batch * per_batch..(batch + 1) * per_batch],
                 &p,
@@ -87,10 +88,10 @@ fn oracle(
                 dither[b].map(|s| s.wrapping_add(b as u64)),
                 &mut out[i * per_beam..(i + 1) * per_beam],
             );
-            clips[i] = c[0];
+            (clips[i], near[i]) = (f.clips[0], f.near_clip[0]);
         }
     }
-    (out, clips)
+    (out, clips, near)
 }
 
 fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuError> {
@@ -137,7 +138,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
         )?;
         let got = st.clone_dtoh(&out)?;
         let got_clips = st.clone_dtoh(&clips)?;
-        let (want, want_clips) = oracle(
+        let (want, want_clips, near) = oracle(
             &cfg,
             &x,
             &present,
@@ -163,7 +164,9 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
             }
             off += here as usize;
             count += per_beam;
-            clips_ok &= got_clips[i].abs_diff(want_clips[i]) <= here;
+            // A value off by one may clip on one side only, and so may one within
+            // CLIP_MARGIN of the clip level (127 either way): seen once in ~10 runs.
+            clips_ok &= got_clips[i].abs_diff(want_clips[i]) <= here + near[i];
         }
     }
     let (few, unbiased) = lsb_statistics(off, signed, count);

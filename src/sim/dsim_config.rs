@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::dsim::DigitiserConfig;
 use super::signal::{self, Signal};
 use crate::dsp::samples::valid_sample_bits;
+use crate::engine::affinity::MAX_CORE;
 use crate::engine::control::ControlConfig;
 use crate::engine::{check_rate_factor, check_sample_rate, check_seconds, unix_now, ConfigError};
 use crate::spead::send::SendStreamConfig;
@@ -46,6 +47,10 @@ pub struct DsimConfig {
     pub send_buffer: usize,
     /// Send a stop heap to every destination at the end.
     pub send_stop: bool,
+    /// Send threads; `None` = one per `affinity` core, or one.
+    pub send_threads: Option<usize>,
+    /// Cores the send threads are pinned to, one per thread; empty = not pinned.
+    pub affinity: Vec<usize>,
     /// One destination list per polarisation (the positional `dest` arguments).
     pub dests: Vec<Vec<SocketAddrV4>>,
     pub control: ControlConfig,
@@ -64,6 +69,8 @@ pub struct DsimPlan {
     pub max_heaps: Option<u64>,
     pub duration: Option<Duration>,
     pub send_stop: bool,
+    /// One entry per send thread: the core it is pinned to, if any.
+    pub send_cores: Vec<Option<usize>>,
 }
 
 impl DsimConfig {
@@ -116,6 +123,7 @@ impl DsimConfig {
         if !self.sync_time.is_finite() || self.sync_time > unix_now() {
             return Err(ConfigError::new("--sync-time", "is in the future"));
         }
+        let send_cores = self.send_cores()?;
         Ok(DsimPlan {
             config: DigitiserConfig {
                 adc_sample_rate: self.adc_sample_rate,
@@ -133,9 +141,49 @@ impl DsimConfig {
             max_heaps: self.max_heaps,
             duration: self.duration.map(Duration::from_secs_f64),
             send_stop: self.send_stop,
+            send_cores,
         })
     }
+
+    /// The send threads and their cores: `--send-threads` (1 to [`MAX_SEND_THREADS`]) and
+    /// `--affinity` (one existing core per thread) must agree when both are given.
+    fn send_cores(&self) -> Result<Vec<Option<usize>>, ConfigError> {
+        if let Some(&c) = self.affinity.iter().find(|&&c| c > MAX_CORE) {
+            return Err(ConfigError::new(
+                "--affinity",
+                format!("core {c} is beyond {MAX_CORE}"),
+            ));
+        }
+        let threads = match (self.send_threads, self.affinity.len()) {
+            (Some(n), _) if n == 0 || n > MAX_SEND_THREADS => {
+                return Err(ConfigError::new(
+                    "--send-threads",
+                    format!("{n} is not 1 to {MAX_SEND_THREADS}"),
+                ))
+            }
+            (Some(n), k) if k > 0 && k != n => {
+                return Err(ConfigError::new(
+                    "--affinity",
+                    format!("gives {k} cores for {n} --send-threads"),
+                ))
+            }
+            (Some(n), _) => n,
+            (None, k) if k > MAX_SEND_THREADS => {
+                return Err(ConfigError::new(
+                    "--affinity",
+                    format!("{k} cores: at most {MAX_SEND_THREADS} send threads"),
+                ))
+            }
+            (None, k) => k.max(1),
+        };
+        Ok((0..threads)
+            .map(|t| self.affinity.get(t).copied())
+            .collect())
+    }
 }
+
+/// Most send threads a dsim runs (each has its own sockets and a share of the rate).
+pub const MAX_SEND_THREADS: usize = 64;
 
 /// A pattern length `?signals` or `--period` may ask for: a positive multiple of the heap size,
 /// at most the maximum period (the memory set aside at start-up).
@@ -169,15 +217,18 @@ impl DsimPlan {
         samples.div_ceil(hs) * hs
     }
 
-    /// The send stream: one packet per heap, data heap counters 2, 4, 6, … (descriptors take
-    /// the odd ones, facts §1.9 "Digitiser heap").
-    pub fn send_config(&self) -> SendStreamConfig {
+    /// The send stream of send thread `thread`: one packet per heap, its share of the rate,
+    /// and even heap counters interleaved between the threads (thread t of T takes 2 + 2t,
+    /// 2 + 2t + 2T, …), so that together they count 2, 4, 6, … as one stream does; descriptors
+    /// take the odd ones (facts §1.9 "Digitiser heap").
+    pub fn send_config(&self, thread: usize) -> SendStreamConfig {
+        let threads = self.send_cores.len().max(1);
         SendStreamConfig {
             flavour: Flavour::SPEAD_64_48,
             max_packet_size: self.config.packet_bytes().max(1472),
-            rate: self.rate(),
-            cnt_first: 2,
-            cnt_step: 2,
+            rate: self.rate() / threads as f64,
+            cnt_first: 2 + 2 * thread as u64,
+            cnt_step: 2 * threads as u64,
             ..Default::default()
         }
     }

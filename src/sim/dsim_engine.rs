@@ -1,26 +1,26 @@
 //! The digitiser simulator as a library type (katgpucbf dsim, facts §1.5): built from a
 //! validated [`DsimConfig`], it renders the `--signals` pattern once, opens its sockets and its
 //! katcp and Prometheus servers, then [`Dsim::run`] replays the pattern as digitiser heaps,
-//! paced at the ADC rate × `--send-rate-factor`, one destination list per polarisation (heaps
-//! of a polarisation go round-robin over its list), descriptors every 5 s, until a limit or
-//! shutdown. A test can run it in-process.
+//! paced at the ADC rate × `--send-rate-factor` on `--send-threads` threads ([`super::dsim_send`]),
+//! one destination list per polarisation (heaps of a polarisation go round-robin over its
+//! list), descriptors every 5 s, until a limit or shutdown. A test can run it in-process.
 
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
 use super::dsim::DigitiserHeaps;
 use super::dsim_config::{DsimConfig, DsimPlan};
 use super::dsim_control::{DsimControl, SignalChange};
+use super::dsim_send::send_loop;
 use crate::control::katcp::Sensors;
 use crate::engine::control::ControlAddrs;
 use crate::engine::metrics::Metrics;
 use crate::engine::{unix_now, ConfigError, EngineError, Shutdown};
 use crate::net::udp::UdpSender;
-use crate::net::PacketSender;
-use crate::spead::send::{Heap, HeapRef, SendMode, SendStream};
+use crate::spead::send::SendStream;
 
 /// Interval between descriptor heaps (katgpucbf `DESCRIPTOR_INTERVAL`).
 pub const DESCRIPTOR_INTERVAL: Duration = Duration::from_secs(5);
@@ -40,7 +40,8 @@ pub struct DsimReport {
 pub struct Dsim {
     plan: DsimPlan,
     heaps: Arc<DigitiserHeaps>,
-    stream: SendStream<UdpSender>,
+    /// One per send thread.
+    streams: Vec<SendStream<UdpSender>>,
     changes: Receiver<SignalChange>,
     addrs: ControlAddrs,
     metrics: DsimMetrics,
@@ -58,10 +59,16 @@ impl Dsim {
             "rendering the signal pattern"
         );
         let heaps = Arc::new(DigitiserHeaps::new(plan.config.clone(), &plan.signals));
-        let senders = open_senders(&plan, &config.interfaces, config.ttl, config.send_buffer)?;
-        let mut stream = SendStream::new(plan.send_config(), senders)
-            .map_err(|e| EngineError::Send(e.to_string()))?;
-        stream.set_hurry(shutdown.flag());
+        let streams = (0..plan.send_cores.len())
+            .map(|t| {
+                let senders =
+                    open_senders(&plan, &config.interfaces, config.ttl, config.send_buffer)?;
+                let mut stream = SendStream::new(plan.send_config(t), senders)
+                    .map_err(|e| EngineError::Send(e.to_string()))?;
+                stream.set_hurry(shutdown.flag());
+                Ok(stream)
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
         let (changes_tx, changes) = crossbeam_channel::bounded(1);
         let sensors = Arc::new(Sensors::default());
         let control = Arc::new(DsimControl::new(
@@ -83,7 +90,7 @@ impl Dsim {
         Ok(Dsim {
             plan,
             heaps,
-            stream,
+            streams,
             changes,
             addrs,
             metrics,
@@ -110,6 +117,7 @@ impl Dsim {
         tracing::info!(
             first_timestamp = ts0,
             rate_gbps = self.plan.rate() * 8e-9,
+            threads = self.streams.len(),
             "sending"
         );
         let (plan, metrics) = (&self.plan, &self.metrics);
@@ -117,7 +125,7 @@ impl Dsim {
             plan,
             Arc::clone(&self.heaps),
             Some(&self.changes),
-            &mut self.stream,
+            &mut self.streams,
             ts0,
             &self.shutdown,
             |r| {
@@ -134,123 +142,6 @@ impl Dsim {
         self.metrics.update(&self.plan, &report);
         Ok(report)
     }
-}
-
-/// Send digitiser heaps until a limit or shutdown. `progress` is called about once a second.
-pub fn send_loop<S: PacketSender>(
-    plan: &DsimPlan,
-    mut heaps: Arc<DigitiserHeaps>,
-    changes: Option<&Receiver<SignalChange>>,
-    stream: &mut SendStream<S>,
-    start_timestamp: u64,
-    shutdown: &Shutdown,
-    mut progress: impl FnMut(&DsimReport),
-) -> Result<DsimReport, EngineError> {
-    const STEPS_PER_CALL: usize = 8;
-    let n_pols = plan.dests.len();
-    let offsets: Vec<usize> = plan
-        .dests
-        .iter()
-        .scan(0, |acc, d| {
-            let o = *acc;
-            *acc += d.len();
-            Some(o)
-        })
-        .collect();
-    let hs = plan.config.heap_samples as u64;
-    let start = Instant::now();
-    let mut last_progress = start;
-    let mut last_descriptors: Option<Instant> = None;
-    let mut descriptor_cnt = 1u64;
-    let descriptor_heap = heaps.descriptor_heap();
-    let mut report = DsimReport {
-        first_timestamp: start_timestamp,
-        ..Default::default()
-    };
-    let mut step = 0u64;
-    let send_err = |e: crate::spead::send::stream::SendError| EngineError::Send(e.to_string());
-    loop {
-        let now = Instant::now();
-        if shutdown.requested()
-            || plan.max_heaps.is_some_and(|m| step >= m)
-            || plan.duration.is_some_and(|d| now - start >= d)
-        {
-            break;
-        }
-        if last_descriptors.is_none_or(|t| now - t >= DESCRIPTOR_INTERVAL) {
-            descriptor_cnt =
-                to_every_destination(stream, &descriptor_heap, descriptor_cnt).map_err(send_err)?;
-            last_descriptors = Some(now);
-        }
-        if let Some(change) = changes.and_then(|c| c.try_recv().ok()) {
-            heaps = change.heaps;
-            let _ = change.started.send(start_timestamp + step * hs);
-        }
-        let steps = plan.max_heaps.map_or(STEPS_PER_CALL as u64, |m| {
-            (m - step).min(STEPS_PER_CALL as u64)
-        });
-        // Grouped by destination (polarisation, then its destinations in turn) so that the
-        // packets of one destination are adjacent and the UDP sender can hand them to the
-        // kernel as one GSO message. Receivers place heaps by timestamp; the polarisations get
-        // at most STEPS_PER_CALL heaps (32768 samples at 4096 per heap) out of step, well
-        // inside a receiver's chunk window.
-        let mut batch: Vec<(Heap<'_>, usize)> = Vec::with_capacity(steps as usize * n_pols);
-        for (p, dests) in plan.dests.iter().enumerate() {
-            let n_dest = dests.len() as u64;
-            for d in 0..n_dest {
-                for s in (step..step + steps).filter(|s| s % n_dest == d) {
-                    batch.push((
-                        heaps.heap(p, start_timestamp + s * hs),
-                        offsets[p] + d as usize,
-                    ));
-                }
-            }
-        }
-        let refs: Vec<HeapRef> = batch.iter().map(|(h, d)| HeapRef::new(h, *d)).collect();
-        stream
-            .send_heaps(&refs, SendMode::Serial)
-            .map_err(send_err)?;
-        step += steps;
-        report.heaps = step * n_pols as u64;
-        if now - last_progress >= Duration::from_secs(1) {
-            let c = stream.counters();
-            report.packets = c.packets;
-            report.bytes = c.bytes;
-            report.elapsed = now - start;
-            progress(&report);
-            last_progress = now;
-        }
-    }
-    if plan.send_stop {
-        let mut stop = Heap::new();
-        stop.add_end();
-        to_every_destination(stream, &stop, descriptor_cnt).map_err(send_err)?;
-    }
-    let c = stream.counters();
-    report.packets = c.packets;
-    report.bytes = c.bytes;
-    report.elapsed = start.elapsed();
-    Ok(report)
-}
-
-/// Send `heap` once to every destination, unpaced, on the first interface, each copy with its
-/// own odd cnt from `first_cnt` (a receiver joined to several destinations must see distinct
-/// heaps); returns the next free cnt.
-fn to_every_destination<S: PacketSender>(
-    stream: &mut SendStream<S>,
-    heap: &Heap<'_>,
-    first_cnt: u64,
-) -> Result<u64, crate::spead::send::stream::SendError> {
-    let refs: Vec<HeapRef> = (0..stream.destinations())
-        .map(|d| HeapRef {
-            heap,
-            cnt: Some(first_cnt + 2 * d as u64),
-            substream: d,
-            unpaced: true,
-        })
-        .collect();
-    stream.send_heaps_first(&refs, SendMode::RoundRobin)?;
-    Ok(first_cnt + 2 * refs.len() as u64)
 }
 
 /// dsim's Prometheus metrics, with katgpucbf's names (facts §1.8).
@@ -321,6 +212,7 @@ pub fn open_senders(
 mod tests {
     use super::*;
     use crate::engine::control::ControlConfig;
+    use crate::sim::dsim_send::GROUP_STEPS;
     use std::net::{Ipv4Addr, UdpSocket};
 
     fn config(dest: SocketAddrV4) -> DsimConfig {
@@ -341,6 +233,8 @@ mod tests {
             ttl: 1,
             send_buffer: 1 << 20,
             send_stop: false,
+            send_threads: None,
+            affinity: vec![],
             dests: vec![vec![dest], vec![dest]],
             control: ControlConfig {
                 host: Ipv4Addr::LOCALHOST.into(),
@@ -378,6 +272,72 @@ mod tests {
         }
         assert_eq!(sizes.iter().filter(|&&n| n == 4096 + 72).count(), 10);
         assert_eq!(sizes.len(), 12, "{sizes:?}");
+    }
+
+    /// Three paced send threads together send every (polarisation, timestamp) heap of the
+    /// run exactly once, with distinct even heap counters, the pattern's samples, and no
+    /// heap more than a few groups out of timestamp order.
+    #[test]
+    fn send_threads_share_the_heaps_exactly_once() {
+        use crate::spead::items::{ItemValue, ADC_SAMPLES_ID, DIGITISER_ID_ID, TIMESTAMP_ID};
+        use crate::spead::recv::{HeapStream, HeapStreamConfig};
+        let (rx, dest) = receiver();
+        let mut c = config(dest);
+        c.adc_sample_rate = 20e6;
+        c.max_heaps = Some(100);
+        c.send_threads = Some(3);
+        c.send_stop = true;
+        let dsim = Dsim::new(c, Shutdown::manual()).unwrap();
+        let want: Vec<u8> = dsim.heaps.patterns[1].packed[4096..8192].to_vec();
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            let mut stream = HeapStream::new(HeapStreamConfig::default());
+            let mut heaps = vec![];
+            while let Ok(n) = rx.recv(&mut buf) {
+                stream.add_packet(&buf[..n], &mut heaps);
+            }
+            heaps
+        });
+        let report = dsim.run().unwrap();
+        assert_eq!(report.heaps, 200);
+        let heaps = reader.join().unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut cnts = std::collections::BTreeSet::new();
+        let mut order = vec![];
+        for h in &heaps {
+            let (Some(ItemValue::Immediate(ts)), Some(ItemValue::Immediate(id))) =
+                (h.item(TIMESTAMP_ID), h.item(DIGITISER_ID_ID))
+            else {
+                continue;
+            };
+            assert!(seen.insert((id, ts)), "({id}, {ts}) twice");
+            assert!(h.cnt % 2 == 0 && cnts.insert(h.cnt), "cnt {}", h.cnt);
+            if id == 1 && (ts / 4096) % 2 == 1 {
+                assert_eq!(h.item(ADC_SAMPLES_ID), Some(ItemValue::Bytes(&want)));
+            }
+            order.push(ts);
+        }
+        assert_eq!(seen.len(), 200, "{} heaps received", heaps.len());
+        let first = order.iter().min().unwrap();
+        let expected: std::collections::BTreeSet<_> = (0..2u64)
+            .flat_map(|p| (0..100).map(move |k| (p, first + k * 4096)))
+            .collect();
+        assert_eq!(seen, expected);
+        // Thread t starts t groups late, so arrivals stay within two groups of sorted order.
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        let out_of_order = order
+            .iter()
+            .zip(&sorted)
+            .map(|(a, b)| a.abs_diff(*b) / 4096)
+            .max()
+            .unwrap();
+        assert!(
+            out_of_order <= 2 * GROUP_STEPS,
+            "{out_of_order} heaps out of order"
+        );
+        // Descriptors and the stop heaps carry the odd counters.
+        assert!(heaps.iter().filter(|h| h.cnt % 2 == 1).count() >= 2);
     }
 
     #[test]

@@ -1,0 +1,365 @@
+//! dsim's send threads. One thread over kernel UDP sockets tops out near 25 Gb/s on the lent
+//! host, short of a MeerKAT L-band antenna (2 × 1712 MS/s × 10 bits = 34 Gb/s, issue 14), so
+//! the heaps are shared out between `--send-threads` threads, each with its own sockets, its
+//! share of the rate and optionally its own core (`--affinity`).
+//!
+//! The time axis is cut into groups of [`GROUP_STEPS`] heap timestamps (every polarisation of
+//! a timestamp goes together); thread t of T sends groups t, t + T, t + 2T, … Every thread is
+//! paced at 1/T of the rate and starts t groups' time after thread 0, so the groups leave in
+//! timestamp order to within about one group, far inside a receiver's chunk window.
+//!
+//! A `?signals` switch must take effect at the same timestamp in every thread. The threads
+//! claim each group under one lock ([`Schedule`]), which also records the pattern in force
+//! from each switch step on; a switch is placed at the first step no thread has claimed, so a
+//! group is never sent half old and half new and the reply names the exact first timestamp.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use super::dsim::DigitiserHeaps;
+use super::dsim_config::DsimPlan;
+use super::dsim_control::SignalChange;
+use super::dsim_engine::{DsimReport, DESCRIPTOR_INTERVAL};
+use crate::engine::affinity::pin_current_thread;
+use crate::engine::{EngineError, Shutdown};
+use crate::net::PacketSender;
+use crate::spead::send::stream::{sleep_until_or, SendError};
+use crate::spead::send::{Heap, HeapRef, SendMode, SendStream};
+
+/// Heap timestamps a send thread claims at a time. Within a group the heaps of one
+/// destination are adjacent, so the UDP sender hands them to the kernel as one GSO message;
+/// the polarisations get at most this many heaps (32768 samples at 4096 per heap) out of
+/// step, well inside a receiver's chunk window.
+pub const GROUP_STEPS: u64 = 8;
+
+/// How often the coordinating thread looks for a `?signals` switch and the end of the run.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The pattern in force at each step, and how far each thread has claimed.
+struct Schedule {
+    /// (first step, pattern), ascending by step; the first entry starts at step 0.
+    switches: Vec<(u64, Arc<DigitiserHeaps>)>,
+    /// Per thread: the end of the last group it claimed (0 before its first).
+    claimed: Vec<u64>,
+}
+
+impl Schedule {
+    fn new(heaps: Arc<DigitiserHeaps>, threads: usize) -> Schedule {
+        Schedule {
+            switches: vec![(0, heaps)],
+            claimed: vec![0; threads],
+        }
+    }
+
+    /// Thread `t` takes steps `first..end`: the pattern in force at `first`.
+    fn claim(&mut self, t: usize, first: u64, end: u64) -> Arc<DigitiserHeaps> {
+        self.claimed[t] = end;
+        let i = self.switches.partition_point(|(s, _)| *s <= first);
+        Arc::clone(&self.switches[i.max(1) - 1].1)
+    }
+
+    /// Switch to `heaps` at the first step no thread has claimed; returns that step. Groups
+    /// start at multiples of [`GROUP_STEPS`] and every claim ends on one (or at
+    /// `--max-heaps`, after which nothing is claimed), so no group straddles the switch.
+    /// Patterns no thread can need again are dropped: each may hold 2^27 samples per pol.
+    fn switch(&mut self, heaps: Arc<DigitiserHeaps>) -> u64 {
+        let at = self.claimed.iter().copied().max().unwrap_or(0);
+        self.switches.push((at, heaps));
+        // Every later claim starts at or after the thread's own last claim end.
+        let low = self.claimed.iter().copied().min().unwrap_or(0);
+        let keep = self.switches.partition_point(|(s, _)| *s <= low).max(1) - 1;
+        self.switches.drain(..keep);
+        at
+    }
+}
+
+/// What one send thread has sent, read by the progress reports.
+#[derive(Default)]
+struct Sent {
+    steps: AtomicU64,
+    packets: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// What the send threads share.
+struct Shared<'a> {
+    plan: &'a DsimPlan,
+    schedule: Mutex<Schedule>,
+    sent: Vec<Sent>,
+    start_timestamp: u64,
+    start: Instant,
+    shutdown: &'a Shutdown,
+    /// Raised by a thread whose send failed, so that the others stop too.
+    failed: AtomicBool,
+}
+
+impl Shared<'_> {
+    fn schedule(&self) -> MutexGuard<'_, Schedule> {
+        self.schedule.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn stopped(&self) -> bool {
+        self.shutdown.requested() || self.failed.load(Ordering::Relaxed)
+    }
+
+    fn report(&self) -> DsimReport {
+        let sum = |f: fn(&Sent) -> &AtomicU64| -> u64 {
+            self.sent.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
+        };
+        DsimReport {
+            heaps: sum(|s| &s.steps) * self.plan.dests.len() as u64,
+            packets: sum(|s| &s.packets),
+            bytes: sum(|s| &s.bytes),
+            first_timestamp: self.start_timestamp,
+            elapsed: self.start.elapsed(),
+        }
+    }
+}
+
+/// Send digitiser heaps from `start_timestamp` on `streams` (one per send thread, each built
+/// with [`DsimPlan::send_config`] for its index) until a limit or shutdown, switching
+/// patterns as `changes` ask. `progress` is called about once a second. The first stream also
+/// carries the descriptors and, with `--send-stop`, the stop heaps.
+pub fn send_loop<S: PacketSender + Send>(
+    plan: &DsimPlan,
+    heaps: Arc<DigitiserHeaps>,
+    changes: Option<&Receiver<SignalChange>>,
+    streams: &mut [SendStream<S>],
+    start_timestamp: u64,
+    shutdown: &Shutdown,
+    mut progress: impl FnMut(&DsimReport),
+) -> Result<DsimReport, EngineError> {
+    let send_err = |e: SendError| EngineError::Send(e.to_string());
+    let threads = streams.len();
+    let shared = Shared {
+        plan,
+        schedule: Mutex::new(Schedule::new(heaps, threads)),
+        sent: (0..threads).map(|_| Sent::default()).collect(),
+        start_timestamp,
+        start: Instant::now(),
+        shutdown,
+        failed: AtomicBool::new(false),
+    };
+    let hs = plan.config.heap_samples as u64;
+    let results = std::thread::scope(|s| {
+        let handles: Vec<_> = streams
+            .iter_mut()
+            .enumerate()
+            .map(|(t, stream)| {
+                let shared = &shared;
+                s.spawn(move || {
+                    let r = send_thread(shared, t, stream);
+                    if r.is_err() {
+                        shared.failed.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        // This thread: pattern switches and progress, until every send thread is done.
+        let mut last_progress = Instant::now();
+        while !handles.iter().all(|h| h.is_finished()) {
+            match changes.map(|c| c.recv_timeout(POLL)) {
+                Some(Ok(change)) => {
+                    let at = shared.schedule().switch(change.heaps);
+                    let _ = change.started.send(start_timestamp + at * hs);
+                }
+                Some(Err(RecvTimeoutError::Timeout)) => {}
+                Some(Err(RecvTimeoutError::Disconnected)) | None => std::thread::sleep(POLL),
+            }
+            if last_progress.elapsed() >= Duration::from_secs(1) {
+                progress(&shared.report());
+                last_progress = Instant::now();
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect::<Vec<_>>()
+    });
+    let mut descriptor_cnt = 1;
+    for (t, r) in results.into_iter().enumerate() {
+        let cnt = r.map_err(send_err)?;
+        if t == 0 {
+            descriptor_cnt = cnt;
+        }
+    }
+    if plan.send_stop {
+        let mut stop = Heap::new();
+        stop.add_end();
+        to_every_destination(&mut streams[0], &stop, descriptor_cnt).map_err(send_err)?;
+    }
+    let mut report = shared.report();
+    // The stop heaps count as sent bytes, as they did on one thread.
+    let c = streams.iter().map(SendStream::counters);
+    (report.packets, report.bytes) = c.fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes));
+    Ok(report)
+}
+
+/// Send thread `t`: groups t, t + T, …; thread 0 also sends the descriptors. Returns the
+/// next free descriptor heap counter.
+fn send_thread<S: PacketSender>(
+    shared: &Shared<'_>,
+    t: usize,
+    stream: &mut SendStream<S>,
+) -> Result<u64, SendError> {
+    let plan = shared.plan;
+    if let Some(core) = plan.send_cores.get(t).copied().flatten() {
+        if let Err(e) = pin_current_thread(core) {
+            tracing::warn!(thread = t, "--affinity: {e}; the send thread runs unpinned");
+        }
+    }
+    let threads = shared.sent.len() as u64;
+    let n_pols = plan.dests.len();
+    let offsets: Vec<usize> = plan
+        .dests
+        .iter()
+        .scan(0, |acc, d| {
+            let o = *acc;
+            *acc += d.len();
+            Some(o)
+        })
+        .collect();
+    let hs = plan.config.heap_samples as u64;
+    // Start t groups' worth of time after thread 0, so that groups leave in order.
+    let rate = stream.config().rate;
+    if rate > 0.0 && t > 0 {
+        let group_bytes = GROUP_STEPS as f64 * n_pols as f64 * plan.config.packet_bytes() as f64;
+        let offset = Duration::from_secs_f64(group_bytes * t as f64 / (rate * threads as f64));
+        sleep_until_or(shared.start + offset, || shared.stopped());
+    }
+    let mut descriptor_cnt = 1u64;
+    let mut last_descriptors: Option<Instant> = None;
+    let descriptor_heap = shared.schedule().switches[0].1.descriptor_heap();
+    let mut group = t as u64;
+    loop {
+        let now = Instant::now();
+        if shared.stopped() || plan.duration.is_some_and(|d| now - shared.start >= d) {
+            break;
+        }
+        if t == 0 && last_descriptors.is_none_or(|at| now - at >= DESCRIPTOR_INTERVAL) {
+            descriptor_cnt = to_every_destination(stream, &descriptor_heap, descriptor_cnt)?;
+            last_descriptors = Some(now);
+        }
+        let first = group * GROUP_STEPS;
+        let end = plan
+            .max_heaps
+            .map_or(first + GROUP_STEPS, |m| m.min(first + GROUP_STEPS));
+        if first >= end {
+            break;
+        }
+        let heaps = shared.schedule().claim(t, first, end);
+        // Grouped by destination (polarisation, then its destinations in turn) so that the
+        // packets of one destination are adjacent (one GSO message).
+        let mut batch: Vec<(Heap<'_>, usize)> = Vec::with_capacity((end - first) as usize * n_pols);
+        for (p, dests) in plan.dests.iter().enumerate() {
+            let n_dest = dests.len() as u64;
+            for d in 0..n_dest {
+                for s in (first..end).filter(|s| s % n_dest == d) {
+                    let ts = shared.start_timestamp + s * hs;
+                    batch.push((heaps.heap(p, ts), offsets[p] + d as usize));
+                }
+            }
+        }
+        let refs: Vec<HeapRef> = batch.iter().map(|(h, d)| HeapRef::new(h, *d)).collect();
+        stream.send_heaps(&refs, SendMode::Serial)?;
+        let sent = &shared.sent[t];
+        let c = stream.counters();
+        sent.steps.fetch_add(end - first, Ordering::Relaxed);
+        sent.packets.store(c.packets, Ordering::Relaxed);
+        sent.bytes.store(c.bytes, Ordering::Relaxed);
+        group += threads;
+    }
+    Ok(descriptor_cnt)
+}
+
+/// Send `heap` once to every destination, unpaced, on the first interface, each copy with its
+/// own odd cnt from `first_cnt` (a receiver joined to several destinations must see distinct
+/// heaps); returns the next free cnt.
+fn to_every_destination<S: PacketSender>(
+    stream: &mut SendStream<S>,
+    heap: &Heap<'_>,
+    first_cnt: u64,
+) -> Result<u64, SendError> {
+    let refs: Vec<HeapRef> = (0..stream.destinations())
+        .map(|d| HeapRef {
+            heap,
+            cnt: Some(first_cnt + 2 * d as u64),
+            substream: d,
+            unpaced: true,
+        })
+        .collect();
+    stream.send_heaps_first(&refs, SendMode::RoundRobin)?;
+    Ok(first_cnt + 2 * refs.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::dsim::DigitiserConfig;
+
+    fn pattern(id: u64) -> Arc<DigitiserHeaps> {
+        Arc::new(DigitiserHeaps {
+            config: DigitiserConfig {
+                adc_sample_rate: 1e6,
+                sample_bits: 8,
+                heap_samples: 8,
+                period: 8,
+                first_id: id,
+                dither_seed: 0,
+            },
+            patterns: vec![],
+        })
+    }
+
+    fn id(h: &DigitiserHeaps) -> u64 {
+        h.config.first_id
+    }
+
+    #[test]
+    fn a_switch_lands_after_every_claimed_group_and_old_patterns_are_dropped() {
+        let mut s = Schedule::new(pattern(0), 3);
+        assert_eq!(id(&s.claim(0, 0, 8)), 0);
+        assert_eq!(id(&s.claim(1, 8, 16)), 0);
+        // Thread 2 has not claimed yet; thread 1 is furthest.
+        assert_eq!(s.switch(pattern(1)), 16);
+        assert_eq!(id(&s.claim(2, 16, 24)), 1);
+        // Thread 0's next group (24) is past the switch; a group before it keeps the old one.
+        assert_eq!(id(&s.claim(0, 24, 32)), 1);
+        assert_eq!(
+            s.switches.len(),
+            2,
+            "patterns are dropped at the next switch"
+        );
+        assert_eq!(id(&s.claim(1, 32, 40)), 1);
+        // Every thread is past 16 now: the next switch drops pattern 0.
+        assert_eq!(s.switch(pattern(2)), 40);
+        assert_eq!(
+            s.switches
+                .iter()
+                .map(|(at, h)| (*at, id(h)))
+                .collect::<Vec<_>>(),
+            vec![(16, 1), (40, 2)]
+        );
+        // A claim below a switch still gets the pattern in force there.
+        let mut s = Schedule::new(pattern(0), 2);
+        s.claim(0, 0, 8);
+        assert_eq!(s.switch(pattern(1)), 8);
+        assert_eq!(
+            id(&s.claim(1, 0, 8)),
+            0,
+            "a slow thread's first group predates it"
+        );
+    }
+
+    #[test]
+    fn a_switch_before_any_claim_replaces_the_first_pattern() {
+        let mut s = Schedule::new(pattern(0), 2);
+        assert_eq!(s.switch(pattern(5)), 0);
+        assert_eq!(id(&s.claim(1, 8, 16)), 5);
+        assert_eq!(s.switches.len(), 1);
+    }
+}
