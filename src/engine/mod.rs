@@ -1,7 +1,7 @@
 //! What every engine shares (DESIGN "engine/"): receive threads that fill a chunk stream group
 //! ([`recv`]), send threads fed from a pool of heap buffers and paced by the SPEAD rate limiter
 //! ([`send`]), the katcp and Prometheus wiring ([`control`], [`metrics`]), the health sensors
-//! ([`health`]), start-up errors that
+//! ([`health`]), thread pinning ([`affinity`]), start-up errors that
 //! name the flag at fault ([`ConfigError`]) and clean shutdown ([`Shutdown`]). The F-engine,
 //! the XB-engine and the simulators are built from these pieces, so each exists once.
 
