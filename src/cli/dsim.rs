@@ -309,25 +309,34 @@ mod tests {
             v.push(d);
             plan(&v).map(|p| p.send_cores)
         };
+        let allowed = crate::engine::affinity::allowed_cores().unwrap();
+        let (a, b) = (allowed[0], *allowed.last().unwrap());
         assert_eq!(cores(&[]).unwrap(), vec![None]);
         assert_eq!(cores(&["--affinity=-1"]).unwrap(), vec![None]);
-        assert_eq!(cores(&["--affinity", "3"]).unwrap(), vec![Some(3)]);
         assert_eq!(
-            cores(&["--affinity", "2,5,7"]).unwrap(),
-            vec![Some(2), Some(5), Some(7)]
+            cores(&["--affinity", &a.to_string()]).unwrap(),
+            vec![Some(a)]
         );
+        let list = format!("{a},{b},{a}");
         assert_eq!(
-            cores(&["--send-threads", "2", "--affinity", "4,6"]).unwrap(),
-            vec![Some(4), Some(6)]
+            cores(&["--affinity", &list]).unwrap(),
+            vec![Some(a), Some(b), Some(a)]
+        );
+        let pair = format!("{b},{a}");
+        assert_eq!(
+            cores(&["--send-threads", "2", "--affinity", &pair]).unwrap(),
+            vec![Some(b), Some(a)]
         );
         assert_eq!(cores(&["--send-threads", "3"]).unwrap(), vec![None; 3]);
         for (bad, flag) in [
             (&["--send-threads", "0"][..], "--send-threads"),
             (&["--send-threads", "65"], "--send-threads"),
-            (&["--send-threads", "2", "--affinity", "4"], "--affinity"),
+            (&["--send-threads", "2", "--affinity", "0"], "--affinity"),
             (&["--affinity=-2"], "--affinity"),
-            (&["--affinity=1,-1"], "--affinity"),
+            (&["--affinity=0,-1"], "--affinity"),
+            // Beyond the kernel's core set, and (on any machine this runs on) not allowed.
             (&["--affinity", "1000000"], "--affinity"),
+            (&["--affinity", "1023"], "--affinity"),
         ] {
             assert_eq!(flag_of(cores(bad)), flag, "{bad:?}");
         }

@@ -32,6 +32,25 @@ pub fn pin_current_thread(core: usize) -> io::Result<()> {
     }
 }
 
+/// The cores the calling thread may run on (its affinity mask: the machine's cores less what a
+/// cgroup or `taskset` took away), so that a configuration naming another is refused at
+/// start-up rather than failing in a thread later.
+pub fn allowed_cores() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain bits, zero is a valid set, the kernel fills it.
+    let (rc, set) = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let rc = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+        (rc, set)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: CPU_ISSET only reads the set, for cores below CPU_SETSIZE.
+    Ok((0..=MAX_CORE)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,25 +61,9 @@ mod tests {
         unsafe { libc::sched_getcpu() as usize }
     }
 
-    /// The highest core the process may run on.
-    fn last_allowed_core() -> usize {
-        // SAFETY: as in pin_current_thread; the kernel fills the set.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-                0
-            );
-            (0..=MAX_CORE)
-                .rev()
-                .find(|&c| libc::CPU_ISSET(c, &set))
-                .unwrap()
-        }
-    }
-
     #[test]
     fn a_pinned_thread_runs_on_its_core_and_a_missing_core_is_refused() {
-        let last = last_allowed_core();
+        let last = *allowed_cores().unwrap().last().unwrap();
         std::thread::spawn(move || {
             pin_current_thread(last).unwrap();
             for _ in 0..100 {

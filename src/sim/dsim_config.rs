@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::dsim::DigitiserConfig;
 use super::signal::{self, Signal};
 use crate::dsp::samples::valid_sample_bits;
-use crate::engine::affinity::MAX_CORE;
+use crate::engine::affinity::allowed_cores;
 use crate::engine::control::ControlConfig;
 use crate::engine::{check_rate_factor, check_sample_rate, check_seconds, unix_now, ConfigError};
 use crate::spead::send::SendStreamConfig;
@@ -148,11 +148,14 @@ impl DsimConfig {
     /// The send threads and their cores: `--send-threads` (1 to [`MAX_SEND_THREADS`]) and
     /// `--affinity` (one existing core per thread) must agree when both are given.
     fn send_cores(&self) -> Result<Vec<Option<usize>>, ConfigError> {
-        if let Some(&c) = self.affinity.iter().find(|&&c| c > MAX_CORE) {
-            return Err(ConfigError::new(
-                "--affinity",
-                format!("core {c} is beyond {MAX_CORE}"),
-            ));
+        if !self.affinity.is_empty() {
+            let allowed = allowed_cores().map_err(|e| ConfigError::new("--affinity", e))?;
+            if let Some(c) = self.affinity.iter().find(|c| !allowed.contains(c)) {
+                return Err(ConfigError::new(
+                    "--affinity",
+                    format!("core {c} is not one this process may run on ({allowed:?})"),
+                ));
+            }
         }
         let threads = match (self.send_threads, self.affinity.len()) {
             (Some(n), _) if n == 0 || n > MAX_SEND_THREADS => {
