@@ -19,14 +19,21 @@ fn stats_lines_count_large_heaps_as_they_complete() {
     let dest: SocketAddrV4 = format!("127.0.0.1:{port}").parse().unwrap();
     let mut capture = Kill(
         Command::new(env!("CARGO_BIN_EXE_cbf"))
-            .args(["capture", "--stats", "--duration", "6", &dest.to_string()])
+            .args(["capture", "--stats", "--duration", "7", &dest.to_string()])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap(),
     );
+    // The capture's lines, as they come; its first (a second after it bound) says it is ready.
+    let (tx, lines) = std::sync::mpsc::channel();
     let stdout = capture.0.stdout.take().unwrap();
-    // Give the capture time to bind before the first heap.
-    std::thread::sleep(Duration::from_millis(700));
+    let reader = std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines() {
+            let v: serde_json::Value = serde_json::from_str(&l.unwrap()).unwrap();
+            tx.send(v["heaps"].as_u64().unwrap()).unwrap();
+        }
+    });
+    let mut counts = vec![lines.recv_timeout(Duration::from_secs(20)).unwrap()];
     let sender = UdpSender::new(&[dest], None, 1, 8 << 20).unwrap();
     let config = SendStreamConfig {
         max_packet_size: 8192 + 72,
@@ -44,13 +51,8 @@ fn stats_lines_count_large_heaps_as_they_complete() {
             .unwrap();
         std::thread::sleep(Duration::from_millis(700));
     }
-    let counts: Vec<u64> = BufReader::new(stdout)
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(&l.unwrap()).unwrap();
-            v["heaps"].as_u64().unwrap()
-        })
-        .collect();
+    reader.join().unwrap();
+    counts.extend(lines.try_iter());
     assert!(capture.0.wait().unwrap().success());
     assert_eq!(counts.last(), Some(&6), "{counts:?}");
     // Lines before the end saw part of the run: at least two distinct counts between 1 and 5.

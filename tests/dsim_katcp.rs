@@ -1,6 +1,6 @@
 //! `cbf dsim` under a real katcp client (aiokatcp): `?signals` changes the output exactly at the
-//! timestamp it replies with, in all of its send threads; sensors describe the output; bad requests fail and the
-//! simulator keeps running.
+//! timestamp it replies with, in all of its send threads; sensors describe the output; bad
+//! requests fail and the simulator keeps running.
 
 mod common;
 
@@ -12,13 +12,75 @@ use std::time::{Duration, Instant};
 use cbf::dsp::samples::unpack;
 use cbf::net::udp::UdpReceiver;
 use cbf::net::{PacketReceiver, Received, RecvBatch};
-use cbf::spead::items::{ItemValue, ADC_SAMPLES_ID, TIMESTAMP_ID};
+use cbf::spead::items::{ItemValue, ADC_SAMPLES_ID, DIGITISER_ID_ID, TIMESTAMP_ID};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What a 10-bit heap holds: every sample 0.5 or 0.25 of full scale (±1 LSB of dither), or
+/// neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Half,
+    Quarter,
+    Other,
+}
+
+impl Level {
+    fn of(raw: &[u8]) -> Level {
+        let mut codes = vec![0i32; 4096];
+        unpack(raw, 10, &mut codes);
+        let all = |want: f64| codes.iter().all(|&c| (f64::from(c) - want).abs() <= 1.0);
+        if all(511.0 * 0.5) {
+            Level::Half
+        } else if all(511.0 * 0.25) {
+            Level::Quarter
+        } else {
+            Level::Other
+        }
+    }
+}
 
 #[test]
 fn signals_request_takes_effect_at_the_reported_timestamp() {
     let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 16 << 20).unwrap();
     let dest = rx.local_addr().unwrap().to_string();
+    // Every heap from the start, read as it comes: (digitiser id, timestamp, level).
+    let log = Arc::new(Mutex::new(Vec::<(u64, u64, Level)>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let latest = {
+        let log = Arc::clone(&log);
+        move || log.lock().unwrap().iter().map(|e| e.1).max().unwrap_or(0)
+    };
+    let reader = {
+        let (log, stop) = (Arc::clone(&log), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut stream = HeapStream::new(HeapStreamConfig::default());
+            let mut batch = RecvBatch::new(64, rx.slot_size(9200));
+            let mut heaps = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
+                    for p in batch.iter() {
+                        stream.add_packet(p, &mut heaps);
+                    }
+                }
+                for h in heaps.drain(..) {
+                    if let (
+                        Some(ItemValue::Immediate(ts)),
+                        Some(ItemValue::Immediate(id)),
+                        Some(ItemValue::Bytes(raw)),
+                    ) = (
+                        h.item(TIMESTAMP_ID),
+                        h.item(DIGITISER_ID_ID),
+                        h.item(ADC_SAMPLES_ID),
+                    ) {
+                        log.lock().unwrap().push((id, ts, Level::of(raw)));
+                    }
+                }
+            }
+            std::mem::take(&mut *log.lock().unwrap())
+        })
+    };
     let port = free_tcp_port();
     let metrics_port = free_tcp_port();
     let _dsim = Kill(
@@ -105,44 +167,42 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
     assert_eq!(replies[7]["informs"][0][4], "16384");
     assert_eq!(replies[8]["informs"][0][4], "0.25;");
 
-    // Heaps before the switch carry 0.5 (±1 LSB of dither), heaps from it on carry 0.25.
-    let mut stream = HeapStream::new(HeapStreamConfig::default());
-    let mut batch = RecvBatch::new(64, rx.slot_size(9200));
-    let mut heaps = Vec::new();
-    let (mut before, mut after) = (0, 0);
+    // Heaps before the switch carry 0.5 (±1 LSB of dither), heaps from it on carry 0.25, and
+    // every heap within 3 groups of 8 on either side of it arrived, so that a thread
+    // switching early or late would be seen.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while (before == 0 || after < 20) && Instant::now() < deadline {
-        if let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
-            for p in batch.iter() {
-                stream.add_packet(p, &mut heaps);
-            }
-        }
-        for h in heaps.drain(..) {
-            let (Some(ItemValue::Immediate(ts)), Some(ItemValue::Bytes(raw))) =
-                (h.item(TIMESTAMP_ID), h.item(ADC_SAMPLES_ID))
-            else {
-                continue;
-            };
-            let mut codes = vec![0i32; 4096];
-            unpack(raw, 10, &mut codes);
-            let want = if ts < switch {
-                511.0 * 0.5
-            } else {
-                511.0 * 0.25
-            };
-            assert!(
-                codes.iter().all(|&c| (f64::from(c) - want).abs() <= 1.0),
-                "timestamp {ts} (switch {switch}): {:?}",
-                &codes[..4]
-            );
-            if ts < switch {
-                before += 1;
-            } else {
-                after += 1;
-            }
+    while latest() < switch + 64 * 4096 {
+        assert!(Instant::now() < deadline, "no heaps well past the switch");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let heaps = reader.join().unwrap();
+    let (mut before, mut after) = (0, 0);
+    for &(_, ts, level) in &heaps {
+        let want = if ts < switch {
+            Level::Half
+        } else {
+            Level::Quarter
+        };
+        assert_eq!(level, want, "timestamp {ts}, switch {switch}");
+        if ts < switch {
+            before += 1;
+        } else {
+            after += 1;
         }
     }
     assert!(before > 0 && after >= 20, "before {before}, after {after}");
+    let near: std::collections::BTreeSet<(u64, u64)> = heaps
+        .iter()
+        .map(|&(id, ts, _)| (id, ts))
+        .filter(|&(_, ts)| ts + 24 * 4096 >= switch && ts < switch + 24 * 4096)
+        .collect();
+    // One destination list: one polarisation, 24 heaps on each side.
+    assert_eq!(
+        near.len(),
+        48,
+        "heaps missing around the switch at {switch}: {near:?}"
+    );
 
     // Prometheus: katgpucbf's dsim metric names, with values that move.
     std::thread::sleep(Duration::from_millis(1100)); // metrics refresh once a second

@@ -6,8 +6,8 @@ use clap::Args;
 
 use super::CliError;
 
-const NETWORK: &str =
-    "kernel-bypass transports and thread pinning are not implemented yet (UDP sockets only)";
+const NETWORK: &str = "kernel-bypass transports (with their completion vectors) and the \
+     engines' thread pinning are not implemented yet (UDP sockets only)";
 const MAIN_AFFINITY: &str = "cbf's katcp threads render ?signals patterns on every core, so \
      they are not bound to one (--affinity binds the send threads)";
 const MONITOR: &str = "cbf has no asyncio monitor (it is not Python)";

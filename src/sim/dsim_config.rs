@@ -7,6 +7,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use super::dsim::DigitiserConfig;
+use super::dsim_send::GROUP_STEPS;
 use super::signal::{self, Signal};
 use crate::dsp::samples::valid_sample_bits;
 use crate::engine::affinity::allowed_cores;
@@ -146,7 +147,8 @@ impl DsimConfig {
     }
 
     /// The send threads and their cores: `--send-threads` (1 to [`MAX_SEND_THREADS`]) and
-    /// `--affinity` (one existing core per thread) must agree when both are given.
+    /// `--affinity` (one core per thread, each one this process may run on) must agree when
+    /// both are given.
     fn send_cores(&self) -> Result<Vec<Option<usize>>, ConfigError> {
         if !self.affinity.is_empty() {
             let allowed = allowed_cores().map_err(|e| ConfigError::new("--affinity", e))?;
@@ -226,13 +228,18 @@ impl DsimPlan {
     /// take the odd ones (facts §1.9 "Digitiser heap").
     pub fn send_config(&self, thread: usize) -> SendStreamConfig {
         let threads = self.send_cores.len().max(1);
+        let defaults = SendStreamConfig::default();
+        // One burst per group of heap timestamps, so that a thread's group leaves at once and
+        // the threads' groups interleave in timestamp order (`dsim_send`).
+        let group_bytes = GROUP_STEPS as usize * self.dests.len() * self.config.packet_bytes();
         SendStreamConfig {
             flavour: Flavour::SPEAD_64_48,
             max_packet_size: self.config.packet_bytes().max(1472),
             rate: self.rate() / threads as f64,
+            burst_size: defaults.burst_size.max(group_bytes),
             cnt_first: 2 + 2 * thread as u64,
             cnt_step: 2 * threads as u64,
-            ..Default::default()
+            ..defaults
         }
     }
 }

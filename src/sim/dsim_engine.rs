@@ -1,9 +1,9 @@
 //! The digitiser simulator as a library type (katgpucbf dsim, facts §1.5): built from a
 //! validated [`DsimConfig`], it renders the `--signals` pattern once, opens its sockets and its
 //! katcp and Prometheus servers, then [`Dsim::run`] replays the pattern as digitiser heaps,
-//! paced at the ADC rate × `--send-rate-factor` on `--send-threads` threads ([`super::dsim_send`]),
-//! one destination list per polarisation (heaps of a polarisation go round-robin over its
-//! list), descriptors every 5 s, until a limit or shutdown. A test can run it in-process.
+//! paced at the ADC rate × `--send-rate-factor` on `--send-threads` threads
+//! ([`super::dsim_send`]), one destination list per polarisation (heaps of a polarisation go
+//! round-robin over its list), descriptors every 5 s, until a limit or shutdown. A test can run it in-process.
 
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -276,25 +276,37 @@ mod tests {
 
     /// Three paced send threads together send every (polarisation, timestamp) heap of the
     /// run exactly once, with distinct even heap counters, the pattern's samples, and no
-    /// heap more than a few groups out of timestamp order.
+    /// heap more than a couple of groups out of timestamp order (10-bit heaps, whose group
+    /// is larger than the default burst, as a MeerKAT digitiser's are).
     #[test]
     fn send_threads_share_the_heaps_exactly_once() {
+        use crate::net::udp::UdpReceiver;
+        use crate::net::{PacketReceiver, Received, RecvBatch};
         use crate::spead::items::{ItemValue, ADC_SAMPLES_ID, DIGITISER_ID_ID, TIMESTAMP_ID};
         use crate::spead::recv::{HeapStream, HeapStreamConfig};
-        let (rx, dest) = receiver();
-        let mut c = config(dest);
-        c.adc_sample_rate = 20e6;
+        // A buffer that holds the whole run (200 heaps of 5 KiB), so the reader may be late.
+        let mut rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 16 << 20).unwrap();
+        let mut c = config(rx.local_addr().unwrap());
+        c.sample_bits = 10;
+        // One group of 8 heaps lasts 16 ms: far above a loaded machine's scheduling jitter.
+        c.adc_sample_rate = 2e6;
         c.max_heaps = Some(100);
         c.send_threads = Some(3);
         c.send_stop = true;
         let dsim = Dsim::new(c, Shutdown::manual()).unwrap();
-        let want: Vec<u8> = dsim.heaps.patterns[1].packed[4096..8192].to_vec();
+        let want: Vec<u8> = dsim.heaps.patterns[1].packed[5120..10240].to_vec();
         let reader = std::thread::spawn(move || {
-            let mut buf = vec![0u8; 65536];
+            let mut batch = RecvBatch::new(64, rx.slot_size(9200));
             let mut stream = HeapStream::new(HeapStreamConfig::default());
             let mut heaps = vec![];
-            while let Ok(n) = rx.recv(&mut buf) {
-                stream.add_packet(&buf[..n], &mut heaps);
+            // Until the stop heap (or a generous deadline, for a test that must end).
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !stream.is_stopped() && std::time::Instant::now() < deadline {
+                if let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
+                    for p in batch.iter() {
+                        stream.add_packet(p, &mut heaps);
+                    }
+                }
             }
             heaps
         });
@@ -323,7 +335,9 @@ mod tests {
             .flat_map(|p| (0..100).map(move |k| (p, first + k * 4096)))
             .collect();
         assert_eq!(seen, expected);
-        // Thread t starts t groups late, so arrivals stay within two groups of sorted order.
+        // Thread t starts t groups late and sends a group as one burst, so arrivals stay
+        // within two groups of sorted order (one burst per group of 16 heaps of 5192 bytes,
+        // above the default 64 KiB burst).
         let mut sorted = order.clone();
         sorted.sort_unstable();
         let out_of_order = order

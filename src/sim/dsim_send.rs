@@ -5,13 +5,16 @@
 //!
 //! The time axis is cut into groups of [`GROUP_STEPS`] heap timestamps (every polarisation of
 //! a timestamp goes together); thread t of T sends groups t, t + T, t + 2T, … Every thread is
-//! paced at 1/T of the rate and starts t groups' time after thread 0, so the groups leave in
+//! paced at 1/T of the rate, sends each group as one burst (`DsimPlan::send_config` sizes the
+//! burst to a group) and starts t groups' time after thread 0, so the groups leave in
 //! timestamp order to within about one group, far inside a receiver's chunk window.
 //!
 //! A `?signals` switch must take effect at the same timestamp in every thread. The threads
 //! claim each group under one lock ([`Schedule`]), which also records the pattern in force
-//! from each switch step on; a switch is placed at the first step no thread has claimed, so a
-//! group is never sent half old and half new and the reply names the exact first timestamp.
+//! from each switch step on; a switch is placed just past the furthest claimed group, so no
+//! step sent before it carries the new pattern, no group is sent half old and half new, and
+//! the reply names the exact first timestamp (a slower thread's groups below it keep the old
+//! pattern, as their timestamps say they must).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,6 +41,23 @@ pub const GROUP_STEPS: u64 = 8;
 /// How often the coordinating thread looks for a `?signals` switch and the end of the run.
 const POLL: Duration = Duration::from_millis(20);
 
+/// How long the stop heaps wait after the last data: with several threads the data left on
+/// other sockets, which a NIC may serve from other queues, and a stop heap that overtook them
+/// would end a receiver's stream early.
+const STOP_GRACE: Duration = Duration::from_millis(20);
+
+/// Raises `failed` if its thread unwinds, so that a panicking send thread stops the others
+/// instead of leaving a hole every T groups in an unbounded run.
+struct PanicFlag<'a>(&'a AtomicBool);
+
+impl Drop for PanicFlag<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The pattern in force at each step, and how far each thread has claimed.
 struct Schedule {
     /// (first step, pattern), ascending by step; the first entry starts at step 0.
@@ -61,7 +81,7 @@ impl Schedule {
         Arc::clone(&self.switches[i.max(1) - 1].1)
     }
 
-    /// Switch to `heaps` at the first step no thread has claimed; returns that step. Groups
+    /// Switch to `heaps` just past the furthest claimed group; returns that step. Groups
     /// start at multiples of [`GROUP_STEPS`] and every claim ends on one (or at
     /// `--max-heaps`, after which nothing is claimed), so no group straddles the switch.
     /// Patterns no thread can need again are dropped: each may hold 2^27 samples per pol.
@@ -144,14 +164,16 @@ pub fn send_loop<S: PacketSender + Send>(
         failed: AtomicBool::new(false),
     };
     let hs = plan.config.heap_samples as u64;
+    let descriptor_heap = shared.schedule().switches[0].1.descriptor_heap();
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = streams
             .iter_mut()
             .enumerate()
             .map(|(t, stream)| {
-                let shared = &shared;
+                let (shared, descriptors) = (&shared, &descriptor_heap);
                 s.spawn(move || {
-                    let r = send_thread(shared, t, stream);
+                    let _flag = PanicFlag(&shared.failed);
+                    let r = send_thread(shared, t, stream, (t == 0).then_some(descriptors));
                     if r.is_err() {
                         shared.failed.store(true, Ordering::Relaxed);
                     }
@@ -188,6 +210,9 @@ pub fn send_loop<S: PacketSender + Send>(
         }
     }
     if plan.send_stop {
+        if threads > 1 {
+            std::thread::sleep(STOP_GRACE);
+        }
         let mut stop = Heap::new();
         stop.add_end();
         to_every_destination(&mut streams[0], &stop, descriptor_cnt).map_err(send_err)?;
@@ -199,12 +224,13 @@ pub fn send_loop<S: PacketSender + Send>(
     Ok(report)
 }
 
-/// Send thread `t`: groups t, t + T, …; thread 0 also sends the descriptors. Returns the
-/// next free descriptor heap counter.
+/// Send thread `t`: groups t, t + T, …, and `descriptors` (thread 0's) every
+/// [`DESCRIPTOR_INTERVAL`]. Returns the next free descriptor heap counter.
 fn send_thread<S: PacketSender>(
     shared: &Shared<'_>,
     t: usize,
     stream: &mut SendStream<S>,
+    descriptors: Option<&Heap<'_>>,
 ) -> Result<u64, SendError> {
     let plan = shared.plan;
     if let Some(core) = plan.send_cores.get(t).copied().flatten() {
@@ -233,23 +259,24 @@ fn send_thread<S: PacketSender>(
     }
     let mut descriptor_cnt = 1u64;
     let mut last_descriptors: Option<Instant> = None;
-    let descriptor_heap = shared.schedule().switches[0].1.descriptor_heap();
     let mut group = t as u64;
     loop {
         let now = Instant::now();
-        if shared.stopped() || plan.duration.is_some_and(|d| now - shared.start >= d) {
-            break;
-        }
-        if t == 0 && last_descriptors.is_none_or(|at| now - at >= DESCRIPTOR_INTERVAL) {
-            descriptor_cnt = to_every_destination(stream, &descriptor_heap, descriptor_cnt)?;
-            last_descriptors = Some(now);
-        }
         let first = group * GROUP_STEPS;
         let end = plan
             .max_heaps
             .map_or(first + GROUP_STEPS, |m| m.min(first + GROUP_STEPS));
-        if first >= end {
+        if shared.stopped()
+            || plan.duration.is_some_and(|d| now - shared.start >= d)
+            || first >= end
+        {
             break;
+        }
+        if let Some(heap) = descriptors {
+            if last_descriptors.is_none_or(|at| now - at >= DESCRIPTOR_INTERVAL) {
+                descriptor_cnt = to_every_destination(stream, heap, descriptor_cnt)?;
+                last_descriptors = Some(now);
+            }
         }
         let heaps = shared.schedule().claim(t, first, end);
         // Grouped by destination (polarisation, then its destinations in turn) so that the
@@ -327,7 +354,7 @@ mod tests {
         // Thread 2 has not claimed yet; thread 1 is furthest.
         assert_eq!(s.switch(pattern(1)), 16);
         assert_eq!(id(&s.claim(2, 16, 24)), 1);
-        // Thread 0's next group (24) is past the switch; a group before it keeps the old one.
+        // Thread 0's next group (24) is past the switch.
         assert_eq!(id(&s.claim(0, 24, 32)), 1);
         assert_eq!(
             s.switches.len(),

@@ -1,7 +1,7 @@
 //! The simulators as library types. The digitiser simulator [`Dsim`] (`cbf dsim`): its
 //! signal language ([`signal`]), the digitiser heaps ([`dsim`]), its flags
-//! ([`dsim_config`]), katcp ([`dsim_control`]), engine ([`dsim_engine`]) and send threads ([`dsim_send`]); sample packing
-//! is in `crate::dsp::samples`. The F-engine simulator [`Fsim`] (`cbf fsim`): its payload and
+//! ([`dsim_config`]), katcp ([`dsim_control`]), engine ([`dsim_engine`]) and send threads
+//! ([`dsim_send`]); sample packing is in `crate::dsp::samples`. The F-engine simulator [`Fsim`] (`cbf fsim`): its payload and
 //! heaps ([`fsim`]), flags ([`fsim_config`]) and send threads ([`fsim_engine`]).
 
 pub mod dsim;
