@@ -262,6 +262,17 @@ mod tests {
             flag_of(plan(&["--adc-sample-rate", "1e9", "1.2.3:4"])),
             "dest"
         );
+        // 4096 tones × 2^27 samples: hours of rendering, refused before any.
+        assert_eq!(
+            flag_of(plan(&[
+                "--adc-sample-rate",
+                "1e9",
+                "--signals",
+                "multicw(4096, 0.001, 0, 1e6, 1e3);",
+                d
+            ])),
+            "--signals"
+        );
         assert_eq!(
             flag_of(plan(&[
                 "--adc-sample-rate",

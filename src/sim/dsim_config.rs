@@ -121,6 +121,8 @@ impl DsimConfig {
         }
         let signals = signal::parse(&self.signals, self.dests.len(), &mut rand::random::<u64>)
             .map_err(|e| ConfigError::new("--signals", e))?;
+        signal::check_render_cost(&signals, period as u64)
+            .map_err(|e| ConfigError::new("--signals", e))?;
         if !self.sync_time.is_finite() || self.sync_time > unix_now() {
             return Err(ConfigError::new("--sync-time", "is in the future"));
         }

@@ -3,7 +3,7 @@
 //! on the katcp thread and handed to the send loop, which answers with the first timestamp
 //! sent with it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -28,6 +28,10 @@ pub struct DsimControl {
     plan: DsimPlan,
     sensors: Arc<Sensors>,
     changes: Sender<SignalChange>,
+    /// Held while a `?signals` pattern renders and until the sender takes it: one render at a
+    /// time (each may use every core and 2 × `--max-period` samples per pol of memory), so
+    /// that 32 clients cannot render 32 patterns at once. A second request fails at once.
+    pub(crate) render: Mutex<()>,
 }
 
 impl DsimControl {
@@ -100,6 +104,7 @@ impl DsimControl {
             plan: plan.clone(),
             sensors,
             changes,
+            render: Mutex::new(()),
         }
     }
 
@@ -120,7 +125,15 @@ impl DsimControl {
             period,
             ..self.plan.config.clone()
         };
-        let heaps = Arc::new(DigitiserHeaps::new(config, &signals));
+        let _rendering = match self.render.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock) => {
+                return Err("another ?signals is being rendered; try again".into())
+            }
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        // try_new bounds the render cost (nodes × samples) before any work is done.
+        let heaps = Arc::new(DigitiserHeaps::try_new(config, &signals).map_err(|e| e.to_string())?);
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.changes
             .send(SignalChange { heaps, started: tx })

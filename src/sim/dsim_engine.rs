@@ -354,6 +354,35 @@ mod tests {
         assert!(heaps.iter().filter(|h| h.cnt % 2 == 1).count() >= 2);
     }
 
+    /// `?signals` from outside: a pattern whose render cost is over the bound fails at once
+    /// (it rendered for hours on every core), and a second request while one renders fails
+    /// instead of rendering beside it.
+    #[test]
+    fn signals_requests_are_bounded_and_one_at_a_time() {
+        use crate::control::katcp::Handler;
+        use crate::sim::dsim_control::DsimControl;
+        let (_rx, dest) = receiver();
+        let mut c = config(dest);
+        c.max_period = 1 << 27;
+        let plan = c.validate().unwrap();
+        let (tx, changes) = crossbeam_channel::bounded(1);
+        let control = DsimControl::new(&plan, "0.5;", Arc::new(Sensors::default()), tx);
+        let ask = |text: &str| {
+            control
+                .handle("signals", &[text.to_string(), (1usize << 27).to_string()])
+                .unwrap()
+        };
+        let t0 = std::time::Instant::now();
+        let err = ask("multicw(4096, 0.001, 0, 1e6, 1e3);").unwrap_err();
+        assert!(err.contains("render cost"), "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let held = control.render.lock().unwrap();
+        let err = ask("0.25;").unwrap_err();
+        assert!(err.contains("another ?signals"), "{err}");
+        drop(held);
+        assert!(changes.is_empty(), "nothing reached the sender");
+    }
+
     #[test]
     fn shutdown_stops_an_unbounded_run() {
         let (_rx, dest) = receiver();
