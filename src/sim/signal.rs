@@ -489,6 +489,48 @@ mod tests {
         assert!(v.iter().all(|x| x.is_finite()));
     }
 
+    /// Canonical text parses back to the same signal at the depth limit too: generators print
+    /// as calls, and a negative argument as a negation, both deeper than a leaf.
+    #[test]
+    fn canonical_text_of_deep_signals_parses_back() {
+        let found_by_fuzzing = "a = cw(0, 1); a = a + a; a = a + a; fa = cw(0, 1); a = a +"
+            .to_string()
+            + &"-".repeat(114)
+            + "a; a = a + a; a = a * a; a;a = a *"
+            + &"-".repeat(34)
+            + "0"
+            + &"-".repeat(15)
+            + "5"
+            + &"-".repeat(9)
+            + "0"
+            + &"-".repeat(5)
+            + "5"
+            + &"-".repeat(8)
+            + "a; a;";
+        // n negations built through a variable: the text stays shallow, the signal does not.
+        let deep = |inner: &str, n: usize| format!("a = {inner}; {} a;", "a = -a; ".repeat(n));
+        let mut texts = vec![found_by_fuzzing];
+        // The deepest accepted nesting over each kind of leaf: its canonical text must parse.
+        for inner in [
+            "cw(-1, -2)",
+            "cw(1, 2)",
+            "delay(cw(1, 2), -3)",
+            "wgn(-0.0, 4)",
+            "7",
+        ] {
+            let deepest = (100..=MAX_DEPTH)
+                .filter(|&n| p(&deep(inner, n), 1).is_ok())
+                .max()
+                .unwrap_or_else(|| panic!("{inner} refused at every depth"));
+            texts.push(deep(inner, deepest));
+        }
+        for text in &texts {
+            let Ok(s) = p(text, 1) else { continue };
+            let canonical = s[0].to_string();
+            assert_eq!(p(&canonical, 1), Ok(s.clone()), "{text:?} → {canonical:?}");
+        }
+    }
+
     #[test]
     fn render_cost_is_checked() {
         let big = p("multicw(4096, 0.001, 0, 1e6, 1e3);", 2).unwrap();

@@ -179,11 +179,13 @@ impl Parser {
                 }
                 self.pos += 1;
                 let mut args = Vec::new();
+                // One level over the deepest argument (not one per argument: that made a
+                // call's canonical text deeper than the signal it stands for).
                 let mut depth = 1;
                 if self.peek() != Some(&Tok::Sym(')')) {
                     loop {
                         let (a, d) = self.expr()?;
-                        depth = deeper(depth, d)?;
+                        depth = depth.max(deeper(d, 0)?);
                         args.push(a);
                         if self.peek() == Some(&Tok::Sym(',')) {
                             self.pos += 1;
@@ -210,6 +212,20 @@ struct Shape {
 
 impl Shape {
     const LEAF: Shape = Shape { nodes: 1, depth: 1 };
+
+    /// A generator of `nodes` nodes, printed in canonical text as a call with these numeric
+    /// arguments. Re-parsed, that text is a call node over its arguments, and an argument
+    /// printed with a '-' sign is a negation over a number, so the generator is that deep:
+    /// counted as a leaf of depth 1, a signal of depth 128 had canonical text of depth 129
+    /// that did not parse back (found by the `signal` fuzz target).
+    fn call(nodes: u64, args: &[f64], kids: &[Shape]) -> Result<Shape, SignalError> {
+        let numbers = args.iter().map(|v| Shape {
+            nodes: 0,
+            depth: 1 + usize::from(v.is_sign_negative()),
+        });
+        let all: Vec<Shape> = kids.iter().copied().chain(numbers).collect();
+        Shape::over(&all, nodes)
+    }
 
     /// A node over `kids`, refused past [`MAX_NODES`] or [`MAX_DEPTH`].
     fn over(kids: &[Shape], own: u64) -> Result<Shape, SignalError> {
@@ -324,7 +340,7 @@ impl Resolver<'_> {
                         frequency,
                     }
                 };
-                Ok((plain(e), Shape::LEAF))
+                Ok((plain(e), Shape::call(1, &[amplitude, frequency], &[])?))
             }
             "multicw" => {
                 arity("5", args.len() == 5)?;
@@ -345,7 +361,7 @@ impl Resolver<'_> {
                     frequency: v[2],
                     frequency_step: v[3],
                 };
-                Ok((plain(e), Shape::over(&[], count)?))
+                Ok((plain(e), Shape::call(count, &v, &[])?))
             }
             "wgn" => {
                 arity("1 or 2", matches!(args.len(), 1 | 2))?;
@@ -355,7 +371,7 @@ impl Resolver<'_> {
                     Some(a) => self.count(name, a, "wgn() seed", MAX_SEED)?,
                     None => (self.seeds)() & MAX_SEED,
                 };
-                Ok((plain(Expr::Wgn { std, seed }), Shape::LEAF))
+                Ok((plain(Expr::Wgn { std, seed }), Shape::call(1, &[std], &[])?))
             }
             "delay" => {
                 arity("2", args.len() == 2)?;
@@ -374,7 +390,7 @@ impl Resolver<'_> {
                     expr: e,
                     dither: sig.dither,
                 };
-                Ok((sig, Shape::over(&[s], 1)?))
+                Ok((sig, Shape::call(1, &[n], &[s])?))
             }
             "nodither" => {
                 arity("1", args.len() == 1)?;
