@@ -216,6 +216,12 @@ impl DsimPlan {
         heaps_per_s * self.config.packet_bytes() as f64 * self.rate_factor
     }
 
+    /// Bytes on the wire for one group of [`GROUP_STEPS`] heap timestamps, every polarisation
+    /// (the unit the send threads deal out, `dsim_send`).
+    pub fn group_bytes(&self) -> usize {
+        GROUP_STEPS as usize * self.dests.len() * self.config.packet_bytes()
+    }
+
     /// The first timestamp: the next heap boundary at or after now.
     pub fn start_timestamp(&self) -> u64 {
         let samples =
@@ -233,12 +239,11 @@ impl DsimPlan {
         let defaults = SendStreamConfig::default();
         // One burst per group of heap timestamps, so that a thread's group leaves at once and
         // the threads' groups interleave in timestamp order (`dsim_send`).
-        let group_bytes = GROUP_STEPS as usize * self.dests.len() * self.config.packet_bytes();
         SendStreamConfig {
             flavour: Flavour::SPEAD_64_48,
             max_packet_size: self.config.packet_bytes().max(1472),
             rate: self.rate() / threads as f64,
-            burst_size: defaults.burst_size.max(group_bytes),
+            burst_size: defaults.burst_size.max(self.group_bytes()),
             cnt_first: 2 + 2 * thread as u64,
             cnt_step: 2 * threads as u64,
             ..defaults

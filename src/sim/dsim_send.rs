@@ -250,11 +250,10 @@ fn send_thread<S: PacketSender>(
         })
         .collect();
     let hs = plan.config.heap_samples as u64;
-    // Start t groups' worth of time after thread 0, so that groups leave in order.
-    let rate = stream.config().rate;
-    if rate > 0.0 && t > 0 {
-        let group_bytes = GROUP_STEPS as f64 * n_pols as f64 * plan.config.packet_bytes() as f64;
-        let offset = Duration::from_secs_f64(group_bytes * t as f64 / (rate * threads as f64));
+    // Start t groups' worth of time (at the whole rate) after thread 0, so that groups leave
+    // in order.
+    if plan.rate() > 0.0 && t > 0 {
+        let offset = Duration::from_secs_f64(plan.group_bytes() as f64 * t as f64 / plan.rate());
         sleep_until_or(shared.start + offset, || shared.stopped());
     }
     let mut descriptor_cnt = 1u64;
