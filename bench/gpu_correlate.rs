@@ -6,7 +6,7 @@
 //! peers' figures; every time is the median of event-timed calls after a warm-up.
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-corr-bench [--quick]`.
+//! Usage: `cbf-corr-bench [--quick] [--ants N]…`.
 
 use std::sync::Arc;
 
@@ -86,6 +86,7 @@ fn mma_peak(gpu: &Arc<Gpu>) -> Result<f64, GpuError> {
 }
 
 struct Figure {
+    clusters: u32,
     turn: f64,
     corr: f64,
     useful: f64,
@@ -107,11 +108,23 @@ fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, reps: usize) -> Result<Figure, GpuEr
         * s.channels as f64
         * s.spectra as f64
         * cfg.batches as f64;
-    Ok(Figure { turn, corr, useful })
+    Ok(Figure {
+        clusters: c.resident_clusters(),
+        turn,
+        corr,
+        useful,
+    })
 }
 
 fn main() -> Result<(), GpuError> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--ants N` (repeatable): only the sizes of N antennas (e.g. one size under Nsight Compute).
+    let only: Vec<usize> = args
+        .windows(2)
+        .filter(|w| w[0] == "--ants")
+        .map(|w| w[1].parse().expect("--ants takes an antenna count"))
+        .collect();
     let gpu = Gpu::open(0)?;
     println!("# cbf-corr-bench on {} ({})", gpu.name, gpu.arch);
     let peak = mma_peak(&gpu)?;
@@ -122,8 +135,9 @@ fn main() -> Result<(), GpuError> {
         DENSE_PEAK / 1e12
     );
     let reps = if quick { 5 } else { 20 };
-    // (N, F, T, batches): the peers' sizes (F = 480, T = 3072) where the buffers fit, and
-    // katgpucbf's defaults (80 antennas, 512 channels, 256 spectra per heap, 32 heaps per chunk).
+    // (N, F, T, batches): the peers' sizes (F = 480, T = 3072) where the buffers fit,
+    // katgpucbf's defaults (80 antennas, 512 channels, 256 spectra per heap, 32 heaps per chunk)
+    // and two longer-row sizes.
     let sizes: &[(usize, usize, usize, usize)] = &[
         (4, 480, 3072, 1),
         (16, 480, 3072, 1),
@@ -133,16 +147,33 @@ fn main() -> Result<(), GpuError> {
         (576, 480, 3072, 1),
         (1024, 120, 3072, 1),
         (80, 512, 256, 32),
+        // The same bytes as the peers' size in 4× longer rows: the int64 accumulators (read
+        // and written once per call) weigh a quarter as much per operation.
+        (256, 120, 12288, 1),
+        (576, 120, 12288, 1),
     ];
     let mut paths = vec![CorrPath::Mma];
     if CorrPath::best_for(&gpu) == CorrPath::Wgmma {
         paths.push(CorrPath::Wgmma);
     }
     println!(
-        "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9} {:>9}  {:>10} {:>6}  {:>10}",
-        "path", "N", "F", "T", "B", "turn ms", "corr ms", "corr TOPS", "% peak", "+turn TOPS"
+        "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9} {:>9}  {:>10} {:>6}  {:>10}  {:>8}",
+        "path",
+        "N",
+        "F",
+        "T",
+        "B",
+        "turn ms",
+        "corr ms",
+        "corr TOPS",
+        "% peak",
+        "+turn TOPS",
+        "clusters"
     );
     for &(n_ants, channels, spectra, batches) in sizes {
+        if !only.is_empty() && !only.contains(&n_ants) {
+            continue;
+        }
         for &path in &paths {
             let cfg = CorrConfig {
                 shape: CorrShape {
@@ -156,7 +187,7 @@ fn main() -> Result<(), GpuError> {
             };
             let f = measure(&gpu, cfg, reps)?;
             println!(
-                "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}",
+                "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
                 format!("{path:?}"),
                 n_ants,
                 channels,
@@ -166,7 +197,8 @@ fn main() -> Result<(), GpuError> {
                 f.corr * 1e3,
                 f.useful / f.corr / 1e12,
                 100.0 * f.useful / f.corr / DENSE_PEAK,
-                f.useful / (f.corr + f.turn) / 1e12
+                f.useful / (f.corr + f.turn) / 1e12,
+                f.clusters
             );
         }
     }

@@ -5,7 +5,8 @@
 //
 //   planar[batch][channel][g][plane][r][TPAD]   plane 0 = Re, 1 = Im; antenna-pol i = 8·g + r
 //
-// with antenna-pol i = 2·antenna + pol. Rows of antenna-pols at or beyond 2·N_ANTS and times at
+// with antenna-pol i = 2·antenna + pol (for the mma kernel; the wgmma kernel's rows are the same
+// but cut into steps of 128 times and swizzled, see `word`). Rows of antenna-pols at or beyond 2·N_ANTS and times at
 // or beyond SPECTRA are written as zeros, so the correlator may read whole tiles without
 // bounds checks and the buffer needs no clearing. Both operands of the integer tensor-core
 // instructions must be K-major (time contiguous), and nothing is negated (Im = IR − RI is formed
@@ -21,7 +22,8 @@
 //
 // Compile-time constants (-D): N_ANTS, CHANNELS, SPECTRA (T), GROUP, TPAD (GROUP·T rounded up to
 // the correlator's time step), NP (antenna-pols rounded up to the correlator's tile), IN_BITS
-// (8 or 4).
+// (8 or 4), TILED (0: rows of TPAD times, for the mma kernel; 1: the wgmma kernel's tiled,
+// pre-swizzled order, see `word`; TPAD a multiple of 128).
 //
 // Mapping: a block of 256 threads takes one group of 8 antenna-pols (4 antennas) of one
 // channel and 256 consecutive times; a thread takes one antenna and 4 consecutive times, reads
@@ -48,6 +50,24 @@ __device__ __forceinline__ char2 sample(const unsigned char *__restrict__ in, lo
     return make_char2((signed char)(b >> 4), (signed char)((signed char)(b << 4) >> 4));
 #else
 #error "IN_BITS must be 8 or 4"
+#endif
+}
+
+// The 4-byte word of planar row `row` (g·16 + plane·8 + r) holding times t .. t + 3 (t a
+// multiple of 4) of group b, channel c.
+__device__ __forceinline__ long long word(int b, int c, int row, int t)
+{
+    const long long chan = (long long)b * CHANNELS + c;
+#if TILED
+    // (group, channel, step of 128 times, row, 128 bytes) with the row's 16-byte chunks in the
+    // 128-byte swizzle, so that one step of a tile's rows is one contiguous block in exactly
+    // the layout wgmma reads from shared memory: the correlator stages it with a single bulk
+    // copy (kernels/correlate_wgmma.cu).
+    const long long byte = ((chan * (TPAD / 128) + t / 128) * (2 * NP) + row) * 128 +
+                           ((((t % 128) >> 4) ^ (row & 7)) << 4) + (t & 15);
+    return byte / 4;
+#else
+    return (chan * NP * 2 + row) * (TPAD / 4) + t / 4;
 #endif
 }
 
@@ -86,13 +106,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) corr_turn(const unsigned c
             }
         }
     }
-    // Row (g, plane, r) of this (batch, channel); TPAD is a multiple of 4, so words align.
-    u32 *rows = planar + (((long long)b * CHANNELS + c) * NP * 2 + (long long)g * 16) * (TPAD / 4);
 #pragma unroll
     for (int pol = 0; pol < 2; ++pol)
     {
         const int r = 2 * local + pol;
-        rows[(long long)r * (TPAD / 4) + t0 / 4] = re[pol];
-        rows[(long long)(8 + r) * (TPAD / 4) + t0 / 4] = im[pol];
+        planar[word(b, c, g * 16 + r, t0)] = re[pol];
+        planar[word(b, c, g * 16 + 8 + r, t0)] = im[pol];
     }
 }

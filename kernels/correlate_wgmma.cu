@@ -1,48 +1,51 @@
 // The Hopper correlator (issue 12; sm_90a only): warpgroup MMA (`wgmma.mma_async` m64n256k32
-// s8) over the corner turn's planar rows (kernels/correlate_turn.cu), adding into int64
-// per-batch accumulators in `dsp::correlate`'s layout, exactly as kernels/correlate_mma.cu does
-// with warp-level MMA (same planar scheme, same epilogue: V = (RR + II) + i(IR − RI)).
+// s8) over the corner turn's planar rows (kernels/correlate_turn.cu with TILED = 1), adding into
+// int64 per-batch accumulators in `dsp::correlate`'s layout, exactly as kernels/correlate_mma.cu
+// does with warp-level MMA (same planar scheme, same products: V = (RR + II) + i(IR − RI)).
 //
-// Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP),
-// NP (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages,
-// 3 to 4). A launch sums steps [step0, step0 + nsteps) of KSTEP times in int32; the host keeps
-// nsteps · KSTEP ≤ 65536 so that RR stays below 2³¹ (|product| ≤ 128²), and launches again for
-// longer rows.
+// Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP), NP
+// (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages). A launch
+// sums steps [step0, step0 + nsteps) of KSTEP times in int32; the host keeps nsteps · KSTEP ≤
+// 65536 so that RR stays below 2³¹ (|product| ≤ 128²), and launches again for longer rows.
 //
-// Tiling: a block of two consumer warpgroups (and a producer warpgroup) takes 64 row
-// antenna-pols × 128 column antenna-pols of one (batch, channel): warpgroup g multiplies its 64 planar rows (32 antenna-pols: Re and Im of 8
-// at a time, one group per warp) by the block's 256 planar column rows, so each thread's n8
-// chunks 2h and 2h + 1 hold RR, IR and RI, II of the same pairs (the wgmma accumulator layout
-// repeats mma.sync's per 16-row warp slice). blockIdx.x walks the tiles (row tile, column
-// tile) that hold any baseline a1 ≤ a2, blockIdx.y the channel, blockIdx.z the batch.
+// Work: an item is one (batch group, channel, column tile of 128 antenna-pols, pair of row
+// tiles of 64 antenna-pols). A cluster of two blocks takes an item, block r of the cluster the
+// row tile 2p + r, so both multiply the same column tile: each block loads half of the column
+// tile's 256 planar rows and multicasts it to both (cp.async.bulk … .multicast::cluster), which
+// halves the L2 → SM traffic of the column operand (48 KB → 32 KB staged per block per step; at
+// ~1,000 useful TOPS v6 pulled ≈ 6 TB/s out of L2, bench/correlator-notes.md). The grid is
+// persistent: as many clusters as fit at once, each walking items cluster, cluster + clusters, …
+// so that one item's epilogue overlaps the next item's loads, and the blocks never drain and
+// refill the pipeline per tile as v6's one-tile blocks did.
 //
-// Staging (warp-specialised): a third warpgroup, the producer, copies each stage with `cp.async`
-// (16 bytes) into the 128-byte-swizzle layout wgmma reads (8 rows × 128 B atoms, 16-byte chunk c
-// of row r at (c ^ (r & 7)) · 16, stage buffers 1024-byte aligned; K advances by 32 B inside an
-// atom) and signals a "full" mbarrier when its copies land (`cp.async.mbarrier.arrive.noinc`);
-// the two consumer warpgroups wait on it, make the copies visible to the tensor cores
-// (`fence.proxy.async`), issue the stage's wgmma, wait for them, and arrive on the stage's
-// "empty" mbarrier, which the producer waits on before it refills the buffer. So up to
-// STAGES − 1 stages are in flight while one is multiplied, and the consumers never wait for each
-// other or for the producer's issue. A first version (every thread copying, a block barrier per
-// stage, loads two stages ahead) reached 38 % of L2 and 36 % of the tensor pipe, latency-bound;
-// a single producer warp was slower still (bench/correlator-notes.md). The epilogue adds the
-// tile into the int64 accumulators with bulk asynchronous reduce-adds from shared memory (see
-// there). Not taken (yet): TMA loads with multicast across a cluster (half the L2 traffic per
-// tile), trimming N on diagonal tiles, fusing the corner turn into the producer.
+// Block: two consumer warpgroups and one producer warp. The producer's lane 0 stages each step
+// with two bulk copies (the corner turn stored a step of a tile's rows contiguously, already in
+// the 128-byte swizzle wgmma reads: 16-byte chunk c of row r at (c ^ (r & 7)) · 16) onto the
+// stage's "full" mbarrier (transaction bytes), after waiting on its "empty" mbarrier, which every
+// consumer warp of both blocks arrives on once its wgmma reading the stage has completed (the
+// multicast writes the peer's stage too). Consumer warpgroup g multiplies its 64 planar rows (32
+// antenna-pols: Re and Im of 8 at a time, one group per warp) by the 256 column rows, so each
+// thread's n8 chunks 2h and 2h + 1 hold RR, IR and RI, II of the same pairs (the wgmma
+// accumulator layout repeats mma.sync's per 16-row warp slice); one step's wgmma stay in flight
+// while the next step's are issued. The epilogue adds the item's sums into the int64
+// accumulators with bulk asynchronous reduce-adds from a shared staging area of its own (not
+// the stages, which the producer is already refilling), a quarter of the column antennas at a
+// time. Not taken (yet): trimming N on diagonal tiles, fusing the corner turn into the staging.
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "correlate_wgmma.cu needs sm_90a (wgmma)"
 #endif
 
 #define CONSUMERS 256             // two warpgroups
-#define PRODUCERS 128             // and the producer warpgroup
-#define THREADS (CONSUMERS + PRODUCERS)
-#define KSTEP 128               // times per stage: one 128-byte swizzle row
-#define A_ROWS 128              // planar rows of the block's row tile (64 antenna-pols)
-#define B_ROWS 256              // planar rows of the column tile (128 antenna-pols)
-#define STAGE_BYTES ((A_ROWS + B_ROWS) * KSTEP)
+#define THREADS (CONSUMERS + 32)  // and the producer warp
+#define KSTEP 128                 // times per stage: one 128-byte swizzle row
+#define A_ROWS 128                // planar rows of a block's row tile (64 antenna-pols)
+#define B_ROWS 256                // planar rows of the column tile (128 antenna-pols)
+#define A_BYTES (A_ROWS * KSTEP)
+#define B_BYTES (B_ROWS * KSTEP)
+#define STAGE_BYTES (A_BYTES + B_BYTES)
 #define COL_TILES (NP / 128)
+#define PAIRS (COL_TILES * (COL_TILES + 1) / 2)
 #define N_BASELINES (N_ANTS * (N_ANTS + 1) / 2)
 #define STAGE_A1 32 // antennas of a row tile
 #define STAGE_A2 64 // antennas of a column tile
@@ -50,11 +53,6 @@
 typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned long long u64;
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
 
 // Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): K-major operand in the
 // 128-byte swizzle, 1024 bytes between 8-row groups (stride byte offset); the leading byte
@@ -115,14 +113,26 @@ __device__ __forceinline__ void wgmma_wait(int (&d)[128])
         asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// Block index → (row tile of 64 antenna-pols, column tile of 128): column tile ct holds row
-// tiles 0 .. 2·ct + 1, so the tiles before it number ct·(ct + 1).
-__device__ __forceinline__ void tile_of(int k, int &rt, int &ct)
+// Pair index → column tile ct (of 128 antenna-pols) and pair pp of its row tiles: column tile ct
+// holds row tiles 0 .. 2·ct + 1 (ct + 1 pairs), so the pairs before it number ct·(ct + 1)/2.
+__device__ __forceinline__ void pair_of(int k, int &ct, int &pp)
 {
     ct = 0;
-    while ((ct + 1) * (ct + 2) <= k)
+    while ((ct + 1) * (ct + 2) / 2 <= k)
         ++ct;
-    rt = k - ct * (ct + 1);
+    pp = k - ct * (ct + 1) / 2;
+}
+
+__device__ __forceinline__ u32 special(int which)
+{
+    u32 v;
+    if (which == 0)
+        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(v));
+    else if (which == 1)
+        asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(v));
+    else
+        asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(v));
+    return v;
 }
 
 __device__ __forceinline__ void mbar_init(u32 bar, int count)
@@ -139,122 +149,197 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity)
                  : "memory");
 }
 
-__device__ __forceinline__ void mbar_arrive(u32 bar)
+// Arrive on the mbarrier at shared offset `bar` in both blocks of the cluster. The arrival
+// orders nothing but the wgmma reads the caller waited for, so it has the default (CTA-scope)
+// semantics: `.release.cluster` made every arrival wait for a cluster-wide memory fence, which
+// stalled the consumers half of the time (Nsight Compute, bench/correlator-notes.md v7).
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar)
 {
-    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+#pragma unroll
+    for (u32 rank = 0; rank < 2; ++rank)
+    {
+        u32 remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) corr_wgmma(const signed char *__restrict__ planar,
-                                                                    i64 *__restrict__ acc, int step0, int nsteps)
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Stage `bytes` contiguous bytes from global memory into this block's shared memory, counted on
+// the mbarrier `bar`; with `mask`, into the same offset of every block in the mask.
+__device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 bytes, u32 bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_load_multicast(u32 dst, const void *src, u32 bytes, u32 bar, unsigned short mask)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, "
+                 "[%3], %4;\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
+    corr_wgmma(const signed char *__restrict__ planar, i64 *__restrict__ acc, int step0, int nsteps, int items)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bars[2 * STAGES]; // full[s], then empty[s]
-    int rt, ct;
-    tile_of(blockIdx.x, rt, ct);
-    const int c = blockIdx.y;
-    const int b = blockIdx.z;
     const int warp_all = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // Dynamic shared memory is only 16-byte aligned by contract: round up to 1024.
+    const int rank = (int)special(0), cluster = (int)special(1), clusters = (int)special(2);
+    // Dynamic shared memory is only 16-byte aligned by contract: round up to 1024 (the same
+    // offset in both blocks, which the multicast copies rely on).
     const u32 sbase = ((u32)__cvta_generic_to_shared(smem) + 1023) & ~1023u;
+    const u32 staging = sbase + STAGES * STAGE_BYTES;
     const u32 full = (u32)__cvta_generic_to_shared(bars), empty = full + 8 * STAGES;
     if (threadIdx.x == 0)
+    {
         for (int s = 0; s < STAGES; ++s)
         {
-            mbar_init(full + 8 * s, PRODUCERS);
-            mbar_init(empty + 8 * s, CONSUMERS);
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 2 * CONSUMERS / 32);
         }
-    __syncthreads();
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // Neither block may multicast into the other's stages before its mbarriers exist.
+    cluster_sync();
 
     if (threadIdx.x >= CONSUMERS)
     {
-        // The producer warpgroup.
-        const int p = threadIdx.x - CONSUMERS;
-        const signed char *chan = planar + ((i64)b * CHANNELS + c) * (i64)(2 * NP) * TPAD;
-        const signed char *a_src = chan + (i64)rt * A_ROWS * TPAD;
-        const signed char *b_src = chan + (i64)ct * B_ROWS * TPAD;
-        for (int k = 0; k < nsteps; ++k)
+        // The producer warp: lane 0 issues every copy.
+        if (lane == 0)
         {
-            const int s = k % STAGES;
-            if (k >= STAGES)
-                mbar_wait(empty + 8 * s, ((k / STAGES) & 1) ^ 1);
-            const u32 st = sbase + s * STAGE_BYTES;
-            const int t0 = (step0 + k) * KSTEP;
-#pragma unroll
-            for (int i = 0; i < (A_ROWS + B_ROWS) * 8 / PRODUCERS; ++i)
+            u32 g = 0;
+            for (int it = cluster; it < items; it += clusters)
             {
-                const int idx = i * PRODUCERS + p;
-                const int row = idx >> 3, chunk = idx & 7; // row < A_ROWS: A; else B
-                const signed char *src =
-                    row < A_ROWS ? a_src + (i64)row * TPAD : b_src + (i64)(row - A_ROWS) * TPAD;
-                cp_async16(st + row * KSTEP + ((chunk ^ (row & 7)) << 4), src + t0 + chunk * 16);
+                int ct, pp;
+                pair_of(it % PAIRS, ct, pp);
+                const int c = (it / PAIRS) % CHANNELS, b = it / (PAIRS * CHANNELS);
+                const signed char *chan = planar + ((i64)b * CHANNELS + c) * (i64)(2 * NP) * TPAD;
+                const int rt = 2 * pp + rank;
+                for (int k = 0; k < nsteps; ++k, ++g)
+                {
+                    const u32 s = g % STAGES;
+                    if (g >= STAGES)
+                        mbar_wait(empty + 8 * s, ((g / STAGES) & 1) ^ 1);
+                    const u32 st = sbase + s * STAGE_BYTES;
+                    const signed char *step = chan + (i64)(step0 + k) * (2 * NP) * KSTEP;
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s),
+                                 "r"(STAGE_BYTES)
+                                 : "memory");
+                    bulk_load(st, step + (i64)rt * A_BYTES, A_BYTES, full + 8 * s);
+                    bulk_load_multicast(st + A_BYTES + rank * (B_BYTES / 2), step + (i64)ct * B_BYTES + rank * (B_BYTES / 2),
+                                        B_BYTES / 2, full + 8 * s, 3);
+                }
             }
-            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full + 8 * s) : "memory");
         }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncwarp();
+        cluster_sync();
         return;
     }
 
     // The consumers.
     const int wg = threadIdx.x / 128, warp = warp_all % 4;
-    int d[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i)
-        d[i] = 0;
-    for (int k = 0; k < nsteps; ++k)
-    {
-        const int s = k % STAGES;
-        mbar_wait(full + 8 * s, (k / STAGES) & 1);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const u32 st = sbase + s * STAGE_BYTES;
-        const u32 a_tile = st + wg * 64 * KSTEP;
-        const u32 b_tile = st + A_ROWS * KSTEP;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < KSTEP / 32; ++kk)
-            wgmma_m64n256k32(d, desc(a_tile + kk * 32), desc(b_tile + kk * 32), 1);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        wgmma_wait<0>(d);
-        mbar_arrive(empty + 8 * s);
-    }
-
-    // Epilogue. Warp `warp` of warpgroup `wg` holds planar rows gid (Re) and gid + 8 (Im) of
-    // antenna-pol group 4·wg + warp of the row tile; n8 chunk j covers column rows 8j .. 8j + 7
-    // (Re of group j/2 for even j, Im for odd), columns 2q, 2q + 1. The sums go to shared
-    // memory in the accumulators' own order, (column antenna, row antenna, product, re/im), which
-    // is contiguous over the row antennas of one column antenna; then one bulk asynchronous
-    // reduce-add per column antenna adds them into the int64 accumulators (two's-complement
-    // addition is the same for signed values). Added one baseline at a time, each thread's 64
-    // read-modify-writes waited a DRAM round trip each (bench/correlator-notes.md). Every
-    // stage buffer is free once both warpgroups are past their last wgmma (named barrier 1).
-    asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS) : "memory");
-    longlong2 *staged = reinterpret_cast<longlong2 *>(smem + (sbase - (u32)__cvta_generic_to_shared(smem)));
     const int gid = lane >> 2, q = lane & 3;
-    const int i_local = (wg * 4 + warp) * 8 + gid; // row antenna-pol within the tile
-    const int a1l = i_local >> 1, p1 = i_local & 1;
-#pragma unroll
-    for (int h = 0; h < 16; ++h)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-        {
-            const int a2l = 4 * h + q, p2 = e; // column antenna-pol h·8 + 2q + e
-            const i64 rr = d[8 * h + e], ir = d[8 * h + 2 + e], ri = d[8 * h + 4 + e], ii = d[8 * h + 6 + e];
-            staged[(a2l * STAGE_A1 + a1l) * 4 + p1 + 2 * p2] = make_longlong2(rr + ii, ir - ri);
-        }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS) : "memory");
-    if (threadIdx.x < STAGE_A2)
+    const int p1 = gid & 1; // the pol of this thread's row antenna-pol (wg·4 + warp)·8 + gid
+    longlong2 *staged = reinterpret_cast<longlong2 *>(smem + (staging - (u32)__cvta_generic_to_shared(smem)));
+    u32 g = 0;
+    for (int it = cluster; it < items; it += clusters)
     {
-        const int a2 = ct * STAGE_A2 + threadIdx.x;
-        const int a1lo = rt * STAGE_A1, a1hi = min(a1lo + STAGE_A1 - 1, a2);
-        if (a2 < N_ANTS && a1hi >= a1lo)
+        int ct, pp;
+        pair_of(it % PAIRS, ct, pp);
+        const int c = (it / PAIRS) % CHANNELS, b = it / (PAIRS * CHANNELS);
+        const int rt = 2 * pp + rank;
+        int d[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i)
+            d[i] = 0;
+        for (int k = 0; k < nsteps; ++k, ++g)
         {
-            i64 *dst = acc + (((i64)b * CHANNELS + c) * N_BASELINES + a2 * (a2 + 1) / 2 + a1lo) * 8;
-            const u32 src = sbase + threadIdx.x * STAGE_A1 * 64;
-            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(dst),
-                         "r"(src), "r"((a1hi - a1lo + 1) * 64)
-                         : "memory");
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            const u32 s = g % STAGES;
+            mbar_wait(full + 8 * s, (g / STAGES) & 1);
+            const u32 st = sbase + s * STAGE_BYTES;
+            const u32 a_tile = st + wg * 64 * KSTEP;
+            const u32 b_tile = st + A_BYTES;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < KSTEP / 32; ++kk)
+                wgmma_m64n256k32(d, desc(a_tile + kk * 32), desc(b_tile + kk * 32), 1);
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            // The previous step's wgmma are done: its stage is free (this step's stay in flight).
+            if (k > 0)
+            {
+                wgmma_wait<1>(d);
+                __syncwarp();
+                if (lane == 0)
+                    mbar_arrive_cluster(empty + 8 * ((g - 1) % STAGES));
+            }
+        }
+        wgmma_wait<0>(d);
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive_cluster(empty + 8 * ((g - 1) % STAGES));
+
+        // Epilogue, one warp at a time (no block barrier: waiting for the slowest warp at two
+        // barriers per round was a third of the consumers' stalls in v7's first form). Warp
+        // `warp` of warpgroup `wg` holds planar rows gid (Re) and gid + 8 (Im) of antenna-pol
+        // group 4·wg + warp of the row tile, i.e. row antennas 4·(4·wg + warp) + 0 .. 3 (both
+        // pols); n8 chunk j covers column rows 8j .. 8j + 7 (Re of group j/2 for even j, Im for
+        // odd), columns 2q, 2q + 1. A round takes 8 column antennas: the sums go to the warp's
+        // staging buffer in the accumulators' own order, (column antenna, row antenna, product,
+        // re/im), contiguous over the warp's 4 row antennas (256 bytes) for each column antenna;
+        // then lane a (< 8) adds column antenna a's run into the int64 accumulators with one bulk
+        // asynchronous reduce-add (two's-complement addition is the same for signed values; added
+        // one baseline at a time, each thread's read-modify-writes waited a DRAM round trip each,
+        // bench/correlator-notes.md). The warp's two buffers alternate, and a lane waits for its
+        // reduce-add of two rounds back to have read its buffer before that buffer is written
+        // again, so the reads drain while the next round is staged, or the next item multiplied.
+        const int wslot = wg * 4 + warp;
+        const int a1w = rt * STAGE_A1 + wslot * 4; // the warp's first row antenna
+#pragma unroll
+        for (int round = 0; round < STAGE_A2 / 8; ++round)
+        {
+            const u32 buf = staging + wslot * 4096 + (round & 1) * 2048;
+            longlong2 *out = staged + (buf - staging) / 16;
+            if (lane < 8)
+                asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+            __syncwarp();
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                {
+                    const int h = round * 2 + hh;
+                    const int a2r = 4 * hh + q, p2 = e; // column antenna-pol h·8 + 2q + e
+                    const i64 rr = d[8 * h + e], ir = d[8 * h + 2 + e], ri = d[8 * h + 4 + e], ii = d[8 * h + 6 + e];
+                    out[(a2r * 4 + (gid >> 1)) * 4 + p1 + 2 * p2] = make_longlong2(rr + ii, ir - ri);
+                }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncwarp();
+            if (lane < 8)
+            {
+                const int a2 = ct * STAGE_A2 + round * 8 + lane;
+                const int a1hi = min(a1w + 3, a2);
+                if (a2 < N_ANTS && a1hi >= a1w)
+                {
+                    i64 *dst = acc + (((i64)b * CHANNELS + c) * N_BASELINES + a2 * (a2 + 1) / 2 + a1w) * 8;
+                    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(dst),
+                                 "r"(buf + lane * 256), "r"((a1hi - a1w + 1) * 64)
+                                 : "memory");
+                }
+                // A group every round, empty or not, so that "all but the last" is two rounds back.
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            }
         }
     }
+    // The staging buffers must outlive their last reads.
+    if (lane < 8)
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    cluster_sync();
 }

@@ -59,18 +59,26 @@ fn every_kernel_compiles_for_every_architecture() {
         ] {
             let np = (2 * ants + 63) / 64 * 64;
             let tpad = (group * spectra + 63) / 64 * 64;
-            for in_bits in [8, 4] {
-                let defs = vec![
-                    ("N_ANTS", ants),
-                    ("CHANNELS", channels),
-                    ("SPECTRA", spectra),
-                    ("GROUP", group),
-                    ("TPAD", tpad),
-                    ("NP", np),
-                    ("IN_BITS", in_bits),
-                ];
-                compile(Kernel::CorrTurn, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
-                compiled += 1;
+            // Rows for the mma kernel, and the wgmma kernel's tiled order (128-time steps,
+            // 128-antenna-pol tiles).
+            for (tiled, np, tpad) in [
+                (0, np, tpad),
+                (1, (np + 127) / 128 * 128, (tpad + 127) / 128 * 128),
+            ] {
+                for in_bits in [8, 4] {
+                    let defs = vec![
+                        ("N_ANTS", ants),
+                        ("CHANNELS", channels),
+                        ("SPECTRA", spectra),
+                        ("GROUP", group),
+                        ("TPAD", tpad),
+                        ("NP", np),
+                        ("IN_BITS", in_bits),
+                        ("TILED", tiled),
+                    ];
+                    compile(Kernel::CorrTurn, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+                    compiled += 1;
+                }
             }
             let defs = vec![
                 ("N_ANTS", ants),
@@ -151,7 +159,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 12 + 1 + 4 * 4 + 1 + 4) + 3 + 13
+        ARCHES.len() * (7 * 3 + 12 + 1 + 4 * 6 + 1 + 4) + 3 + 13
     );
 }
 

@@ -21,8 +21,10 @@
 //! 8-bit input, padded to whole tiles; read and written, 2 bytes moved per input byte), then
 //! the correlator adds its tiles into the accumulators: on an
 //! sm_90 device (H100, H200) the warpgroup-MMA kernel (`kernels/correlate_wgmma.cu`, compiled
-//! for sm_90a), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`,
-//! any sm_80 and later device). [`CorrPath::best_for`] picks it from the device.
+//! for sm_90a: a persistent grid of two-block clusters, the planar rows in a tiled,
+//! pre-swizzled order staged by bulk asynchronous copies, the column tile multicast to both
+//! blocks), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`, any
+//! sm_80 and later device). [`CorrPath::best_for`] picks it from the device.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -73,9 +75,13 @@ impl CorrPath {
     }
 }
 
-/// Shared-memory stages of the `wgmma` kernel (48 KiB each) and the alignment slack.
+/// Shared-memory stages of the `wgmma` kernel (48 KiB each; 3 measured 10–15 % slower at
+/// N = 576, bench/correlator-notes.md v7), its epilogue's staging (4 KiB per consumer warp) and
+/// the alignment slack: 225 KiB of the 227 KiB a block may have.
 const WGMMA_STAGES: usize = 4;
-const WGMMA_SMEM: usize = WGMMA_STAGES * 384 * 128 + 1024;
+const WGMMA_SMEM: usize = WGMMA_STAGES * 384 * 128 + 32 * 1024 + 1024;
+/// Threads of a `wgmma` block: two consumer warpgroups and a producer warp.
+const WGMMA_THREADS: u32 = 288;
 /// Times summed in int32 before they are added to int64 (|product| ≤ 128², so each real
 /// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin): inside the
 /// mma kernel, and per launch of the wgmma kernel.
@@ -202,6 +208,8 @@ pub struct Correlator {
     corr: CudaFunction,
     reduce: CudaFunction,
     planar: CudaSlice<i8>,
+    /// Clusters of the persistent `wgmma` grid (0 for the mma path).
+    clusters: u32,
 }
 
 impl Correlator {
@@ -222,6 +230,7 @@ impl Correlator {
             ("TPAD", tpad),
             ("NP", np),
             ("IN_BITS", i64::from(cfg.in_bits)),
+            ("TILED", i64::from(cfg.path == CorrPath::Wgmma)),
         ];
         let mut corr_defs: Defines = vec![
             ("N_ANTS", s.n_ants as i64),
@@ -229,10 +238,10 @@ impl Correlator {
             ("TPAD", tpad),
             ("NP", np),
         ];
-        let corr = match cfg.path {
+        let (corr, clusters) = match cfg.path {
             CorrPath::Mma => {
                 corr_defs.push(("WINDOW", WINDOW as i64));
-                gpu.function(Kernel::CorrMma, &corr_defs)?
+                (gpu.function(Kernel::CorrMma, &corr_defs)?, 0)
             }
             CorrPath::Wgmma => {
                 corr_defs.push(("STAGES", WGMMA_STAGES as i64));
@@ -241,7 +250,23 @@ impl Correlator {
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     WGMMA_SMEM as i32,
                 )?;
-                f
+                // The grid is persistent: exactly the clusters (of two blocks, the kernel's
+                // __cluster_dims__) that are resident at once; more would run after the others
+                // had finished, each with a full share of the items.
+                let probe = LaunchConfig {
+                    grid_dim: (2, 1, 1),
+                    block_dim: (WGMMA_THREADS, 1, 1),
+                    shared_mem_bytes: WGMMA_SMEM as u32,
+                };
+                let clusters = f.occupancy_max_active_clusters(probe, &gpu.compute)?;
+                if clusters == 0 {
+                    return Err(CorrError::Shape {
+                        what: "resident wgmma clusters",
+                        value: 0,
+                        why: "the device cannot hold one cluster of two 225 KiB blocks",
+                    });
+                }
+                (f, clusters)
             }
         };
         let reduce_defs: Defines = vec![
@@ -254,6 +279,7 @@ impl Correlator {
             corr,
             reduce: gpu.function(Kernel::CorrReduce, &reduce_defs)?,
             planar: gpu.compute.alloc_zeros(cfg.planar_bytes())?,
+            clusters,
             gpu,
             cfg,
         })
@@ -261,6 +287,11 @@ impl Correlator {
 
     pub fn config(&self) -> CorrConfig {
         self.cfg
+    }
+
+    /// Clusters (of two blocks) in the `wgmma` kernel's persistent grid; 0 on the mma path.
+    pub fn resident_clusters(&self) -> u32 {
+        self.clusters
     }
 
     /// Correlate one call's `batches` batches of `input` (layout in the module doc), **adding**
@@ -350,25 +381,21 @@ impl Correlator {
     /// accumulators; group j of batches adds into accumulator j, the reduce sums them all).
     fn planar(&mut self, acc: &mut CudaViewMut<i64>, n: usize) -> Result<(), CorrError> {
         let tiles = self.cfg.np() / self.cfg.path.tile();
-        // The mma kernel walks the triangle of square tiles; the wgmma kernel's column tile
-        // holds two row tiles, 2·ct + 2 of which are needed in column tile ct, and its block is
-        // two consumer warpgroups and a producer warpgroup.
-        let (blocks, threads, smem) = match self.cfg.path {
-            CorrPath::Mma => (tiles * (tiles + 1) / 2, 128, 0),
-            CorrPath::Wgmma => (tiles * (tiles + 1), 384, WGMMA_SMEM as u32),
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (
-                blocks as u32,
-                self.cfg.shape.channels as u32,
-                self.cfg.groups(n) as u32,
-            ),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: smem,
-        };
+        let channels = self.cfg.shape.channels;
+        let groups = self.cfg.groups(n);
         let st = &self.gpu.compute;
         match self.cfg.path {
             CorrPath::Mma => {
+                // A block per square tile of the triangle, channel and batch group.
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        (tiles * (tiles + 1) / 2) as u32,
+                        channels as u32,
+                        groups as u32,
+                    ),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
                 let mut b = st.launch_builder(&self.corr);
                 b.arg(&self.planar).arg(acc);
                 // SAFETY: `planar` holds the corner turn's output for n batches; `acc` holds n
@@ -377,16 +404,35 @@ impl Correlator {
                 unsafe { b.launch(cfg) }?;
             }
             CorrPath::Wgmma => {
+                // Items: (batch group, channel, column tile, pair of its row tiles); column
+                // tile ct holds ct + 1 pairs.
+                let items = tiles * (tiles + 1) / 2 * channels * groups;
+                let items = i32::try_from(items).map_err(|_| CorrError::Shape {
+                    what: "wgmma work items",
+                    value: items,
+                    why: "below 2^31 (fewer channels or batches per call)",
+                })?;
+                let cfg = LaunchConfig {
+                    grid_dim: (2 * self.clusters.min(items as u32), 1, 1),
+                    block_dim: (WGMMA_THREADS, 1, 1),
+                    shared_mem_bytes: WGMMA_SMEM as u32,
+                };
                 // One launch per WINDOW of times: the kernel sums a launch in int32.
                 let steps = (self.cfg.tpad() / CorrPath::Wgmma.kstep()) as i32;
                 let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
                 for step0 in (0..steps).step_by(per as usize) {
                     let k = per.min(steps - step0);
                     let mut b = st.launch_builder(&self.corr);
-                    b.arg(&self.planar).arg(&mut *acc).arg(&step0).arg(&k);
-                    // SAFETY: as for the mma kernel; steps [step0, step0 + k) lie inside the
-                    // planar rows' TPAD times, and launches on one stream run in order, so
-                    // their read-modify-writes of `acc` never overlap.
+                    b.arg(&self.planar)
+                        .arg(&mut *acc)
+                        .arg(&step0)
+                        .arg(&k)
+                        .arg(&items);
+                    // SAFETY: `planar` holds the corner turn's (tiled) output for n batches and
+                    // `acc` n accumulators (the callers check); the kernel takes items below
+                    // `items` only, each adding into its own baselines; steps [step0, step0 +
+                    // k) lie inside the planar rows' TPAD times, and launches on one stream run
+                    // in order, so their read-modify-writes of `acc` never overlap.
                     unsafe { b.launch(cfg) }?;
                 }
             }
