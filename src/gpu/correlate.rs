@@ -7,8 +7,8 @@
 //! value with the real part in the high nibble (sign-extended to int8 by the corner turn).
 //! **Accumulators**: int64, `batches × dsp CorrShape::vis_len()`, layout (batch, channel,
 //! baseline, product, re/im) with katgpucbf's baseline order; the call's batches are taken in
-//! groups of [`CorrConfig::group`] consecutive ones (1 unless heaps are shorter than the
-//! kernel's time step), and group *j* **adds** into accumulator *j* (never overwrites): seed
+//! groups of [`CorrConfig::group`] consecutive ones (all of them unless the rows would be
+//! very long), and group *j* **adds** into accumulator *j* (never overwrites): seed
 //! 001 keeps the batches of a chunk race-free with one accumulator per batch, and a group is
 //! summed by one block. Only the reduce's sum over every accumulator is the contract's result.
 //! **Reduce** ([`Correlator::reduce`]): the sum of the `batches` accumulators saturated to
@@ -86,6 +86,9 @@ const WGMMA_THREADS: u32 = 288;
 /// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin): inside the
 /// mma kernel, and per launch of the wgmma kernel.
 const WINDOW: usize = 65536;
+/// The longest planar row (times) a call's batches are merged into (a million: 128 heaps of
+/// 8192 spectra; katgpucbf's chunks are 32 heaps of 256).
+const MAX_ROW_TIMES: usize = 1 << 20;
 /// CUDA's grid limit on y and z.
 const GRID_YZ: usize = 65535;
 
@@ -152,11 +155,17 @@ impl CorrConfig {
     }
 
     /// Batches merged in time into one planar row set and one accumulator (see
-    /// `kernels/correlate_turn.cu`): the count up to the time step's worth that wastes the least
-    /// padding (1 when heaps are at least a step long; 4 for katgpucbf's 32-spectrum heaps on
-    /// the `wgmma` path).
+    /// `kernels/correlate_turn.cu`): all of the call's, so that a block sums the whole call's
+    /// times of its tile before it adds them into int64 once. The accumulators' read-modify-
+    /// write is then paid once per call instead of once per batch (at katgpucbf's 32 heaps per
+    /// chunk it was 32 times the traffic, and it bounded the call: bench/correlator-notes.md
+    /// v8). Rows longer than [`MAX_ROW_TIMES`] fall back to the count up to one time step's
+    /// worth that wastes the least padding.
     pub fn group(&self) -> usize {
         let (s, k) = (self.shape.spectra, self.path.kstep());
+        if self.batches * s <= MAX_ROW_TIMES {
+            return self.batches;
+        }
         let waste = |g: usize| (g * s).div_ceil(k) * k * 1000 / (g * s);
         (1..=self.batches.min(k.div_ceil(s)))
             .min_by_key(|&g| (waste(g), g))
