@@ -211,7 +211,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             spectra: 65,
             ..base
         },
-        // katgpucbf's 32-spectrum heaps: merged in groups, the last one partial.
+        // katgpucbf's 32-spectrum heaps: the call's batches merged into one group.
         Case {
             n_ants: 80,
             channels: 2,
@@ -275,6 +275,16 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             channels: 1,
             spectra: 140_000,
             batches: 1,
+            extremes: true,
+            ..base
+        },
+        // Rows too long to merge (3 × 400,000 times > 2²⁰): one group per batch, each summed
+        // into its own accumulator over several windows.
+        Case {
+            n_ants: 3,
+            channels: 2,
+            spectra: 400_000,
+            batches: 3,
             extremes: true,
             ..base
         },
