@@ -12,7 +12,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use cbf::engine::control::ControlConfig;
-use cbf::engine::recv::SourceConfig;
+use cbf::engine::recv::{RecvTransport, SourceConfig};
 use cbf::engine::Shutdown;
 use cbf::fengine::BackendKind;
 use cbf::xbengine::output::{BeamOutput, CorrprodOutput};
@@ -39,6 +39,7 @@ fn config(in_port: u16, x_port: u16, beam_ports: [u16; 2], bits: u32) -> Xbengin
             interface: None,
             buffer: 32 << 20,
             threads: 1,
+            transport: RecvTransport::Udp,
         },
         array_size: ANTS,
         channels: CHANNELS,
@@ -120,12 +121,15 @@ fn requests(beam: &str, s: &Value) -> Vec<Value> {
     vec![json!(w), json!(d), json!(g)]
 }
 
-/// Run the engine and the peer; the peer's verdicts and the engine's report.
-fn run(bits: u32) -> (Value, cbf::xbengine::XbengineReport) {
+/// Run the engine (receiving through `transport`) and the peer; the peer's verdicts and the
+/// engine's report.
+fn run(bits: u32, transport: RecvTransport) -> (Value, cbf::xbengine::XbengineReport) {
     let (in_port, x_port) = (common::free_udp_port(), common::free_udp_port());
     let beam_ports = [common::free_udp_port(), common::free_udp_port()];
     let shutdown = Shutdown::manual();
-    let engine = Engine::new(config(in_port, x_port, beam_ports, bits), shutdown.clone()).unwrap();
+    let mut cfg = config(in_port, x_port, beam_ports, bits);
+    cfg.source.transport = transport;
+    let engine = Engine::new(cfg, shutdown.clone()).unwrap();
     let katcp_port = engine.katcp_addr().port();
     let handle = std::thread::spawn(move || engine.run());
     // b0 looks at pol 0 with uneven weights and delays up to 0.2 µs (1.3 rad per channel at
@@ -223,13 +227,20 @@ fn check(v: &Value, report: &cbf::xbengine::XbengineReport) {
 
 #[test]
 fn x_and_beams_match_numpy_8bit() {
-    let (v, report) = run(8);
+    let (v, report) = run(8, RecvTransport::Udp);
     check(&v, &report);
 }
 
 #[test]
 fn x_and_beams_match_numpy_4bit() {
-    let (v, report) = run(4);
+    let (v, report) = run(4, RecvTransport::Udp);
+    check(&v, &report);
+}
+
+/// The io_uring transport (issue 15) under the same engine and the same checks.
+#[test]
+fn x_and_beams_match_numpy_through_io_uring() {
+    let (v, report) = run(8, RecvTransport::Uring);
     check(&v, &report);
 }
 

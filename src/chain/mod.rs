@@ -20,7 +20,7 @@ use num_complex::{Complex32, Complex64};
 use crate::control::katcp::Handler;
 use crate::dsp::correlate::{baseline_index, n_baselines};
 use crate::engine::control::ControlConfig;
-use crate::engine::recv::SourceConfig;
+use crate::engine::recv::{RecvTransport, SourceConfig};
 use crate::engine::{unix_now, ConfigError, EngineError, Shutdown};
 use crate::fengine::output::WidebandOutput;
 use crate::fengine::{BackendKind, FengineConfig};
@@ -167,6 +167,7 @@ pub fn run(
                     interface: None,
                     buffer: 32 << 20,
                     threads: 1,
+                    transport: RecvTransport::Udp,
                 },
                 adc_sample_rate: fs,
                 feng_id: a as u64,
@@ -238,6 +239,7 @@ pub fn run(
                 interface: None,
                 buffer: 32 << 20,
                 threads: 1,
+                transport: RecvTransport::Udp,
             },
             array_size: n_ants,
             channels,

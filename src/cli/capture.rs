@@ -12,9 +12,11 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::CliError;
+use crate::engine::recv::RecvTransport;
 use crate::engine::{check_seconds, Shutdown};
 use crate::net::pcap::{PcapDump, PcapReceiver};
 use crate::net::udp::UdpReceiver;
+use crate::net::uring::UringReceiver;
 use crate::net::{parse_endpoints, PacketReceiver, Received, RecvBatch};
 use crate::spead::items::{Descriptor, ItemValue};
 use crate::spead::recv::{HeapStream, HeapStreamConfig, ReceivedHeap, StatsSnapshot};
@@ -29,6 +31,9 @@ pub struct CaptureArgs {
     /// Socket receive buffer in bytes.
     #[arg(long, default_value_t = 128 << 20)]
     pub buffer: usize,
+    /// How the sockets are read: `udp` (recvmmsg) or `uring` (io_uring multishot receive).
+    #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
+    pub recv_transport: RecvTransport,
     /// Stop after this many heaps.
     #[arg(long)]
     pub count: Option<u64>,
@@ -140,6 +145,8 @@ pub fn open_source(
     src: &str,
     interface: Option<&str>,
     buffer: usize,
+    transport: RecvTransport,
+    max_packet: usize,
 ) -> Result<(Box<dyn PacketReceiver>, SocketAddrV4), CliError> {
     let path = Path::new(src);
     if path.is_file() {
@@ -149,9 +156,18 @@ pub fn open_source(
     }
     let eps = parse_endpoints(src)
         .map_err(|e| CliError::flag("src", format!("{e} (and no such file)")))?;
-    let r = UdpReceiver::bind(&eps, interface, buffer)
-        .map_err(|e| CliError::flag("src", format!("cannot receive on {src}: {e}")))?;
-    Ok((Box::new(r), eps[0]))
+    let r: Box<dyn PacketReceiver> = match transport {
+        RecvTransport::Udp => Box::new(
+            UdpReceiver::bind(&eps, interface, buffer)
+                .map_err(|e| CliError::flag("src", format!("cannot receive on {src}: {e}")))?,
+        ),
+        RecvTransport::Uring => Box::new(
+            UringReceiver::bind(&eps, interface, buffer, max_packet).map_err(|e| {
+                CliError::flag("--recv-transport", format!("cannot receive on {src}: {e}"))
+            })?,
+        ),
+    };
+    Ok((r, eps[0]))
 }
 
 pub fn run(args: CaptureArgs) -> Result<(), CliError> {
@@ -169,7 +185,13 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         .map(|d| check_seconds("--duration", d, true))
         .transpose()
         .map_err(|e| CliError::flag(e.flag, e.message))?;
-    let (mut source, dst) = open_source(&args.src, args.interface.as_deref(), args.buffer)?;
+    let (mut source, dst) = open_source(
+        &args.src,
+        args.interface.as_deref(),
+        args.buffer,
+        args.recv_transport,
+        args.packet_size,
+    )?;
     let mut dump = args
         .pcap
         .as_deref()

@@ -8,7 +8,7 @@ use clap::Args;
 use super::katgpucbf::Unsupported;
 use super::CliError;
 use crate::engine::control::ControlConfig;
-use crate::engine::recv::SourceConfig;
+use crate::engine::recv::{RecvTransport, SourceConfig};
 use crate::engine::Shutdown;
 use crate::fengine::control::parse_complex;
 use crate::fengine::output::WidebandOutput;
@@ -36,6 +36,10 @@ pub struct FengineArgs {
     /// Receive threads; the --src endpoints are dealt round-robin between them.
     #[arg(long, default_value_t = 1)]
     pub recv_threads: usize,
+    /// How the --src sockets are read: `udp` (recvmmsg) or `uring` (io_uring multishot
+    /// receive into a provided-buffer ring; Linux 6.0).
+    #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
+    pub recv_transport: RecvTransport,
     /// ADC sample rate in Hz.
     #[arg(long)]
     pub adc_sample_rate: f64,
@@ -188,6 +192,7 @@ impl FengineArgs {
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
                 threads: self.recv_threads,
+                transport: self.recv_transport,
             },
             adc_sample_rate: self.adc_sample_rate,
             feng_id: self.feng_id,

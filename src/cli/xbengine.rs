@@ -8,7 +8,7 @@ use clap::Args;
 use super::katgpucbf::Unsupported;
 use super::CliError;
 use crate::engine::control::ControlConfig;
-use crate::engine::recv::SourceConfig;
+use crate::engine::recv::{RecvTransport, SourceConfig};
 use crate::engine::Shutdown;
 use crate::fengine::BackendKind;
 use crate::xbengine::output::{BeamOutput, CorrprodOutput};
@@ -84,6 +84,10 @@ pub struct XbengineArgs {
     /// Receive threads; the source endpoints are dealt round-robin between them.
     #[arg(long, default_value_t = 1)]
     pub recv_threads: usize,
+    /// How the --src sockets are read: `udp` (recvmmsg) or `uring` (io_uring multishot
+    /// receive into a provided-buffer ring; Linux 6.0).
+    #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
+    pub recv_transport: RecvTransport,
     /// Interface(s) to send from (name or address; comma-separated for several NICs).
     #[arg(long, value_delimiter = ',')]
     pub send_interface: Vec<String>,
@@ -139,6 +143,7 @@ impl XbengineArgs {
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
                 threads: self.recv_threads,
+                transport: self.recv_transport,
             },
             array_size: self.array_size,
             channels: self.channels,

@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::pcap::PcapReceiver;
 use crate::net::udp::UdpReceiver;
+use crate::net::uring::UringReceiver;
 use crate::net::{parse_endpoints, PacketReceiver, Received, RecvBatch};
 use crate::spead::recv::chunk::PlaceFn;
 use crate::spead::recv::{ChunkGroup, ChunkStream, StatsSnapshot, StreamStats};
@@ -22,8 +23,18 @@ const MAX_PACKET: usize = 9200;
 /// Packets per `recv_batch` call.
 const BATCH: usize = 64;
 
+/// How the sockets of `--src` endpoints are read (`--recv-transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RecvTransport {
+    /// `recvmmsg` batches with UDP GRO (`net::udp`).
+    #[default]
+    Udp,
+    /// io_uring multishot receive into a provided-buffer ring (`net::uring`; Linux 6.0).
+    Uring,
+}
+
 /// Where an engine's input comes from (`--src`, `--recv-interface`, `--recv-buffer`,
-/// `--recv-threads`).
+/// `--recv-threads`, `--recv-transport`).
 #[derive(Debug, Clone)]
 pub struct SourceConfig {
     /// Endpoints `A.B.C.D[+N]:port[,...]`, or the path of a pcap file.
@@ -31,6 +42,7 @@ pub struct SourceConfig {
     pub interface: Option<String>,
     pub buffer: usize,
     pub threads: usize,
+    pub transport: RecvTransport,
 }
 
 /// Open the transports: one reader for a pcap file; for endpoints, `threads` UDP receivers
@@ -68,9 +80,14 @@ pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, 
                 let all: Vec<&str> = list.split(',').collect();
                 all[t % all.len()]
             });
-            UdpReceiver::bind(&mine, iface, cfg.buffer)
-                .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
-                .map_err(|e| ConfigError::new("--src", e))
+            match cfg.transport {
+                RecvTransport::Udp => UdpReceiver::bind(&mine, iface, cfg.buffer)
+                    .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
+                    .map_err(|e| ConfigError::new("--src", e)),
+                RecvTransport::Uring => UringReceiver::bind(&mine, iface, cfg.buffer, MAX_PACKET)
+                    .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
+                    .map_err(|e| ConfigError::new("--recv-transport", e)),
+            }
         })
         .collect()
 }

@@ -1,6 +1,7 @@
 //! Packet transports: each moves *batches* of packets between the wire and caller-owned
 //! memory, and nothing else. Decoding, heap assembly and rate limiting live above, once
-//! (`crate::spead`). Transports: [`udp`] (recvmmsg/sendmmsg), [`mem`] (in-process, for tests),
+//! (`crate::spead`). Transports: [`udp`] (recvmmsg/sendmmsg), [`uring`] (the same sockets
+//! through io_uring's multishot receive), [`mem`] (in-process, for tests),
 //! [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
 //! and corruption in front of any receiver.
 
@@ -9,6 +10,7 @@ pub mod fault;
 pub mod mem;
 pub mod pcap;
 pub mod udp;
+pub mod uring;
 
 use std::io;
 
@@ -92,16 +94,37 @@ impl RecvBatch {
     /// Copy a packet into the next slot (for transports that do not receive in place); false
     /// when full. Packets longer than a slot are truncated (and will fail SPEAD parsing).
     pub fn push(&mut self, packet: &[u8]) -> bool {
+        self.push_segmented(packet, 0)
+    }
+
+    /// Copy a datagram into the next slot, as [`RecvBatch::push`]; a non-zero `segment` says
+    /// it holds packets of that size coalesced by the kernel (UDP GRO), which the batch splits.
+    pub fn push_segmented(&mut self, datagram: &[u8], segment: usize) -> bool {
         if self.filled == self.capacity() {
             return false;
         }
-        let n = packet.len().min(self.slot_size);
+        let n = datagram.len().min(self.slot_size);
         let start = self.filled * self.slot_size;
-        self.buf[start..start + n].copy_from_slice(&packet[..n]);
-        self.slots[self.filled] = (n, 0);
+        self.buf[start..start + n].copy_from_slice(&datagram[..n]);
+        self.slots[self.filled] = (n, segment);
         self.filled += 1;
-        self.packets.push((start, n));
+        self.split_slot(start, n, segment);
         true
+    }
+
+    /// Append slot bytes `start .. start + len` to the packet list, cut into `segment`-byte
+    /// packets when it holds coalesced ones (`segment` 0: one packet).
+    fn split_slot(&mut self, start: usize, len: usize, segment: usize) {
+        if segment == 0 || segment >= len {
+            self.packets.push((start, len));
+        } else {
+            let mut off = 0;
+            while off < len {
+                let l = segment.min(len - off);
+                self.packets.push((start + off, l));
+                off += l;
+            }
+        }
     }
 
     /// The raw slot memory and the (length, segment size) table, for transports that receive
@@ -114,19 +137,9 @@ impl RecvBatch {
     pub(crate) fn set_filled(&mut self, n: usize) {
         self.filled = n.min(self.capacity());
         self.packets.clear();
-        for (i, &(len, seg)) in self.slots[..self.filled].iter().enumerate() {
-            let start = i * self.slot_size;
-            let len = len.min(self.slot_size);
-            if seg == 0 || seg >= len {
-                self.packets.push((start, len));
-            } else {
-                let mut off = 0;
-                while off < len {
-                    let l = seg.min(len - off);
-                    self.packets.push((start + off, l));
-                    off += l;
-                }
-            }
+        for i in 0..self.filled {
+            let (len, seg) = self.slots[i];
+            self.split_slot(i * self.slot_size, len.min(self.slot_size), seg);
         }
     }
 }
@@ -332,5 +345,12 @@ mod tests {
         b.clear();
         assert!(b.push(&[9; 200]));
         assert_eq!(b.packet(0).len(), 100);
+        // A copied datagram of coalesced packets splits as one received in place does.
+        let data: Vec<u8> = (0..25).collect();
+        assert!(b.push_segmented(&data, 10));
+        let got: Vec<Vec<u8>> = b.iter().skip(1).map(<[u8]>::to_vec).collect();
+        assert_eq!(got, [&data[..10], &data[10..20], &data[20..]]);
+        assert!(b.push(&[1; 5]));
+        assert!(!b.push(&[2; 5]), "a full batch takes no more");
     }
 }

@@ -143,7 +143,7 @@ fn set_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
 }
 
 /// Turn UDP GRO on; false where the kernel lacks it.
-fn enable_gro(socket: &Socket) -> bool {
+pub(crate) fn enable_gro(socket: &Socket) -> bool {
     set_int_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1)
 }
 
@@ -156,7 +156,7 @@ fn enable_drop_count(socket: &Socket) -> bool {
 /// What a received message's control data says: the GRO segment size (0 if none) and the
 /// socket's drop count when the datagram was queued (`SO_RXQ_OVFL`; the kernel attaches it
 /// only once it is non-zero).
-fn control_data(hdr: &libc::msghdr) -> (usize, Option<u32>) {
+pub(crate) fn control_data(hdr: &libc::msghdr) -> (usize, Option<u32>) {
     let mut segment = 0;
     let mut drops = None;
     // SAFETY: the kernel filled msg_control/msg_controllen for this message; the CMSG macros
@@ -184,16 +184,76 @@ fn control_data(hdr: &libc::msghdr) -> (usize, Option<u32>) {
 /// A socket's drop count as the kernel reports it (`SO_RXQ_OVFL`: a u32 that wraps), kept
 /// as a total that does not.
 #[derive(Debug, Default, Clone, Copy)]
-struct DropCount {
+pub(crate) struct DropCount {
     last: u32,
-    total: u64,
+    pub(crate) total: u64,
 }
 
 impl DropCount {
-    fn update(&mut self, seen: u32) {
+    pub(crate) fn update(&mut self, seen: u32) {
         self.total += u64::from(seen.wrapping_sub(self.last));
         self.last = seen;
     }
+}
+
+/// Receive sockets for `endpoints`, one per distinct port: unicast endpoints bind their address;
+/// multicast groups are joined on `interface` (a name or an address; the default route when
+/// `None`). `buffer` is SO_RCVBUF in bytes (the kernel may cap it at `net.core.rmem_max`).
+/// Each socket reports its drops (`SO_RXQ_OVFL`) and times out reads after [`POLL_INTERVAL`].
+/// Shared by the `recvmmsg` receiver and the io_uring one (`net::uring`).
+pub(crate) fn open_recv_sockets(
+    endpoints: &[SocketAddrV4],
+    interface: Option<&str>,
+    buffer: usize,
+) -> io::Result<Vec<Socket>> {
+    let iface = interface.map(resolve_interface).transpose()?;
+    let mut ports: Vec<u16> = endpoints.iter().map(|e| e.port()).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let mut sockets = Vec::new();
+    for port in ports {
+        let eps: Vec<&SocketAddrV4> = endpoints.iter().filter(|e| e.port() == port).collect();
+        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_reuse_address(true)?;
+        set_recv_buffer(&socket, buffer)?;
+        if !enable_drop_count(&socket) {
+            tracing::warn!(
+                port,
+                "the kernel will not report socket drops (SO_RXQ_OVFL)"
+            );
+        }
+        socket.set_read_timeout(Some(POLL_INTERVAL))?;
+        let groups: Vec<Ipv4Addr> = eps
+            .iter()
+            .map(|e| *e.ip())
+            .filter(Ipv4Addr::is_multicast)
+            .collect();
+        let bind_ip = match (eps.len(), groups.len()) {
+            (1, _) => *eps[0].ip(),
+            _ if groups.is_empty() && eps.iter().all(|e| e.ip() == eps[0].ip()) => *eps[0].ip(),
+            _ => Ipv4Addr::UNSPECIFIED,
+        };
+        socket.bind(&SockAddr::from(SocketAddrV4::new(bind_ip, port)))?;
+        if !groups.is_empty() {
+            // Only the groups joined here, not every group any socket on the host joined.
+            socket.set_multicast_all_v4(false)?;
+        }
+        for g in groups {
+            let via = match iface {
+                Some((index, _)) => InterfaceIndexOrAddress::Index(index),
+                None => InterfaceIndexOrAddress::Address(Ipv4Addr::UNSPECIFIED),
+            };
+            socket.join_multicast_v4_n(&g, &via)?;
+        }
+        sockets.push(socket);
+    }
+    if sockets.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no endpoints to receive on",
+        ));
+    }
+    Ok(sockets)
 }
 
 /// A UDP receiver over one or more sockets (one per distinct port).
@@ -217,53 +277,7 @@ impl UdpReceiver {
         interface: Option<&str>,
         buffer: usize,
     ) -> io::Result<Self> {
-        let iface = interface.map(resolve_interface).transpose()?;
-        let mut ports: Vec<u16> = endpoints.iter().map(|e| e.port()).collect();
-        ports.sort_unstable();
-        ports.dedup();
-        let mut sockets = Vec::new();
-        for port in ports {
-            let eps: Vec<&SocketAddrV4> = endpoints.iter().filter(|e| e.port() == port).collect();
-            let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-            socket.set_reuse_address(true)?;
-            set_recv_buffer(&socket, buffer)?;
-            if !enable_drop_count(&socket) {
-                tracing::warn!(
-                    port,
-                    "the kernel will not report socket drops (SO_RXQ_OVFL)"
-                );
-            }
-            socket.set_read_timeout(Some(POLL_INTERVAL))?;
-            let groups: Vec<Ipv4Addr> = eps
-                .iter()
-                .map(|e| *e.ip())
-                .filter(Ipv4Addr::is_multicast)
-                .collect();
-            let bind_ip = match (eps.len(), groups.len()) {
-                (1, _) => *eps[0].ip(),
-                _ if groups.is_empty() && eps.iter().all(|e| e.ip() == eps[0].ip()) => *eps[0].ip(),
-                _ => Ipv4Addr::UNSPECIFIED,
-            };
-            socket.bind(&SockAddr::from(SocketAddrV4::new(bind_ip, port)))?;
-            if !groups.is_empty() {
-                // Only the groups joined here, not every group any socket on the host joined.
-                socket.set_multicast_all_v4(false)?;
-            }
-            for g in groups {
-                let via = match iface {
-                    Some((index, _)) => InterfaceIndexOrAddress::Index(index),
-                    None => InterfaceIndexOrAddress::Address(Ipv4Addr::UNSPECIFIED),
-                };
-                socket.join_multicast_v4_n(&g, &via)?;
-            }
-            sockets.push(socket);
-        }
-        if sockets.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "no endpoints to receive on",
-            ));
-        }
+        let sockets = open_recv_sockets(endpoints, interface, buffer)?;
         let gro = sockets.iter().all(enable_gro);
         Ok(UdpReceiver {
             fds: vec![
