@@ -105,7 +105,8 @@ pub fn unit(plan: &Plan, e: &EnginePlan) -> String {
          RestartSec={RESTART_SEC}s\n\
          KillSignal=SIGTERM\n\
          TimeoutStopSec=30s\n\
-         SyslogIdentifier=cbf-{name}\n",
+         SyslogIdentifier=cbf-{array}-{name}\n",
+        array = plan.array,
         cores = cores.join(" "),
         numa = e.numa,
         name = e.name,

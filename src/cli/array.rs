@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 
 use super::{Cli, CliError, Command};
 use crate::array::plan::LinkLoad;
@@ -33,7 +33,7 @@ pub enum ArrayCommand {
 }
 
 #[derive(Debug, Args)]
-#[group(id = "target", required = true, multiple = true, args = ["systemd", "kubernetes"])]
+#[command(group(ArgGroup::new("target").required(true).multiple(true).args(["systemd", "kubernetes"])))]
 pub struct RenderArgs {
     /// Write DIR/<node>/cbf-<array>-<engine>.service and DIR/<node>/cbf-<array>.target.
     #[arg(long, value_name = "DIR")]
