@@ -9,13 +9,15 @@
 //!   (`bands[0].channels`), and the shape each band derives from them.
 //! - [`groups`]: the multicast allocation.
 //! - [`place`]: engines onto GPU or CPU slots, NUMA-local cores, NICs and control ports.
-//! - [`plan`]: the engines with their command lines, and the rate checks (NICs, PCIe).
+//! - [`plan`]: the plan, and the rate checks (NICs, PCIe) and the F→X check on it;
+//!   `engines` builds each engine's command line.
 //! - [`rates`]: the stream rates those checks use, from the formats.
 //! - [`systemd`], [`kubernetes`]: renderings of a plan.
 #![deny(unsafe_code)]
 
 pub mod check;
 pub mod config;
+mod engines;
 pub mod groups;
 pub mod kubernetes;
 pub mod place;
