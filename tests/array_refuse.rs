@@ -51,7 +51,7 @@ fn channel_counts_must_divide() {
     assert_eq!(key(&c), "bands[0].channels");
     // A batch must be whole spectra, and its span of input samples must divide the
     // F-engine's 2^25-sample input chunk.
-    for jpb in [1000, 1536 * 1024, 1 << 25] {
+    for jpb in [1000, 1536 * 1024, 1 << 25, usize::MAX] {
         let mut c = four();
         c.bands[0].jones_per_batch = jpb;
         assert_eq!(key(&c), "bands[0].jones_per_batch", "{jpb}");
@@ -166,6 +166,9 @@ fn multicast_groups_are_one_consistent_allocation() {
     c.network.multicast = "239.10.0.0/28".into();
     assert_eq!(key(&c), "network.multicast");
     c.network.multicast = "10.0.0.0/8".into();
+    assert_eq!(key(&c), "network.multicast");
+    let mut c = four();
+    c.network.digitiser_groups_per_pol = u32::MAX;
     assert_eq!(key(&c), "network.multicast");
     // A digitiser stream given by hand inside the allocated F→X groups.
     let mut c = four();

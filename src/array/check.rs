@@ -169,9 +169,10 @@ pub fn check_band(i: usize, b: &Band, bands: &[Band]) -> Result<BandShape, Array
         ));
     }
     let jpb = b.jones_per_batch;
+    // jpb is bounded before it is doubled.
     if jpb < ch
         || jpb % ch != 0
-        || (2 * jpb) > RECV_CHUNK_SAMPLES
+        || jpb > RECV_CHUNK_SAMPLES / 2
         || RECV_CHUNK_SAMPLES % (2 * jpb) != 0
     {
         return Err(err(

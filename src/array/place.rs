@@ -137,12 +137,14 @@ impl<'a> Placer<'a> {
             .filter(|n| n.roles.contains(&role))
             .map(|n| {
                 if gpu {
-                    n.gpus.iter().map(|g| g.engines).sum()
+                    n.gpus
+                        .iter()
+                        .fold(0usize, |a, g| a.saturating_add(g.engines))
                 } else {
                     n.cpu_engines
                 }
             })
-            .sum();
+            .fold(0usize, usize::saturating_add);
         Err(ArrayError::config(
             "nodes",
             format!(

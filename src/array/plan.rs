@@ -160,7 +160,10 @@ fn band_groups(
             }
             None => {
                 let per_pol = cfg.network.digitiser_groups_per_pol;
-                let g = alloc.take(2 * per_pol).ok_or_else(full)?;
+                let g = per_pol
+                    .checked_mul(2)
+                    .and_then(|n| alloc.take(n))
+                    .ok_or_else(full)?;
                 let half = |p: u32| Groups {
                     first: g.nth(p * per_pol).first,
                     count: per_pol,
