@@ -11,6 +11,16 @@ use super::place::Placement;
 use super::plan::{BandGroups, EngineKind, EnginePlan};
 use super::rates::{self, Rate};
 
+/// Memory of a dsim (the Kubernetes request): its three pattern windows (active, spare, zeros)
+/// of up to 2^27 samples per polarisation take about 1 GiB at 10 bits.
+const DSIM_MEMORY_GIB: u32 = 4;
+
+/// Threads of an F-engine besides its receive threads: the GPU (or CPU DSP) thread and the
+/// send thread. The rest of its cores receive: `cbf fengine --recv-threads 4` took a whole
+/// MeerKAT L-band antenna (34.6 Gb/s over 16 groups) where fewer lost heaps (README,
+/// Performance).
+const FENGINE_OTHER_THREADS: usize = 2;
+
 /// What every engine of one band shares.
 pub(super) struct BandEngines<'a> {
     pub cfg: &'a ArrayConfig,
@@ -91,7 +101,7 @@ impl BandEngines<'_> {
         e.outputs = streams.to_vec();
         e.tx_gbps =
             rates::digitiser(self.band.adc_sample_rate, self.band.dig_sample_bits).wire_bps / 1e9;
-        e.memory_gib = 4;
+        e.memory_gib = DSIM_MEMORY_GIB;
         e
     }
 
@@ -114,6 +124,14 @@ impl BandEngines<'_> {
                 ("--feng-id", ant.to_string()),
                 ("--array-size", self.cfg.antennas.len().to_string()),
                 ("--jones-per-batch", b.jones_per_batch.to_string()),
+                (
+                    "--recv-threads",
+                    e.cores
+                        .len()
+                        .saturating_sub(FENGINE_OTHER_THREADS)
+                        .max(1)
+                        .to_string(),
+                ),
                 ("--recv-interface", e.nic_address.clone()),
                 ("--send-interface", e.nic_address.clone()),
                 ("--send-ttl", self.cfg.network.ttl.to_string()),

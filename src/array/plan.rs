@@ -180,7 +180,8 @@ fn band_groups(
             let key = format!("bands[{i}].fx_dst");
             let addrs = crate::net::parse_endpoints(text).map_err(|e| err(key.clone(), e))?;
             let consecutive = addrs.windows(2).all(|w| {
-                u32::from(*w[1].ip()) == u32::from(*w[0].ip()) + 1 && w[1].port() == w[0].port()
+                u32::from(*w[0].ip()).checked_add(1) == Some(u32::from(*w[1].ip()))
+                    && w[1].port() == w[0].port()
             });
             if !consecutive || !addrs[0].ip().is_multicast() {
                 return Err(err(key, "must be one multicast range A.B.C.D+N:port (the F-engine's --wideband dst= takes one)"));
@@ -224,7 +225,7 @@ fn band_groups(
         for a in addrs {
             if let Some(other) = owners.insert(a, key.clone()) {
                 if other != key {
-                    return Err(err(key, format!("{a} is also {other}'s")));
+                    return Err(err(key, format!("{a} is also used by {other}")));
                 }
             }
         }
