@@ -220,7 +220,8 @@ pub enum Role {
 }
 
 /// `[[nodes.numa]]`: a NUMA node and the cores on it that cbf may use (leave the operating
-/// system's housekeeping cores out).
+/// system's housekeeping cores out). The j-th entry is the kernel's NUMA node j: the units
+/// bind memory to it by that number (`NUMAMask=j`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Numa {

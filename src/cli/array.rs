@@ -92,8 +92,9 @@ pub fn check_command_lines(plan: &Plan) -> Result<(), CliError> {
     for e in &plan.engines {
         let refused = |m: String| {
             CliError::Run(format!(
-                "the plan's command line for {} is refused (a bug in the plan): {m}",
-                e.name
+                "engine {}: cbf {} refuses the planned command line: {m}",
+                e.name,
+                e.kind.as_str()
             ))
         };
         let cli = Cli::try_parse_from(&e.argv).map_err(|err| refused(err.to_string()))?;
