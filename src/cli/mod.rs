@@ -1,6 +1,7 @@
 //! The `cbf` command line: one file per subcommand, named after katgpucbf's programs, with
 //! katgpucbf's flag names (facts §1.2, §1.5).
 
+pub mod array;
 pub mod capture;
 pub mod demo;
 pub mod dsim;
@@ -52,6 +53,9 @@ pub enum Command {
     Selftest(selftest::SelftestArgs),
     /// Receive any SPEAD stream: one JSON line per heap, or statistics; optional pcap dump.
     Capture(capture::CaptureArgs),
+    /// A whole array from one description: `plan` (every engine, where, with which flags)
+    /// and `render` (systemd units, Kubernetes manifests).
+    Array(array::ArrayArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -89,6 +93,7 @@ pub fn main() -> ExitCode {
         Command::Xbengine(a) => xbengine::run(*a),
         Command::Fsim(a) => fsim::run(a),
         Command::Selftest(a) => selftest::run(a),
+        Command::Array(a) => array::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
