@@ -21,6 +21,10 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct SignalChange {
     pub heaps: Arc<DigitiserHeaps>,
     pub started: Sender<u64>,
+    /// Sets the `signals`, `signals-orig` and `period` sensors; the send loop calls it while
+    /// it holds the schedule it switched, so no heap with the new pattern is claimed before
+    /// the sensors say so.
+    pub announce: Box<dyn FnOnce() + Send>,
 }
 
 /// dsim's katcp handler.
@@ -135,19 +139,26 @@ impl DsimControl {
         // try_new bounds the render cost (nodes × samples) before any work is done.
         let heaps = Arc::new(DigitiserHeaps::try_new(config, &signals).map_err(|e| e.to_string())?);
         let (tx, rx) = crossbeam_channel::bounded(1);
+        let sensors = Arc::clone(&self.sensors);
+        let values = [
+            (
+                "signals",
+                signals.iter().map(ToString::to_string).collect::<String>(),
+            ),
+            ("signals-orig", text.clone()),
+            ("period", period.to_string()),
+        ];
+        let announce = Box::new(move || sensors.set_many(&values, Status::Nominal));
         self.changes
-            .send(SignalChange { heaps, started: tx })
+            .send(SignalChange {
+                heaps,
+                started: tx,
+                announce,
+            })
             .map_err(|_| "dsim is shutting down".to_string())?;
         let ts = rx
             .recv_timeout(CHANGE_TIMEOUT)
             .map_err(|_| "the sender did not take the new signal".to_string())?;
-        self.sensors.set(
-            "signals",
-            signals.iter().map(ToString::to_string).collect::<String>(),
-            Status::Nominal,
-        );
-        self.sensors.set("signals-orig", text, Status::Nominal);
-        self.sensors.set("period", period, Status::Nominal);
         Ok(vec![ts.to_string()])
     }
 }

@@ -186,7 +186,12 @@ pub fn send_loop<S: PacketSender + Send>(
         while !handles.iter().all(|h| h.is_finished()) {
             match changes.map(|c| c.recv_timeout(POLL)) {
                 Some(Ok(change)) => {
-                    let at = shared.schedule().switch(change.heaps);
+                    // Send threads claim groups under this lock: the sensors change before any
+                    // heap of the new pattern can be claimed.
+                    let mut schedule = shared.schedule();
+                    let at = schedule.switch(change.heaps);
+                    (change.announce)();
+                    drop(schedule);
                     let _ = change.started.send(start_timestamp + at * hs);
                 }
                 Some(Err(RecvTimeoutError::Timeout)) => {}

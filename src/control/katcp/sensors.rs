@@ -127,6 +127,21 @@ impl Sensors {
         }
     }
 
+    /// Set several sensors under one lock, with one timestamp: a reader (a `?sensor-value`,
+    /// a sampler) sees all of them changed or none.
+    pub fn set_many(&self, values: &[(&str, String)], status: Status) {
+        let mut all = self.lock();
+        let t = now();
+        for (name, value) in values {
+            if let Some(s) = all.get_mut(*name) {
+                s.value.clone_from(value);
+                s.status = status;
+                s.timestamp = t;
+                s.seq = next_seq();
+            }
+        }
+    }
+
     pub fn get(&self, name: &str) -> Option<Sensor> {
         self.lock().get(name).cloned()
     }
@@ -152,5 +167,34 @@ impl Sensors {
             .filter(|(n, _)| filter.is_none_or(|f| *n == f))
             .map(|(n, s)| (n.clone(), s.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_many_changes_all_named_sensors_at_one_time() {
+        let s = Sensors::default();
+        s.add("a", "", "", "string", "old");
+        s.add("b", "", "", "integer", 1);
+        s.add("c", "", "", "string", "untouched");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        s.set_many(
+            &[("a", "new".into()), ("b", "2".into()), ("nope", "x".into())],
+            Status::Warn,
+        );
+        let (a, b, c) = (
+            s.get("a").unwrap(),
+            s.get("b").unwrap(),
+            s.get("c").unwrap(),
+        );
+        assert_eq!((a.value.as_str(), b.value.as_str()), ("new", "2"));
+        assert_eq!((a.status, b.status), (Status::Warn, Status::Warn));
+        assert_eq!(a.timestamp, b.timestamp);
+        assert!(a.timestamp > c.timestamp);
+        assert_eq!(c.value, "untouched");
+        assert!(s.get("nope").is_none());
     }
 }
