@@ -9,6 +9,7 @@ pub mod endpoint;
 pub mod fault;
 pub mod mem;
 pub mod pcap;
+mod recv_socket;
 pub mod udp;
 pub mod uring;
 

@@ -1,5 +1,5 @@
 //! UDP through io_uring (issue 15; seed 000 §Network receive): the same sockets as
-//! [`super::udp`] (`open_recv_sockets`: multicast joins, SO_RCVBUF, SO_RXQ_OVFL), read by one
+//! `net::recv_socket` (`open_recv_sockets`: multicast joins, SO_RCVBUF, SO_RXQ_OVFL), read by one
 //! *multishot* `recvmsg` per socket into a ring of kernel-provided buffers
 //! (`IORING_REGISTER_PBUF_RING`). One submission keeps a socket receiving for as long as the ring
 //! has buffers, and a batch is collected from the completion queue in shared memory: one
@@ -31,7 +31,8 @@ use io_uring::types::{BufRingEntry, Fd, RecvMsgOut, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, IoUring};
 use socket2::Socket;
 
-use super::udp::{control_data, enable_gro, open_recv_sockets, DropCount, GRO_SLOT, POLL_INTERVAL};
+use super::recv_socket::{control_data, enable_gro, open_recv_sockets, slot_for, DropCount};
+use super::udp::{GRO_SLOT, POLL_INTERVAL};
 use super::{PacketReceiver, Received, RecvBatch};
 
 /// Buffers in the provided-buffer ring (a power of two, at most 32768). They go back to the
@@ -233,15 +234,11 @@ impl Drop for UringReceiver {
 
 impl PacketReceiver for UringReceiver {
     fn slot_size(&self, max_packet: usize) -> usize {
-        if self.gro {
-            GRO_SLOT.max(max_packet)
-        } else {
-            max_packet
-        }
+        slot_for(self.gro, max_packet)
     }
 
     fn kernel_drops(&self) -> u64 {
-        self.drops.iter().map(|d| d.total).sum()
+        DropCount::sum(&self.drops)
     }
 
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
