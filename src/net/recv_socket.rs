@@ -177,3 +177,11 @@ pub(crate) fn open_recv_sockets(
     }
     Ok(sockets)
 }
+
+/// The local address of the first socket (useful when binding port 0 in tests).
+pub(crate) fn first_local_addr(sockets: &[Socket]) -> io::Result<SocketAddrV4> {
+    sockets[0]
+        .local_addr()?
+        .as_socket_ipv4()
+        .ok_or_else(|| io::Error::other("not an IPv4 socket"))
+}

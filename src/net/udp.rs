@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::recv_socket::{control_data, enable_gro, open_recv_sockets, slot_for, DropCount};
+use super::recv_socket::{
+    control_data, enable_gro, first_local_addr, open_recv_sockets, slot_for, DropCount,
+};
 use super::{PacketReceiver, PacketSender, Received, RecvBatch, SendBatch};
 
 /// How long a receive call waits before returning [`Received::Idle`].
@@ -147,10 +149,7 @@ impl UdpReceiver {
 
     /// The local address of the first socket (useful when binding port 0 in tests).
     pub fn local_addr(&self) -> io::Result<SocketAddrV4> {
-        self.sockets[0]
-            .local_addr()?
-            .as_socket_ipv4()
-            .ok_or_else(|| io::Error::other("not an IPv4 socket"))
+        first_local_addr(&self.sockets)
     }
 
     fn recvmmsg(

@@ -31,8 +31,10 @@ use io_uring::types::{BufRingEntry, Fd, RecvMsgOut, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, IoUring};
 use socket2::Socket;
 
-use super::recv_socket::{control_data, enable_gro, open_recv_sockets, slot_for, DropCount};
-use super::udp::{GRO_SLOT, POLL_INTERVAL};
+use super::recv_socket::{
+    control_data, enable_gro, first_local_addr, open_recv_sockets, slot_for, DropCount,
+};
+use super::udp::POLL_INTERVAL;
 use super::{PacketReceiver, Received, RecvBatch};
 
 /// Buffers in the provided-buffer ring (a power of two, at most 32768). They go back to the
@@ -147,11 +149,7 @@ impl UringReceiver {
     ) -> io::Result<UringReceiver> {
         let sockets = open_recv_sockets(endpoints, interface, buffer)?;
         let gro = sockets.iter().all(enable_gro);
-        let payload = if gro {
-            GRO_SLOT.max(max_packet)
-        } else {
-            max_packet
-        };
+        let payload = slot_for(gro, max_packet);
         // Every buffer can complete before the queue is read.
         let ring = IoUring::builder()
             .setup_cqsize(2 * u32::from(RING_BUFFERS))
@@ -199,10 +197,7 @@ impl UringReceiver {
 
     /// The local address of the first socket (useful when binding port 0 in tests).
     pub fn local_addr(&self) -> io::Result<SocketAddrV4> {
-        self.sockets[0]
-            .local_addr()?
-            .as_socket_ipv4()
-            .ok_or_else(|| io::Error::other("not an IPv4 socket"))
+        first_local_addr(&self.sockets)
     }
 
     /// Submit a multishot `recvmsg` for every socket without a live one (at the start, and
@@ -223,42 +218,7 @@ impl UringReceiver {
         }
         Ok(())
     }
-}
 
-impl Drop for UringReceiver {
-    fn drop(&mut self) {
-        // No buffer may be picked once the memory behind it is freed.
-        let _ = self.ring.submitter().unregister_buf_ring(GROUP);
-    }
-}
-
-impl PacketReceiver for UringReceiver {
-    fn slot_size(&self, max_packet: usize) -> usize {
-        slot_for(self.gro, max_packet)
-    }
-
-    fn kernel_drops(&self) -> u64 {
-        DropCount::sum(&self.drops)
-    }
-
-    fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
-        batch.clear();
-        // A pass that only found requests ending (the ring ran dry while datagrams waited in the
-        // socket) re-arms them and waits again, rather than reporting an idle interval.
-        for _ in 0..2 {
-            if self.take(batch)? {
-                break;
-            }
-        }
-        Ok(if batch.is_empty() {
-            Received::Idle
-        } else {
-            Received::Packets(batch.len())
-        })
-    }
-}
-
-impl UringReceiver {
     /// One pass: arm, wait up to a poll interval for a completion, and take what is queued
     /// into `batch`. False when no datagram came but a request ended (try again at once).
     fn take(&mut self, batch: &mut RecvBatch) -> io::Result<bool> {
@@ -317,5 +277,38 @@ impl UringReceiver {
             return Err(e);
         }
         Ok(!batch.is_empty() || !ended)
+    }
+}
+
+impl Drop for UringReceiver {
+    fn drop(&mut self) {
+        // No buffer may be picked once the memory behind it is freed.
+        let _ = self.ring.submitter().unregister_buf_ring(GROUP);
+    }
+}
+
+impl PacketReceiver for UringReceiver {
+    fn slot_size(&self, max_packet: usize) -> usize {
+        slot_for(self.gro, max_packet)
+    }
+
+    fn kernel_drops(&self) -> u64 {
+        DropCount::sum(&self.drops)
+    }
+
+    fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
+        batch.clear();
+        // A pass that only found requests ending (the ring ran dry while datagrams waited in the
+        // socket) re-arms them and waits again, rather than reporting an idle interval.
+        for _ in 0..2 {
+            if self.take(batch)? {
+                break;
+            }
+        }
+        Ok(if batch.is_empty() {
+            Received::Idle
+        } else {
+            Received::Packets(batch.len())
+        })
     }
 }
