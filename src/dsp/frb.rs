@@ -77,6 +77,11 @@ impl DishGrid {
         self.cells.len()
     }
 
+    /// Each dish's (m, n), in dish order.
+    pub fn positions(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.cells.iter().map(|&c| (c / self.cols, c % self.cols))
+    }
+
     /// Scatter per-dish values onto the grid (`out`: rows·cols, zeroed first).
     pub fn grid(&self, per_dish: &[Complex64], out: &mut [Complex64]) {
         out.fill(Complex64::new(0.0, 0.0));

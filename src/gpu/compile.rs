@@ -34,6 +34,8 @@ pub enum Kernel {
     CorrWgmma,
     /// The coherent beamformer (`kernels/beamform.cu`).
     Beamform,
+    /// The FRB beamformer's first stage (`kernels/frb_stage1.cu`).
+    FrbStage1,
 }
 
 impl Kernel {
@@ -48,6 +50,7 @@ impl Kernel {
             Kernel::CorrPeak => "correlate_peak.cu",
             Kernel::CorrWgmma => "correlate_wgmma.cu",
             Kernel::Beamform => "beamform.cu",
+            Kernel::FrbStage1 => "frb_stage1.cu",
         }
     }
 
@@ -63,6 +66,7 @@ impl Kernel {
             Kernel::CorrPeak => "corr_peak_mma",
             Kernel::CorrWgmma => "corr_wgmma",
             Kernel::Beamform => "beamform",
+            Kernel::FrbStage1 => "frb_stage1",
         }
     }
 
@@ -87,6 +91,7 @@ impl Kernel {
             Kernel::CorrPeak => include_str!("../../kernels/correlate_peak.cu"),
             Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
             Kernel::Beamform => include_str!("../../kernels/beamform.cu"),
+            Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
         }
     }
 }

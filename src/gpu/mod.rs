@@ -11,6 +11,7 @@ pub mod beamform;
 pub mod compile;
 pub mod correlate;
 pub mod fft;
+pub mod frb;
 pub mod memory;
 pub mod pfb;
 pub mod postproc;
@@ -94,6 +95,13 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             ctx,
         }))
+    }
+
+    /// Streaming multiprocessors on the device.
+    pub fn sm_count(&self) -> Result<usize, GpuError> {
+        Ok(self.ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as usize)
     }
 
     /// `kernel`'s entry point compiled with `defines` for this device (cached).

@@ -5,6 +5,7 @@
 pub mod beamform;
 pub mod correlate;
 pub mod fengine;
+pub mod frb;
 pub mod xbengine;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     let mut checks = fengine::run(gpu, seed)?;
     checks.extend(correlate::run(gpu, seed)?);
     checks.extend(beamform::run(gpu, seed)?);
+    checks.extend(frb::run(gpu, seed)?);
     checks.extend(xbengine::run(gpu, seed)?);
     Ok(checks)
 }

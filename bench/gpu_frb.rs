@@ -1,0 +1,253 @@
+//! `cbf-frb-bench`: the FRB beamformer's first stage (issue 17; seed 004 §4) on the five cases
+//! of seed 004 Table 3, as a percentage of real time on this GPU, with Smith's A40 estimates
+//! beside them. Run CHORD's kernel (`../shared/peers/chord_frb_bench`, case 5) in the same
+//! device call for the ratio. Also printed: the device-to-device copy ceiling measured here
+//! (the input is read once: its share of the time at that rate) and the tensor-core rate the
+//! kernel's MMAs reach (fp16 `mma.sync` m16n8k16, counted as issued, padding included).
+//!
+//! Input lives in device memory (random bytes: any byte is a valid sample); every time is the
+//! median of event-timed calls after warm-ups. Run `cbf selftest --gpu` first: a figure counts
+//! only when that passed in the same run.
+//! Usage: `cbf-frb-bench [--quick]`.
+
+use std::sync::Arc;
+
+use cbf::dsp::frb::DishGrid;
+use cbf::gpu::compile::Kernel;
+use cbf::gpu::frb::{FrbConfig, FrbStage1};
+use cbf::gpu::{Gpu, GpuError};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
+use num_complex::Complex32;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn event(gpu: &Gpu) -> Result<CudaEvent, GpuError> {
+    Ok(gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
+}
+
+/// Median seconds of `reps` event-timed runs of `f` on the compute stream, after 3 warm-ups.
+fn timed(
+    gpu: &Gpu,
+    reps: usize,
+    f: &mut dyn FnMut() -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
+    let mut v = Vec::new();
+    for rep in 0..reps + 3 {
+        let (a, b) = (event(gpu)?, event(gpu)?);
+        a.record(&gpu.compute)?;
+        f()?;
+        b.record(&gpu.compute)?;
+        b.synchronize()?;
+        if rep >= 3 {
+            v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
+        }
+    }
+    Ok(median(v))
+}
+
+/// Device-to-device copy, bytes read + written per second (the faster of two grid shapes).
+fn copy_ceiling(gpu: &Arc<Gpu>) -> Result<f64, GpuError> {
+    let st = &gpu.compute;
+    let n = 1usize << 26; // float4s: 1 GiB
+    let src = st.alloc_zeros::<[f32; 4]>(n)?;
+    let mut dst = st.alloc_zeros::<[f32; 4]>(n)?;
+    let f = gpu.function(Kernel::Copy, &vec![])?;
+    let sms = gpu.sm_count()? as u32;
+    let n64 = n as i64;
+    let mut best = f64::MAX;
+    for blocks in [sms * 8, (n / 256) as u32] {
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        best = best.min(timed(gpu, 10, &mut || {
+            let mut l = st.launch_builder(&f);
+            l.arg(&mut dst).arg(&src).arg(&n64);
+            // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
+            unsafe { l.launch(cfg) }?;
+            Ok(())
+        })?);
+    }
+    Ok(2.0 * (n * 16) as f64 / best)
+}
+
+/// One of seed 004 Table 3's cases.
+struct Case {
+    name: &'static str,
+    dishes: usize,
+    rows: usize,
+    cols: usize,
+    channels: usize,
+    /// Input sampling time (µs), after upchannelisation.
+    t_s: f64,
+    t_ds: usize,
+    /// Smith's estimate for the first kernel on an A40 (% of the GPU).
+    smith_a40: f64,
+}
+
+const CASES: [Case; 5] = [
+    Case {
+        name: "case 1 (pathfinder, square)",
+        dishes: 64,
+        rows: 8,
+        cols: 8,
+        channels: 2048,
+        t_s: 27.3067,
+        t_ds: 40,
+        smith_a40: 9.2,
+    },
+    Case {
+        name: "case 2 (pathfinder, rect.)",
+        dishes: 64,
+        rows: 8,
+        cols: 12,
+        channels: 2048,
+        t_s: 27.3067,
+        t_ds: 40,
+        smith_a40: 14.1,
+    },
+    Case {
+        name: "case 3 (HIRAX, square)",
+        dishes: 256,
+        rows: 16,
+        cols: 16,
+        channels: 1024,
+        t_s: 40.96,
+        t_ds: 25,
+        smith_a40: 12.4,
+    },
+    Case {
+        name: "case 4 (HIRAX, rect.)",
+        dishes: 256,
+        rows: 16,
+        cols: 20,
+        channels: 1024,
+        t_s: 40.96,
+        t_ds: 25,
+        smith_a40: 18.9,
+    },
+    Case {
+        name: "case 5 (full CHORD)",
+        dishes: 512,
+        rows: 24,
+        cols: 24,
+        channels: 256,
+        t_s: 27.3067,
+        t_ds: 40,
+        smith_a40: 14.4,
+    },
+];
+
+/// MMAs one time sample of one channel issues (stage 1 per block step spread over its
+/// samples; stage 2 per pol).
+fn mmas_per_sample(rows: usize, cols: usize) -> usize {
+    let up8 = |v: usize| v.div_ceil(8) * 8;
+    let (mp, np, pp, qp) = (up8(rows), up8(cols), up8(2 * rows), up8(2 * cols));
+    let stage1 = (qp / 8) * (2 * mp / 8) * (np / 8);
+    let stage2 = 2 * (pp / 8) * (qp / 8) * (mp / 8);
+    stage1 + stage2
+}
+
+fn measure(
+    gpu: &Arc<Gpu>,
+    case: &Case,
+    time_block: Option<usize>,
+    copy: f64,
+    reps: usize,
+) -> Result<(), GpuError> {
+    // CHORD's call length (2064 samples = 51.6 slots of 40); for t_ds 25 the same span.
+    let times = if case.t_ds == 40 { 2064 } else { 2050 };
+    let cfg = FrbConfig {
+        rows: case.rows,
+        cols: case.cols,
+        dishes: case.dishes,
+        t_ds: case.t_ds,
+        channels: case.channels,
+        spectra: times,
+        batches: 1,
+        time_block,
+    };
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    // A random dish map: the first D cells of a shuffled grid.
+    let mut cells: Vec<(usize, usize)> = (0..case.rows * case.cols)
+        .map(|c| (c / case.cols, c % case.cols))
+        .collect();
+    for k in (1..cells.len()).rev() {
+        cells.swap(k, (xorshift(&mut seed) % (k as u64 + 1)) as usize);
+    }
+    cells.truncate(case.dishes);
+    let grid = DishGrid::new(case.rows, case.cols, &cells).expect("a valid map");
+    let mut op = FrbStage1::new(Arc::clone(gpu), cfg, &grid)?;
+    let weights: Vec<Complex32> = (0..case.channels * case.dishes * 2)
+        .map(|_| {
+            let a = (xorshift(&mut seed) % 6283) as f32 * 1e-3;
+            Complex32::from_polar(0.5, a)
+        })
+        .collect();
+    op.set_weights(&weights)?;
+    let bytes: Vec<u8> = (0..cfg.input_bytes())
+        .map(|_| (xorshift(&mut seed) >> 32) as u8)
+        .collect();
+    let input = gpu.compute.clone_htod(&bytes)?;
+    let mut out = gpu.compute.alloc_zeros::<f32>(cfg.output_len())?;
+    let t = timed(gpu, reps, &mut || {
+        op.run(&input.as_view(), &mut out)?;
+        Ok(())
+    })?;
+    let real = times as f64 * case.t_s * 1e-6;
+    let out_bytes = case.channels * (times / case.t_ds) * 16 * case.rows * case.cols;
+    let bytes_moved = (cfg.input_bytes() + out_bytes) as f64;
+    let tflops = (case.channels * times * mmas_per_sample(case.rows, case.cols) * 4096) as f64 / t;
+    println!(
+        "RESULT frb_stage1 {:<28} TB {:<4} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
+         (Smith A40 estimate {:>4.1} %) | bytes {:>6.1} MB, {:>5.1} % of copy | mma {:>5.1} TFLOPS",
+        case.name,
+        time_block.map_or("auto".to_string(), |v| v.to_string()),
+        t * 1e3,
+        real * 1e3,
+        100.0 * t / real,
+        case.smith_a40,
+        bytes_moved / 1e6,
+        100.0 * bytes_moved / t / copy,
+        tflops / 1e12,
+    );
+    Ok(())
+}
+
+fn main() -> Result<(), GpuError> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let gpu = Gpu::open(0)?;
+    println!(
+        "device: {} ({}), {} SMs",
+        gpu.name,
+        gpu.arch,
+        gpu.sm_count()?
+    );
+    let copy = copy_ceiling(&gpu)?;
+    println!(
+        "copy ceiling: {:.0} GB/s (bytes read + written)",
+        copy / 1e9
+    );
+    let reps = if quick { 5 } else { 20 };
+    for case in &CASES {
+        measure(&gpu, case, None, copy, reps)?;
+    }
+    if !quick {
+        for tb in [2, 8] {
+            measure(&gpu, &CASES[4], Some(tb), copy, reps)?;
+        }
+    }
+    Ok(())
+}

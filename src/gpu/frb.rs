@@ -1,0 +1,424 @@
+//! The FRB beamformer's first stage on the GPU (issue 17; seed 004 §4): the CUDA body of
+//! `dsp::frb::intensities`, for every channel of an XB-engine chunk.
+//!
+//! **Input** ([`FrbStage1::run`]): `batches` consecutive batches of the XB-engine's chunk,
+//! **(batch, dish, channel, spectrum, pol, re/im)** int8 (any byte is a valid sample, −128
+//! included: it is converted exactly). Call sample t is spectrum `t % spectra` of batch
+//! `t / spectra`. **Weights** ([`FrbStage1::set_weights`]): per (channel, dish, pol), complex.
+//! **Output**: float32 intensities **(channel, row, p < 2M, q < 2N)** with
+//! [`FrbConfig::out_rows`] rows per channel, of which the call's return value are complete
+//! slow samples (rows beyond are left as they were). Slow samples run on across calls: the op
+//! keeps the partial sums of a slot that a call ends inside and adds them into the next call's
+//! first row, so any `t_ds` works with any call length. [`FrbStage1::restart`] forgets them
+//! (after a gap in the data).
+//!
+//! **Method** (`kernels/frb_stage1.cu`): the weighted field is gridded into shared memory and
+//! the two zero-padded 1-D transforms are dense DFT matrices applied with fp16 tensor-core MMAs
+//! (fp32 accumulation); |Ẽ|² is summed over pols and `t_ds` samples in fp32 registers.
+//!
+//! **Error bound** (derived; [`error_bound`] computes it and the self-test checks the kernel
+//! against it). Let u = 2⁻¹¹ (fp16 unit roundoff) and, for one (time, pol),
+//! B = Σ_{mn} |X_mn| with X = W·E the weighted gridded field. (1) X is rounded to fp16 once:
+//! |δX| ≤ u|X|. (2) Each DFT entry cos θ + i sin θ is rounded per part: |δw| ≤ u/2 (|parts| ≤ 1).
+//! (3) Stage 1 then gives |δG_mq| ≤ (u + u/2)·Σ_n|X_mn|, and rounding G to fp16 adds u·|G_mq|
+//! ≤ u·Σ_n|X_mn|. (4) Stage 2's entries add (u/2)·Σ_m|G_mq|. So
+//! |δẼ_pq| ≤ 3u·B, plus fp32 accumulation (at most 2⁻²⁴ per term of ≤ 2·max(M,N)·8 terms,
+//! below 0.1u·B for grids up to 64) and fp16 subnormal flushes (≤ 2⁻²⁵ absolute per value):
+//! δ = 3.1u·B + 2⁻²⁴·MN. Then |Î − I|_pq ≤ Σ_{τπ} (2|Ẽ_τπpq|·δ_τπ + δ_τπ²) + (2t_ds + 2)·2⁻²⁴·I_pq,
+//! the last term for the fp32 squares and running sum.
+//!
+//! **Range**: fp16 holds G only while |G| < 65504: [`FrbStage1::set_weights`] refuses weights
+//! with 128·√2·N·max|W| ≥ 65000.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use half::f16;
+use num_complex::Complex32;
+
+use super::compile::{Defines, Kernel};
+use super::{Gpu, GpuError};
+use crate::dsp::frb::DishGrid;
+
+/// Largest grid side the kernel is built for (its DFT tables live in registers and shared
+/// memory; CHORD's full array is 24×24).
+pub const MAX_GRID_SIDE: usize = 32;
+/// Shared memory one block may use (the H100 and sm_80 allow 227 KiB; leave headroom).
+const MAX_SMEM: usize = 200 * 1024;
+/// Largest slow-sample factor accepted.
+pub const MAX_T_DS: usize = 1 << 16;
+
+/// What one first stage is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrbConfig {
+    /// Grid rows M and columns N.
+    pub rows: usize,
+    pub cols: usize,
+    pub dishes: usize,
+    pub t_ds: usize,
+    pub channels: usize,
+    pub spectra: usize,
+    pub batches: usize,
+    /// Time samples per block step (None: the smallest that suits the grid, at least 4).
+    pub time_block: Option<usize>,
+}
+
+fn up8(v: usize) -> usize {
+    v.div_ceil(8) * 8
+}
+
+impl FrbConfig {
+    pub fn times(&self) -> usize {
+        self.spectra * self.batches
+    }
+
+    /// Output rows per channel: the most complete slow samples one call can end.
+    pub fn out_rows(&self) -> usize {
+        self.times().div_ceil(self.t_ds)
+    }
+
+    /// Output length (floats).
+    pub fn output_len(&self) -> usize {
+        self.channels * self.out_rows() * 4 * self.rows * self.cols
+    }
+
+    /// Input bytes of one call.
+    pub fn input_bytes(&self) -> usize {
+        self.batches * self.dishes * self.channels * self.spectra * 4
+    }
+
+    fn warps(&self) -> usize {
+        up8(2 * self.cols) / 8
+    }
+
+    /// The block step's time samples: the kernel needs TB·2·MP/8 to be a multiple of the warp
+    /// count.
+    fn block_step(&self) -> usize {
+        if let Some(tb) = self.time_block {
+            return tb;
+        }
+        let (per, warps) = (2 * up8(self.rows) / 8, self.warps());
+        (4..).find(|tb| (tb * per) % warps == 0).unwrap_or(4)
+    }
+
+    fn smem(&self, tb: usize) -> usize {
+        let (mp, np, qp) = (up8(self.rows), up8(self.cols), up8(2 * self.cols));
+        let (xrow, grow) = (2 * np + 8, 2 * mp + 8);
+        (2 * tb * self.dishes * 4).div_ceil(16) * 16
+            + tb * 2 * mp * xrow * 2
+            + tb * 2 * qp * grow * 2
+            + (qp / 8) * 16 * xrow * 2
+            + self.dishes * 16
+            + self.dishes * 4
+    }
+
+    /// The kernel's `-D` constants, once the shape is checked.
+    pub fn defines(&self) -> Result<Defines, GpuError> {
+        let tb = self.validate()?;
+        Ok(vec![
+            ("M", self.rows as i64),
+            ("N", self.cols as i64),
+            ("D", self.dishes as i64),
+            ("T_DS", self.t_ds as i64),
+            ("CHANNELS", self.channels as i64),
+            ("SPECTRA", self.spectra as i64),
+            ("BATCHES", self.batches as i64),
+            ("TB", tb as i64),
+        ])
+    }
+
+    fn validate(&self) -> Result<usize, GpuError> {
+        let bad = |what: &str, range: &str| {
+            Err(GpuError::Backend(format!(
+                "FRB beamformer shape: {what} out of range ({range})"
+            )))
+        };
+        if !(1..=MAX_GRID_SIDE).contains(&self.rows) || !(1..=MAX_GRID_SIDE).contains(&self.cols) {
+            return bad("grid side", "1 to 32");
+        }
+        if !(1..=self.rows * self.cols).contains(&self.dishes) {
+            return bad("dishes", "1 to the grid's cells");
+        }
+        if !(1..=MAX_T_DS).contains(&self.t_ds) {
+            return bad("t_ds", "1 to 65536");
+        }
+        if !(1..=65535).contains(&self.channels) || !(1..=65535).contains(&self.batches) {
+            return bad("channels or batches", "1 to 65535");
+        }
+        if !(1..=1 << 24).contains(&self.spectra) || self.times() > i32::MAX as usize / 2 {
+            return bad("spectra", "1 to 2^24, and batches × spectra below 2^30");
+        }
+        let tb = self.block_step();
+        let per = 2 * up8(self.rows) / 8;
+        if tb == 0 || tb > 64 || (tb * per) % self.warps() != 0 {
+            return bad(
+                "time_block",
+                "1 to 64, with TB·2·⌈M/8⌉ a multiple of ⌈2N/8⌉",
+            );
+        }
+        if self.smem(tb) > MAX_SMEM {
+            return bad("shared memory", "the block step's buffers must fit 200 KiB");
+        }
+        Ok(tb)
+    }
+}
+
+/// Entry (row r of 16-row tile t, column k) of the real-ified zero-padded DFT of length `len`
+/// (see the kernel's header): e^{iπ·in·out/len} for out = 8t + r mod 8, in = k/2.
+fn dft(t: usize, r: usize, k: usize, len: usize) -> f64 {
+    let (out, input) = (8 * t + (r & 7), k >> 1);
+    if input >= len || out >= 2 * len {
+        return 0.0;
+    }
+    let angle = std::f64::consts::PI * ((input * out) % (2 * len)) as f64 / len as f64;
+    let (s, c) = angle.sin_cos();
+    match (r >= 8, k & 1 == 1) {
+        (false, false) => c,
+        (false, true) => -s,
+        (true, false) => s,
+        (true, true) => c,
+    }
+}
+
+fn pack(lo: f64, hi: f64) -> u32 {
+    u32::from(f16::from_f64(lo).to_bits()) | (u32::from(f16::from_f64(hi).to_bits()) << 16)
+}
+
+/// A1's shared-memory image: (QT·16 rows) × (2·NP + 8) halves, as words.
+fn a1_table(cols: usize) -> Vec<u32> {
+    let (np, qt) = (up8(cols), up8(2 * cols) / 8);
+    let xrow = 2 * np + 8;
+    (0..qt * 16)
+        .flat_map(|row| {
+            (0..xrow / 2).map(move |w| {
+                let k = 2 * w;
+                let at = |k: usize| {
+                    if k < 2 * np {
+                        dft(row / 16, row % 16, k, cols)
+                    } else {
+                        0.0
+                    }
+                };
+                pack(at(k), at(k + 1))
+            })
+        })
+        .collect()
+}
+
+/// A2 as mma A fragments: (tile, k step, register, lane).
+fn a2_table(rows: usize) -> Vec<u32> {
+    let (pt, k2s) = (up8(2 * rows) / 8, up8(rows) / 8);
+    let mut v = Vec::with_capacity(pt * k2s * 4 * 32);
+    for t in 0..pt {
+        for ks in 0..k2s {
+            for reg in 0..4 {
+                for lane in 0..32 {
+                    let (g, i) = (lane >> 2, lane & 3);
+                    let r = g + 8 * (reg & 1);
+                    let k = 16 * ks + 2 * i + 8 * (reg >> 1);
+                    v.push(pack(dft(t, r, k, rows), dft(t, r, k + 1, rows)));
+                }
+            }
+        }
+    }
+    v
+}
+
+pub struct FrbStage1 {
+    gpu: Arc<Gpu>,
+    cfg: FrbConfig,
+    kernel: CudaFunction,
+    smem: usize,
+    weights: CudaSlice<f32>,
+    cells: CudaSlice<i32>,
+    a1: CudaSlice<u32>,
+    a2: CudaSlice<u32>,
+    carry: [CudaSlice<f32>; 2],
+    /// Samples of the current slot summed into `carry[1 - next_carry]` by earlier calls.
+    phase: usize,
+    next_carry: usize,
+    weights_set: bool,
+    slots_per_block: usize,
+}
+
+impl FrbStage1 {
+    pub fn new(gpu: Arc<Gpu>, cfg: FrbConfig, grid: &DishGrid) -> Result<FrbStage1, GpuError> {
+        let defs = cfg.defines()?;
+        let tb = cfg.block_step();
+        if grid.rows != cfg.rows || grid.cols != cfg.cols || grid.dishes() != cfg.dishes {
+            return Err(GpuError::Backend(format!(
+                "FRB beamformer: grid {}×{} with {} dishes, built for {}×{} with {}",
+                grid.rows,
+                grid.cols,
+                grid.dishes(),
+                cfg.rows,
+                cfg.cols,
+                cfg.dishes
+            )));
+        }
+        let kernel = gpu.function(Kernel::FrbStage1, &defs)?;
+        let smem = cfg.smem(tb);
+        kernel.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )?;
+        let xrow = 2 * up8(cfg.cols) + 8;
+        let cells: Vec<i32> = grid
+            .positions()
+            .map(|(m, n)| (m * xrow + 2 * n) as i32)
+            .collect();
+        let st = &gpu.compute;
+        let plane = cfg.channels * 4 * cfg.rows * cfg.cols;
+        // Enough blocks for every SM to hold several in turn, so the last wave is short.
+        let sms = gpu.sm_count()?;
+        let slots = (cfg.t_ds - 1 + cfg.times()).div_ceil(cfg.t_ds);
+        let slots_per_block = (slots * cfg.channels).div_ceil(8 * sms).clamp(1, slots);
+        Ok(FrbStage1 {
+            kernel,
+            smem,
+            weights: st.alloc_zeros(cfg.channels * cfg.dishes * 4)?,
+            cells: st.clone_htod(&cells)?,
+            a1: st.clone_htod(&a1_table(cfg.cols))?,
+            a2: st.clone_htod(&a2_table(cfg.rows))?,
+            carry: [st.alloc_zeros(plane)?, st.alloc_zeros(plane)?],
+            phase: 0,
+            next_carry: 0,
+            weights_set: false,
+            slots_per_block,
+            gpu,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> FrbConfig {
+        self.cfg
+    }
+
+    /// Upload weights, (channel, dish, pol), on the compute stream (ordered before later runs).
+    pub fn set_weights(&mut self, weights: &[Complex32]) -> Result<(), GpuError> {
+        let cfg = self.cfg;
+        if weights.len() != cfg.channels * cfg.dishes * 2 {
+            return Err(GpuError::Backend(format!(
+                "FRB weights: {} values, expected channels × dishes × 2 = {}",
+                weights.len(),
+                cfg.channels * cfg.dishes * 2
+            )));
+        }
+        let limit = 65000.0 / (128.0 * std::f64::consts::SQRT_2 * cfg.cols as f64);
+        if let Some(w) = weights
+            .iter()
+            .find(|w| !(f64::from(w.norm()) < limit && w.re.is_finite() && w.im.is_finite()))
+        {
+            return Err(GpuError::Backend(format!(
+                "FRB weights: |{w}| not below {limit:.3}, the largest that keeps the fp16 \
+                 transform of a {}-column grid in range",
+                cfg.cols
+            )));
+        }
+        let flat: Vec<f32> = weights.iter().flat_map(|w| [w.re, w.im]).collect();
+        self.gpu.compute.memcpy_htod(&flat, &mut self.weights)?;
+        self.weights_set = true;
+        Ok(())
+    }
+
+    /// Forget the partial slow sample (the next call starts a new one).
+    pub fn restart(&mut self) {
+        self.phase = 0;
+    }
+
+    /// Samples already summed into the slot the next call continues.
+    pub fn phase(&self) -> usize {
+        self.phase
+    }
+
+    /// Sum one call's samples (see the module doc) on the compute stream; returns the number of
+    /// complete slow samples written to rows 0.. of each channel of `out`.
+    pub fn run(
+        &mut self,
+        input: &CudaView<u8>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<usize, GpuError> {
+        let cfg = self.cfg;
+        if input.len() != cfg.input_bytes() || out.len() != cfg.output_len() {
+            return Err(GpuError::Backend(format!(
+                "FRB stage 1: input {} bytes and output {} floats, expected {} and {}",
+                input.len(),
+                out.len(),
+                cfg.input_bytes(),
+                cfg.output_len()
+            )));
+        }
+        if !self.weights_set {
+            return Err(GpuError::Backend(
+                "FRB stage 1: run before set_weights".into(),
+            ));
+        }
+        let slots = (self.phase + cfg.times()).div_ceil(cfg.t_ds);
+        // This call writes carry[next_carry] and reads the other, which the last call wrote.
+        let read = 1 - self.next_carry;
+        let launch = LaunchConfig {
+            grid_dim: (
+                slots.div_ceil(self.slots_per_block) as u32,
+                cfg.channels as u32,
+                1,
+            ),
+            block_dim: (cfg.warps() as u32 * 32, 1, 1),
+            shared_mem_bytes: self.smem as u32,
+        };
+        let (phase, spb) = (self.phase as i32, self.slots_per_block as i32);
+        let [c0, c1] = &mut self.carry;
+        let (carry_in, carry_out) = if read == 0 { (&*c0, c1) } else { (&*c1, c0) };
+        let mut b = self.gpu.compute.launch_builder(&self.kernel);
+        b.arg(input)
+            .arg(&self.weights)
+            .arg(&self.cells)
+            .arg(&self.a1)
+            .arg(&self.a2)
+            .arg(carry_in)
+            .arg(carry_out)
+            .arg(out)
+            .arg(&phase)
+            .arg(&spb);
+        // SAFETY: the argument list matches `frb_stage1`'s; the lengths were checked above and
+        // the kernel indexes within the sizes of its -D constants.
+        unsafe { b.launch(launch) }?;
+        let total = self.phase + cfg.times();
+        self.next_carry = read;
+        self.phase = total % cfg.t_ds;
+        Ok(total / cfg.t_ds)
+    }
+}
+
+/// The derived bound on |Î − I| (module doc) for one channel: `e` per (time, pol, dish),
+/// `weights` on the grid (pol, m, n), `i` the exact intensities (slow, p, q), `e_tilde_abs`
+/// |Ẽ| per (time, pol, p, q) from the same f64 computation.
+pub fn error_bound(
+    grid: &DishGrid,
+    t_ds: usize,
+    x_abs_sum: &[f64],
+    e_tilde_abs: &[f64],
+    i: &[f64],
+) -> Vec<f64> {
+    let u = 2f64.powi(-11);
+    let plane = 4 * grid.rows * grid.cols;
+    let slow = i.len() / plane;
+    let mut bound = vec![0.0; i.len()];
+    for s in 0..slow {
+        for tau in s * t_ds..(s + 1) * t_ds {
+            for pol in 0..2 {
+                let tp = tau * 2 + pol;
+                let delta =
+                    3.1 * u * x_abs_sum[tp] + 2f64.powi(-24) * (grid.rows * grid.cols) as f64;
+                for k in 0..plane {
+                    bound[s * plane + k] +=
+                        2.0 * e_tilde_abs[tp * plane + k] * delta + delta * delta;
+                }
+            }
+        }
+        for k in 0..plane {
+            bound[s * plane + k] += (2 * t_ds + 2) as f64 * 2f64.powi(-24) * i[s * plane + k];
+        }
+    }
+    bound
+}

@@ -1,0 +1,196 @@
+//! The FRB beamformer's first stage (`gpu::frb`) against `dsp::frb::intensities` (f64) on fresh
+//! random input: every intensity within the error bound derived in `gpu::frb` (fp16 operands,
+//! fp32 sums), computed per value from the exact field of a separate f64 FFT. Cases cover the
+//! seed's grid shapes (8×12, 16×20, 24×24), an odd tiny grid (5×3) and partly filled grids,
+//! random dish maps, `t_ds` 1, 3, 7 and 40 with slow samples running across calls (each case
+//! makes two or three calls whose lengths `t_ds` does not divide), several batches per call,
+//! −128 in the input, and weights of varied magnitude per (channel, dish, pol).
+
+use std::sync::Arc;
+
+use num_complex::{Complex32, Complex64};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rustfft::FftPlanner;
+
+use super::Check;
+use crate::dsp::frb::{intensities, DishGrid, FrbShape};
+use crate::gpu::frb::{error_bound, FrbConfig, FrbStage1};
+use crate::gpu::{Gpu, GpuError};
+
+struct Case {
+    rows: usize,
+    cols: usize,
+    dishes: usize,
+    t_ds: usize,
+    channels: usize,
+    spectra: usize,
+    batches: usize,
+    calls: usize,
+}
+
+/// |Ẽ| per (time, pol, p, q) and B = Σ|W·E| per (time, pol), in f64, for one channel.
+fn fields(grid: &DishGrid, e: &[Complex64], w: &[Complex64], times: usize) -> (Vec<f64>, Vec<f64>) {
+    let (m, n, d) = (grid.rows, grid.cols, grid.dishes());
+    let (pm, pn) = (2 * m, 2 * n);
+    let mut planner = FftPlanner::<f64>::new();
+    let (rf, cf) = (planner.plan_fft_inverse(pn), planner.plan_fft_inverse(pm));
+    let mut abs = vec![0.0; times * 2 * pm * pn];
+    let mut b = vec![0.0; times * 2];
+    let mut cells = vec![Complex64::default(); m * n];
+    let mut pad = vec![Complex64::default(); pm * pn];
+    let mut col = vec![Complex64::default(); pm];
+    for tp in 0..times * 2 {
+        let pol = tp % 2;
+        grid.grid(&e[tp * d..(tp + 1) * d], &mut cells);
+        pad.fill(Complex64::default());
+        for r in 0..m {
+            for c in 0..n {
+                let x = w[(pol * m + r) * n + c] * cells[r * n + c];
+                b[tp] += x.norm();
+                pad[r * pn + c] = x;
+            }
+        }
+        for row in pad.chunks_exact_mut(pn) {
+            rf.process(row);
+        }
+        for c in 0..pn {
+            for r in 0..pm {
+                col[r] = pad[r * pn + c];
+            }
+            cf.process(&mut col);
+            for r in 0..pm {
+                abs[(tp * pm + r) * pn + c] = col[r].norm();
+            }
+        }
+    }
+    (abs, b)
+}
+
+fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuError> {
+    let (m, n) = (case.rows, case.cols);
+    let mut cells: Vec<(usize, usize)> = (0..m * n).map(|c| (c / n, c % n)).collect();
+    cells.shuffle(rng);
+    cells.truncate(case.dishes);
+    let grid = DishGrid::new(m, n, &cells).map_err(|e| GpuError::Backend(e.to_string()))?;
+    let cfg = FrbConfig {
+        rows: m,
+        cols: n,
+        dishes: case.dishes,
+        t_ds: case.t_ds,
+        channels: case.channels,
+        spectra: case.spectra,
+        batches: case.batches,
+        time_block: None,
+    };
+    let mut op = FrbStage1::new(Arc::clone(gpu), cfg, &grid)?;
+    let d = case.dishes;
+    // Weights of varied magnitude, as float32 (the oracle gets the same values).
+    let weights: Vec<Complex32> = (0..case.channels * d * 2)
+        .map(|_| Complex32::from_polar(rng.random_range(0.05..1.5), rng.random_range(-3.2..3.2)))
+        .collect();
+    op.set_weights(&weights)?;
+
+    let times = cfg.times();
+    let per_call = cfg.input_bytes();
+    let plane = 4 * m * n;
+    // Per channel: E (time, pol, dish) over all calls, and the GPU's rows in order.
+    let mut e_all = vec![Vec::<Complex64>::new(); case.channels];
+    let mut got = vec![Vec::<f32>::new(); case.channels];
+    let mut out = gpu.compute.alloc_zeros::<f32>(cfg.output_len())?;
+    for _ in 0..case.calls {
+        let bytes: Vec<u8> = (0..per_call)
+            .map(|_| {
+                if rng.random_range(0..50) == 0 {
+                    0x80
+                } else {
+                    rng.random()
+                }
+            })
+            .collect();
+        let input = gpu.compute.clone_htod(&bytes)?;
+        let rows = op.run(&input.as_view(), &mut out)?;
+        let host = gpu.compute.clone_dtoh(&out)?;
+        for (f, e) in e_all.iter_mut().enumerate() {
+            for t in 0..times {
+                let (batch, s) = (t / case.spectra, t % case.spectra);
+                for pol in 0..2 {
+                    for dish in 0..d {
+                        let at = (((batch * d + dish) * case.channels + f) * case.spectra + s) * 4
+                            + 2 * pol;
+                        e.push(Complex64::new(
+                            f64::from(bytes[at] as i8),
+                            f64::from(bytes[at + 1] as i8),
+                        ));
+                    }
+                }
+            }
+            got[f].extend_from_slice(&host[f * cfg.out_rows() * plane..][..rows * plane]);
+        }
+    }
+
+    let total = times * case.calls;
+    let shape = FrbShape {
+        times: total,
+        t_ds: case.t_ds,
+    };
+    let (mut worst, mut rms, mut count, mut rows_ok) = (0.0f64, 0.0f64, 0usize, true);
+    for f in 0..case.channels {
+        let mut wg = vec![Complex64::default(); 2 * m * n];
+        for (dish, (r, c)) in grid.positions().enumerate() {
+            for pol in 0..2 {
+                let w = weights[(f * d + dish) * 2 + pol];
+                wg[(pol * m + r) * n + c] = Complex64::new(f64::from(w.re), f64::from(w.im));
+            }
+        }
+        let want = intensities(&grid, shape, &e_all[f], &wg);
+        rows_ok &= got[f].len() == want.len();
+        let (abs, b) = fields(&grid, &e_all[f], &wg, total);
+        let bound = error_bound(&grid, case.t_ds, &b, &abs, &want);
+        for ((g, w), lim) in got[f].iter().zip(&want).zip(&bound) {
+            let err = (f64::from(*g) - w).abs();
+            worst = worst.max(err / lim);
+            rms += (err / w.max(1e-30)).powi(2);
+            count += 1;
+        }
+    }
+    let rms = (rms / count.max(1) as f64).sqrt();
+    Ok(Check {
+        name: format!(
+            "frb stage 1 {m:>2}×{n:<2} {d:>3} dishes t_ds {:>2} {} ch {} t ×{} ×{} calls",
+            case.t_ds, case.channels, case.spectra, case.batches, case.calls
+        ),
+        measured: worst,
+        limit: 1.0,
+        pass: rows_ok && count > 0 && worst <= 1.0,
+        note: format!(
+            "largest error / derived bound {worst:.3}; RMS relative error {rms:.2e} over {count} intensities{}",
+            if rows_ok { "" } else { "; WRONG number of slow samples" }
+        ),
+    })
+}
+
+pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xf4b5_7a9e);
+    let c = |rows, cols, dishes, t_ds, channels, spectra, batches, calls| Case {
+        rows,
+        cols,
+        dishes,
+        t_ds,
+        channels,
+        spectra,
+        batches,
+        calls,
+    };
+    [
+        c(5, 3, 15, 1, 2, 7, 1, 2),
+        c(8, 12, 64, 3, 3, 16, 2, 3),
+        c(16, 20, 256, 7, 2, 24, 2, 2),
+        c(24, 24, 512, 40, 2, 64, 2, 3),
+        c(24, 24, 400, 40, 1, 100, 1, 1),
+    ]
+    .iter()
+    .map(|case| check(gpu, &mut rng, case))
+    .collect()
+}
