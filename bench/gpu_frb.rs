@@ -8,7 +8,7 @@
 //! Input lives in device memory (random bytes: any byte is a valid sample); every time is the
 //! median of event-timed calls after warm-ups. Run `cbf selftest --gpu` first: a figure counts
 //! only when that passed in the same run.
-//! Usage: `cbf-frb-bench [--quick]`.
+//! Usage: `cbf-frb-bench [--quick] [--case K [--tb N] [--groups R]]`.
 
 use std::sync::Arc;
 
@@ -150,20 +150,24 @@ const CASES: [Case; 5] = [
     },
 ];
 
-/// MMAs one time sample of one channel issues (stage 1 per block step spread over its
-/// samples; stage 2 per pol).
+/// MMAs one time sample of one channel issues (per pol: stage 1 for every 16 values of q and
+/// 8 of m, stage 2 for every 16 of q, 4 of p and 8 of m; padding included).
 fn mmas_per_sample(rows: usize, cols: usize) -> usize {
-    let up8 = |v: usize| v.div_ceil(8) * 8;
-    let (mp, np, pp, qp) = (up8(rows), up8(cols), up8(2 * rows), up8(2 * cols));
-    let stage1 = (qp / 8) * (2 * mp / 8) * (np / 8);
-    let stage2 = 2 * (pp / 8) * (qp / 8) * (mp / 8);
-    stage1 + stage2
+    let up = |v: usize, k: usize| v.div_ceil(k) * k;
+    let (k1, k2, qw, nt2) = (
+        up(cols, 8) / 8,
+        up(rows, 8) / 8,
+        up(2 * cols, 16) / 16,
+        up(2 * rows, 4) / 4,
+    );
+    2 * qw * (2 * k2 * k1 + nt2 * k2)
 }
 
 fn measure(
     gpu: &Arc<Gpu>,
     case: &Case,
     time_block: Option<usize>,
+    groups: Option<usize>,
     copy: f64,
     reps: usize,
 ) -> Result<(), GpuError> {
@@ -178,6 +182,7 @@ fn measure(
         spectra: times,
         batches: 1,
         time_block,
+        groups,
     };
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     // A random dish map: the first D cells of a shuffled grid.
@@ -202,6 +207,7 @@ fn measure(
         .collect();
     let input = gpu.compute.clone_htod(&bytes)?;
     let mut out = gpu.compute.alloc_zeros::<f32>(cfg.output_len())?;
+    let (regs, smem, blocks) = op.occupancy()?;
     let t = timed(gpu, reps, &mut || {
         op.run(&input.as_view(), &mut out)?;
         Ok(())
@@ -211,10 +217,12 @@ fn measure(
     let bytes_moved = (cfg.input_bytes() + out_bytes) as f64;
     let tflops = (case.channels * times * mmas_per_sample(case.rows, case.cols) * 4096) as f64 / t;
     println!(
-        "RESULT frb_stage1 {:<28} TB {:<4} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
-         (Smith A40 estimate {:>4.1} %) | bytes {:>6.1} MB, {:>5.1} % of copy | mma {:>5.1} TFLOPS",
+        "RESULT frb_stage1 {:<28} TB {:<4} R {:<4} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
+         (Smith A40 estimate {:>4.1} %) | bytes {:>6.1} MB, {:>5.1} % of copy | mma {:>5.1} TFLOPS \
+         | {regs} regs, {} KiB shared, {blocks} blocks/SM",
         case.name,
         time_block.map_or("auto".to_string(), |v| v.to_string()),
+        groups.map_or("auto".to_string(), |v| v.to_string()),
         t * 1e3,
         real * 1e3,
         100.0 * t / real,
@@ -222,12 +230,21 @@ fn measure(
         bytes_moved / 1e6,
         100.0 * bytes_moved / t / copy,
         tflops / 1e12,
+        smem / 1024,
     );
     Ok(())
 }
 
 fn main() -> Result<(), GpuError> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--case K` (1–5) and `--tb N`: one configuration only (for profiling).
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<usize>().ok())
+    };
     let gpu = Gpu::open(0)?;
     println!(
         "device: {} ({}), {} SMs",
@@ -241,12 +258,16 @@ fn main() -> Result<(), GpuError> {
         copy / 1e9
     );
     let reps = if quick { 5 } else { 20 };
+    if let Some(k) = value("--case") {
+        let case = CASES.get(k.wrapping_sub(1)).expect("--case 1 to 5");
+        return measure(&gpu, case, value("--tb"), value("--groups"), copy, reps);
+    }
     for case in &CASES {
-        measure(&gpu, case, None, copy, reps)?;
+        measure(&gpu, case, None, None, copy, reps)?;
     }
     if !quick {
-        for tb in [2, 8] {
-            measure(&gpu, &CASES[4], Some(tb), copy, reps)?;
+        for (tb, groups) in [(4, 2), (8, 2), (4, 4)] {
+            measure(&gpu, &CASES[4], Some(tb), Some(groups), copy, reps)?;
         }
     }
     Ok(())

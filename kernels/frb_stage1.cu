@@ -7,26 +7,26 @@
 // for 0 ≤ p < 2M, 0 ≤ q < 2N.
 //
 // Method. The seed builds each zero-padded transform from two short FFTs on tensor cores (§3);
-// this kernel instead applies the two 1-D transforms as dense DFT matrices with fp16
-// `mma.sync.m16n8k16` (fp32 accumulation), which needs no register shuffling between the
-// factors and keeps the same data flow as §4.2: gridding into shared memory, the transform
-// along n for a block of TB time samples, G written to shared memory and read "transposed",
-// the transform along m, |Ẽ|² summed in registers and written once per T_DS samples. Complex
-// products are real 2×2 blocks (§3.4 "ReIm in/out"): a DFT matrix row tile of 16 holds the
-// real parts of 8 outputs in rows 0–7 and their imaginary parts in rows 8–15, so one thread's
-// accumulator fragment holds both parts of the same output and |Ẽ|² needs no exchange.
+// this kernel applies the two 1-D transforms as dense DFT matrices with fp16
+// `mma.sync.m16n8k16` (fp32 accumulation) and never lets the intermediate G leave registers:
 //
-//   stage 1 (along n):  Gᵀ[(q, re/im)][(τ, π, m)] = A1[(q, re/im)][(n, re/im)] · Xᵀ[(n, re/im)][(τ, π, m)]
-//   stage 2 (along m):  Ẽ[(p, re/im)][q]          = A2[(p, re/im)][(m, re/im)] · G[(m, re/im)][q]   per (τ, π)
+//   stage 1 (along n):  C1[(q, re/im)][m]  = A1[(q, re/im)][(n, re/im)] · Xᵀ[(n, re/im)][m]
+//   stage 2 (along m):  Ẽᵀ[q][(p, re/im)] = Gᵀ[q][(m, re/im)] · B2[(m, re/im)][(p, re/im)]
 //
-// A2 (the transform along m, used twice as often) lives in registers for the whole kernel; A1
-// is read from shared memory once per row tile and used for all of a warp's columns.
-// Warp w owns q-tile w (8 values of q) of stage 2 for every p, so its intensity registers are
-// fixed for the whole kernel; in stage 1 it takes CT / WARPS column tiles of X.
+// Complex products are real 2×2 blocks (§3.4 "ReIm in/out"). A stage-1 row tile of 16 holds
+// the real parts of G for 8 values of q in rows 0–7 and the imaginary parts in rows 8–15; two
+// such tiles (16 values of q) packed to fp16 *are* stage 2's A fragments, once stage 2's k
+// index is ordered (within each step of 16) as Re G for 8 values of m, then Im G for the same
+// 8 — the order of the real and imaginary rows of B2 follows it. A stage-2 column tile of 8
+// holds (Re, Im) of Ẽ for 4 values of p, so each thread's accumulator holds both parts of the
+// same beam and |Ẽ|² needs no exchange. This replaces the seed's shared-memory G array and its
+// transposed read (§4.10–4.11) by register reuse; shared memory carries only the gridded field.
 //
-// Shared-memory rows are padded by 16 bytes so that ldmatrix's eight row addresses fall in
-// distinct bank groups. Unoccupied grid cells and the padding to multiples of 8 stay zero
-// from the start: gridding writes only occupied cells.
+// Work. A block takes one channel and a run of slow-time slots. Warp (qw, r) owns q values
+// 16qw … 16qw+15 (A1's two tiles for them and all of B2 in registers for the whole kernel) and
+// the (time, pol) pairs of a block step with index ≡ r (mod R); its |Ẽ|² sums are partial
+// over those pairs, so at the end of each slot the R groups add theirs through shared memory.
+// Block steps never straddle a slot, so a slot's sums never mix with the next's.
 //
 // Time slots. Slot j covers call samples [j·T_DS − phase, (j+1)·T_DS − phase) ∩ [0, TIMES):
 // `phase` samples of slot 0 were summed by earlier calls into `carry_in` (channel, p, q); a
@@ -34,60 +34,52 @@
 // that does not (only the last) is written to `carry_out`. The op alternates the two carry
 // buffers between calls, so blocks that read one never race blocks that write the other.
 //
-// The DFT tables come from the op (fp16, rounded once from double on the host): `a1_table`,
-// A1 in its shared-memory image (QT·16 rows of XROW halves); `a2_table`, A2 as mma A fragments
-// (pt, ks, register, lane). In both, a 16-row tile t holds the real parts of outputs
-// 8t + (0..8) in rows 0–7 and their imaginary parts in rows 8–15, and column k is input k/2's
-// real (k even) or imaginary part.
+// Tables (fp16, rounded once from double by the op): `a1_table`, stage-1 A fragments per
+// (q tile of 8, k step, register, lane); `b2_table`, stage-2 B fragments per (k step, column
+// tile, register, lane); the kernel reads the first NT2H column tiles of each k step.
 //
 // Input: the XB-engine's chunk, (batch, dish, channel, spectrum, pol, re/im) int8; call sample
 // t is spectrum t % SPECTRA of batch t / SPECTRA. Weights: (channel, dish, pol) float2;
 // `cells`: per dish, the offset of its (m, n) in a gridded row ((m·XROW + 2n) halves).
+// Unoccupied cells and the padding stay zero from the start: gridding writes only occupied
+// cells. Gridded rows are padded by 16 bytes so that ldmatrix's eight row addresses fall in
+// distinct bank groups.
 //
 // Compile-time constants (-D): M, N, D, T_DS, CHANNELS, SPECTRA, BATCHES, TB (time samples per
-// block step; TB·2·MP/8 a multiple of the warp count).
+// block step), R (warp groups over (time, pol) pairs).
 
 typedef unsigned int u32;
-typedef unsigned short f16_bits; // fp16 values are only moved and packed here (no cuda_fp16.h:
-                                 // NVRTC has no include path for it)
 
 #define TIMES (SPECTRA * BATCHES)
-#define MP ((M + 7) / 8 * 8)
-#define NP ((N + 7) / 8 * 8)
-#define PP ((2 * M + 7) / 8 * 8)
-#define QP ((2 * N + 7) / 8 * 8)
-#define PT (PP / 8)             // stage-2 row tiles (8 values of p each)
-#define QT (QP / 8)             // stage-1 row tiles, stage-2 column tiles: one warp each
-#define WARPS QT
-#define K1S (NP / 8)            // stage-1 k steps of 16 (8 values of n)
-#define K2S (MP / 8)            // stage-2 k steps of 16 (8 values of m)
-#define XROW (2 * NP + 8)       // halves per gridded row (π, m): (n, re/im) + pad
-#define GROW (2 * MP + 8)       // halves per G row (π, q): (m, re/im) + pad
-#define CT (TB * 2 * MP / 8)    // stage-1 column tiles per block step
-#define CPW (CT / WARPS)
+#define MP ((M + 7) / 8 * 8)     // m padded: stage-1 columns per (time, pol), stage-2 k
+#define NP ((N + 7) / 8 * 8)     // n padded: stage-1 k
+#define QP ((2 * N + 15) / 16 * 16) // q padded: stage-1 rows, stage-2 rows
+#define PP ((2 * M + 3) / 4 * 4) // p padded: stage-2 columns (4 values of p per tile)
+#define QW (QP / 16)             // warps along q
+#define WARPS (QW * R)
+#define K1S (NP / 8)             // stage-1 k steps of 16 (8 values of n, re/im)
+#define K2S (MP / 8)             // stage-2 k steps of 16 (8 values of m, re then im)
+#define NT2 (PP / 4)             // stage-2 column tiles
+// With 4 | M, the columns p ≥ M come from those p − M with G negated at odd m
+// (e^{iπm(p+M)/M} = (−1)^m e^{iπmp/M}): B2 is held for half the tiles only.
+#define HALF (M % 4 == 0)
+#define NT2H (HALF ? M / 4 : NT2)    // stage-2 column tiles held in registers
+#define XROW (2 * NP + 8)        // halves per gridded row (time, pol, m): (n, re/im) + pad
 #define OUT_MAX ((TIMES + T_DS - 1) / T_DS)
+// Blocks per SM the registers must allow: 12 warps in all (three per scheduler, 168 registers
+// each), enough to hide the tensor cores' latency; more would force spills at 24×24.
+#define MIN_BLOCKS (WARPS >= 12 ? 1 : 12 / WARPS)
 
-static_assert(CT % WARPS == 0, "TB·2·MP/8 must be a multiple of the warp count");
-
-// Shared memory, in bytes: raw input (two block steps), X, G, A1, weights, cells.
+// Shared memory, in bytes: raw input (two block steps), X, weights, cells, the slot reduction.
 #define RAW_BYTES ((2 * TB * D * 4 + 15) / 16 * 16)
 #define X_BYTES (TB * 2 * MP * XROW * 2)
-#define G_BYTES (TB * 2 * QP * GROW * 2)
-#define A1_BYTES (QT * 16 * XROW * 2)
 #define W_BYTES (D * 2 * 8)
-#define CELL_BYTES (D * 4)
-#define SMEM_BYTES (RAW_BYTES + X_BYTES + G_BYTES + A1_BYTES + W_BYTES + CELL_BYTES)
+#define CELL_BYTES ((D * 4 + 15) / 16 * 16)
+#define RED_BYTES ((R - 1) * QW * 32 * 2 * NT2 * 4)
 
 __device__ __forceinline__ u32 smem_addr(const void *p)
 {
     return (u32)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
 }
 
 __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr)
@@ -110,7 +102,8 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void *src)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
 
-// Two floats rounded to fp16 (nearest even), `lo` in the low half.
+// Two floats rounded to fp16 (nearest even), `lo` in the low half. (No cuda_fp16.h: NVRTC has
+// no include path for it, and nothing here needs more than this conversion.)
 __device__ __forceinline__ u32 pack(float lo, float hi)
 {
     u32 r;
@@ -118,36 +111,41 @@ __device__ __forceinline__ u32 pack(float lo, float hi)
     return r;
 }
 
-// Load the raw samples of block step starting at t0 (TB samples, clipped to t_end) for every
-// dish into raw (tb, dish) words.
-__device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, int f, int t0, int t_end)
+// Queue the raw samples t0 … t0+n−1 of every dish into raw (tb, dish) words: a thread per dish
+// (its samples are consecutive in the chunk), so only one address is computed per dish.
+__device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, int f, int t0, int n)
 {
-    for (int e = threadIdx.x; e < TB * D; e += WARPS * 32) {
-        const int d = e / TB, tb = e % TB, t = t0 + tb;
-        if (t < t_end) {
-            const int batch = t / SPECTRA, s = t % SPECTRA;
+    for (int d = threadIdx.x; d < D; d += WARPS * 32)
+        for (int tb = 0; tb < n; tb++) {
+            const int t = t0 + tb, batch = t / SPECTRA, s = t % SPECTRA;
             const size_t word = ((size_t)(batch * D + d) * CHANNELS + f) * SPECTRA + s;
             cp_async4(smem_addr(raw + tb * D + d), in + word);
         }
-    }
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+// Byte k of `biased` (a sample + 128) as a float sample: the bits 0x4B0000xx are 2²³ + xx, so
+// one byte permute and one add replace a quarter-rate int-to-float conversion.
+__device__ __forceinline__ float sample(u32 biased, int k)
+{
+    return __int_as_float(__byte_perm(biased, 0x4B00u, k | 0x5640)) - 8388736.0f;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const int *__restrict__ cells,
-           const u32 *__restrict__ a1_table, const u32 *__restrict__ a2_table, const float *__restrict__ carry_in, float *__restrict__ carry_out, float *__restrict__ out,
-           int phase, int slots_per_block)
+           const u32 *__restrict__ a1_table, const u32 *__restrict__ b2_table, const float *__restrict__ carry_in,
+           float *__restrict__ carry_out, float *__restrict__ out, int phase, int slots_per_block)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     u32 *raw = (u32 *)smem;
-    f16_bits *xs = (f16_bits *)(smem + RAW_BYTES);
-    f16_bits *gs = (f16_bits *)(smem + RAW_BYTES + X_BYTES);
-    f16_bits *a1 = (f16_bits *)(smem + RAW_BYTES + X_BYTES + G_BYTES);
-    float2 *ws = (float2 *)(smem + RAW_BYTES + X_BYTES + G_BYTES + A1_BYTES);
-    int *cs = (int *)(smem + RAW_BYTES + X_BYTES + G_BYTES + A1_BYTES + W_BYTES);
+    unsigned short *xs = (unsigned short *)(smem + RAW_BYTES);
+    float2 *ws = (float2 *)(smem + RAW_BYTES + X_BYTES);
+    int *cs = (int *)(smem + RAW_BYTES + X_BYTES + W_BYTES);
+    float *red = (float *)(smem + RAW_BYTES + X_BYTES + W_BYTES + CELL_BYTES);
 
     const int f = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int qw = warp % QW, r = warp / QW;
     const int g = lane >> 2, i = lane & 3;
 
     const int slots = (phase + TIMES + T_DS - 1) / T_DS;
@@ -155,144 +153,162 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
     const int j1 = min(j0 + slots_per_block, slots);
     if (j0 >= j1)
         return;
-    const int t_begin = max(0, j0 * T_DS - phase);
-    const int t_end = min(TIMES, j1 * T_DS - phase);
+    auto slot_begin = [&](int j) { return max(0, j * T_DS - phase); };
+    auto slot_end = [&](int j) { return min(TIMES, (j + 1) * T_DS - phase); };
 
-    // Set-up: zero X (unoccupied cells and padding stay zero), the A1 table, weights, cells.
+    // Set-up: zero X (unoccupied cells and padding stay zero), weights, cells, tables.
     for (int e = threadIdx.x; e < X_BYTES / 4; e += WARPS * 32)
         ((u32 *)xs)[e] = 0;
-    for (int e = threadIdx.x; e < A1_BYTES / 4; e += WARPS * 32)
-        ((u32 *)a1)[e] = a1_table[e];
     for (int e = threadIdx.x; e < 2 * D; e += WARPS * 32)
         ws[e] = weights[(size_t)f * 2 * D + e];
     for (int e = threadIdx.x; e < D; e += WARPS * 32)
         cs[e] = cells[e];
+    u32 a1[2][K1S][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int ks = 0; ks < K1S; ks++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                a1[h][ks][k] = a1_table[(((2 * qw + h) * K1S + ks) * 4 + k) * 32 + lane];
+    u32 b2[K2S][NT2H][2];
+#pragma unroll
+    for (int ks = 0; ks < K2S; ks++)
+#pragma unroll
+        for (int nt = 0; nt < NT2H; nt++)
+#pragma unroll
+            for (int k = 0; k < 2; k++)
+                b2[ks][nt][k] = b2_table[((ks * NT2 + nt) * 2 + k) * 32 + lane];
 
-    // A2 fragments in registers for the whole kernel: (tile pt, k step ks, register r, lane).
-    u32 a2[PT][K2S][4];
-#pragma unroll
-    for (int pt = 0; pt < PT; pt++)
-#pragma unroll
-        for (int ks = 0; ks < K2S; ks++)
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-                a2[pt][ks][r] = a2_table[((pt * K2S + ks) * 4 + r) * 32 + lane];
-
-    // Running intensities: (p = 8pt + g, q = 8·warp + 2i + j).
-    float acc[PT][2];
+    // Partial |Ẽ|² over this warp's pairs: (q = 16qw + g [lo] or + 8 [hi], p = 4nt + i).
+    float lo[NT2], hi[NT2];
     const size_t plane = (size_t)(2 * M) * (2 * N);
-    auto load_running = [&](int j) {
 #pragma unroll
-        for (int pt = 0; pt < PT; pt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int p = 8 * pt + g, q = 8 * warp + 2 * i + h;
-                acc[pt][h] = (j == 0 && phase > 0 && p < 2 * M && q < 2 * N)
-                                 ? carry_in[f * plane + p * (2 * N) + q]
-                                 : 0.0f;
-            }
-    };
-    load_running(j0);
+    for (int nt = 0; nt < NT2; nt++) {
+        const int p = 4 * nt + i, q = 16 * qw + g;
+        const bool carried = j0 == 0 && phase > 0 && r == 0 && p < 2 * M;
+        lo[nt] = carried && q < 2 * N ? carry_in[f * plane + p * (2 * N) + q] : 0.0f;
+        hi[nt] = carried && q + 8 < 2 * N ? carry_in[f * plane + p * (2 * N) + q + 8] : 0.0f;
+    }
 
-    load_raw(raw, in, f, t_begin, t_end);
-    int step = 0;
-    for (int t0 = t_begin; t0 < t_end; t0 += TB, step++) {
-        u32 *cur = raw + (step & 1) * TB * D;
-        if (t0 + TB < t_end) {
-            load_raw(raw + ((step + 1) & 1) * TB * D, in, f, t0 + TB, t_end);
+    int j = j0, te = slot_end(j0), t0 = slot_begin(j0);
+    load_raw(raw, in, f, t0, min(TB, te - t0));
+    for (int step = 0;; step++) {
+        const int n = min(TB, te - t0);
+        // The next block step: later in this slot, or the start of the next.
+        int nj = j, nt0 = t0 + n, nte = te;
+        if (nt0 >= te) {
+            nj = j + 1;
+            nt0 = slot_begin(nj);
+            nte = slot_end(nj);
+        }
+        const bool more = nj < j1;
+        if (more) {
+            load_raw(raw + ((step + 1) & 1) * TB * D, in, f, nt0, min(TB, nte - nt0));
             asm volatile("cp.async.wait_group 1;\n" ::);
         } else {
             asm volatile("cp.async.wait_group 0;\n" ::);
         }
         __syncthreads();
 
-        // Gridding with weights: X[(tb, π, m)][(n, re/im)] = W·E.
-        for (int e = threadIdx.x; e < TB * D * 2; e += WARPS * 32) {
-            const int tb = e / (2 * D), rem = e % (2 * D);
-            if (t0 + tb >= t_end)
-                continue;
-            const int d = rem >> 1, pol = rem & 1;
-            const u32 word = cur[tb * D + d];
-            const float re = (float)(signed char)(word >> (16 * pol));
-            const float im = (float)(signed char)(word >> (16 * pol + 8));
-            const float2 w = ws[rem];
-            *(u32 *)(xs + (tb * 2 + pol) * MP * XROW + cs[d]) =
-                pack(w.x * re - w.y * im, w.x * im + w.y * re);
+        // Gridding with weights: X[(tb, π, m)][(n, re/im)] = W·E, a (time, dish) per thread.
+        const u32 *cur = raw + (step & 1) * TB * D;
+        for (int e = threadIdx.x; e < n * D; e += WARPS * 32) {
+            const int tb = e / D, d = e % D;
+            const u32 biased = cur[tb * D + d] ^ 0x80808080u;
+            const float4 w = ((const float4 *)ws)[d];
+            unsigned short *x = xs + tb * 2 * MP * XROW + cs[d];
+            const float re0 = sample(biased, 0), im0 = sample(biased, 1);
+            const float re1 = sample(biased, 2), im1 = sample(biased, 3);
+            *(u32 *)x = pack(w.x * re0 - w.y * im0, w.x * im0 + w.y * re0);
+            *(u32 *)(x + MP * XROW) = pack(w.z * re1 - w.w * im1, w.z * im1 + w.w * re1);
         }
         __syncthreads();
 
-        // Stage 1: this warp's column tiles of Xᵀ in registers, every row tile of A1.
-        {
-            u32 xb[CPW][K1S][2];
-#pragma unroll
-            for (int c = 0; c < CPW; c++)
-#pragma unroll
-                for (int ks = 0; ks < K1S; ks++) {
-                    const int col = 8 * (warp * CPW + c) + (lane & 7);
-                    ldmatrix_x2(xb[c][ks], smem_addr(xs + col * XROW + 16 * ks + 8 * ((lane >> 3) & 1)));
-                }
+        // Both stages for this warp's (time, pol) pairs, G kept in registers.
 #pragma unroll 1
-            for (int qt = 0; qt < QT; qt++) {
-                u32 af[K1S][4];
+        for (int pi = r; pi < 2 * n; pi += R) {
+            u32 ga[K2S][4];
+#pragma unroll
+            for (int mg = 0; mg < K2S; mg++) {
+                u32 xb[K1S][2];
+#pragma unroll
+                for (int ks = 0; ks < K1S; ks++)
+                    ldmatrix_x2(xb[ks], smem_addr(xs + (pi * MP + 8 * mg + (lane & 7)) * XROW + 16 * ks +
+                                                  8 * ((lane >> 3) & 1)));
+                float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
                 for (int ks = 0; ks < K1S; ks++) {
-                    const int row = 16 * qt + (lane & 7) + 8 * ((lane >> 3) & 1);
-                    ldmatrix_x4(af[ks], smem_addr(a1 + row * XROW + 16 * ks + 8 * (lane >> 4)));
+                    mma(c[0], a1[0][ks], xb[ks]);
+                    mma(c[1], a1[1][ks], xb[ks]);
                 }
-#pragma unroll
-                for (int c = 0; c < CPW; c++) {
-                    float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int ks = 0; ks < K1S; ks++)
-                        mma(r, af[ks], xb[c][ks]);
-                    // Columns 2i, 2i+1 of the tile: (τ, π, m), (τ, π, m + 1); rows g (re), g+8 (im).
-                    const int col = 8 * (warp * CPW + c) + 2 * i;
-                    const int tp = col / MP, m = col % MP, q = 8 * qt + g;
-                    uint2 v = make_uint2(pack(r[0], r[2]), pack(r[1], r[3]));
-                    *(uint2 *)(gs + (tp * QP + q) * GROW + 2 * m) = v;
-                }
+                // Rows g / g+8 of the 16-q tile are tiles 2qw / 2qw+1; k: Re G, then Im G.
+                ga[mg][0] = pack(c[0][0], c[0][1]);
+                ga[mg][1] = pack(c[1][0], c[1][1]);
+                ga[mg][2] = pack(c[0][2], c[0][3]);
+                ga[mg][3] = pack(c[1][2], c[1][3]);
             }
-        }
-        __syncthreads();
-
-        // Stage 2 for q-tile `warp`, every p-tile, each time sample and pol; flush at slot ends.
-        for (int tb = 0; tb < TB; tb++) {
-            const int t = t0 + tb;
-            if (t >= t_end)
-                break;
 #pragma unroll
-            for (int pol = 0; pol < 2; pol++) {
-                u32 gb[K2S][2];
+            for (int nt = 0; nt < NT2H; nt++) {
+                float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int ks = 0; ks < K2S; ks++) {
-                    const int q = 8 * warp + (lane & 7);
-                    ldmatrix_x2(gb[ks], smem_addr(gs + ((tb * 2 + pol) * QP + q) * GROW + 16 * ks +
-                                                  8 * ((lane >> 3) & 1)));
-                }
+                for (int mg = 0; mg < K2S; mg++)
+                    mma(e, ga[mg], b2[mg][nt]);
+                lo[nt] += e[0] * e[0] + e[1] * e[1];
+                hi[nt] += e[2] * e[2] + e[3] * e[3];
+                if (HALF) {
+                    // Each register's high half is the odd m of its pair: negate it.
+                    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int pt = 0; pt < PT; pt++) {
-                    float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int ks = 0; ks < K2S; ks++)
-                        mma(r, a2[pt][ks], gb[ks]);
-                    acc[pt][0] += r[0] * r[0] + r[2] * r[2];
-                    acc[pt][1] += r[1] * r[1] + r[3] * r[3];
-                }
-            }
-            const int j = (t + phase) / T_DS;
-            const bool complete = (t + phase + 1) % T_DS == 0;
-            if (complete || t == t_end - 1) {
-                float *dst = complete ? out + ((size_t)f * OUT_MAX + j) * plane : carry_out + f * plane;
-#pragma unroll
-                for (int pt = 0; pt < PT; pt++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int p = 8 * pt + g, q = 8 * warp + 2 * i + h;
-                        if (p < 2 * M && q < 2 * N)
-                            dst[p * (2 * N) + q] = acc[pt][h];
-                        acc[pt][h] = 0.0f;
+                    for (int mg = 0; mg < K2S; mg++) {
+                        const u32 neg[4] = {ga[mg][0] ^ 0x80000000u, ga[mg][1] ^ 0x80000000u,
+                                            ga[mg][2] ^ 0x80000000u, ga[mg][3] ^ 0x80000000u};
+                        mma(o, neg, b2[mg][nt]);
                     }
+                    lo[nt + NT2H] += o[0] * o[0] + o[1] * o[1];
+                    hi[nt + NT2H] += o[2] * o[2] + o[3] * o[3];
+                }
             }
         }
+
+        if (t0 + n >= te) {
+            // Slot j ends: add the groups' partial sums, write the slot (or carry the part).
+            const bool complete = te == (j + 1) * T_DS - phase;
+            float *dst = complete ? out + ((size_t)f * OUT_MAX + j) * plane : carry_out + f * plane;
+            __syncthreads();
+            if (r > 0) {
+                float *mine = red + ((r - 1) * QW + qw) * 32 * 2 * NT2;
+#pragma unroll
+                for (int nt = 0; nt < NT2; nt++) {
+                    mine[(2 * nt) * 32 + lane] = lo[nt];
+                    mine[(2 * nt + 1) * 32 + lane] = hi[nt];
+                }
+            }
+            __syncthreads();
+            if (r == 0) {
+#pragma unroll
+                for (int nt = 0; nt < NT2; nt++) {
+                    float a = lo[nt], b = hi[nt];
+                    for (int k = 0; k < R - 1; k++) {
+                        const float *other = red + (k * QW + qw) * 32 * 2 * NT2;
+                        a += other[(2 * nt) * 32 + lane];
+                        b += other[(2 * nt + 1) * 32 + lane];
+                    }
+                    const int p = 4 * nt + i, q = 16 * qw + g;
+                    if (p < 2 * M && q < 2 * N)
+                        dst[p * (2 * N) + q] = a;
+                    if (p < 2 * M && q + 8 < 2 * N)
+                        dst[p * (2 * N) + q + 8] = b;
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT2; nt++)
+                lo[nt] = hi[nt] = 0.0f;
+            if (!more)
+                break;
+        }
+        j = nj;
+        t0 = nt0;
+        te = nte;
     }
 }

@@ -161,7 +161,7 @@ fn every_kernel_compiles_for_every_architecture() {
     // The FRB beamformer's first stage: every architecture at one shape, and for the lent H100
     // every shape the self-test and the benchmark build (seed 004 Table 3's five grids, with
     // the benchmark's block steps).
-    let frb = |rows, cols, dishes, t_ds, channels, spectra, time_block| {
+    let frb = |rows, cols, dishes, t_ds, channels, spectra, time_block, groups| {
         FrbConfig {
             rows,
             cols,
@@ -171,6 +171,7 @@ fn every_kernel_compiles_for_every_architecture() {
             spectra,
             batches: 1,
             time_block,
+            groups,
         }
         .defines()
         .unwrap_or_else(|e| panic!("{e}"))
@@ -178,27 +179,32 @@ fn every_kernel_compiles_for_every_architecture() {
     for arch in ARCHES {
         compile(
             Kernel::FrbStage1,
-            &frb(24, 24, 512, 40, 256, 2064, None),
+            &frb(24, 24, 512, 40, 256, 2064, None, None),
             arch,
         )
         .unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
     for defs in [
-        frb(5, 3, 15, 1, 2, 7, None),
-        frb(8, 12, 64, 3, 3, 16, None),
-        frb(16, 20, 256, 7, 2, 24, None),
-        frb(8, 8, 64, 40, 2048, 2080, None),
-        frb(16, 16, 256, 25, 1024, 2050, None),
-        frb(24, 24, 512, 40, 256, 2064, Some(2)),
-        frb(24, 24, 512, 40, 256, 2064, Some(8)),
+        frb(5, 3, 15, 1, 2, 7, None, None),
+        frb(8, 12, 64, 3, 3, 16, None, None),
+        frb(16, 20, 256, 7, 2, 24, None, None),
+        frb(8, 8, 64, 40, 2048, 2064, None, None),
+        frb(8, 12, 64, 40, 2048, 2064, None, None),
+        frb(16, 16, 256, 25, 1024, 2050, None, None),
+        frb(16, 20, 256, 25, 1024, 2050, None, None),
+        frb(24, 24, 400, 40, 1, 100, None, None),
+        frb(24, 24, 512, 40, 2, 128, None, None),
+        frb(24, 24, 512, 40, 256, 2064, Some(4), Some(2)),
+        frb(24, 24, 512, 40, 256, 2064, Some(8), Some(2)),
+        frb(24, 24, 512, 40, 256, 2064, Some(4), Some(4)),
     ] {
         compile(Kernel::FrbStage1, &defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 12 + 1 + 4 * 6 + 1 + 4 + 1) + 3 + 13 + 7
+        ARCHES.len() * (7 * 3 + 12 + 1 + 4 * 6 + 1 + 4 + 1) + 3 + 13 + 12
     );
 }
 

@@ -14,7 +14,8 @@
 //!
 //! **Method** (`kernels/frb_stage1.cu`): the weighted field is gridded into shared memory and
 //! the two zero-padded 1-D transforms are dense DFT matrices applied with fp16 tensor-core MMAs
-//! (fp32 accumulation); |Ẽ|² is summed over pols and `t_ds` samples in fp32 registers.
+//! (fp32 accumulation), the first's output packed in registers as the second's operand;
+//! |Ẽ|² is summed over pols and `t_ds` samples in fp32 registers.
 //!
 //! **Error bound** (derived; [`error_bound`] computes it and the self-test checks the kernel
 //! against it). Let u = 2⁻¹¹ (fp16 unit roundoff) and, for one (time, pol),
@@ -60,12 +61,17 @@ pub struct FrbConfig {
     pub channels: usize,
     pub spectra: usize,
     pub batches: usize,
-    /// Time samples per block step (None: the smallest that suits the grid, at least 4).
+    /// Time samples per block step (None: the smallest of at least 4 that gives every warp
+    /// group the same number of (time, pol) pairs).
     pub time_block: Option<usize>,
+    /// Warp groups over (time, pol) pairs (None: 1, so no block ever adds groups' partial
+    /// sums; blocks per SM give the parallelism. Measured on the H100 at seed 004's five grids,
+    /// 2026-11-26: best or within 5 % of the best of 1, 2 and 4).
+    pub groups: Option<usize>,
 }
 
-fn up8(v: usize) -> usize {
-    v.div_ceil(8) * 8
+fn up(v: usize, k: usize) -> usize {
+    v.div_ceil(k) * k
 }
 
 impl FrbConfig {
@@ -88,29 +94,33 @@ impl FrbConfig {
         self.batches * self.dishes * self.channels * self.spectra * 4
     }
 
+    /// Warps along q (16 values of q each).
+    fn q_warps(&self) -> usize {
+        up(2 * self.cols, 16) / 16
+    }
+
+    fn groups(&self) -> usize {
+        self.groups.unwrap_or(1)
+    }
+
     fn warps(&self) -> usize {
-        up8(2 * self.cols) / 8
+        self.q_warps() * self.groups()
     }
 
-    /// The block step's time samples: the kernel needs TB·2·MP/8 to be a multiple of the warp
-    /// count.
     fn block_step(&self) -> usize {
-        if let Some(tb) = self.time_block {
-            return tb;
-        }
-        let (per, warps) = (2 * up8(self.rows) / 8, self.warps());
-        (4..).find(|tb| (tb * per) % warps == 0).unwrap_or(4)
+        let r = self.groups();
+        self.time_block
+            .unwrap_or_else(|| (4..=64).find(|tb| (2 * tb) % r == 0).unwrap_or(4))
     }
 
-    fn smem(&self, tb: usize) -> usize {
-        let (mp, np, qp) = (up8(self.rows), up8(self.cols), up8(2 * self.cols));
-        let (xrow, grow) = (2 * np + 8, 2 * mp + 8);
-        (2 * tb * self.dishes * 4).div_ceil(16) * 16
-            + tb * 2 * mp * xrow * 2
-            + tb * 2 * qp * grow * 2
-            + (qp / 8) * 16 * xrow * 2
+    fn smem(&self) -> usize {
+        let (tb, r) = (self.block_step(), self.groups());
+        let (mp, np, pp) = (up(self.rows, 8), up(self.cols, 8), up(2 * self.rows, 4));
+        up(2 * tb * self.dishes * 4, 16)
+            + tb * 2 * mp * (2 * np + 8) * 2
             + self.dishes * 16
-            + self.dishes * 4
+            + up(self.dishes * 4, 16)
+            + (r - 1) * self.q_warps() * 32 * 2 * (pp / 4) * 4
     }
 
     /// The kernel's `-D` constants, once the shape is checked.
@@ -125,6 +135,7 @@ impl FrbConfig {
             ("SPECTRA", self.spectra as i64),
             ("BATCHES", self.batches as i64),
             ("TB", tb as i64),
+            ("R", self.groups() as i64),
         ])
     }
 
@@ -149,35 +160,50 @@ impl FrbConfig {
         if !(1..=1 << 24).contains(&self.spectra) || self.times() > i32::MAX as usize / 2 {
             return bad("spectra", "1 to 2^24, and batches × spectra below 2^30");
         }
-        let tb = self.block_step();
-        let per = 2 * up8(self.rows) / 8;
-        if tb == 0 || tb > 64 || (tb * per) % self.warps() != 0 {
+        let (tb, r) = (self.block_step(), self.groups());
+        if !(1..=64).contains(&tb) || !(1..=32).contains(&r) || self.warps() > 32 {
             return bad(
-                "time_block",
-                "1 to 64, with TB·2·⌈M/8⌉ a multiple of ⌈2N/8⌉",
+                "time_block or groups",
+                "1 to 64 and 1 to 32, at most 32 warps",
             );
         }
-        if self.smem(tb) > MAX_SMEM {
-            return bad("shared memory", "the block step's buffers must fit 200 KiB");
+        if self.smem() > MAX_SMEM {
+            return bad("shared memory", "the block's buffers must fit 200 KiB");
         }
         Ok(tb)
     }
 }
 
-/// Entry (row r of 16-row tile t, column k) of the real-ified zero-padded DFT of length `len`
-/// (see the kernel's header): e^{iπ·in·out/len} for out = 8t + r mod 8, in = k/2.
-fn dft(t: usize, r: usize, k: usize, len: usize) -> f64 {
-    let (out, input) = (8 * t + (r & 7), k >> 1);
-    if input >= len || out >= 2 * len {
+/// Entry (row r of 16-row tile t, column k) of stage 1's real-ified zero-padded DFT along n
+/// (kernel header): rows 0–7 real, 8–15 imaginary parts of output q = 8t + r mod 8; column k
+/// input n = k/2's real (k even) or imaginary part; the value is the matching part of
+/// e^{iπ·n·q/N}.
+fn a1_entry(t: usize, r: usize, k: usize, len: usize) -> f64 {
+    let (q, n) = (8 * t + (r & 7), k >> 1);
+    if n >= len || q >= 2 * len {
         return 0.0;
     }
-    let angle = std::f64::consts::PI * ((input * out) % (2 * len)) as f64 / len as f64;
-    let (s, c) = angle.sin_cos();
+    let (s, c) = (std::f64::consts::PI * ((n * q) % (2 * len)) as f64 / len as f64).sin_cos();
     match (r >= 8, k & 1 == 1) {
-        (false, false) => c,
+        (false, false) | (true, true) => c,
         (false, true) => -s,
         (true, false) => s,
-        (true, true) => c,
+    }
+}
+
+/// Entry (k slot, column j) of stage 2's B for k step `mg` and column tile `nt` (kernel
+/// header): slots 0–7 Re G, 8–15 Im G of m = 8mg + slot mod 8; column j is Re (j even) or Im
+/// of output p = 4nt + j/2; the value is the matching part of e^{iπ·m·p/M}.
+fn b2_entry(mg: usize, slot: usize, nt: usize, j: usize, len: usize) -> f64 {
+    let (m, p) = (8 * mg + (slot & 7), 4 * nt + j / 2);
+    if m >= len || p >= 2 * len {
+        return 0.0;
+    }
+    let (s, c) = (std::f64::consts::PI * ((m * p) % (2 * len)) as f64 / len as f64).sin_cos();
+    match (slot >= 8, j & 1 == 1) {
+        (false, false) | (true, true) => c,
+        (true, false) => -s,
+        (false, true) => s,
     }
 }
 
@@ -185,44 +211,59 @@ fn pack(lo: f64, hi: f64) -> u32 {
     u32::from(f16::from_f64(lo).to_bits()) | (u32::from(f16::from_f64(hi).to_bits()) << 16)
 }
 
-/// A1's shared-memory image: (QT·16 rows) × (2·NP + 8) halves, as words.
+/// Stage 1's A fragments: (q tile of 8, k step, register, lane) for `mma.m16n8k16` (register
+/// k holds row g + 8·(k & 1), columns 2i + 8·(k >> 1) and the next, g = lane/4, i = lane%4).
 fn a1_table(cols: usize) -> Vec<u32> {
-    let (np, qt) = (up8(cols), up8(2 * cols) / 8);
-    let xrow = 2 * np + 8;
-    (0..qt * 16)
-        .flat_map(|row| {
-            (0..xrow / 2).map(move |w| {
-                let k = 2 * w;
-                let at = |k: usize| {
-                    if k < 2 * np {
-                        dft(row / 16, row % 16, k, cols)
-                    } else {
-                        0.0
-                    }
-                };
-                pack(at(k), at(k + 1))
-            })
-        })
-        .collect()
-}
-
-/// A2 as mma A fragments: (tile, k step, register, lane).
-fn a2_table(rows: usize) -> Vec<u32> {
-    let (pt, k2s) = (up8(2 * rows) / 8, up8(rows) / 8);
-    let mut v = Vec::with_capacity(pt * k2s * 4 * 32);
-    for t in 0..pt {
-        for ks in 0..k2s {
+    let (tiles, steps) = (up(2 * cols, 16) / 8, up(cols, 8) / 8);
+    let mut v = Vec::with_capacity(tiles * steps * 4 * 32);
+    for t in 0..tiles {
+        for ks in 0..steps {
             for reg in 0..4 {
                 for lane in 0..32 {
-                    let (g, i) = (lane >> 2, lane & 3);
-                    let r = g + 8 * (reg & 1);
-                    let k = 16 * ks + 2 * i + 8 * (reg >> 1);
-                    v.push(pack(dft(t, r, k, rows), dft(t, r, k + 1, rows)));
+                    let row = (lane >> 2) + 8 * (reg & 1);
+                    let k = 16 * ks + 2 * (lane & 3) + 8 * (reg >> 1);
+                    v.push(pack(
+                        a1_entry(t, row, k, cols),
+                        a1_entry(t, row, k + 1, cols),
+                    ));
                 }
             }
         }
     }
     v
+}
+
+/// Stage 2's B fragments: (k step, column tile, register, lane) (register k holds column g,
+/// slots 2i + 8k and the next).
+fn b2_table(rows: usize) -> Vec<u32> {
+    let (steps, tiles) = (up(rows, 8) / 8, up(2 * rows, 4) / 4);
+    let mut v = Vec::with_capacity(steps * tiles * 2 * 32);
+    for mg in 0..steps {
+        for nt in 0..tiles {
+            for reg in 0..2 {
+                for lane in 0..32 {
+                    let (j, slot) = (lane >> 2, 2 * (lane & 3) + 8 * reg);
+                    v.push(pack(
+                        b2_entry(mg, slot, nt, j, rows),
+                        b2_entry(mg, slot + 1, nt, j, rows),
+                    ));
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Slots per block: the fewest waves of `resident` blocks, each wave as long as a block's
+/// slots plus its set-up (taken as 8 samples' work), over the most slots a call can touch.
+fn slots_per_block(cfg: &FrbConfig, resident: usize) -> usize {
+    let slots = (cfg.t_ds - 1 + cfg.times()).div_ceil(cfg.t_ds);
+    (1..=slots)
+        .min_by_key(|&spb| {
+            let blocks = cfg.channels * slots.div_ceil(spb);
+            blocks.div_ceil(resident) * (spb * cfg.t_ds + 8)
+        })
+        .unwrap_or(1)
 }
 
 pub struct FrbStage1 {
@@ -233,7 +274,7 @@ pub struct FrbStage1 {
     weights: CudaSlice<f32>,
     cells: CudaSlice<i32>,
     a1: CudaSlice<u32>,
-    a2: CudaSlice<u32>,
+    b2: CudaSlice<u32>,
     carry: [CudaSlice<f32>; 2],
     /// Samples of the current slot summed into `carry[1 - next_carry]` by earlier calls.
     phase: usize,
@@ -245,7 +286,6 @@ pub struct FrbStage1 {
 impl FrbStage1 {
     pub fn new(gpu: Arc<Gpu>, cfg: FrbConfig, grid: &DishGrid) -> Result<FrbStage1, GpuError> {
         let defs = cfg.defines()?;
-        let tb = cfg.block_step();
         if grid.rows != cfg.rows || grid.cols != cfg.cols || grid.dishes() != cfg.dishes {
             return Err(GpuError::Backend(format!(
                 "FRB beamformer: grid {}×{} with {} dishes, built for {}×{} with {}",
@@ -258,29 +298,32 @@ impl FrbStage1 {
             )));
         }
         let kernel = gpu.function(Kernel::FrbStage1, &defs)?;
-        let smem = cfg.smem(tb);
+        let smem = cfg.smem();
         kernel.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
         )?;
-        let xrow = 2 * up8(cfg.cols) + 8;
+        let xrow = 2 * up(cfg.cols, 8) + 8;
         let cells: Vec<i32> = grid
             .positions()
             .map(|(m, n)| (m * xrow + 2 * n) as i32)
             .collect();
         let st = &gpu.compute;
         let plane = cfg.channels * 4 * cfg.rows * cfg.cols;
-        // Enough blocks for every SM to hold several in turn, so the last wave is short.
-        let sms = gpu.sm_count()?;
-        let slots = (cfg.t_ds - 1 + cfg.times()).div_ceil(cfg.t_ds);
-        let slots_per_block = (slots * cfg.channels).div_ceil(8 * sms).clamp(1, slots);
+        let resident = kernel.occupancy_max_active_blocks_per_multiprocessor(
+            cfg.warps() as u32 * 32,
+            smem,
+            None,
+        )? as usize
+            * gpu.sm_count()?;
+        let slots_per_block = slots_per_block(&cfg, resident.max(1));
         Ok(FrbStage1 {
             kernel,
             smem,
             weights: st.alloc_zeros(cfg.channels * cfg.dishes * 4)?,
             cells: st.clone_htod(&cells)?,
             a1: st.clone_htod(&a1_table(cfg.cols))?,
-            a2: st.clone_htod(&a2_table(cfg.rows))?,
+            b2: st.clone_htod(&b2_table(cfg.rows))?,
             carry: [st.alloc_zeros(plane)?, st.alloc_zeros(plane)?],
             phase: 0,
             next_carry: 0,
@@ -293,6 +336,18 @@ impl FrbStage1 {
 
     pub fn config(&self) -> FrbConfig {
         self.cfg
+    }
+
+    /// (registers per thread, dynamic shared memory bytes, resident blocks per SM), for the
+    /// benchmark's report.
+    pub fn occupancy(&self) -> Result<(i32, usize, u32), GpuError> {
+        let threads = self.cfg.warps() as u32 * 32;
+        Ok((
+            self.kernel.num_regs()?,
+            self.smem,
+            self.kernel
+                .occupancy_max_active_blocks_per_multiprocessor(threads, self.smem, None)?,
+        ))
     }
 
     /// Upload weights, (channel, dish, pol), on the compute stream (ordered before later runs).
@@ -374,7 +429,7 @@ impl FrbStage1 {
             .arg(&self.weights)
             .arg(&self.cells)
             .arg(&self.a1)
-            .arg(&self.a2)
+            .arg(&self.b2)
             .arg(carry_in)
             .arg(carry_out)
             .arg(out)

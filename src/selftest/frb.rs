@@ -83,6 +83,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
         spectra: case.spectra,
         batches: case.batches,
         time_block: None,
+        groups: None,
     };
     let mut op = FrbStage1::new(Arc::clone(gpu), cfg, &grid)?;
     let d = case.dishes;
