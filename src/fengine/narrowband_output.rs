@@ -24,8 +24,9 @@ use crate::dsp::pfb::Window;
 /// Largest decimation (MeerKAT's narrowband modes decimate by 8 to 64; the DDC filter and
 /// the PFB window grow with it).
 pub const MAX_DECIMATION: usize = 256;
-/// Most DDC filter taps: the Remez design at start-up grows with their square (about a second
-/// for 2048 taps in a debug build), and katgpucbf's default is 16 × subsampling.
+/// Most DDC filter taps: the Remez design at start-up grows with their square (1 s for 2048
+/// taps, 4 s for 4096 in a debug build), and katgpucbf's default, 16 × subsampling, reaches
+/// 8192 at the largest decimation without discard.
 pub const MAX_DDC_TAPS: usize = 8192;
 
 #[derive(Debug, Clone, PartialEq)]
