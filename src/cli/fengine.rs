@@ -447,6 +447,57 @@ mod tests {
         }
     }
 
+    /// `--narrowband` beside `--wideband` or alone; its refusals name `--narrowband` (the CUDA
+    /// backend among them: its DDC path is not built yet).
+    #[test]
+    fn narrowband_outputs_are_accepted_and_refused_by_name() {
+        let nb = "name=nb,channels=1024,centre_frequency=4e8,decimation=8,dst=239.1.1.1:7148,\
+                  jones_per_batch=65536";
+        assert_eq!(flag_of(&["--narrowband", nb]), "ok");
+        assert_eq!(
+            flag_of(&["--narrowband", nb, "--backend", "cuda"]),
+            "--narrowband"
+        );
+        for bad in [
+            // decimation odd in discard mode; out of the digitised band; a name used twice.
+            "name=nb,channels=1024,centre_frequency=4e8,decimation=7,dst=239.1.1.1:7148",
+            "name=nb,channels=1024,centre_frequency=8.5e8,decimation=8,dst=239.1.1.1:7148",
+            "name=w,channels=1024,centre_frequency=4e8,decimation=8,dst=239.1.1.1:7148",
+            "name=nb,channels=1024,centre_frequency=4e8,decimation=8,dst=239.1.1.1:7148,pass_bandwidth=2e8",
+        ] {
+            let bad = format!("{bad},jones_per_batch=65536");
+            assert_eq!(flag_of(&["--narrowband", &bad]), "--narrowband", "{bad}");
+        }
+        // Its heap span (1024 spectra × 16384 samples at the engine's --jones-per-batch)
+        // must divide the chunk.
+        let nb_default =
+            "name=nb,channels=1024,centre_frequency=4e8,decimation=8,dst=239.1.1.1:7148";
+        assert_eq!(
+            flag_of(&["--narrowband", nb_default]),
+            "--recv-chunk-samples"
+        );
+        let line = [
+            "fengine",
+            "--src=239.0.0.1:7148",
+            "--adc-sample-rate=1712e6",
+            "--sync-time=0",
+            "--recv-chunk-samples=33554432",
+            "--max-delay-diff=0",
+        ];
+        let alone = Wrap::try_parse_from(line.iter().copied().chain([
+            "--narrowband",
+            "name=nb,channels=4096,centre_frequency=3e8,decimation=8,dst=239.1.1.1+3:7148",
+        ]))
+        .unwrap()
+        .a
+        .config()
+        .unwrap();
+        assert!(alone.outputs.is_empty());
+        assert_eq!(alone.validate().unwrap().outputs.len(), 1);
+        let none = Wrap::try_parse_from(line).err().unwrap();
+        assert!(none.to_string().contains("--wideband"), "{none}");
+    }
+
     /// katgpucbf requires the sync time; "now" would put every `?delays` model elsewhere.
     #[test]
     fn the_sync_time_is_required() {
