@@ -218,8 +218,7 @@ impl Engine {
             },
         }
         .open()?;
-        let kind = &o.flag()[2..];
-        tracing::info!(output = %o.name(), kind, channels, destinations = n_dst, rate_gbps = rate * 8e-9, "output");
+        tracing::info!(output = %o.name(), kind = o.kind(), channels, destinations = n_dst, rate_gbps = rate * 8e-9, "output");
         let format = FHeapFormat {
             feng_id: cfg.feng_id,
             channels,

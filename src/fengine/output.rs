@@ -222,6 +222,13 @@ impl OutputSpec {
         }
     }
 
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OutputSpec::Wideband(_) => "wideband",
+            OutputSpec::Narrowband(_) => "narrowband",
+        }
+    }
+
     /// The flag that makes an output of this kind.
     pub fn flag(&self) -> &'static str {
         match self {
