@@ -354,7 +354,7 @@ fn whole_path(
         GpuConfig {
             sample_bits: 10,
             body: layout.chunk_samples as usize,
-            tail: cfg.tail(&out),
+            tail: cfg.tail(out.shape()),
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
@@ -364,7 +364,7 @@ fn whole_path(
     )?;
     let mut backend = backend;
     let tl = timeline.then(|| backend.record_timeline());
-    let mut pipeline = Pipeline::with_backend(out, cfg, Box::new(backend));
+    let mut pipeline = Pipeline::with_backend(out.into(), cfg, Box::new(backend));
     // Chunks as the engine has them: ordinary heap memory, page-locked in place
     // (`HostRegistrations`, as `fengine::Engine` does with its receive chunks).
     let bytes = 2 * layout.pol_bytes();

@@ -195,6 +195,7 @@ pub fn run(
                     ))
                     .map_err(|e| ConfigError::new("--channels", e))?
                 }],
+                narrowband: vec![],
                 duration: None,
                 sync_time,
                 control: loopback_control(),

@@ -1,7 +1,8 @@
-//! `cbf fengine`: the wideband F-engine on the CPU or CUDA backend (katgpucbf fgpu's flags, facts §1.2,
+//! `cbf fengine`: the F-engine on the CPU or CUDA backend (katgpucbf fgpu's flags, facts §1.2,
 //! §1.3). One stream receives both polarisations into chunks (pol from the digitiser_id LSB);
-//! each `--wideband` output has its own pipeline and send stream; output heaps touched by lost
-//! input are not sent and are counted.
+//! each `--wideband` and `--narrowband` output (narrowband: CPU backend only) has its own
+//! pipeline and send stream over those chunks; output heaps touched by lost input are not sent
+//! and are counted.
 
 use clap::Args;
 
@@ -11,6 +12,7 @@ use crate::engine::control::ControlConfig;
 use crate::engine::recv::{RecvTransport, SourceConfig};
 use crate::engine::Shutdown;
 use crate::fengine::control::parse_complex;
+use crate::fengine::narrowband_output::NarrowbandOutput;
 use crate::fengine::output::WidebandOutput;
 use crate::fengine::{BackendKind, Engine, FengineConfig};
 
@@ -97,12 +99,13 @@ pub struct FengineArgs {
     /// digitisers that set them).
     #[arg(long)]
     pub mask_timestamp: bool,
-    /// katgpucbf's GPU-direct options and narrowband outputs, refused by name.
+    /// katgpucbf's GPU-direct options, refused by name.
     #[arg(long, hide = true)]
     pub use_vkgdr: bool,
     #[arg(long, hide = true)]
     pub use_peerdirect: bool,
-    #[arg(long, hide = true)]
+    /// A narrowband output (CPU backend): name=…,channels=…,centre_frequency=…,decimation=…,dst=…[,ddc_taps=16×subsampling,weight_pass=0.005,pass_bandwidth=…,taps=16,w_cutoff=1.0,window_function=hann,dither=uniform,jones_per_batch=…]; pass_bandwidth (Hz) selects no-discard mode; repeatable.
+    #[arg(long)]
     pub narrowband: Vec<String>,
     #[command(flatten)]
     pub unsupported: Unsupported,
@@ -115,8 +118,8 @@ pub struct FengineArgs {
     /// Seed of the output dither [default: random].
     #[arg(long)]
     pub dither_seed: Option<u64>,
-    /// A wideband output: name=…,channels=…,dst=…[,taps=16,w_cutoff=1.0,window_function=hann,dither=uniform,jones_per_batch=…]; repeatable.
-    #[arg(long, required = true)]
+    /// A wideband output: name=…,channels=…,dst=…[,taps=16,w_cutoff=1.0,window_function=hann,dither=uniform,jones_per_batch=…]; repeatable (at least one --wideband or --narrowband).
+    #[arg(long, required_unless_present = "narrowband")]
     pub wideband: Vec<String>,
     /// Stop after this many seconds.
     #[arg(long)]
@@ -155,12 +158,6 @@ impl FengineArgs {
                 format!("not supported: {gpu_direct}"),
             ));
         }
-        if !self.narrowband.is_empty() {
-            return Err(CliError::flag(
-                "--narrowband",
-                "not supported yet: narrowband outputs are issue 16",
-            ));
-        }
         if self.send_chunk_jones == 0 {
             return Err(CliError::flag("--send-chunk-jones", "must be positive"));
         }
@@ -185,6 +182,11 @@ impl FengineArgs {
             .wideband
             .iter()
             .map(|t| WidebandOutput::parse(t).map_err(|e| CliError::flag("--wideband", e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let narrowband = self
+            .narrowband
+            .iter()
+            .map(|t| NarrowbandOutput::parse(t).map_err(|e| CliError::flag("--narrowband", e)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(FengineConfig {
             source: SourceConfig {
@@ -219,6 +221,7 @@ impl FengineArgs {
             gain,
             dither_seed: self.dither_seed.unwrap_or_else(rand::random),
             outputs,
+            narrowband,
             duration: self.duration,
             sync_time: self.sync_time,
             control: ControlConfig {
@@ -418,10 +421,6 @@ mod tests {
         for (flag, value) in [
             ("--use-vkgdr", None),
             ("--use-peerdirect", None),
-            (
-                "--narrowband",
-                Some("name=nb,channels=1024,centre_frequency=2e8,decimation=8,dst=239.1.1.1:7148"),
-            ),
             ("--recv-ibv", None),
             ("--send-ibv", None),
             ("--recv-affinity", Some("0,1")),
@@ -446,6 +445,57 @@ mod tests {
                 other => panic!("{flag}: {other:?}"),
             }
         }
+    }
+
+    /// `--narrowband` beside `--wideband` or alone; its refusals name `--narrowband` (the CUDA
+    /// backend among them: its DDC path is not built yet).
+    #[test]
+    fn narrowband_outputs_are_accepted_and_refused_by_name() {
+        let nb = "name=nb,channels=1024,centre_frequency=4e8,decimation=8,dst=239.1.1.1:7148,\
+                  jones_per_batch=65536";
+        assert_eq!(flag_of(&["--narrowband", nb]), "ok");
+        assert_eq!(
+            flag_of(&["--narrowband", nb, "--backend", "cuda"]),
+            "--narrowband"
+        );
+        for bad in [
+            // decimation odd in discard mode; out of the digitised band; a name used twice.
+            "name=nb,channels=1024,centre_frequency=4e8,decimation=7,dst=239.1.1.1:7148",
+            "name=nb,channels=1024,centre_frequency=8.5e8,decimation=8,dst=239.1.1.1:7148",
+            "name=w,channels=1024,centre_frequency=4e8,decimation=8,dst=239.1.1.1:7148",
+            "name=nb,channels=1024,centre_frequency=4e8,decimation=8,dst=239.1.1.1:7148,pass_bandwidth=2e8",
+        ] {
+            let bad = format!("{bad},jones_per_batch=65536");
+            assert_eq!(flag_of(&["--narrowband", &bad]), "--narrowband", "{bad}");
+        }
+        // Its heap span (1024 spectra × 16384 samples at the engine's --jones-per-batch)
+        // must divide the chunk.
+        let nb_default =
+            "name=nb,channels=1024,centre_frequency=4e8,decimation=8,dst=239.1.1.1:7148";
+        assert_eq!(
+            flag_of(&["--narrowband", nb_default]),
+            "--recv-chunk-samples"
+        );
+        let line = [
+            "fengine",
+            "--src=239.0.0.1:7148",
+            "--adc-sample-rate=1712e6",
+            "--sync-time=0",
+            "--recv-chunk-samples=33554432",
+            "--max-delay-diff=0",
+        ];
+        let alone = Wrap::try_parse_from(line.iter().copied().chain([
+            "--narrowband",
+            "name=nb,channels=4096,centre_frequency=3e8,decimation=8,dst=239.1.1.1+3:7148",
+        ]))
+        .unwrap()
+        .a
+        .config()
+        .unwrap();
+        assert!(alone.outputs.is_empty());
+        assert_eq!(alone.validate().unwrap().outputs.len(), 1);
+        let none = Wrap::try_parse_from(line).err().unwrap();
+        assert!(none.to_string().contains("--wideband"), "{none}");
     }
 
     /// katgpucbf requires the sync time; "now" would put every `?delays` model elsewhere.

@@ -1,6 +1,6 @@
 //! Narrowband digital down-conversion (seed 000 §Narrowband, seed 002): mixer, low-pass FIR and
 //! subsampling in one step, the DDC filter design, and the narrowband channeliser (complex PFB
-//! and complex FFT with the outer half of the channels dropped and DC at the centre).
+//! FIR, then a complex FFT whose channels around DC are kept, DC at the centre).
 //!
 //! With input x, real filter h of T taps, subsampling factor S and mixer frequency f (cycles
 //! per digitiser sample), output b starting at absolute sample t₀ is (seed 000, DDC equation)
@@ -155,54 +155,59 @@ pub fn ddc(
     }
 }
 
-/// The narrowband channeliser after the DDC: a complex PFB FIR of `taps × fft` points
-/// (real weights, [`crate::dsp::pfb::pfb_weights`] with step `fft`), a complex FFT of `fft`
-/// points, and the output `channels` taken around DC with DC at the centre: output channel j
-/// is FFT bin (j − channels/2) mod fft. Discard mode uses `fft = 2·channels` (the outer half is
-/// dropped); no-discard uses `fft = channels`.
-pub struct NarrowbandChanneliser {
+/// The narrowband PFB FIR of one spectrum after the DDC (seed 000 §Narrowband step 4): the
+/// real weights `weights` (`taps·fft_len`, [`crate::dsp::pfb::pfb_weights`] with step
+/// `fft_len`) applied to the complex subsampled signal, real and imaginary parts alike:
+/// `frame[i] = Σ_{t<taps} weights[t·fft_len + i] · x[start + t·fft_len + i]`. `frame` is
+/// `fft_len` long, **overwritten**; `x` must hold `start + taps·fft_len` samples.
+pub fn complex_pfb_fir(
+    x: &[Complex32],
+    weights: &[f32],
+    fft_len: usize,
+    start: usize,
+    frame: &mut [Complex32],
+) {
+    let taps = weights.len() / fft_len;
+    frame.fill(Complex32::default());
+    for t in 0..taps {
+        let w = &weights[t * fft_len..(t + 1) * fft_len];
+        let v = &x[start + t * fft_len..start + (t + 1) * fft_len];
+        for ((f, &w), &v) in frame.iter_mut().zip(w).zip(v) {
+            *f += v * w;
+        }
+    }
+}
+
+/// The narrowband channelising FFT: a complex FFT of `fft_len` points, of which the `channels`
+/// around DC are kept with DC at the centre (seed 000 §Narrowband step 5; katgpucbf's
+/// `wrap_index`): output channel j is FFT bin (j − channels/2) mod fft_len. Discard mode uses
+/// `fft_len = 2·channels` (the outer half is dropped); no-discard uses `fft_len = channels`.
+pub struct NarrowbandFft {
     fft_len: usize,
     channels: usize,
     plan: Arc<dyn Fft<f32>>,
-    buf: Vec<Complex32>,
+    scratch: Vec<Complex32>,
 }
 
-impl NarrowbandChanneliser {
-    pub fn new(fft_len: usize, channels: usize) -> NarrowbandChanneliser {
+impl NarrowbandFft {
+    pub fn new(fft_len: usize, channels: usize) -> NarrowbandFft {
         assert!(channels <= fft_len && channels % 2 == 0);
-        NarrowbandChanneliser {
+        let plan = FftPlanner::new().plan_fft_forward(fft_len);
+        NarrowbandFft {
             fft_len,
             channels,
-            plan: FftPlanner::new().plan_fft_forward(fft_len),
-            buf: vec![Complex32::default(); fft_len],
+            scratch: vec![Complex32::default(); plan.get_inplace_scratch_len()],
+            plan,
         }
     }
 
-    /// `x`: subsampled complex signal; `weights`: `taps·fft` reals; `starts[s]`: first sample
-    /// of spectrum s. `out`: `starts.len() × channels`, **overwritten**.
-    pub fn run(
-        &mut self,
-        x: &[Complex32],
-        weights: &[f32],
-        starts: &[usize],
-        out: &mut [Complex32],
-    ) {
-        let n = self.fft_len;
-        let taps = weights.len() / n;
-        for (s, &o) in starts.iter().enumerate() {
-            self.buf.fill(Complex32::default());
-            for t in 0..taps {
-                for i in 0..n {
-                    self.buf[i] += x[o + t * n + i] * weights[t * n + i];
-                }
-            }
-            self.plan.process(&mut self.buf);
-            let dst = &mut out[s * self.channels..(s + 1) * self.channels];
-            for (j, d) in dst.iter_mut().enumerate() {
-                let bin =
-                    (j as isize - (self.channels / 2) as isize).rem_euclid(n as isize) as usize;
-                *d = self.buf[bin];
-            }
+    /// Transform `frame` (`fft_len` values, transformed in place) and write its `channels`
+    /// output channels to `out` (**overwritten**).
+    pub fn run(&mut self, frame: &mut [Complex32], out: &mut [Complex32]) {
+        self.plan.process_with_scratch(frame, &mut self.scratch);
+        let half = self.channels / 2;
+        for (j, o) in out.iter_mut().enumerate().take(self.channels) {
+            *o = frame[(j + self.fft_len - half) % self.fft_len];
         }
     }
 }
@@ -258,9 +263,10 @@ mod tests {
         let mut y = vec![Complex32::default(); n_out];
         ddc(&x, &h, subsampling, mixer_step(-centre), 0, &mut y);
         let w = pfb_weights(fft, taps, 1.0, Window::Hann);
-        let mut ch = NarrowbandChanneliser::new(fft, channels);
+        let mut frame = vec![Complex32::default(); fft];
+        complex_pfb_fir(&y, &w, fft, 0, &mut frame);
         let mut out = vec![Complex32::default(); channels];
-        ch.run(&y, &w, &[0], &mut out);
+        NarrowbandFft::new(fft, channels).run(&mut frame, &mut out);
         let peak = out
             .iter()
             .enumerate()

@@ -144,6 +144,40 @@ impl LinearDelayModel {
             wrap_angle(self.phase + self.phase_rate * dt),
         )
     }
+
+    /// [`LinearDelayModel::at`] with the coarse delay a multiple of `align` (a narrowband
+    /// output's subsampling factor: its PFB reads every `align`-th sample; seed 000 §Delays,
+    /// convention §3, katgpucbf's `AlignedDelayModel`). The input start t − c is rounded to a
+    /// multiple of `align`, a tie going the way that leaves the smaller residual (up when it
+    /// is zero); the fine delay takes up what the rounding moved, so |δ| ≤ (align + 1)/2.
+    /// With `align` 1 this is `at`.
+    pub fn at_aligned(&self, t: i64, align: usize) -> (i64, f64, f64) {
+        let (c, fine, phase) = self.at(t);
+        if align <= 1 {
+            return (c, fine, phase);
+        }
+        // i128: the doubled start of a timestamp near i64::MAX stays exact.
+        let a = align as i128;
+        let orig = i128::from(t) - i128::from(c);
+        let aligned = if a % 2 == 0 {
+            let sign = if fine > 0.0 {
+                1
+            } else if fine < 0.0 {
+                -1
+            } else {
+                0
+            };
+            (2 * orig + a - sign).div_euclid(2 * a) * a
+        } else {
+            (orig + a / 2).div_euclid(a) * a
+        };
+        let moved = aligned - orig;
+        (
+            (i128::from(c) - moved).clamp(i64::MIN.into(), i64::MAX.into()) as i64,
+            fine + moved as f64,
+            phase,
+        )
+    }
 }
 
 /// The models of one input: the current one and those queued for the future.
@@ -222,6 +256,38 @@ mod tests {
         let (c, f, _) = m(7.3).at(0);
         assert_eq!(c, 7);
         assert!((f - 0.3).abs() < 1e-12);
+    }
+
+    /// The aligned coarse delay is a multiple of the alignment, the total delay is kept, and
+    /// the residual is the smallest possible (ties: katgpucbf's rule).
+    #[test]
+    fn aligned_coarse_delay_keeps_the_total_delay() {
+        let m = |d: f64| LinearDelayModel {
+            delay: d,
+            ..LinearDelayModel::ZERO
+        };
+        // A spectrum timestamp is a multiple of the alignment (of 120 here: every align below).
+        let t = 120 << 20;
+        for align in [1usize, 2, 3, 4, 8, 10] {
+            for i in -400..400 {
+                let d = i as f64 * 0.37;
+                let (c, f, _) = m(d).at_aligned(t, align);
+                assert_eq!(c.rem_euclid(align as i64), 0, "align {align}, delay {d}");
+                assert!((c as f64 + f - d).abs() < 1e-9, "align {align}, delay {d}");
+                assert!(
+                    f.abs() <= (align as f64 + 1.0) / 2.0 + 1e-9,
+                    "{align} {d}: {f}"
+                );
+            }
+        }
+        // Ties, with alignment 4: rint(D) = ±2 puts the start halfway between two multiples
+        // of 4. D = 2.5 (δ = +0.5) takes c = 4 (δ' = −1.5, not 2.5); D = 1.6 (δ = −0.4) takes
+        // c = 0; D = 2 (δ = 0) rounds the start up, c = 0; so does D = −2, c = −4.
+        assert_eq!(m(2.5).at_aligned(t, 4).0, 4);
+        assert_eq!(m(1.6).at_aligned(t, 4).0, 0);
+        assert_eq!(m(2.0).at_aligned(t, 4).0, 0);
+        assert_eq!(m(-2.0).at_aligned(t, 4).0, -4);
+        assert_eq!(m(-2.5).at_aligned(t, 4).0, -4);
     }
 
     #[test]

@@ -12,7 +12,20 @@
 //! ```
 //!
 //! The slope pivots on the centre channel N/2, and the (π/2)(c mod 4) term makes the net phase
-//! at the centre channel exactly φ however the delay splits into coarse and fine. qmax is 127
+//! at the centre channel exactly φ however the delay splits into coarse and fine.
+//!
+//! Narrowband ([`PhaseConvention::Narrowband`], convention §3) differs in three ways: output
+//! channel j is the signed FFT index j − N/2 (the mixer puts the centre at DC), the fine delay
+//! (in digitiser samples, and up to about S/2 since the coarse delay is a multiple of the
+//! subsampling S) is divided by the decimation, as the band is that much narrower, and there
+//! is no π/2 term (a coarse shift moves the mixed-down centre frequency, DC, by nothing):
+//!
+//! ```text
+//! θ_j = −π·(δ/decimation)·(j − N/2)/N + φ
+//! ```
+//!
+//! katgpucbf writes the same slope as −π·(δ/D_int)·k/M over the M-point FFT with internal
+//! decimation D_int; M·D_int = N·decimation in both modes. qmax is 127
 //! for 8-bit output and 7 for 4-bit, so −128 (−8) is never produced. A complex value counts as
 //! clipped once if either part lay outside [−qmax, qmax].
 #![deny(unsafe_code)]
@@ -31,21 +44,55 @@ pub struct SpectrumDelay {
     pub phase: f64,
 }
 
+/// Which output the phase terms are for (module doc: wideband or narrowband θ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PhaseConvention {
+    Wideband,
+    Narrowband { decimation: usize },
+}
+
+impl PhaseConvention {
+    /// (slope's fine delay, phase added to every channel) of one spectrum.
+    fn terms(self, d: &SpectrumDelay) -> (f64, f64) {
+        match self {
+            PhaseConvention::Wideband => {
+                (d.fine, d.phase + PI / 2.0 * d.coarse.rem_euclid(4) as f64)
+            }
+            PhaseConvention::Narrowband { decimation } => (d.fine / decimation as f64, d.phase),
+        }
+    }
+}
+
 /// θ_k for all channels, in f64 (the oracle; a GPU uses sincospi in f32).
-pub fn phase_slope(channels: usize, d: &SpectrumDelay) -> impl Iterator<Item = f64> + '_ {
+pub fn phase_slope(
+    convention: PhaseConvention,
+    channels: usize,
+    d: &SpectrumDelay,
+) -> impl Iterator<Item = f64> {
     let n = channels as f64;
-    let fixed = d.phase + PI / 2.0 * d.coarse.rem_euclid(4) as f64;
-    (0..channels).map(move |k| -PI * d.fine * (k as f64 - n / 2.0) / n + fixed)
+    let (fine, fixed) = convention.terms(d);
+    (0..channels).map(move |k| -PI * fine * (k as f64 - n / 2.0) / n + fixed)
+}
+
+/// Y_k = g_k·e^{jθ_k}·X_k for one wideband spectrum ([`correct_as`]).
+pub fn correct(x: &[Complex32], gains: &[Complex32], d: &SpectrumDelay, out: &mut [Complex32]) {
+    correct_as(PhaseConvention::Wideband, x, gains, d, out);
 }
 
 /// Y_k = g_k·e^{jθ_k}·X_k for one spectrum: `x`, `gains`, `out` are `channels` long; `out` is
 /// overwritten. θ_k is linear in k, so e^{jθ_k} is formed by a complex recurrence in f64
 /// (one sin/cos pair per spectrum; the rounding drift over 32768 channels is ~1e-12 rad).
-pub fn correct(x: &[Complex32], gains: &[Complex32], d: &SpectrumDelay, out: &mut [Complex32]) {
-    let mut thetas = phase_slope(x.len(), d);
+pub fn correct_as(
+    convention: PhaseConvention,
+    x: &[Complex32],
+    gains: &[Complex32],
+    d: &SpectrumDelay,
+    out: &mut [Complex32],
+) {
+    let mut thetas = phase_slope(convention, x.len(), d);
     let Some(theta0) = thetas.next() else { return };
     let mut rot = Complex64::from_polar(1.0, theta0);
-    let step = Complex64::from_polar(1.0, -PI * d.fine / x.len() as f64);
+    let step = Complex64::from_polar(1.0, -PI * convention.terms(d).0 / x.len() as f64);
     for ((o, &xk), &g) in out.iter_mut().zip(x).zip(gains) {
         *o = g * Complex32::new(rot.re as f32, rot.im as f32) * xk;
         rot *= step;
@@ -127,10 +174,21 @@ pub struct HeapInput<'a> {
     pub dither: Option<u64>,
 }
 
+/// [`postproc_heap_as`] for a wideband output.
+pub fn postproc_heap(
+    input: &HeapInput<'_>,
+    channels: usize,
+    bits: OutputBits,
+    out: &mut [i8],
+) -> [u64; 2] {
+    postproc_heap_as(PhaseConvention::Wideband, input, channels, bits, out)
+}
+
 /// Correct, dither, quantise and transpose one heap. `out` is `channels × spectra × 2 pols × 2`
 /// int8 (re, im), channel-major, **overwritten**, each value within ±qmax of `bits` (for
 /// 4-bit output, [`pack_4bit`] then packs the pairs). Returns the clipped-value count per pol.
-pub fn postproc_heap(
+pub fn postproc_heap_as(
+    convention: PhaseConvention,
     input: &HeapInput<'_>,
     channels: usize,
     bits: OutputBits,
@@ -144,7 +202,13 @@ pub fn postproc_heap(
     for (pol, clipped) in clips.iter_mut().enumerate() {
         for (s, &ts) in input.timestamps.iter().enumerate() {
             let x = &input.spectra[pol][s * channels..(s + 1) * channels];
-            correct(x, input.gains[pol], &input.delays[pol][s], &mut y);
+            correct_as(
+                convention,
+                x,
+                input.gains[pol],
+                &input.delays[pol][s],
+                &mut y,
+            );
             let key = input.dither.map(|seed| dither_key(seed, ts, pol));
             for (k, v) in y.iter().enumerate() {
                 let (u0, u1) = key.map_or((0.0, 0.0), |key| dither_at(key, k));

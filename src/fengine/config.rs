@@ -4,7 +4,8 @@
 
 use num_complex::Complex32;
 
-use super::output::WidebandOutput;
+use super::narrowband_output::NarrowbandOutput;
+use super::output::{OutputSpec, WidebandOutput};
 use super::pipeline::tail_samples;
 use super::place::InputLayout;
 use crate::dsp::postproc::OutputBits;
@@ -49,7 +50,10 @@ pub struct FengineConfig {
     pub mask_timestamp: bool,
     pub gain: Complex32,
     pub dither_seed: u64,
+    /// `--wideband` outputs.
     pub outputs: Vec<WidebandOutput>,
+    /// `--narrowband` outputs (CPU backend only, for now).
+    pub narrowband: Vec<NarrowbandOutput>,
     /// Stop after this many seconds.
     pub duration: Option<f64>,
     /// UNIX time of timestamp 0.
@@ -57,11 +61,12 @@ pub struct FengineConfig {
     pub control: ControlConfig,
 }
 
-/// The validated shape of the engine: input layout and each output's spectra per heap.
+/// The validated shape of the engine: input layout and each output (wideband first, then
+/// narrowband, as katgpucbf orders them) with its spectra per heap.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub layout: InputLayout,
-    pub outputs: Vec<(WidebandOutput, usize)>,
+    pub outputs: Vec<(OutputSpec, usize)>,
 }
 
 impl FengineConfig {
@@ -130,39 +135,51 @@ impl FengineConfig {
         if let Some(d) = self.duration {
             check_seconds("--duration", d, false)?;
         }
-        if self.outputs.is_empty() {
+        if self.outputs.is_empty() && self.narrowband.is_empty() {
             return Err(ConfigError::new(
                 "--wideband",
-                "at least one output is needed",
+                "at least one --wideband or --narrowband output is needed",
             ));
         }
-        let mut outputs = Vec::new();
-        for o in &self.outputs {
+        if !self.narrowband.is_empty() && self.backend == BackendKind::Cuda {
+            return Err(ConfigError::new(
+                "--narrowband",
+                "not available with --backend cuda: the CUDA narrowband (DDC) path is not built yet; use --backend cpu",
+            ));
+        }
+        for o in &self.narrowband {
+            o.check(self.adc_sample_rate)
+                .map_err(|e| ConfigError::new("--narrowband", format!("output {}: {e}", o.name)))?;
+        }
+        let specs = self.outputs.iter().cloned().map(OutputSpec::Wideband);
+        let specs = specs.chain(self.narrowband.iter().cloned().map(OutputSpec::Narrowband));
+        let mut outputs: Vec<(OutputSpec, usize)> = Vec::new();
+        for o in specs {
+            let name = o.name();
+            if outputs.iter().any(|(p, _)| p.name() == name) {
+                return Err(ConfigError::new(
+                    o.flag(),
+                    format!("output name {name} used twice"),
+                ));
+            }
             let sph = o.spectra_per_heap(self.jones_per_batch).map_err(|e| {
-                ConfigError::new("--jones-per-batch", format!("output {}: {e}", o.name))
+                ConfigError::new("--jones-per-batch", format!("output {name}: {e}"))
             })?;
-            let span = sph * 2 * o.channels;
+            let shape = o.shape();
+            let span = sph.saturating_mul(shape.spectra_samples);
             if self.recv_chunk_samples % span != 0 {
                 return Err(ConfigError::new(
                     "--recv-chunk-samples",
-                    format!(
-                        "must be a multiple of output {}'s heap span ({span} samples)",
-                        o.name
-                    ),
+                    format!("must be a multiple of output {name}'s heap span ({span} samples)"),
                 ));
             }
-            if tail_samples(o.taps, 2 * o.channels, self.max_delay_diff, hs)
-                > self.recv_chunk_samples
-            {
+            if tail_samples(shape, self.max_delay_diff, hs) > self.recv_chunk_samples {
                 return Err(ConfigError::new(
                     "--max-delay-diff",
-                    format!(
-                        "with output {}'s PFB footprint it exceeds --recv-chunk-samples",
-                        o.name
-                    ),
+                    format!("with output {name}'s PFB footprint it exceeds --recv-chunk-samples"),
                 ));
             }
-            outputs.push((o.clone(), sph));
+            outputs.push((o, sph));
         }
         Ok(Plan {
             layout: InputLayout {

@@ -13,7 +13,8 @@ use super::control::{EngineControl, OutputState};
 use super::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
 use super::heaps::FHeapFormat;
 use super::metrics::{self, InputTotals, OutputTotals};
-use super::output::WidebandOutput;
+use super::narrowband::{NarrowbandBackend, NarrowbandSizes};
+use super::output::OutputSpec;
 use super::pipeline::{OutputHeap, Pipeline, PipelineConfig};
 use super::place::{InputLayout, ITEMS, REJECT_REASONS};
 use crate::control::katcp::{Sensors, Status};
@@ -108,9 +109,12 @@ impl Engine {
             outputs
                 .iter()
                 .map(|(o, _)| OutputState {
-                    name: o.name.clone(),
-                    channels: o.channels,
-                    gains: [vec![config.gain; o.channels], vec![config.gain; o.channels]],
+                    name: o.name().to_string(),
+                    channels: o.channels(),
+                    gains: [
+                        vec![config.gain; o.channels()],
+                        vec![config.gain; o.channels()],
+                    ],
                     gains_version: 0,
                     new_delays: [Vec::new(), Vec::new()],
                     capture: true,
@@ -130,9 +134,9 @@ impl Engine {
         );
         for (o, _) in &outputs {
             // The seed reproduces the dither: logged and shown (katgpucbf `dither-seed`).
-            tracing::info!(output = %o.name, dither_seed = config.dither_seed, "dither");
+            tracing::info!(output = %o.name(), dither_seed = config.dither_seed, "dither");
             sensors.add(
-                &format!("{}.dither-seed", o.name),
+                &format!("{}.dither-seed", o.name()),
                 "Random seed used in dithering for quantisation",
                 "",
                 "integer",
@@ -140,7 +144,7 @@ impl Engine {
             );
             for p in 0..2 {
                 sensors.add(
-                    &format!("{}.input{p}.feng-clip-cnt", o.name),
+                    &format!("{}.input{p}.feng-clip-cnt", o.name()),
                     "Number of output samples that are saturated",
                     "",
                     "integer",
@@ -160,11 +164,11 @@ impl Engine {
         for pol in ["0", "1"] {
             metrics.touch_all("input_", &[pol]);
             for (o, _) in &outputs {
-                metrics.touch("output_clipped_samples", &[&o.name, pol]);
+                metrics.touch("output_clipped_samples", &[o.name(), pol]);
             }
         }
         for (o, _) in &outputs {
-            metrics.touch_all("output_", &[&o.name]);
+            metrics.touch_all("output_", &[o.name()]);
         }
         let mut built = Vec::new();
         for (o, sph) in outputs {
@@ -189,18 +193,19 @@ impl Engine {
         cfg: &FengineConfig,
         layout: InputLayout,
         gpu: &mut Option<Arc<Gpu>>,
-        o: WidebandOutput,
+        o: OutputSpec,
         sph: usize,
         shutdown: &Shutdown,
     ) -> Result<Output, EngineError> {
-        let n_dst = o.dst.len();
+        let (n_dst, channels) = (o.dst().len(), o.channels());
         let value_bytes = if cfg.send_sample_bits == 4 { 2 } else { 4 };
-        let payload = o.channels / n_dst * sph * value_bytes;
+        let payload = channels / n_dst * sph * value_bytes;
         let packets = payload.div_ceil(cfg.send_packet_payload);
-        let heaps_per_s = cfg.adc_sample_rate / (sph * 2 * o.channels) as f64 * n_dst as f64;
+        let span = sph * o.shape().spectra_samples;
+        let heaps_per_s = cfg.adc_sample_rate / span as f64 * n_dst as f64;
         let rate = heaps_per_s * (payload + packets * 72) as f64 * cfg.send_rate_factor;
         let stream = StreamSpec {
-            dst: o.dst.clone(),
+            dst: o.dst().to_vec(),
             interfaces: cfg.send_interfaces.clone(),
             ttl: cfg.send_ttl,
             buffer: cfg.send_buffer,
@@ -213,10 +218,10 @@ impl Engine {
             },
         }
         .open()?;
-        tracing::info!(output = %o.name, channels = o.channels, destinations = n_dst, rate_gbps = rate * 8e-9, "wideband output");
+        tracing::info!(output = %o.name(), kind = o.kind(), channels, destinations = n_dst, rate_gbps = rate * 8e-9, "output");
         let format = FHeapFormat {
             feng_id: cfg.feng_id,
-            channels: o.channels,
+            channels,
             destinations: n_dst,
             spectra_per_heap: sph,
             sample_bits: cfg.send_sample_bits,
@@ -228,12 +233,12 @@ impl Engine {
             period: Duration::from_secs(5 * cfg.array_size.min(1 << 20)),
         };
         let sink = HeapSink::spawn(
-            &format!("fengine-tx-{}", o.name),
+            &format!("fengine-tx-{}", o.name()),
             stream,
             format,
             schedule,
             SEND_BUFFERS,
-            o.channels * sph * value_bytes,
+            channels * sph * value_bytes,
             shutdown,
         )?;
         let pcfg = PipelineConfig {
@@ -284,7 +289,7 @@ impl Engine {
             }
             let joined = sink.join();
             tail = tail.and(joined);
-            totals.heaps = sink.sent() * pipeline.output.dst.len() as u64;
+            totals.heaps = sink.sent() * pipeline.output.dst().len() as u64;
             totals.bytes = sink.bytes();
             totals.samples = sink.sent() * pipeline.heap_span();
         }
@@ -297,7 +302,7 @@ impl Engine {
             outputs: self
                 .outputs
                 .iter()
-                .map(|o| (o.pipeline.output.name.clone(), o.totals))
+                .map(|o| (o.pipeline.output.name().to_string(), o.totals))
                 .collect(),
         })
     }
@@ -392,24 +397,27 @@ impl Engine {
             for (pol, was) in before.iter().enumerate() {
                 let now = *out.pipeline.delays[pol].current();
                 if now != *was {
-                    control.delay_in_effect(&out.pipeline.output.name, pol, &now);
+                    control.delay_in_effect(out.pipeline.output.name(), pol, &now);
                 }
             }
             control
                 .processed
                 .fetch_max(out.pipeline.next_timestamp(), Ordering::Relaxed);
-            out.totals.heaps = out.sink.sent() * out.pipeline.output.dst.len() as u64;
+            out.totals.heaps = out.sink.sent() * out.pipeline.output.dst().len() as u64;
             out.totals.bytes = out.sink.bytes();
             out.totals.samples = out.sink.sent() * out.pipeline.heap_span();
-            metrics::output(&self.metrics, &out.pipeline.output.name, &out.totals);
+            metrics::output(&self.metrics, out.pipeline.output.name(), &out.totals);
             for (p, clipped) in out.totals.clipped.iter().enumerate() {
-                let name = format!("{}.input{p}.feng-clip-cnt", out.pipeline.output.name);
+                let name = format!("{}.input{p}.feng-clip-cnt", out.pipeline.output.name());
                 control.sensors.set(&name, clipped, Status::Nominal);
             }
         }
+        // Digitiser statistics come from the first wideband output's PFB (seed 000 §Input
+        // statistics: an engine with only narrowband outputs has none).
         let power = self
             .outputs
-            .first_mut()
+            .iter_mut()
+            .find(|o| matches!(o.pipeline.output, OutputSpec::Wideband(_)))
             .map_or([None, None], |o| o.pipeline.take_dig_power());
         let per_pol = self.layout.heaps_per_pol();
         let missing = [0, 1].map(|p| chunk.present[p * per_pol..(p + 1) * per_pol].contains(&0));
@@ -458,9 +466,37 @@ fn open_gpu(cfg: &FengineConfig, gpu: &mut Option<Arc<Gpu>>) -> Result<Arc<Gpu>,
 fn make_pipeline(
     cfg: &FengineConfig,
     gpu: &mut Option<Arc<Gpu>>,
-    output: WidebandOutput,
+    output: OutputSpec,
     pcfg: PipelineConfig,
 ) -> Result<Pipeline, EngineError> {
+    let output = match output {
+        OutputSpec::Narrowband(o) => {
+            // The configuration refused narrowband with --backend cuda.
+            let sizes = NarrowbandSizes {
+                adc_sample_rate: cfg.adc_sample_rate,
+                sample_bits: pcfg.sample_bits,
+                body: pcfg.layout.chunk_samples as usize,
+                tail: pcfg.tail(o.shape()),
+                spectra_per_heap: pcfg.spectra_per_heap,
+                out_bits: pcfg.out_bits,
+            };
+            let backend = NarrowbandBackend::new(&o, sizes).map_err(|e| {
+                ConfigError::new(
+                    "--narrowband",
+                    format!(
+                        "output {}: DDC filter (ddc_taps={}): {e}",
+                        o.name, o.ddc_taps
+                    ),
+                )
+            })?;
+            return Ok(Pipeline::with_backend(
+                OutputSpec::Narrowband(o),
+                pcfg,
+                Box::new(backend),
+            ));
+        }
+        OutputSpec::Wideband(o) => o,
+    };
     match cfg.backend {
         BackendKind::Cpu => Ok(Pipeline::new(output, pcfg)),
         BackendKind::Cuda => {
@@ -471,7 +507,7 @@ fn make_pipeline(
                 GpuConfig {
                     sample_bits: pcfg.sample_bits,
                     body: pcfg.layout.chunk_samples as usize,
-                    tail: pcfg.tail(&output),
+                    tail: pcfg.tail(output.shape()),
                     spectra_per_heap: pcfg.spectra_per_heap,
                     out_bits: pcfg.out_bits,
                     unzip: default_unzip(output.channels),
@@ -482,7 +518,11 @@ fn make_pipeline(
                 },
             )
             .map_err(|e| ConfigError::new("--backend", e))?;
-            Ok(Pipeline::with_backend(output, pcfg, Box::new(backend)))
+            Ok(Pipeline::with_backend(
+                output.into(),
+                pcfg,
+                Box::new(backend),
+            ))
         }
     }
 }

@@ -1,8 +1,10 @@
-//! The wideband F-engine (seed 000): digitiser heaps in, channelised F heaps out.
-//! [`config`] validates fgpu's flags, [`place`] puts digitiser heaps into chunks, [`output`]
-//! parses `--wideband`, [`pipeline`] turns chunks into output heaps on a [`backend`] (CPU or
-//! CUDA), [`heaps`] builds the F heaps on the wire, [`control`] serves katcp, [`metrics`] names
-//! the Prometheus counters, and [`engine`] wires them to the shared receive and send threads.
+//! The F-engine (seed 000): digitiser heaps in, channelised F heaps out, wideband and
+//! narrowband. [`config`] validates fgpu's flags, [`place`] puts digitiser heaps into chunks,
+//! [`output`] parses `--wideband` and [`narrowband_output`] `--narrowband`, [`pipeline`] turns
+//! chunks into output heaps on a [`backend`] (CPU or CUDA wideband; [`narrowband`] is the CPU
+//! narrowband one), [`heaps`] builds the F heaps on the wire, [`control`] serves katcp,
+//! [`metrics`] names the Prometheus counters, and [`engine`] wires them to the shared receive
+//! and send threads, every output reading the same received chunks.
 
 pub mod backend;
 pub mod config;
@@ -12,6 +14,8 @@ pub mod cuda_shape;
 pub mod engine;
 pub mod heaps;
 pub mod metrics;
+pub mod narrowband;
+pub mod narrowband_output;
 pub mod output;
 pub mod pipeline;
 pub mod place;

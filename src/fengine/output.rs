@@ -1,10 +1,13 @@
 //! `--wideband name=…,channels=…,dst=…[,taps=16][,w_cutoff=1.0][,window_function=hann]
 //! [,dither=uniform][,jones_per_batch=…]` (katgpucbf fgpu, facts §1.3), parsed and validated
-//! with errors that name the flag and the key.
+//! with errors that name the flag and the key; the keys every output shares (narrowband ones
+//! too, `narrowband_output`); and [`OutputSpec`], an output of either kind with the
+//! [`OutputShape`] a pipeline runs on.
 #![deny(unsafe_code)]
 
 use std::net::SocketAddrV4;
 
+use super::narrowband_output::NarrowbandOutput;
 use crate::dsp::pfb::Window;
 use crate::net::parse_endpoints;
 
@@ -31,6 +34,15 @@ pub struct WidebandOutput {
 impl WidebandOutput {
     /// Parse the sub-option string; `Err` is a message for the `--wideband` flag.
     pub fn parse(text: &str) -> Result<WidebandOutput, String> {
+        Self::parse_with(text, |_, _| Ok(false))
+    }
+
+    /// Parse the keys every output takes (katgpucbf's `_add_stream_args`), handing any other
+    /// key to `extra`, which says whether it took it; then check them.
+    pub(super) fn parse_with(
+        text: &str,
+        mut extra: impl FnMut(&str, &str) -> Result<bool, String>,
+    ) -> Result<WidebandOutput, String> {
         let mut name = None;
         let mut channels = None;
         let mut dst = None;
@@ -74,7 +86,11 @@ impl WidebandOutput {
                 "jones_per_batch" => {
                     out.jones_per_batch = Some(v.parse().map_err(|_| num("not an integer"))?)
                 }
-                _ => return Err(format!("unknown key {k:?}")),
+                _ => {
+                    if !extra(k, v)? {
+                        return Err(format!("unknown key {k:?}"));
+                    }
+                }
             }
         }
         out.name = name.ok_or("missing name=")?;
@@ -109,14 +125,116 @@ impl WidebandOutput {
 
     /// Spectra per output heap for `jones_per_batch` (this output's own, or the engine's).
     pub fn spectra_per_heap(&self, default_jones: usize) -> Result<usize, String> {
-        let j = self.jones_per_batch.unwrap_or(default_jones);
-        if j % self.channels != 0 || j < self.channels {
-            return Err(format!(
-                "jones_per_batch={j} must be a positive multiple of channels={}",
-                self.channels
-            ));
+        heap_spectra(self.jones_per_batch, default_jones, self.channels)
+    }
+
+    /// The shape its pipeline runs on: spectra every 2N samples, each reading taps·2N.
+    pub fn shape(&self) -> OutputShape {
+        OutputShape {
+            channels: self.channels,
+            spectra_samples: 2 * self.channels,
+            window: self.taps * 2 * self.channels,
+            subsampling: 1,
         }
-        Ok(j / self.channels)
+    }
+}
+
+/// Spectra per heap: `jones_per_batch` (the output's own, else the engine's) over `channels`.
+fn heap_spectra(
+    own: Option<usize>,
+    default_jones: usize,
+    channels: usize,
+) -> Result<usize, String> {
+    let j = own.unwrap_or(default_jones);
+    if j % channels != 0 || j < channels {
+        return Err(format!(
+            "jones_per_batch={j} must be a positive multiple of channels={channels}"
+        ));
+    }
+    Ok(j / channels)
+}
+
+/// What the pipeline's scheduling needs of an output, whichever its kind (seed 000
+/// §Narrowband: the same front end and back end, on samples a DDC has subsampled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputShape {
+    /// Output channels.
+    pub channels: usize,
+    /// Digitiser samples between consecutive spectra.
+    pub spectra_samples: usize,
+    /// Digitiser samples that contribute to one spectrum.
+    pub window: usize,
+    /// Digitiser samples per PFB input sample: coarse delays are multiples of it.
+    pub subsampling: usize,
+}
+
+/// An output of either kind, as the engine runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputSpec {
+    Wideband(WidebandOutput),
+    Narrowband(NarrowbandOutput),
+}
+
+impl From<WidebandOutput> for OutputSpec {
+    fn from(o: WidebandOutput) -> OutputSpec {
+        OutputSpec::Wideband(o)
+    }
+}
+
+impl OutputSpec {
+    pub fn name(&self) -> &str {
+        match self {
+            OutputSpec::Wideband(o) => &o.name,
+            OutputSpec::Narrowband(o) => &o.name,
+        }
+    }
+
+    pub fn channels(&self) -> usize {
+        self.shape().channels
+    }
+
+    pub fn dst(&self) -> &[SocketAddrV4] {
+        match self {
+            OutputSpec::Wideband(o) => &o.dst,
+            OutputSpec::Narrowband(o) => &o.dst,
+        }
+    }
+
+    pub fn dither(&self) -> bool {
+        match self {
+            OutputSpec::Wideband(o) => o.dither,
+            OutputSpec::Narrowband(o) => o.dither,
+        }
+    }
+
+    pub fn shape(&self) -> OutputShape {
+        match self {
+            OutputSpec::Wideband(o) => o.shape(),
+            OutputSpec::Narrowband(o) => o.shape(),
+        }
+    }
+
+    /// Spectra per output heap for `jones_per_batch` (this output's own, or the engine's).
+    pub fn spectra_per_heap(&self, default_jones: usize) -> Result<usize, String> {
+        match self {
+            OutputSpec::Wideband(o) => o.spectra_per_heap(default_jones),
+            OutputSpec::Narrowband(o) => heap_spectra(o.jones_per_batch, default_jones, o.channels),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OutputSpec::Wideband(_) => "wideband",
+            OutputSpec::Narrowband(_) => "narrowband",
+        }
+    }
+
+    /// The flag that makes an output of this kind.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            OutputSpec::Wideband(_) => "--wideband",
+            OutputSpec::Narrowband(_) => "--narrowband",
+        }
     }
 }
 

@@ -1,12 +1,16 @@
-//! One wideband output's processing, on any [`Backend`], in seed 000's structure: a front end
+//! One output's processing, on any [`Backend`], in seed 000's structure: a front end
 //! (decode + PFB FIR, one spectrum at a time at the input offset its coarse delay gives) and a
 //! back end (FFT + post-processing) that runs once a whole output heap of spectra is ready, so
 //! the two run at their own cadences. Heaps come back from the backend in order, up to its
 //! depth later (a GPU overlaps their copies with the next heaps' compute); [`Pipeline::flush`]
 //! collects the last ones.
 //!
-//! Spectra sit on the output grid T = k·2N. Spectrum T of polarisation p reads input samples
-//! [T − c_p(T), T − c_p(T) + taps·2N) (fengine_delay_convention.md §2). A spectrum is handled by
+//! Spectra sit on the output grid T = k·step, step = 2N samples for wideband and 2N·decimation
+//! for narrowband (seed 000 §Narrowband). Spectrum T of polarisation p reads input samples
+//! [T − c_p(T), T − c_p(T) + window) (fengine_delay_convention.md §2; the window is taps·2N
+//! wideband, and adds the DDC filter's footprint narrowband). A narrowband coarse delay is a
+//! multiple of the subsampling factor (convention §3, `LinearDelayModel::at_aligned`), as its
+//! PFB reads only every S-th digitiser sample. A spectrum is handled by
 //! the chunk in which its earlier-starting polarisation's window starts; the chunk's samples
 //! are extended by the head of the next chunk (the tail: PFB footprint plus the largest
 //! differential coarse delay). A spectrum whose window would start before the current chunk
@@ -20,7 +24,7 @@ use std::collections::VecDeque;
 use num_complex::Complex32;
 
 use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, CpuBackend};
-use super::output::WidebandOutput;
+use super::output::{OutputShape, OutputSpec, WidebandOutput};
 use super::place::InputLayout;
 use crate::dsp::delay::DelayModels;
 use crate::dsp::postproc::{OutputBits, SpectrumDelay};
@@ -60,9 +64,12 @@ pub struct OutputHeap<'a> {
 }
 
 pub struct Pipeline {
-    pub output: WidebandOutput,
+    pub output: OutputSpec,
     layout: InputLayout,
+    /// Digitiser samples between spectra, read by each spectrum, and per PFB input sample.
     step: usize,
+    window: usize,
+    align: usize,
     spectra_per_heap: usize,
     tail: usize,
     backend: Box<dyn Backend>,
@@ -88,11 +95,14 @@ pub struct Pipeline {
     in_flight: VecDeque<(u64, bool)>,
 }
 
-/// Samples of tail needed: footprint plus differential delay, rounded up to whole heaps.
-pub fn tail_samples(taps: usize, step: usize, max_delay_diff: usize, heap_samples: usize) -> usize {
+/// Samples of tail needed: footprint plus differential delay (which aligning coarse delays
+/// to the subsampling can widen by S − 1), rounded up to whole heaps.
+pub fn tail_samples(shape: OutputShape, max_delay_diff: usize, heap_samples: usize) -> usize {
     // Saturating: an absurd --max-delay-diff must be refused by name, not overflow.
-    taps.saturating_mul(step)
+    shape
+        .window
         .saturating_add(max_delay_diff)
+        .saturating_add(shape.subsampling - 1)
         .div_ceil(heap_samples)
         .saturating_mul(heap_samples)
 }
@@ -111,11 +121,10 @@ pub struct PipelineConfig {
 }
 
 impl PipelineConfig {
-    /// Samples of tail each chunk is extended by for `output`.
-    pub fn tail(&self, output: &WidebandOutput) -> usize {
+    /// Samples of tail each chunk is extended by for an output of `shape`.
+    pub fn tail(&self, shape: OutputShape) -> usize {
         tail_samples(
-            output.taps,
-            2 * output.channels,
+            shape,
             self.max_delay_diff,
             self.layout.heap_samples as usize,
         )
@@ -123,27 +132,28 @@ impl PipelineConfig {
 }
 
 impl Pipeline {
-    /// A pipeline on the CPU backend.
+    /// A wideband pipeline on the CPU backend.
     pub fn new(output: WidebandOutput, cfg: PipelineConfig) -> Pipeline {
         let backend = Box::new(CpuBackend::new(
             &output,
             cfg.sample_bits,
             cfg.layout.chunk_samples as usize,
-            cfg.tail(&output),
+            cfg.tail(output.shape()),
             cfg.spectra_per_heap,
             cfg.out_bits,
         ));
-        Pipeline::with_backend(output, cfg, backend)
+        Pipeline::with_backend(output.into(), cfg, backend)
     }
 
     /// A pipeline on `backend`, which was made for `output` and `cfg` (buffers of
-    /// `cfg.layout.chunk_samples + cfg.tail(&output)` samples per pol).
+    /// `cfg.layout.chunk_samples + cfg.tail(output.shape())` samples per pol).
     pub fn with_backend(
-        output: WidebandOutput,
+        output: OutputSpec,
         cfg: PipelineConfig,
         backend: Box<dyn Backend>,
     ) -> Pipeline {
-        let tail = cfg.tail(&output);
+        let shape = output.shape();
+        let tail = cfg.tail(shape);
         let PipelineConfig {
             layout,
             spectra_per_heap,
@@ -151,16 +161,17 @@ impl Pipeline {
             dither_seed,
             ..
         } = cfg;
-        let step = 2 * output.channels;
-        let channels = output.channels;
+        let channels = shape.channels;
         Pipeline {
             backend,
             gains: [vec![gain; channels], vec![gain; channels]],
             gains_version: 0,
             delays: [DelayModels::default(), DelayModels::default()],
-            dither_seed: output.dither.then_some(dither_seed),
+            dither_seed: output.dither().then_some(dither_seed),
             layout,
-            step,
+            step: shape.spectra_samples,
+            window: shape.window,
+            align: shape.subsampling,
             spectra_per_heap,
             tail,
             next_t: 0,
@@ -264,18 +275,19 @@ impl Pipeline {
             .saturating_mul(span);
         loop {
             let m = [self.delays[0].peek_at(lo), self.delays[1].peek_at(lo)];
-            let input =
-                |t: i64| (t.saturating_sub(m[0].at(t).0)).min(t.saturating_sub(m[1].at(t).0));
+            let start_of = |p: usize, t: i64| t.saturating_sub(m[p].at_aligned(t, self.align).0);
+            let input = |t: i64| start_of(0, t).min(start_of(1, t));
             let have = input(lo);
             if have >= start {
                 return lo as u64;
             }
-            // With slope ≥ 1 − 10⁻³ and ±1 of rounding, the input reaches `start` within
-            // 2·(start − have) + 2 samples; the end of the models' interval may come first.
+            // With slope ≥ 1 − 10⁻³ and ±1 of rounding (±S aligned), the input reaches `start`
+            // within 2·(start − have) + 2S + 2 samples; the end of the models' interval may come
+            // first.
             let reach = start
                 .saturating_sub(have)
                 .saturating_mul(2)
-                .saturating_add(2);
+                .saturating_add(2 * self.align as i64 + 2);
             let mut hi = lo.saturating_add((reach / span).saturating_add(1).saturating_mul(span));
             let change = [0, 1]
                 .iter()
@@ -349,13 +361,13 @@ impl Pipeline {
             self.next_t = start.div_ceil(self.heap_span()) * self.heap_span();
             self.started = true;
         }
-        let window = self.output.taps * self.step;
+        let window = self.window;
         let mut skipped = 0;
         loop {
             let t = self.next_t as i64;
             let d = [
-                self.delays[0].model_at(t).at(t),
-                self.delays[1].model_at(t).at(t),
+                self.delays[0].model_at(t).at_aligned(t, self.align),
+                self.delays[1].model_at(t).at_aligned(t, self.align),
             ];
             let s = [t - d[0].0, t - d[1].0];
             let first = s[0].min(s[1]);

@@ -1,0 +1,215 @@
+//! The CPU backend of a narrowband output (seed 000 §Narrowband, §Down-conversion kernel): the
+//! same [`Backend`] contract as the wideband one, so the pipeline's scheduling, delays,
+//! presence and heap bookkeeping are shared.
+//!
+//! - [`Backend::load`] decodes the chunk with its tail and runs the DDC over it once per
+//!   polarisation (`dsp::ddc::ddc`: mixer referenced to the absolute timestamp of each
+//!   sample, low-pass filter, subsampling by S), so DDC output b of the chunk starting at
+//!   sample t_c is digitiser sample t_c + S·b.
+//! - [`Backend::front_end`] runs the complex PFB FIR of the spectrum whose window starts at
+//!   chunk offset `offset` (a multiple of S: the pipeline aligns narrowband coarse delays to
+//!   the subsampling) on DDC outputs from `offset/S`.
+//! - [`Backend::back_end`] runs the M-point complex FFT, keeps the channels around DC, and
+//!   post-processes them with the narrowband phase convention (`dsp::postproc`,
+//!   convention §3), into the same F-heap layout as wideband.
+//!
+//! No digitiser power is measured here: the statistics come from the wideband outputs
+//! (seed 000 §Input statistics).
+#![deny(unsafe_code)]
+
+use num_complex::Complex32;
+
+use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
+use super::narrowband_output::NarrowbandOutput;
+use crate::dsp::ddc::DdcError;
+use crate::dsp::ddc::{complex_pfb_fir, ddc, mixer_step, NarrowbandFft};
+use crate::dsp::pfb::pfb_weights;
+use crate::dsp::postproc::{pack_4bit, postproc_heap_as, HeapInput, OutputBits, PhaseConvention};
+use crate::dsp::samples::unpack;
+
+/// The sizes a narrowband backend is built for (besides its output).
+#[derive(Debug, Clone, Copy)]
+pub struct NarrowbandSizes {
+    pub adc_sample_rate: f64,
+    /// Bits per digitiser sample.
+    pub sample_bits: u32,
+    /// Samples per polarisation of a chunk, and of the tail taken from the next.
+    pub body: usize,
+    pub tail: usize,
+    pub spectra_per_heap: usize,
+    pub out_bits: OutputBits,
+}
+
+pub struct NarrowbandBackend {
+    channels: usize,
+    fft_len: usize,
+    subsampling: usize,
+    convention: PhaseConvention,
+    sample_bits: u32,
+    body: usize,
+    pol_bytes: usize,
+    tail_bytes: usize,
+    ddc_weights: Vec<f32>,
+    mixer: u32,
+    pfb_weights: Vec<f32>,
+    fft: NarrowbandFft,
+    /// Decoded samples of one polarisation, body and tail.
+    samples: Vec<i32>,
+    /// DDC output per polarisation.
+    subsampled: [Vec<Complex32>; 2],
+    /// PFB output per polarisation: spectra_per_heap × fft_len.
+    frames: [Vec<Complex32>; 2],
+    /// Kept channels per polarisation: spectra_per_heap × channels.
+    spectra: [Vec<Complex32>; 2],
+    heap: Vec<i8>,
+    out_bits: OutputBits,
+    packed: Vec<u8>,
+    done: Option<[u64; 2]>,
+}
+
+impl NarrowbandBackend {
+    /// Design the DDC filter and size the buffers (the output was checked against the sample
+    /// rate by the engine's configuration).
+    pub fn new(output: &NarrowbandOutput, sizes: NarrowbandSizes) -> Result<Self, DdcError> {
+        let s = output.subsampling();
+        let (channels, fft_len) = (output.channels, output.internal_channels());
+        let ddc_weights = output.ddc_weights(sizes.adc_sample_rate)?;
+        let n_sub = (sizes.body + sizes.tail).saturating_sub(ddc_weights.len()) / s + 1;
+        let heap_values = channels * sizes.spectra_per_heap * 4;
+        let bits = sizes.sample_bits as usize;
+        Ok(NarrowbandBackend {
+            channels,
+            fft_len,
+            subsampling: s,
+            convention: PhaseConvention::Narrowband {
+                decimation: output.decimation,
+            },
+            sample_bits: sizes.sample_bits,
+            body: sizes.body,
+            pol_bytes: sizes.body * bits / 8,
+            tail_bytes: sizes.tail * bits / 8,
+            mixer: mixer_step(output.mixer_frequency(sizes.adc_sample_rate)),
+            ddc_weights,
+            pfb_weights: pfb_weights(fft_len, output.taps, output.w_cutoff, output.window),
+            fft: NarrowbandFft::new(fft_len, channels),
+            samples: vec![0; sizes.body + sizes.tail],
+            subsampled: [
+                vec![Complex32::default(); n_sub],
+                vec![Complex32::default(); n_sub],
+            ],
+            frames: [
+                vec![Complex32::default(); sizes.spectra_per_heap * fft_len],
+                vec![Complex32::default(); sizes.spectra_per_heap * fft_len],
+            ],
+            spectra: [
+                vec![Complex32::default(); sizes.spectra_per_heap * channels],
+                vec![Complex32::default(); sizes.spectra_per_heap * channels],
+            ],
+            heap: vec![0; heap_values],
+            out_bits: sizes.out_bits,
+            packed: vec![
+                0;
+                if sizes.out_bits == OutputBits::Four {
+                    heap_values / 2
+                } else {
+                    0
+                }
+            ],
+            done: None,
+        })
+    }
+}
+
+impl Backend for NarrowbandBackend {
+    fn load(&mut self, chunk: ChunkInput<'_>) -> Result<(), BackendError> {
+        let (pb, tb) = (self.pol_bytes, self.tail_bytes);
+        let first_sample = chunk.id.wrapping_mul(self.body as u64);
+        for p in 0..2 {
+            let (head, rest) = self.samples.split_at_mut(self.body);
+            unpack(&chunk.data[p * pb..(p + 1) * pb], self.sample_bits, head);
+            match chunk.next {
+                Some(next) => unpack(&next[p * pb..p * pb + tb], self.sample_bits, rest),
+                None => rest.fill(0),
+            }
+            ddc(
+                &self.samples,
+                &self.ddc_weights,
+                self.subsampling,
+                self.mixer,
+                first_sample,
+                &mut self.subsampled[p],
+            );
+        }
+        Ok(())
+    }
+
+    fn release(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> Result<(), BackendError> {
+        if offset % self.subsampling != 0 {
+            return Err(BackendError(format!(
+                "narrowband spectrum at offset {offset}, not a multiple of the subsampling {}",
+                self.subsampling
+            )));
+        }
+        let m = self.fft_len;
+        complex_pfb_fir(
+            &self.subsampled[pol],
+            &self.pfb_weights,
+            m,
+            offset / self.subsampling,
+            &mut self.frames[pol][k * m..(k + 1) * m],
+        );
+        Ok(())
+    }
+
+    fn discard(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn back_end(&mut self, input: &BackEndInput<'_>) -> Result<(), BackendError> {
+        let (m, n) = (self.fft_len, self.channels);
+        for p in 0..2 {
+            for (frame, out) in self.frames[p]
+                .chunks_exact_mut(m)
+                .zip(self.spectra[p].chunks_exact_mut(n))
+            {
+                self.fft.run(frame, out);
+            }
+        }
+        let heap = HeapInput {
+            spectra: [&self.spectra[0], &self.spectra[1]],
+            gains: input.gains,
+            delays: input.delays,
+            timestamps: input.timestamps,
+            dither: input.dither,
+        };
+        let clips = postproc_heap_as(self.convention, &heap, n, self.out_bits, &mut self.heap);
+        if self.out_bits == OutputBits::Four {
+            pack_4bit(&self.heap, &mut self.packed);
+        }
+        self.done = Some(clips);
+        Ok(())
+    }
+
+    fn ready(&self) -> bool {
+        self.done.is_none()
+    }
+
+    fn finished(&mut self, _wait: bool) -> Result<Option<Finished<'_>>, BackendError> {
+        let Some(clips) = self.done.take() else {
+            return Ok(None);
+        };
+        let data: &[u8] = match self.out_bits {
+            OutputBits::Eight => bytemuck::cast_slice(&self.heap),
+            OutputBits::Four => &self.packed,
+        };
+        Ok(Some(Finished {
+            data,
+            clips,
+            power: [0; 2],
+        }))
+    }
+}
