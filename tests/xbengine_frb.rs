@@ -105,17 +105,19 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
 }
 
 /// Run the engine and the peer with `outputs` (JSON per output: port, weights, t_ds, beams)
-/// and `extra` peer settings; the peer's verdict and the engine's report.
+/// and `extra` peer settings; the peer's verdict, the engine's report and its Prometheus
+/// page once the peer is done (empty without `--prometheus-port`).
 fn run(
     cfg: XbengineConfig,
     in_port: u16,
     outputs: Value,
     requests: Value,
     extra: Value,
-) -> (Value, XbengineReport) {
+) -> (Value, XbengineReport, String) {
     let shutdown = Shutdown::manual();
     let engine = Engine::new(cfg, shutdown.clone()).unwrap();
     let katcp_port = engine.katcp_addr().port();
+    let prometheus = engine.prometheus_addr();
     let handle = std::thread::spawn(move || engine.run());
     let mut peer = json!({
         "ants": ANTS, "channels": CHANNELS, "cps": CPS, "c0": C0, "sph": SPH,
@@ -130,12 +132,19 @@ fn run(
         peer[k] = v.clone();
     }
     let out = common::run_reference("frb_peer.py", &[&peer.to_string()]);
+    let mut metrics = String::new();
+    if let Some(addr) = prometheus {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        s.read_to_string(&mut metrics).unwrap();
+    }
     shutdown.request();
     let report = handle.join().unwrap().unwrap();
     let verdict: Value =
         serde_json::from_str(out.last().expect("no output from frb_peer.py")).unwrap();
     eprintln!("peer: {verdict}\nengine: {report:?}");
-    (verdict, report)
+    (verdict, report, metrics)
 }
 
 /// Python-style complex weights for `?frb-weights`.
@@ -202,7 +211,7 @@ fn resampled_beams_equal_direct_beamforming() {
         {"port": ports[1], "weights": weights(1), "t_ds": 40, "list": list40},
         {"port": ports[2], "weights": weights(2), "t_ds": 1, "list": list1, "scale": 0.002},
     ]);
-    let (v, report) = run(
+    let (v, report, _) = run(
         config(in_port, outputs),
         in_port,
         peer_outputs,
@@ -255,8 +264,10 @@ fn a_point_source_peaks_in_its_beam() {
     let spec = format!("name=fp,dst=127.0.0.1:{port},grid=3x4,dish_map={map},t_ds=3,beams=6x8");
     let in_port = common::free_udp_port();
     let ones: Vec<String> = vec!["1".into(); ANTS];
-    let (v, report) = run(
-        config(in_port, vec![frb(&spec)]),
+    let mut cfg = config(in_port, vec![frb(&spec)]);
+    cfg.control.prometheus_port = Some(common::free_tcp_port());
+    let (v, report, metrics) = run(
+        cfg,
         in_port,
         json!([{"port": port, "weights": ones, "t_ds": 3, "grid": [6, 8]}]),
         json!([]),
@@ -268,5 +279,17 @@ fn a_point_source_peaks_in_its_beam() {
     assert_eq!(o["peaks"], 2 * CPS * 40, "{o}");
     assert_eq!(o["wrong_peak"], 0, "{o}");
     assert!(o["max_err"].as_f64().unwrap() < 2e-3, "{o}");
-    assert!(report.frb[0].1.heaps >= 2);
+    let heaps = report.frb[0].1.heaps;
+    assert!(heaps >= 2);
+    // Counted per output as the beams are (the page was read after the checked heaps went out).
+    for name in ["heaps", "bytes", "samples", "clipped_samples"] {
+        let family = format!("xbgpu_output_frb_{name}_total{{stream=\"fp\"}}");
+        assert!(metrics.contains(&family), "{family} missing:\n{metrics}");
+    }
+    let sent: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("xbgpu_output_frb_heaps_total{stream=\"fp\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!((2..=heaps).contains(&sent), "{sent} of {heaps}");
 }

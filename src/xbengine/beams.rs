@@ -12,7 +12,8 @@
 //! with Δf = bandwidth / N the channel spacing and c0 = `--channel-offset-value`, so that the
 //! kernel's W_ab·e^{jπ·c·d_ab} at local channel c is the phase φ − 2πΔf(c0 + c − N/2)τ: a delay
 //! of τ lags the wave, lowering the phase at a fixed time. A version number changes with every
-//! request, so the coefficients are rebuilt only then (seed 003 §Data flow). Pure.
+//! request, so the coefficients are rebuilt only then (seed 003 §Data flow). `?frb-weights`
+//! (one complex weight per dish of an `--frb-beam`, seed 004 §4.1's W) is parsed here too. Pure.
 #![deny(unsafe_code)]
 
 use num_complex::{Complex32, Complex64};
