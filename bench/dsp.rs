@@ -12,6 +12,7 @@ use cbf::dsp::correlate::{correlate_accumulate, reduce, CorrShape};
 use cbf::dsp::correlate_fast::{self, Correlator};
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
 use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
+use cbf::dsp::frb_fast::{FrbBeamformer, FrbBeams, FrbChunkShape};
 use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
 use cbf::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
 use cbf::dsp::samples::{pack, packed_len, unpack};
@@ -281,6 +282,38 @@ fn xb(c: &mut Criterion) {
     g.bench_function("frb_intensities_64dishes_8x8", |b| {
         b.iter(|| intensities(&grid, fshape, &e, &w))
     });
+    // The engine's CPU FRB beamformer on one thread: a chunk of 16 channels × 256 spectra of
+    // the same 8×8 grid, T_ds 16, into 32×32 beams (seed 004 case 1's factorisable beams) and
+    // into 256 arbitrary beams. Throughput: complex dish samples (dish × channel × spectrum ×
+    // pol).
+    let shape = FrbChunkShape {
+        n_ants: 64,
+        channels: 16,
+        spectra: 256,
+        batches: 1,
+        t_ds: 16,
+    };
+    let x: Vec<i8> = (0..shape.input_len())
+        .map(|i| (i % 23) as i8 - 11)
+        .collect();
+    let present = vec![1u8; 64];
+    let weights = vec![Complex32::new(1.0, 0.0); 64];
+    g.throughput(Throughput::Elements((shape.input_len() / 2) as u64));
+    let list = FrbBeams::List(
+        (0..256)
+            .map(|i| (i as f64 * 0.031, i as f64 * -0.017))
+            .collect(),
+    );
+    for (name, beams) in [
+        ("frb_fast_64dishes_32x32beams", FrbBeams::even(m, n, 32, 32)),
+        ("frb_fast_64dishes_256listbeams", list),
+    ] {
+        let mut former = FrbBeamformer::new(shape, &grid, &beams, 1);
+        let mut out = vec![0f32; former.output_len()];
+        g.bench_function(name, |b| {
+            b.iter(|| former.form(&x, &present, &weights, &mut out))
+        });
+    }
     g.finish();
 }
 

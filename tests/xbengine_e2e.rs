@@ -73,6 +73,7 @@ fn config(in_port: u16, x_port: u16, beam_ports: [u16; 2], bits: u32) -> Xbengin
                 dither: false,
             },
         ],
+        frb_beams: vec![],
         backend: BackendKind::Cpu,
         gpu_device: 0,
         cpu_threads: 2,

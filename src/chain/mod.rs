@@ -275,6 +275,7 @@ pub fn run(
                     dither: true,
                 },
             ],
+            frb_beams: vec![],
             backend: BackendKind::Cpu,
             gpu_device: 0,
             cpu_threads: 1,

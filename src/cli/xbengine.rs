@@ -1,5 +1,6 @@
 //! `cbf xbengine`: the XB-engine (katgpucbf xbgpu's flags, facts §1.2, §1.4): F heaps from
-//! `--array-size` F-engines in, `--corrprod` correlation products and `--beam` beams out.
+//! `--array-size` F-engines in, `--corrprod` correlation products, `--beam` beams and
+//! `--frb-beam` FFT-beamformed intensities out.
 
 use std::net::IpAddr;
 
@@ -11,6 +12,7 @@ use crate::engine::control::ControlConfig;
 use crate::engine::recv::{RecvTransport, SourceConfig};
 use crate::engine::Shutdown;
 use crate::fengine::BackendKind;
+use crate::xbengine::frb_output::FrbBeamOutput;
 use crate::xbengine::output::{BeamOutput, CorrprodOutput};
 use crate::xbengine::{Engine, XbengineConfig};
 
@@ -65,6 +67,10 @@ pub struct XbengineArgs {
     /// A single-polarisation beam: name=…,dst=…,pol=0|1[,dither=uniform|none]; repeatable.
     #[arg(long)]
     pub beam: Vec<String>,
+    /// An FFT ("FRB") beamformer for dishes on a regular grid (seed 004):
+    /// name=…,dst=…,grid=M×N,dish_map=FILE,t_ds=T,beams=P×Q|FILE[,scale=S]; repeatable.
+    #[arg(long)]
+    pub frb_beam: Vec<String>,
     /// Compute backend: `cpu` (src/dsp on the host) or `cuda` (the GPU correlator and
     /// beamformer; needs a CUDA driver and NVRTC).
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
@@ -137,6 +143,11 @@ impl XbengineArgs {
             .iter()
             .map(|t| BeamOutput::parse(t).map_err(|e| CliError::flag("--beam", e)))
             .collect::<Result<Vec<_>, _>>()?;
+        let frb_beams = self
+            .frb_beam
+            .iter()
+            .map(|t| FrbBeamOutput::parse(t).map_err(|e| CliError::flag("--frb-beam", e)))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(XbengineConfig {
             source: SourceConfig {
                 src: self.src.clone(),
@@ -160,6 +171,7 @@ impl XbengineArgs {
             sync_time: self.sync_time,
             corrprods,
             beams,
+            frb_beams,
             backend: self.backend,
             gpu_device: self.gpu_device,
             cpu_threads: self
@@ -211,6 +223,12 @@ pub fn run(args: XbengineArgs) -> Result<(), CliError> {
     for (name, t) in &report.beams {
         println!(
             "xbengine: beam {name}: sent {} heaps, clipped {}, {} bytes",
+            t.heaps, t.clipped, t.bytes
+        );
+    }
+    for (name, t) in &report.frb {
+        println!(
+            "xbengine: frb-beam {name}: sent {} heaps, clipped {}, {} bytes",
             t.heaps, t.clipped, t.bytes
         );
     }
@@ -303,6 +321,41 @@ mod tests {
             "names must be unique"
         );
         assert_eq!(flag_of(&["--cpu-threads=0"]), "--cpu-threads");
+        // --frb-beam: 4 antennas on a 2×3 grid; chunks of 32 batches × 256 spectra.
+        let dir = std::env::temp_dir().join(format!("cbf-cli-frb-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let map = dir.join("map");
+        std::fs::write(&map, "0 0\n0 1\n1 0\n1 2\n").unwrap();
+        let short = dir.join("short");
+        std::fs::write(&short, "0 0\n").unwrap();
+        let frb = |extra: &str, map: &std::path::Path| {
+            format!(
+                "--frb-beam=name=f,dst=239.1.1.2:7148,grid=2x3,dish_map={},beams=4x6,{extra}",
+                map.display()
+            )
+        };
+        assert_eq!(flag_of(&[&frb("t_ds=64", &map)]), "ok");
+        assert_eq!(
+            flag_of(&[&frb("t_ds=3", &map)]),
+            "--frb-beam",
+            "t_ds ∤ 8192"
+        );
+        assert_eq!(
+            flag_of(&[&frb("t_ds=64", &short)]),
+            "--frb-beam",
+            "dishes ≠ antennas"
+        );
+        assert_eq!(flag_of(&[&frb("t_ds=0", &map)]), "--frb-beam");
+        assert_eq!(
+            flag_of(&[&frb("t_ds=64", &map), "--backend=cuda"]),
+            "--frb-beam",
+            "the CUDA backend has no FRB beamformer"
+        );
+        assert_eq!(
+            flag_of(&[&frb("t_ds=64", &map).replace("name=f", "name=bl")]),
+            "--corrprod",
+            "names unique across kinds"
+        );
         assert_eq!(flag_of(&["--recv-ibv"]), "--recv-ibv");
         assert_eq!(flag_of(&["--send-affinity=3"]), "--send-affinity");
         assert_eq!(flag_of(&["--recv-comp-vector=-1"]), "--recv-comp-vector");

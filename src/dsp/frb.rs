@@ -82,6 +82,11 @@ impl DishGrid {
         self.cells.iter().map(|&c| (c / self.cols, c % self.cols))
     }
 
+    /// Grid index m·N + n of each dish, in dish order.
+    pub fn cells(&self) -> &[usize] {
+        &self.cells
+    }
+
     /// Scatter per-dish values onto the grid (`out`: rows·cols, zeroed first).
     pub fn grid(&self, per_dish: &[Complex64], out: &mut [Complex64]) {
         out.fill(Complex64::new(0.0, 0.0));

@@ -10,6 +10,7 @@ pub mod correlate_fast;
 pub mod ddc;
 pub mod delay;
 pub mod frb;
+pub mod frb_fast;
 pub mod pfb;
 pub mod postproc;
 pub mod presence;

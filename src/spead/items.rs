@@ -27,6 +27,8 @@ pub const FENG_RAW_ID: u64 = 0x4300;
 pub const XENG_RAW_ID: u64 = 0x1800;
 pub const BF_RAW_ID: u64 = 0x5000;
 pub const BEAM_ANTS_ID: u64 = 0x5004;
+/// cbf's own (katgpucbf has no FRB beamformer): `xbengine::heaps::FrbHeapFormat`.
+pub const FRB_RAW_ID: u64 = 0x5100;
 
 pub const DESCRIPTOR_NAME_ID: u64 = 0x10;
 pub const DESCRIPTOR_DESCRIPTION_ID: u64 = 0x11;

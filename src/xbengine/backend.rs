@@ -1,14 +1,18 @@
 //! The compute an XB-engine needs, behind one trait so that the engine is written once for the
 //! CPU and CUDA backends (DESIGN "Data flow"): correlation of batch ranges into a per-output
-//! accumulator, the reduce at each dump (seed 001 §Accumulations), and the beamformer per
-//! batch (seed 003). The engine keeps the scheduling (dumps, presence, steering versions).
+//! accumulator, the reduce at each dump (seed 001 §Accumulations), the beamformer per
+//! batch (seed 003) and the FFT beamformer per chunk (seed 004). The engine keeps the
+//! scheduling (dumps, presence, steering versions).
 
 use std::ops::Range;
+
+use num_complex::Complex32;
 
 use crate::dsp::beamform::{Beam, BeamShape};
 use crate::dsp::beamform_fast::Beamformer;
 use crate::dsp::correlate::{unpack_4bit, CorrShape};
 use crate::dsp::correlate_fast::{reduce, Correlator};
+use crate::dsp::frb_fast::{encode_f16, FrbBeamformer};
 
 /// A backend's failure: the engine stops on it.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +73,17 @@ pub struct BeamResult<'a> {
     pub clips: &'a [u64],
 }
 
+/// One `--frb-beam` output's work on the loaded chunk.
+pub struct FrbChunk<'a> {
+    /// The version of `weights` (bumped by every `?frb-weights`): a backend that keeps them
+    /// uploads them only when it changes.
+    pub version: u64,
+    /// Per dish (= antenna): its complex weight.
+    pub weights: &'a [Complex32],
+    /// Batches × antennas, non-zero where the antenna's heap is present (absent: zero).
+    pub present: &'a [u8],
+}
+
 /// How many result slots a backend keeps: the engine reads a chunk's beams after it has
 /// started the next two chunks', so that copies and compute overlap (seed 001
 /// §Synchronization); with two slots (one chunk later) it waited behind the previous chunk's
@@ -101,6 +116,26 @@ pub trait XbBackend: Send {
     fn beamform(&mut self, input: &BeamChunk<'_>) -> Result<usize, BackendError>;
     /// The beams of slot `slot`, waiting for them.
     fn beams(&mut self, slot: usize) -> Result<BeamResult<'_>, BackendError>;
+    /// Start forming FRB output `output`'s intensities over the loaded chunk into `out` (the
+    /// heap's buffer, resized to float16 little-endian (channel, slow time, beam) scaled by the
+    /// output's scale, kept until [`XbBackend::frb_formed`] gives it back). One per output is
+    /// outstanding at a time. Backends without an FRB beamformer refuse; the engine's
+    /// configuration keeps `--frb-beam` off them.
+    fn frb(
+        &mut self,
+        _output: usize,
+        _input: &FrbChunk<'_>,
+        _out: Vec<u8>,
+    ) -> Result<(), BackendError> {
+        Err(BackendError("this backend has no FRB beamformer".into()))
+    }
+    /// FRB output `output`'s outstanding intensities, waiting for them: the buffer and the
+    /// count of values saturated to float16.
+    fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
+        Err(BackendError(format!(
+            "no FRB intensities of output {output} are outstanding"
+        )))
+    }
     /// Page-lock `buffer` (a receive chunk that outlives the backend's use of it) so that
     /// copies from it run at full speed; the CPU backend has nothing to do. The backend
     /// unlocks it when dropped, so it must be dropped before the buffer is freed.
@@ -127,6 +162,17 @@ pub struct CpuBackend {
     beam_data: [Vec<u8>; BEAM_SLOTS],
     beam_clips: [Vec<u64>; BEAM_SLOTS],
     next_slot: usize,
+    frb: Vec<CpuFrb>,
+}
+
+/// One `--frb-beam` output on the CPU.
+struct CpuFrb {
+    former: FrbBeamformer,
+    scale: f32,
+    /// The f32 intensities of the last chunk.
+    intensities: Vec<f32>,
+    /// The outstanding result.
+    formed: Option<(Vec<u8>, u64)>,
 }
 
 impl CpuBackend {
@@ -151,7 +197,23 @@ impl CpuBackend {
             beam_data: Default::default(),
             beam_clips: Default::default(),
             next_slot: 0,
+            frb: Vec::new(),
         }
+    }
+
+    /// With `--frb-beam` outputs: per output its beamformer (over this backend's chunks) and
+    /// float16 scale.
+    pub fn with_frb(mut self, outputs: Vec<(FrbBeamformer, f32)>) -> CpuBackend {
+        self.frb = outputs
+            .into_iter()
+            .map(|(former, scale)| CpuFrb {
+                intensities: vec![0.0; former.output_len()],
+                former,
+                scale,
+                formed: None,
+            })
+            .collect();
+        self
     }
 }
 
@@ -256,5 +318,38 @@ impl XbBackend for CpuBackend {
             data: &self.beam_data[slot],
             clips: &self.beam_clips[slot],
         })
+    }
+
+    fn frb(
+        &mut self,
+        output: usize,
+        input: &FrbChunk<'_>,
+        mut out: Vec<u8>,
+    ) -> Result<(), BackendError> {
+        let f = self
+            .frb
+            .get_mut(output)
+            .ok_or_else(|| BackendError(format!("no FRB output {output}")))?;
+        f.former.form(
+            &self.chunk,
+            input.present,
+            input.weights,
+            &mut f.intensities,
+        );
+        out.resize(2 * f.intensities.len(), 0);
+        let clips = encode_f16(&f.intensities, f.scale, &mut out);
+        f.formed = Some((out, clips));
+        Ok(())
+    }
+
+    fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
+        self.frb
+            .get_mut(output)
+            .and_then(|f| f.formed.take())
+            .ok_or_else(|| {
+                BackendError(format!(
+                    "no FRB intensities of output {output} are outstanding"
+                ))
+            })
     }
 }

@@ -2,6 +2,7 @@
 //! start-up with errors that name the flag at fault, and the plan derived from it.
 #![deny(unsafe_code)]
 
+use super::frb_output::FrbBeamOutput;
 use super::output::{BeamOutput, CorrprodOutput};
 use super::place::XLayout;
 use crate::engine::control::ControlConfig;
@@ -33,6 +34,7 @@ pub struct XbengineConfig {
     pub sync_time: f64,
     pub corrprods: Vec<CorrprodOutput>,
     pub beams: Vec<BeamOutput>,
+    pub frb_beams: Vec<FrbBeamOutput>,
     pub backend: BackendKind,
     /// CUDA device ordinal (with the CUDA backend).
     pub gpu_device: usize,
@@ -126,14 +128,15 @@ impl XbengineConfig {
         if self.cpu_threads == 0 || self.cpu_threads > 1024 {
             return Err(e("--cpu-threads", "must be 1–1024"));
         }
-        if self.corrprods.is_empty() && self.beams.is_empty() {
+        if self.corrprods.is_empty() && self.beams.is_empty() && self.frb_beams.is_empty() {
             return Err(e(
                 "--corrprod",
-                "give at least one --corrprod or --beam output",
+                "give at least one --corrprod, --beam or --frb-beam output",
             ));
         }
         let mut names: Vec<&str> = self.corrprods.iter().map(|c| c.name.as_str()).collect();
         names.extend(self.beams.iter().map(|b| b.name.as_str()));
+        names.extend(self.frb_beams.iter().map(|b| b.name.as_str()));
         for (i, n) in names.iter().enumerate() {
             if names[..i].contains(n) {
                 return Err(e("--corrprod", format!("output name {n:?} used twice")));
@@ -176,6 +179,16 @@ impl XbengineConfig {
                     MAX_CHUNK_BYTES >> 30
                 ),
             ));
+        }
+        for f in &self.frb_beams {
+            if self.backend != BackendKind::Cpu {
+                return Err(e(
+                    "--frb-beam",
+                    "the CUDA backend has no FRB beamformer yet: use --backend cpu",
+                ));
+            }
+            f.check(self.array_size, spectra_per_heap * layout.batches, cps)
+                .map_err(|m| e("--frb-beam", m))?;
         }
         // katgpucbf: enough chunks in flight to cover the reorder tolerance, plus the one
         // being filled.

@@ -1,6 +1,7 @@
 //! The XB-engine's katcp requests and sensors (katgpucbf xbgpu, facts §1.6, §1.7):
 //! `?capture-start stream [timestamp]`, `?capture-stop stream`, `?beam-weights`,
-//! `?beam-delays`, `?beam-quant-gains`. Requests change shared state that the processing
+//! `?beam-delays`, `?beam-quant-gains`, and cbf's `?frb-weights` for `--frb-beam` outputs.
+//! Requests change shared state that the processing
 //! thread picks up at its next chunk; every malformed or impossible request gets a `fail`
 //! naming what was wrong. Beam changes bump the steering version and move
 //! `steady-state-timestamp` to the end of the chunk after the one being processed, the first
@@ -9,8 +10,25 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::beams::{parse_delays, parse_gain, parse_weights, Steering};
+use num_complex::Complex32;
+
+use super::beams::{parse_delays, parse_frb_weights, parse_gain, parse_weights, Steering};
 use crate::control::katcp::{Handler, Sensors, Status};
+
+/// The outputs' names, by kind.
+#[derive(Debug, Clone, Default)]
+pub struct OutputNames {
+    pub corrprods: Vec<String>,
+    pub beams: Vec<String>,
+    pub frb: Vec<String>,
+}
+
+/// One `--frb-beam` output's per-dish weights and their version (bumped by every change).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrbWeights {
+    pub version: u64,
+    pub weights: Vec<Complex32>,
+}
 
 /// Whether an output sends, and from which timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,11 +48,13 @@ impl Capture {
 pub struct XbControl {
     pub sensors: Arc<Sensors>,
     n_ants: usize,
-    /// Output names: correlation products first, then beams.
+    /// Output names: correlation products first, then beams, then FRB beams.
     corrprods: Vec<String>,
     beams: Vec<String>,
+    frb: Vec<String>,
     capture: Mutex<Vec<Capture>>,
     steering: Mutex<Steering>,
+    frb_weights: Mutex<Vec<FrbWeights>>,
     /// First timestamp a request made now is sure to affect (set by the processing thread).
     pub steady: AtomicU64,
 }
@@ -49,12 +69,16 @@ impl XbControl {
     pub fn new(
         sensors: Arc<Sensors>,
         n_ants: usize,
-        corrprods: Vec<String>,
-        beams: Vec<String>,
+        names: OutputNames,
         send_enabled: bool,
         chan_range: (u64, u64),
         dither_seed: u64,
     ) -> XbControl {
+        let OutputNames {
+            corrprods,
+            beams,
+            frb,
+        } = names;
         let range = format!("({}, {})", chan_range.0, chan_range.1);
         sensors.add(
             "steady-state-timestamp",
@@ -145,12 +169,48 @@ impl XbControl {
                 0,
             );
         }
-        let n = corrprods.len() + beams.len();
+        let frb_weights = FrbWeights {
+            version: 1,
+            weights: vec![Complex32::new(1.0, 0.0); n_ants],
+        };
+        for name in &frb {
+            sensors.add(
+                &format!("{name}.chan-range"),
+                "Channels of this output (first, last)",
+                "",
+                "string",
+                &range,
+            );
+            sensors.add(
+                &format!("{name}.weight"),
+                "The complex weights applied to the dishes of this FRB beamformer",
+                "",
+                "string",
+                format_complex_weights(&frb_weights.weights),
+            );
+            sensors.add(
+                &format!("{name}.frb-clip-cnt"),
+                "Number of intensities that saturated float16",
+                "",
+                "integer",
+                0,
+            );
+            sensors.add(
+                &format!("{name}.tx.next-timestamp"),
+                "Timestamp just after the last heap sent",
+                "",
+                "integer",
+                0,
+            );
+        }
+        let n = corrprods.len() + beams.len() + frb.len();
         XbControl {
             sensors,
             n_ants,
+            frb_weights: Mutex::new(vec![frb_weights; frb.len()]),
             corrprods,
             beams,
+            frb,
             capture: Mutex::new(vec![
                 Capture {
                     enabled: send_enabled,
@@ -163,7 +223,13 @@ impl XbControl {
         }
     }
 
-    /// Capture state of output `i` (correlation products first, then beams).
+    /// FRB output `i`'s weights, if their version differs from `version`.
+    pub fn frb_weights_if_changed(&self, i: usize, version: u64) -> Option<FrbWeights> {
+        let w = lock(&self.frb_weights);
+        w.get(i).filter(|w| w.version != version).cloned()
+    }
+
+    /// Capture state of output `i` (correlation products first, then beams, then FRB beams).
     pub fn capture(&self) -> Vec<Capture> {
         lock(&self.capture).clone()
     }
@@ -178,6 +244,7 @@ impl XbControl {
         self.corrprods
             .iter()
             .chain(&self.beams)
+            .chain(&self.frb)
             .position(|n| n == name)
             .ok_or_else(|| format!("no output stream named {name:?}"))
     }
@@ -194,6 +261,11 @@ impl XbControl {
         let mut s = lock(&self.steering);
         change(&mut s);
         s.version += 1;
+        self.note_change()
+    }
+
+    /// Move `steady-state-timestamp` to where a change made now is in force; returns it.
+    fn note_change(&self) -> u64 {
         let steady = self.steady.load(Ordering::Relaxed);
         let cur: u64 = self
             .sensors
@@ -204,6 +276,18 @@ impl XbControl {
             .set("steady-state-timestamp", cur.max(steady), Status::Nominal);
         steady
     }
+}
+
+/// `[re+imj, …]`, as the weights were understood.
+fn format_complex_weights(w: &[Complex32]) -> String {
+    let all: Vec<String> = w
+        .iter()
+        .map(|c| {
+            let sign = if c.im.is_sign_negative() { "" } else { "+" };
+            format!("{:?}{sign}{:?}j", c.re, c.im)
+        })
+        .collect();
+    format!("[{}]", all.join(", "))
 }
 
 fn format_delays(loadmcnt: u64, d: &[(f64, f64)]) -> String {
@@ -236,6 +320,10 @@ impl Handler for XbControl {
             (
                 "beam-quant-gains",
                 "Set a beam's quantiser gain: ?beam-quant-gains beam gain",
+            ),
+            (
+                "frb-weights",
+                "Set an FRB beamformer's complex dish weights: ?frb-weights stream w0 w1 ...",
             ),
         ]
     }
@@ -300,6 +388,25 @@ impl Handler for XbControl {
                 );
                 Ok(vec![])
             })(),
+            "frb-weights" => (|| {
+                let name = stream_arg()?;
+                let i = self
+                    .frb
+                    .iter()
+                    .position(|n| n == name)
+                    .ok_or_else(|| format!("no FRB beam output named {name:?}"))?;
+                let w = parse_frb_weights(&args[1..], self.n_ants)?;
+                let text = format_complex_weights(&w);
+                {
+                    let mut all = lock(&self.frb_weights);
+                    all[i].version += 1;
+                    all[i].weights = w;
+                }
+                self.note_change();
+                self.sensors
+                    .set(&format!("{}.weight", self.frb[i]), text, Status::Nominal);
+                Ok(vec![])
+            })(),
             _ => return None,
         })
     }
@@ -313,8 +420,11 @@ mod tests {
         XbControl::new(
             Arc::new(Sensors::default()),
             3,
-            vec!["bl".into()],
-            vec!["b0".into(), "b1".into()],
+            OutputNames {
+                corrprods: vec!["bl".into()],
+                beams: vec!["b0".into(), "b1".into()],
+                frb: vec!["f0".into()],
+            },
             false,
             (0, 1023),
             42,
@@ -373,5 +483,48 @@ mod tests {
         assert!(call(&c, "beam-quant-gains", &["b0"]).is_err());
         assert!(call(&c, "beam-delays", &["b0", "x", "0:0", "0:0"]).is_err());
         assert!(c.handle("gain", &[]).is_none());
+    }
+
+    #[test]
+    fn frb_weights_are_checked_and_versioned() {
+        let c = control();
+        let v0 = c.frb_weights_if_changed(0, 0).unwrap();
+        assert_eq!(v0.weights, [Complex32::new(1.0, 0.0); 3]);
+        assert!(c.frb_weights_if_changed(0, v0.version).is_none());
+        c.steady.store(8192, Ordering::Relaxed);
+        call(&c, "frb-weights", &["f0", "1", "0.5-2j", "-1j"]).unwrap();
+        let w = c.frb_weights_if_changed(0, v0.version).unwrap();
+        assert_eq!(
+            w.weights,
+            [
+                Complex32::new(1.0, 0.0),
+                Complex32::new(0.5, -2.0),
+                Complex32::new(0.0, -1.0)
+            ]
+        );
+        assert_eq!(
+            c.sensors.get("f0.weight").unwrap().value,
+            "[1.0+0.0j, 0.5-2.0j, 0.0-1.0j]"
+        );
+        assert_eq!(
+            c.sensors.get("steady-state-timestamp").unwrap().value,
+            "8192"
+        );
+        for bad in [
+            &["f0", "1", "1"][..],
+            &["f0", "1", "1", "1", "1"],
+            &["f0", "1", "x", "1"],
+            &["f0", "1", "nan", "1"],
+            &["b0", "1", "1", "1"],
+            &[],
+        ] {
+            assert!(call(&c, "frb-weights", bad).is_err(), "{bad:?}");
+        }
+        assert!(call(&c, "frb-weights", &["f0", "1"])
+            .unwrap_err()
+            .contains("expected 3"));
+        assert_eq!(c.frb_weights_if_changed(0, 0).unwrap().version, w.version);
+        call(&c, "capture-stop", &["f0"]).unwrap();
+        assert!(!c.capture()[3].sends(0));
     }
 }

@@ -2,8 +2,8 @@
 //! [`XbengineConfig`], it receives F heaps into chunks of `--heaps-per-fengine-per-chunk`
 //! batches through the shared receive threads, correlates each `--corrprod` output into its own
 //! accumulator with dumps at their own multiples ([`super::accum`]), forms every `--beam` per
-//! batch, and hands X and beam heaps to one send thread per output kind. A test can run it
-//! in-process.
+//! batch and every `--frb-beam` per chunk ([`super::frb`]), and hands X, beam and FRB heaps to
+//! send threads. A test can run it in-process.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use super::accum::{Step, Verdict};
 use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape, BEAM_SLOTS};
 use super::config::{Plan, XbengineConfig};
-use super::control::XbControl;
+use super::control::{OutputNames, XbControl};
 use super::cuda::CudaBackend;
+use super::frb::{self, FrbOutput};
 use super::heaps::BeamMeta;
-use super::metrics::{self, BTotals, InputTotals, XTotals};
+use super::metrics::{self, BTotals, FrbTotals, InputTotals, XTotals};
 use super::outputs::{band, beam_outputs, x_output, BeamOutputs, XOutput};
 use super::place::{ITEMS, REJECT_REASONS};
 use crate::control::katcp::{Sensors, Status};
@@ -53,6 +54,7 @@ pub struct XbengineReport {
     pub rx: StatsSnapshot,
     pub x: Vec<(String, XTotals)>,
     pub beams: Vec<(String, BTotals)>,
+    pub frb: Vec<(String, FrbTotals)>,
 }
 
 pub struct Engine {
@@ -68,6 +70,7 @@ pub struct Engine {
     metrics: Metrics,
     x: Vec<XOutput>,
     beams: Option<BeamOutputs>,
+    frb: Vec<FrbOutput>,
     /// Chunks' beams queued on the backend, oldest first (at most `BEAM_SLOTS` − 1 between
     /// chunks).
     pending: VecDeque<PendingBeams>,
@@ -91,7 +94,9 @@ impl Engine {
             threads: config.cpu_threads,
         };
         let mut backend: Box<dyn XbBackend> = match config.backend {
-            BackendKind::Cpu => Box::new(CpuBackend::new(shape, layout.batches)),
+            BackendKind::Cpu => Box::new(
+                CpuBackend::new(shape, layout.batches).with_frb(frb::cpu_formers(&config, &plan)),
+            ),
             BackendKind::Cuda => {
                 let gpu =
                     Gpu::open(config.gpu_device).map_err(|e| ConfigError::new("--backend", e))?;
@@ -126,8 +131,11 @@ impl Engine {
         let control = Arc::new(XbControl::new(
             Arc::clone(&sensors),
             config.array_size,
-            config.corrprods.iter().map(|c| c.name.clone()).collect(),
-            config.beams.iter().map(|b| b.name.clone()).collect(),
+            OutputNames {
+                corrprods: config.corrprods.iter().map(|c| c.name.clone()).collect(),
+                beams: config.beams.iter().map(|b| b.name.clone()).collect(),
+                frb: config.frb_beams.iter().map(|b| b.name.clone()).collect(),
+            },
             config.send_enabled,
             (
                 config.channel_offset_value,
@@ -156,6 +164,9 @@ impl Engine {
         for b in &config.beams {
             metrics.touch_all("output_b_", &[&b.name]);
         }
+        for f in &config.frb_beams {
+            metrics.touch_all("output_frb_", &[&f.name]);
+        }
         let x = config
             .corrprods
             .iter()
@@ -166,6 +177,7 @@ impl Engine {
         } else {
             Some(beam_outputs(&config, &plan, &shutdown)?)
         };
+        let frb = frb::frb_outputs(&config, &plan, &shutdown)?;
         Ok(Engine {
             config,
             plan,
@@ -177,6 +189,7 @@ impl Engine {
             backend,
             x,
             beams,
+            frb,
             pending: VecDeque::with_capacity(BEAM_SLOTS),
             dumps_before: Vec::new(),
             dumps_now: Vec::new(),
@@ -209,6 +222,9 @@ impl Engine {
         if let Some(b) = &mut self.beams {
             tail = tail.and(b.sink.join());
         }
+        for f in &mut self.frb {
+            tail = tail.and(f.join());
+        }
         let rx = self.receivers.join();
         let input = result?;
         tail?;
@@ -220,6 +236,11 @@ impl Engine {
                 .beams
                 .iter()
                 .flat_map(|b| b.names.iter().cloned().zip(b.totals.iter().copied()))
+                .collect(),
+            frb: self
+                .frb
+                .iter()
+                .map(|f| (f.name.clone(), f.totals))
                 .collect(),
         })
     }
@@ -336,8 +357,19 @@ impl Engine {
                 }
             }
         }
-        let formed = self.beamform(chunk, first, &capture[self.x.len()..])?;
+        let n_beams = self.config.beams.len();
+        let beam_capture = &capture[self.x.len()..self.x.len() + n_beams];
+        let formed = self.beamform(chunk, first, beam_capture)?;
         self.pending.extend(formed);
+        frb::start(
+            &mut self.frb,
+            self.backend.as_mut(),
+            &self.control,
+            &capture[self.x.len() + n_beams..],
+            first,
+            &chunk.present,
+            layout.n_ants,
+        )?;
         // Beams of two chunks back, while this chunk's copy runs: by then the backend has
         // long finished them (one chunk back, the engine waited behind that chunk's
         // correlation and idled the copy engine).
@@ -352,7 +384,13 @@ impl Engine {
             x.sink.check()?;
             metrics::x_output(&self.metrics, &x.name, &x.totals);
         }
-        Ok(())
+        frb::finish(
+            &mut self.frb,
+            self.backend.as_mut(),
+            &self.control,
+            &self.metrics,
+            layout.chunk_step(),
+        )
     }
 
     /// Send every beam heap and dump still held for overlap.

@@ -2,12 +2,13 @@
 //! in every packet). An X heap is one dump: timestamp, frequency (this engine's first
 //! channel), xeng_raw int32 little-endian of shape (channels per substream, baselines × 4, 2).
 //! A beam heap is one batch of one beam: timestamp, frequency, beam_ants (antennas present in
-//! the sum) and bf_raw int8 of shape (channels per substream, spectra per heap, 2).
+//! the sum) and bf_raw int8 of shape (channels per substream, spectra per heap, 2). An FRB heap
+//! is one chunk of one `--frb-beam` output ([`FrbHeapFormat`]).
 #![deny(unsafe_code)]
 
 use crate::engine::send::HeapFormat;
 use crate::spead::items::{
-    Descriptor, BEAM_ANTS_ID, BF_RAW_ID, FREQUENCY_ID, TIMESTAMP_ID, XENG_RAW_ID,
+    Descriptor, BEAM_ANTS_ID, BF_RAW_ID, FRB_RAW_ID, FREQUENCY_ID, TIMESTAMP_ID, XENG_RAW_ID,
 };
 use crate::spead::send::Heap;
 use crate::spead::Flavour;
@@ -163,6 +164,94 @@ impl HeapFormat for BeamHeapFormat {
                     2,
                 ],
                 "|i1",
+            ),
+            f,
+        );
+        h
+    }
+}
+
+/// One `--frb-beam` output's heaps (cbf's own format; seed 004 leaves the packet format open):
+/// one substream, one heap per receive chunk of `--heaps-per-fengine-per-chunk` batches, SPEAD-64-48
+/// with every pointer in every packet, items
+///
+/// | id | name | value |
+/// |---|---|---|
+/// | 0x1600 | `timestamp` | ADC timestamp of the chunk's first spectrum (immediate, u48) |
+/// | 0x4103 | `frequency` | this engine's first channel (immediate, u48) |
+/// | 0x5004 | `beam_ants` | antennas present in every batch of the heap (immediate, u48) |
+/// | 0x5100 | `frb_raw` | `<f2` (IEEE float16, little-endian), shape (channels per substream, slow times, beams) |
+///
+/// where slow time s sums the chunk's spectra s·T_ds … (s+1)·T_ds − 1 and `frb_raw` holds
+/// scale · J (J of seed 004 eq. 3 with weights, both polarisations), saturated at ±65504.
+/// Missing antennas contribute nothing; a chunk with none present sends no heap.
+pub struct FrbHeapFormat {
+    pub channels_per_substream: usize,
+    pub slow: usize,
+    pub beams: usize,
+    pub channel_offset: u64,
+}
+
+/// What travels with an FRB heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrbMeta {
+    pub timestamp: u64,
+    pub beam_ants: u64,
+}
+
+impl FrbHeapFormat {
+    /// float16 values of one heap.
+    pub fn values(&self) -> usize {
+        self.channels_per_substream * self.slow * self.beams
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        2 * self.values()
+    }
+}
+
+impl HeapFormat for FrbHeapFormat {
+    type Meta = FrbMeta;
+
+    fn substreams(&self) -> usize {
+        1
+    }
+
+    fn heap<'a>(&self, data: &'a [u8], meta: &FrbMeta, _substream: usize) -> Option<Heap<'a>> {
+        let mut h = Heap::new();
+        h.repeat_pointers = true;
+        h.add_immediate(TIMESTAMP_ID, meta.timestamp)
+            .add_immediate(FREQUENCY_ID, self.channel_offset)
+            .add_immediate(BEAM_ANTS_ID, meta.beam_ants)
+            .add_bytes(FRB_RAW_ID, data);
+        Some(h)
+    }
+
+    fn descriptors(&self, _substream: usize) -> Heap<'static> {
+        let f = Flavour::SPEAD_64_48;
+        let mut h = Heap::new();
+        common_descriptors(&mut h);
+        h.add_descriptor(
+            &Descriptor::with_format(
+                BEAM_ANTS_ID,
+                "beam_ants",
+                "Number of antennas present in every batch of the heap",
+                &[],
+                &U48,
+            ),
+            f,
+        )
+        .add_descriptor(
+            &Descriptor::with_dtype(
+                FRB_RAW_ID,
+                "frb_raw",
+                "FRB beam intensities times scale (channel, slow time, beam)",
+                &[
+                    self.channels_per_substream as u64,
+                    self.slow as u64,
+                    self.beams as u64,
+                ],
+                "<f2",
             ),
             f,
         );

@@ -1,10 +1,11 @@
-//! xbgpu's Prometheus metrics under katgpucbf's names (facts §1.8; namespace `xbgpu`).
+//! xbgpu's Prometheus metrics under katgpucbf's names (facts §1.8; namespace `xbgpu`), and
+//! cbf's `output_frb_*` for `--frb-beam` outputs (katgpucbf has none), named as the beams' are.
 
 use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS};
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, labels) of every metric.
-pub const METRICS: [MetricSpec; 20] = [
+pub const METRICS: [MetricSpec; 24] = [
     ("input_heaps", "F heaps received", &[]),
     (
         "input_samples",
@@ -73,6 +74,22 @@ pub const METRICS: [MetricSpec; 20] = [
         "Beam samples saturated",
         &["stream"],
     ),
+    ("output_frb_heaps", "FRB heaps sent", &["stream"]),
+    (
+        "output_frb_bytes",
+        "FRB heap payload bytes sent",
+        &["stream"],
+    ),
+    (
+        "output_frb_samples",
+        "FRB intensities sent (channels x slow times x beams)",
+        &["stream"],
+    ),
+    (
+        "output_frb_clipped_samples",
+        "FRB intensities saturated to float16",
+        &["stream"],
+    ),
 ];
 
 pub fn new() -> Result<Metrics, prometheus::Error> {
@@ -102,6 +119,15 @@ pub struct XTotals {
 /// One beam's totals.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct BTotals {
+    pub heaps: u64,
+    pub bytes: u64,
+    pub samples: u64,
+    pub clipped: u64,
+}
+
+/// One `--frb-beam` output's totals.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FrbTotals {
     pub heaps: u64,
     pub bytes: u64,
     pub samples: u64,
@@ -140,4 +166,11 @@ pub fn b_output(m: &Metrics, stream: &str, t: &BTotals) {
     m.set("output_b_bytes", &[stream], t.bytes);
     m.set("output_b_samples", &[stream], t.samples);
     m.set("output_b_clipped_samples", &[stream], t.clipped);
+}
+
+pub fn frb_output(m: &Metrics, stream: &str, t: &FrbTotals) {
+    m.set("output_frb_heaps", &[stream], t.heaps);
+    m.set("output_frb_bytes", &[stream], t.bytes);
+    m.set("output_frb_samples", &[stream], t.samples);
+    m.set("output_frb_clipped_samples", &[stream], t.clipped);
 }

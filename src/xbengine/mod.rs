@@ -1,10 +1,11 @@
-//! The XB-engine (seed 001, seed 003): F heaps in, baseline correlation products and coherent
-//! beams out, with katgpucbf xbgpu's flags, wire formats, requests, sensors and metrics.
-//! [`config`] validates the flags, [`output`] parses `--corrprod` and `--beam`, [`place`] puts
-//! F heaps into chunks, [`accum`] schedules correlation and dumps, [`beams`] turns katcp
-//! steering into beamformer coefficients, [`backend`] is the compute (CPU now), [`heaps`] the
-//! X and beam heaps on the wire, `outputs` their send streams, [`control`] serves katcp, [`metrics`] names the Prometheus
-//! counters, and [`engine`] wires them to the shared receive and send threads.
+//! The XB-engine (seed 001, seed 003, seed 004): F heaps in, baseline correlation products,
+//! coherent beams and FFT ("FRB") beam intensities out, with katgpucbf xbgpu's flags, wire
+//! formats, requests, sensors and metrics. [`config`] validates the flags, [`output`] parses
+//! `--corrprod` and `--beam`, [`frb_output`] `--frb-beam`, [`place`] puts F heaps into chunks,
+//! [`accum`] schedules correlation and dumps, [`beams`] turns katcp steering into beamformer
+//! coefficients, [`backend`] is the compute, [`heaps`] the X, beam and FRB heaps on the wire,
+//! `outputs` and `frb` their send streams, [`control`] serves katcp, [`metrics`] names the
+//! Prometheus counters, and [`engine`] wires them to the shared receive and send threads.
 
 pub mod accum;
 pub mod backend;
@@ -13,6 +14,8 @@ pub mod config;
 pub mod control;
 pub mod cuda;
 pub mod engine;
+mod frb;
+pub mod frb_output;
 pub mod heaps;
 pub mod metrics;
 pub mod output;

@@ -27,7 +27,7 @@ pub struct BeamOutput {
 }
 
 /// `key=value` pairs of a sub-option string, each key at most once.
-fn pairs(text: &str) -> Result<Vec<(&str, &str)>, String> {
+pub(super) fn pairs(text: &str) -> Result<Vec<(&str, &str)>, String> {
     let mut out: Vec<(&str, &str)> = Vec::new();
     for part in text.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part
@@ -42,7 +42,7 @@ fn pairs(text: &str) -> Result<Vec<(&str, &str)>, String> {
 }
 
 /// One endpoint (`A.B.C.D:port`); a range or list is refused.
-fn one_endpoint(v: &str) -> Result<SocketAddrV4, String> {
+pub(super) fn one_endpoint(v: &str) -> Result<SocketAddrV4, String> {
     match parse_endpoints(v)
         .map_err(|e| format!("dst: {e}"))?
         .as_slice()
@@ -55,7 +55,7 @@ fn one_endpoint(v: &str) -> Result<SocketAddrV4, String> {
     }
 }
 
-fn valid_name(name: &str) -> Result<String, String> {
+pub(super) fn valid_name(name: &str) -> Result<String, String> {
     // Names become sensor names (`{name}.xeng-clip-cnt`) and metric labels.
     if name.is_empty()
         || !name

@@ -17,7 +17,7 @@ use crate::engine::{EngineError, Shutdown};
 use crate::spead::send::SendStreamConfig;
 
 /// katgpucbf's descriptor interval.
-const DESCRIPTOR_PERIOD: Duration = Duration::from_secs(5);
+pub(super) const DESCRIPTOR_PERIOD: Duration = Duration::from_secs(5);
 /// Bytes of packet header and item pointers per packet of X and beam heaps (facts §1.9).
 const X_PREAMBLE: usize = 64;
 const B_PREAMBLE: usize = 72;
@@ -67,12 +67,17 @@ pub(super) fn band(config: &XbengineConfig, plan: &Plan) -> Band {
 }
 
 /// The wire rate of heaps of `heap_bytes` every `seconds`, with `preamble` bytes per packet.
-fn rate(config: &XbengineConfig, heap_bytes: usize, preamble: usize, seconds: f64) -> f64 {
+pub(super) fn rate(
+    config: &XbengineConfig,
+    heap_bytes: usize,
+    preamble: usize,
+    seconds: f64,
+) -> f64 {
     let packets = heap_bytes.div_ceil(config.send_packet_payload);
     (heap_bytes + packets * preamble) as f64 / seconds * config.send_rate_factor
 }
 
-fn stream_spec(
+pub(super) fn stream_spec(
     config: &XbengineConfig,
     dst: Vec<std::net::SocketAddrV4>,
     preamble: usize,

@@ -1,0 +1,196 @@
+//! The XB-engine's `--frb-beam` outputs (seed 004): per output a send stream and thread
+//! (one substream, [`FrbHeapFormat`]), paced at one heap per chunk; the engine starts every
+//! captured output's FFT beamformer on a chunk after its beams ([`start`]) and sends the heaps
+//! once the chunk's other work is out ([`finish`]). `?frb-weights` reaches the backend at the
+//! next chunk.
+
+use std::time::Instant;
+
+use num_complex::Complex32;
+
+use super::backend::{FrbChunk, XbBackend};
+use super::config::{Plan, XbengineConfig};
+use super::control::{Capture, XbControl};
+use super::frb_output::FrbBeamOutput;
+use super::heaps::{FrbHeapFormat, FrbMeta};
+use super::metrics::{self, FrbTotals};
+use super::outputs::{rate, stream_spec, DESCRIPTOR_PERIOD};
+use crate::control::katcp::Status;
+use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
+use crate::engine::metrics::Metrics;
+use crate::engine::send::{DescriptorSchedule, HeapSink};
+use crate::engine::{EngineError, Shutdown};
+
+/// Bytes of packet header and item pointers per packet (8 pointers, as a beam heap's).
+const FRB_PREAMBLE: usize = 72;
+
+/// One `--frb-beam` output.
+pub(super) struct FrbOutput {
+    pub(super) name: String,
+    sink: HeapSink<FrbMeta>,
+    heap_bytes: usize,
+    weights_version: u64,
+    weights: Vec<Complex32>,
+    pub(super) totals: FrbTotals,
+    /// The heap started on the backend for the current chunk.
+    started: Option<FrbMeta>,
+}
+
+impl FrbOutput {
+    pub(super) fn join(&mut self) -> Result<(), EngineError> {
+        self.sink.join()
+    }
+}
+
+/// The shape of chunk the FRB beamformers read.
+fn chunk_shape(config: &XbengineConfig, plan: &Plan, f: &FrbBeamOutput) -> FrbChunkShape {
+    FrbChunkShape {
+        n_ants: config.array_size,
+        channels: config.channels_per_substream,
+        spectra: plan.spectra_per_heap,
+        batches: plan.layout.batches,
+        t_ds: f.t_ds,
+    }
+}
+
+/// The CPU backend's beamformers and float16 scales, one per output.
+pub(super) fn cpu_formers(config: &XbengineConfig, plan: &Plan) -> Vec<(FrbBeamformer, f32)> {
+    config
+        .frb_beams
+        .iter()
+        .map(|f| {
+            let shape = chunk_shape(config, plan, f);
+            let former = FrbBeamformer::new(shape, &f.grid, &f.beams, config.cpu_threads);
+            (former, f.scale() as f32)
+        })
+        .collect()
+}
+
+/// Open every output's send stream and thread.
+pub(super) fn frb_outputs(
+    config: &XbengineConfig,
+    plan: &Plan,
+    shutdown: &Shutdown,
+) -> Result<Vec<FrbOutput>, EngineError> {
+    let chunk_s = plan.layout.chunk_step() as f64 / config.adc_sample_rate;
+    config
+        .frb_beams
+        .iter()
+        .map(|f| {
+            let format = FrbHeapFormat {
+                channels_per_substream: config.channels_per_substream,
+                slow: chunk_shape(config, plan, f).slow(),
+                beams: f.beams.len(),
+                channel_offset: config.channel_offset_value,
+            };
+            let heap_bytes = format.heap_bytes();
+            let r = rate(config, heap_bytes, FRB_PREAMBLE, chunk_s);
+            let stream = stream_spec(config, vec![f.dst], FRB_PREAMBLE, r).open()?;
+            tracing::info!(output = %f.name, beams = f.beams.len(), t_ds = f.t_ds, rate_gbps = r * 8e-9, "FRB beams");
+            let sink = HeapSink::spawn(
+                &format!("xbengine-tx-{}", f.name),
+                stream,
+                format,
+                DescriptorSchedule {
+                    first: Instant::now() + DESCRIPTOR_PERIOD,
+                    period: DESCRIPTOR_PERIOD,
+                },
+                2,
+                heap_bytes,
+                shutdown,
+            )?;
+            Ok(FrbOutput {
+                name: f.name.clone(),
+                sink,
+                heap_bytes,
+                weights_version: 0,
+                weights: Vec::new(),
+                totals: FrbTotals::default(),
+                started: None,
+            })
+        })
+        .collect()
+}
+
+/// Start every captured output on the loaded chunk (first timestamp `first`, presence
+/// `present`, batch-major with `n_ants` per batch); a chunk with no antenna sends nothing.
+pub(super) fn start(
+    outputs: &mut [FrbOutput],
+    backend: &mut dyn XbBackend,
+    control: &XbControl,
+    capture: &[Capture],
+    first: u64,
+    present: &[u8],
+    n_ants: usize,
+) -> Result<(), EngineError> {
+    if !present.iter().any(|&p| p != 0) {
+        return Ok(());
+    }
+    let beam_ants = (0..n_ants)
+        .filter(|&a| present.chunks_exact(n_ants).all(|batch| batch[a] != 0))
+        .count() as u64;
+    for (i, (f, c)) in outputs.iter_mut().zip(capture).enumerate() {
+        if !c.sends(first) {
+            continue;
+        }
+        if let Some(w) = control.frb_weights_if_changed(i, f.weights_version) {
+            f.weights = w.weights;
+            f.weights_version = w.version;
+        }
+        let buf = f
+            .sink
+            .buffer()
+            .ok_or_else(|| EngineError::Send("FRB send thread stopped".into()))?;
+        let input = FrbChunk {
+            version: f.weights_version,
+            weights: &f.weights,
+            present,
+        };
+        backend
+            .frb(i, &input, buf)
+            .map_err(|e| EngineError::Backend(e.to_string()))?;
+        f.started = Some(FrbMeta {
+            timestamp: first,
+            beam_ants,
+        });
+    }
+    Ok(())
+}
+
+/// Send the heaps [`start`] began; `chunk_step` is a chunk's span of timestamps.
+pub(super) fn finish(
+    outputs: &mut [FrbOutput],
+    backend: &mut dyn XbBackend,
+    control: &XbControl,
+    m: &Metrics,
+    chunk_step: u64,
+) -> Result<(), EngineError> {
+    for (i, f) in outputs.iter_mut().enumerate() {
+        let Some(meta) = f.started.take() else {
+            continue;
+        };
+        let (buf, clips) = backend
+            .frb_formed(i)
+            .map_err(|e| EngineError::Backend(e.to_string()))?;
+        let t = &mut f.totals;
+        t.heaps += 1;
+        t.bytes += f.heap_bytes as u64;
+        t.samples += (f.heap_bytes / 2) as u64;
+        t.clipped += clips;
+        let s = &control.sensors;
+        s.set(
+            &format!("{}.frb-clip-cnt", f.name),
+            t.clipped,
+            Status::Nominal,
+        );
+        s.set(
+            &format!("{}.tx.next-timestamp", f.name),
+            meta.timestamp + chunk_step,
+            Status::Nominal,
+        );
+        f.sink.send(buf, meta);
+        f.sink.check()?;
+        metrics::frb_output(m, &f.name, &f.totals);
+    }
+    Ok(())
+}
