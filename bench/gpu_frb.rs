@@ -3,7 +3,8 @@
 //! beside them. Run CHORD's kernel (`../shared/peers/chord_frb_bench`, case 5) in the same
 //! device call for the ratio. Also printed: the device-to-device copy ceiling measured here
 //! (the input is read once: its share of the time at that rate) and the tensor-core rate the
-//! kernel's MMAs reach (fp16 `mma.sync` m16n8k16, counted as issued, padding included).
+//! kernel's MMAs reach (fp16 `mma.sync` m16n8k16, counted as issued, padding included). The
+//! second stage (`gpu::frb_resample`, float32 cuBLAS) is timed apart at case 5.
 //!
 //! Input lives in device memory (random bytes: any byte is a valid sample); every time is the
 //! median of event-timed calls after warm-ups. Run `cbf selftest --gpu` first: a figure counts
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use cbf::dsp::frb::DishGrid;
 use cbf::gpu::compile::Kernel;
 use cbf::gpu::frb::{FrbConfig, FrbStage1};
+use cbf::gpu::frb_resample::{FrbBeamSet, FrbResampler};
 use cbf::gpu::{Gpu, GpuError};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
@@ -235,6 +237,45 @@ fn measure(
     Ok(())
 }
 
+/// The second stage at case 5 (one call's slow samples for every channel): a 96×96 beam grid
+/// and seed 004 Table 4's 10·MN = 5760 listed beams, float32 cuBLAS.
+fn measure_stage2(gpu: &Arc<Gpu>, reps: usize) -> Result<(), GpuError> {
+    let case = &CASES[4];
+    let times = 2064;
+    let rows = case.channels * (times / case.t_ds);
+    let real = times as f64 * case.t_s * 1e-6;
+    let plane = 4 * case.rows * case.cols;
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let i: Vec<f32> = (0..rows * plane)
+        .map(|_| (xorshift(&mut seed) % 1000) as f32)
+        .collect();
+    let input = gpu.compute.clone_htod(&i)?;
+    let mut theta = |side: usize| (xorshift(&mut seed) % (2000 * side as u64)) as f64 * 1e-3;
+    let grid = FrbBeamSet::Grid(
+        (0..96).map(|_| theta(case.rows)).collect(),
+        (0..96).map(|_| theta(case.cols)).collect(),
+    );
+    let list = FrbBeamSet::List(
+        (0..10 * case.rows * case.cols)
+            .map(|_| (theta(case.rows), theta(case.cols)))
+            .collect(),
+    );
+    for (name, set) in [("96×96 beam grid", grid), ("5760 listed beams", list)] {
+        let mut op = FrbResampler::new(gpu, case.rows, case.cols, set, rows)?;
+        let mut out = gpu.compute.alloc_zeros::<f32>(rows * op.beams())?;
+        let t = timed(gpu, reps, &mut || {
+            op.resample(&input.as_view(), rows, &mut out)
+        })?;
+        println!(
+            "RESULT frb_stage2 case 5 {name:<18} {rows} rows {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time",
+            t * 1e3,
+            real * 1e3,
+            100.0 * t / real
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), GpuError> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -265,6 +306,7 @@ fn main() -> Result<(), GpuError> {
     for case in &CASES {
         measure(&gpu, case, None, None, copy, reps)?;
     }
+    measure_stage2(&gpu, reps)?;
     if !quick {
         for (tb, groups) in [(4, 2), (8, 2), (4, 4)] {
             measure(&gpu, &CASES[4], Some(tb), Some(groups), copy, reps)?;

@@ -12,6 +12,7 @@ pub mod compile;
 pub mod correlate;
 pub mod fft;
 pub mod frb;
+pub mod frb_resample;
 pub mod memory;
 pub mod pfb;
 pub mod postproc;

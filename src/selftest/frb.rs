@@ -4,7 +4,8 @@
 //! seed's grid shapes (8×12, 16×20, 24×24), an odd tiny grid (5×3) and partly filled grids,
 //! random dish maps, `t_ds` 1, 3, 7 and 40 with slow samples running across calls (each case
 //! makes two or three calls whose lengths `t_ds` does not divide), several batches per call,
-//! −128 in the input, and weights of varied magnitude per (channel, dish, pol).
+//! −128 in the input, and weights of varied magnitude per (channel, dish, pol). The second stage
+//! (`gpu::frb_resample`) is checked against `dsp::frb`'s resampling, beam lists and beam grids.
 
 use std::sync::Arc;
 
@@ -15,8 +16,9 @@ use rand::{Rng, SeedableRng};
 use rustfft::FftPlanner;
 
 use super::Check;
-use crate::dsp::frb::{intensities, DishGrid, FrbShape};
+use crate::dsp::frb::{intensities, resample, resample_factorised, u_sum, DishGrid, FrbShape};
 use crate::gpu::frb::{error_bound, FrbConfig, FrbStage1};
+use crate::gpu::frb_resample::{FrbBeamSet, FrbResampler};
 use crate::gpu::{Gpu, GpuError};
 
 struct Case {
@@ -172,6 +174,85 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
     })
 }
 
+/// The second stage (`gpu::frb_resample`) against `dsp::frb::resample{,_factorised}` on random
+/// intensities, every beam within the float32 GEMM bound of the module doc.
+fn check_resample(
+    gpu: &Arc<Gpu>,
+    rng: &mut SmallRng,
+    (m, n): (usize, usize),
+    set: FrbBeamSet,
+    rows: usize,
+) -> Result<Check, GpuError> {
+    let (pm, pn) = (2 * m, 2 * n);
+    let i: Vec<f32> = (0..rows * pm * pn)
+        .map(|_| rng.random_range(0.0f32..1000.0))
+        .collect();
+    let mut op = FrbResampler::new(gpu, m, n, set.clone(), rows)?;
+    let input = gpu.compute.clone_htod(&i)?;
+    let mut out = gpu.compute.alloc_zeros::<f32>(rows * set.beams())?;
+    op.resample(&input.as_view(), rows, &mut out)?;
+    let got = gpu.compute.clone_dtoh(&out)?;
+    let exact: Vec<f64> = i.iter().map(|&v| f64::from(v)).collect();
+    let u_abs = |len: usize, side: usize, t: f64| -> Vec<f64> {
+        (0..len).map(|p| u_sum(p, side, t).abs()).collect()
+    };
+    let (want, bound): (Vec<f64>, Vec<f64>) = match &set {
+        FrbBeamSet::List(beams) => {
+            let want = resample(&exact, m, n, beams);
+            let k = (pm * pn) as f64;
+            let mut bound = vec![0.0; want.len()];
+            for (b, &(t, t2)) in beams.iter().enumerate() {
+                let (u, u2) = (u_abs(pm, m, t), u_abs(pn, n, t2));
+                for r in 0..rows {
+                    let s: f64 = (0..pm * pn)
+                        .map(|x| exact[r * pm * pn + x] * u[x / pn] * u2[x % pn])
+                        .sum();
+                    bound[r * beams.len() + b] = (k + 2.0) * 2f64.powi(-24) * s;
+                }
+            }
+            (want, bound)
+        }
+        FrbBeamSet::Grid(a, b) => {
+            let want = resample_factorised(&exact, m, n, a, b);
+            let mut bound = vec![0.0; want.len()];
+            for r in 0..rows {
+                for (ia, &t) in a.iter().enumerate() {
+                    let u = u_abs(pm, m, t);
+                    for (ib, &t2) in b.iter().enumerate() {
+                        let u2 = u_abs(pn, n, t2);
+                        let s: f64 = (0..pm * pn)
+                            .map(|x| exact[r * pm * pn + x] * u[x / pn] * u2[x % pn])
+                            .sum();
+                        bound[(r * a.len() + ia) * b.len() + ib] =
+                            (pm + pn + 4) as f64 * 2f64.powi(-24) * s;
+                    }
+                }
+            }
+            (want, bound)
+        }
+    };
+    let worst = got
+        .iter()
+        .zip(&want)
+        .zip(&bound)
+        .map(|((g, w), lim)| (f64::from(*g) - w).abs() / lim)
+        .fold(0.0f64, f64::max);
+    let kind = match &set {
+        FrbBeamSet::List(b) => format!("{} listed beams", b.len()),
+        FrbBeamSet::Grid(a, b) => format!("{}×{} beam grid", a.len(), b.len()),
+    };
+    Ok(Check {
+        name: format!("frb stage 2 {m:>2}×{n:<2} {kind} {rows} rows"),
+        measured: worst,
+        limit: 1.0,
+        pass: got.len() == want.len() && worst <= 1.0,
+        note: format!(
+            "largest error / float32 GEMM bound {worst:.3} over {} beams",
+            want.len()
+        ),
+    })
+}
+
 pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xf4b5_7a9e);
     let c = |rows, cols, dishes, t_ds, channels, spectra, batches, calls| Case {
@@ -184,7 +265,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         batches,
         calls,
     };
-    [
+    let mut checks = [
         c(5, 3, 15, 1, 2, 7, 1, 2),
         c(8, 12, 64, 3, 3, 16, 2, 3),
         c(16, 20, 256, 7, 2, 24, 2, 2),
@@ -193,5 +274,23 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     ]
     .iter()
     .map(|case| check(gpu, &mut rng, case))
-    .collect()
+    .collect::<Result<Vec<_>, _>>()?;
+    for (grid, a, b, rows) in [
+        ((3, 4), 7, 0, 5),
+        ((8, 12), 5, 7, 11),
+        ((24, 24), 48, 48, 4),
+        ((24, 24), 100, 0, 3),
+    ] {
+        let mut theta = |side: usize| rng.random_range(-(side as f64)..2.0 * side as f64);
+        let set = if b == 0 {
+            FrbBeamSet::List((0..a).map(|_| (theta(grid.0), theta(grid.1))).collect())
+        } else {
+            FrbBeamSet::Grid(
+                (0..a).map(|_| theta(grid.0)).collect(),
+                (0..b).map(|_| theta(grid.1)).collect(),
+            )
+        };
+        checks.push(check_resample(gpu, &mut rng, grid, set, rows)?);
+    }
+    Ok(checks)
 }
