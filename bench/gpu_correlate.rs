@@ -14,15 +14,11 @@ use cbf::dsp::correlate::{n_baselines, CorrShape};
 use cbf::gpu::compile::Kernel;
 use cbf::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use cbf::gpu::{Gpu, GpuError};
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-const DENSE_PEAK: f64 = 1979e12;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+#[path = "timing.rs"]
+mod timing;
+use timing::timed;
 
 /// Random bytes (any byte string is valid int8 input).
 fn fill(buf: &mut [u8], seed: u64) {
@@ -35,29 +31,7 @@ fn fill(buf: &mut [u8], seed: u64) {
     }
 }
 
-fn event(gpu: &Gpu) -> Result<CudaEvent, GpuError> {
-    Ok(gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
-}
-
-/// Median seconds of `reps` event-timed runs of `f` on the compute stream, after 2 warm-ups.
-fn timed(
-    gpu: &Gpu,
-    reps: usize,
-    f: &mut dyn FnMut() -> Result<(), GpuError>,
-) -> Result<f64, GpuError> {
-    let mut v = Vec::new();
-    for rep in 0..reps + 2 {
-        let (a, b) = (event(gpu)?, event(gpu)?);
-        a.record(&gpu.compute)?;
-        f()?;
-        b.record(&gpu.compute)?;
-        b.synchronize()?;
-        if rep >= 2 {
-            v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
-        }
-    }
-    Ok(median(v))
-}
+const DENSE_PEAK: f64 = 1979e12;
 
 /// The saturating `mma.sync` loop: int8 operations per second.
 fn mma_peak(gpu: &Arc<Gpu>) -> Result<f64, GpuError> {
@@ -69,7 +43,7 @@ fn mma_peak(gpu: &Arc<Gpu>) -> Result<f64, GpuError> {
     let mut out = gpu.compute.alloc_zeros::<i32>(blocks * 256)?;
     let iters = 20000i32;
     let seed = 0x9e37_79b9u32;
-    let t = timed(gpu, 10, &mut || {
+    let t = timed::<GpuError>(gpu, 10, &mut || {
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -100,8 +74,8 @@ fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, reps: usize) -> Result<Figure, GpuEr
     drop(host);
     let mut acc = gpu.compute.alloc_zeros::<i64>(cfg.acc_len())?;
     let view = input.as_view();
-    let turn = timed(gpu, reps, &mut || Ok(c.corner_turn(&view)?))?;
-    let corr = timed(gpu, reps, &mut || Ok(c.correlate_planar(&mut acc)?))?;
+    let turn = timed::<GpuError>(gpu, reps, &mut || Ok(c.corner_turn(&view)?))?;
+    let corr = timed::<GpuError>(gpu, reps, &mut || Ok(c.correlate_planar(&mut acc)?))?;
     let s = cfg.shape;
     let useful = 32.0
         * n_baselines(s.n_ants) as f64

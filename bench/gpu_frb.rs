@@ -18,44 +18,18 @@ use cbf::gpu::compile::Kernel;
 use cbf::gpu::frb::{FrbConfig, FrbStage1};
 use cbf::gpu::frb_resample::{FrbBeamSet, FrbResampler};
 use cbf::gpu::{Gpu, GpuError};
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use num_complex::Complex32;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+#[path = "timing.rs"]
+mod timing;
+use timing::timed;
 
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
     *x ^= *x << 17;
     *x
-}
-
-fn event(gpu: &Gpu) -> Result<CudaEvent, GpuError> {
-    Ok(gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
-}
-
-/// Median seconds of `reps` event-timed runs of `f` on the compute stream, after 3 warm-ups.
-fn timed(
-    gpu: &Gpu,
-    reps: usize,
-    f: &mut dyn FnMut() -> Result<(), GpuError>,
-) -> Result<f64, GpuError> {
-    let mut v = Vec::new();
-    for rep in 0..reps + 3 {
-        let (a, b) = (event(gpu)?, event(gpu)?);
-        a.record(&gpu.compute)?;
-        f()?;
-        b.record(&gpu.compute)?;
-        b.synchronize()?;
-        if rep >= 3 {
-            v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
-        }
-    }
-    Ok(median(v))
 }
 
 /// Device-to-device copy, bytes read + written per second (the faster of two grid shapes).
@@ -74,7 +48,7 @@ fn copy_ceiling(gpu: &Arc<Gpu>) -> Result<f64, GpuError> {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        best = best.min(timed(gpu, 10, &mut || {
+        best = best.min(timed::<GpuError>(gpu, 10, &mut || {
             let mut l = st.launch_builder(&f);
             l.arg(&mut dst).arg(&src).arg(&n64);
             // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
@@ -210,7 +184,7 @@ fn measure(
     let input = gpu.compute.clone_htod(&bytes)?;
     let mut out = gpu.compute.alloc_zeros::<f32>(cfg.output_len())?;
     let (regs, smem, blocks) = op.occupancy()?;
-    let t = timed(gpu, reps, &mut || {
+    let t = timed::<GpuError>(gpu, reps, &mut || {
         op.run(&input.as_view(), &mut out)?;
         Ok(())
     })?;
@@ -263,7 +237,7 @@ fn measure_stage2(gpu: &Arc<Gpu>, reps: usize) -> Result<(), GpuError> {
     for (name, set) in [("96×96 beam grid", grid), ("5760 listed beams", list)] {
         let mut op = FrbResampler::new(gpu, case.rows, case.cols, set, rows)?;
         let mut out = gpu.compute.alloc_zeros::<f32>(rows * op.beams())?;
-        let t = timed(gpu, reps, &mut || {
+        let t = timed::<GpuError>(gpu, reps, &mut || {
             op.resample(&input.as_view(), rows, &mut out)
         })?;
         println!(

@@ -20,8 +20,11 @@ use cbf::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use cbf::gpu::Gpu;
 use cbf::xbengine::backend::{BeamChunk, XbBackend, XbShape, BEAM_SLOTS};
 use cbf::xbengine::cuda::CudaBackend;
-use cudarc::driver::sys::CUevent_flags;
 use num_complex::Complex64;
+
+#[path = "timing.rs"]
+mod timing;
+use timing::{median, timed};
 
 /// MeerKAT L-band: spectra per second per channel for 32768 channels at 1712 MS/s.
 const SPECTRA_PER_S: f64 = 1712e6 / 65536.0;
@@ -47,39 +50,13 @@ struct Shape {
     beams: usize,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Median seconds of `reps` event-timed runs of `f` on the compute stream, after 2 warm-ups.
-fn timed(
-    gpu: &Gpu,
-    reps: usize,
-    f: &mut dyn FnMut() -> Result<(), Box<dyn Error>>,
-) -> Result<f64, Box<dyn Error>> {
-    let mut v = Vec::new();
-    for rep in 0..reps + 2 {
-        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-        let (a, b) = (gpu.ctx.new_event(timing)?, gpu.ctx.new_event(timing)?);
-        a.record(&gpu.compute)?;
-        f()?;
-        b.record(&gpu.compute)?;
-        b.synchronize()?;
-        if rep >= 2 {
-            v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
-        }
-    }
-    Ok(median(v))
-}
-
 /// The device-to-device copy bandwidth (bytes read + written per second) of a 1 GiB buffer:
 /// the beamformer's ceiling, as it is DRAM-bound at few beams (seed 003).
 fn copy_bandwidth(gpu: &Arc<Gpu>) -> Result<f64, Box<dyn Error>> {
     let n = 1usize << 30;
     let src = gpu.compute.alloc_zeros::<u8>(n)?;
     let mut dst = gpu.compute.alloc_zeros::<u8>(n)?;
-    let t = timed(gpu, 5, &mut || {
+    let t = timed::<Box<dyn Error>>(gpu, 5, &mut || {
         Ok(gpu.compute.memcpy_dtod(&src, &mut dst)?)
     })?;
     Ok(2.0 * n as f64 / t)
@@ -104,7 +81,7 @@ fn beamformer(gpu: &Arc<Gpu>, copy: f64, cfg: BeamformConfig) -> Result<(), Box<
     bf.set_beams(1, &beams)?;
     let present = vec![1u8; cfg.batches * cfg.n_ants];
     let dither = vec![Some(1u64); cfg.beams];
-    let t = timed(gpu, 10, &mut || {
+    let t = timed::<Box<dyn Error>>(gpu, 10, &mut || {
         bf.form(
             &input.as_view(),
             &present,

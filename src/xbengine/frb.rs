@@ -4,8 +4,6 @@
 //! once the chunk's other work is out ([`finish`]). `?frb-weights` reaches the backend at the
 //! next chunk.
 
-use std::time::Instant;
-
 use num_complex::Complex32;
 
 use super::backend::{FrbChunk, XbBackend};
@@ -14,11 +12,11 @@ use super::control::{Capture, XbControl};
 use super::frb_output::FrbBeamOutput;
 use super::heaps::{FrbHeapFormat, FrbMeta};
 use super::metrics::{self, FrbTotals};
-use super::outputs::{rate, stream_spec, DESCRIPTOR_PERIOD};
+use super::outputs::{rate, spawn_sink, stream_spec};
 use crate::control::katcp::Status;
 use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
 use crate::engine::metrics::Metrics;
-use crate::engine::send::{DescriptorSchedule, HeapSink};
+use crate::engine::send::HeapSink;
 use crate::engine::{EngineError, Shutdown};
 
 /// Bytes of packet header and item pointers per packet (8 pointers, as a beam heap's).
@@ -87,18 +85,7 @@ pub(super) fn frb_outputs(
             let r = rate(config, heap_bytes, FRB_PREAMBLE, chunk_s);
             let stream = stream_spec(config, vec![f.dst], FRB_PREAMBLE, r).open()?;
             tracing::info!(output = %f.name, beams = f.beams.len(), t_ds = f.t_ds, rate_gbps = r * 8e-9, "FRB beams");
-            let sink = HeapSink::spawn(
-                &format!("xbengine-tx-{}", f.name),
-                stream,
-                format,
-                DescriptorSchedule {
-                    first: Instant::now() + DESCRIPTOR_PERIOD,
-                    period: DESCRIPTOR_PERIOD,
-                },
-                2,
-                heap_bytes,
-                shutdown,
-            )?;
+            let sink = spawn_sink(&f.name, stream, format, 2, heap_bytes, shutdown)?;
             Ok(FrbOutput {
                 name: f.name.clone(),
                 sink,

@@ -12,15 +12,41 @@ use super::metrics::{BTotals, XTotals};
 use super::output::CorrprodOutput;
 use crate::dsp::beamform::Beam;
 use crate::dsp::correlate::n_baselines;
-use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
+use crate::engine::send::{DescriptorSchedule, HeapFormat, HeapSink, StreamSpec};
 use crate::engine::{EngineError, Shutdown};
-use crate::spead::send::SendStreamConfig;
+use crate::net::udp::UdpSender;
+use crate::spead::send::{SendStream, SendStreamConfig};
 
 /// katgpucbf's descriptor interval.
 pub(super) const DESCRIPTOR_PERIOD: Duration = Duration::from_secs(5);
 /// Bytes of packet header and item pointers per packet of X and beam heaps (facts §1.9).
 const X_PREAMBLE: usize = 64;
 const B_PREAMBLE: usize = 72;
+
+/// A send thread for one of the XB-engine's streams: named `xbengine-tx-{name}`, descriptors
+/// every [`DESCRIPTOR_PERIOD`] from one period after start, `buffers` heap buffers of
+/// `buffer_bytes`.
+pub(super) fn spawn_sink<M: Send + 'static, F: HeapFormat<Meta = M> + Send + 'static>(
+    name: &str,
+    stream: SendStream<UdpSender>,
+    format: F,
+    buffers: usize,
+    buffer_bytes: usize,
+    shutdown: &Shutdown,
+) -> std::io::Result<HeapSink<M>> {
+    HeapSink::spawn(
+        &format!("xbengine-tx-{name}"),
+        stream,
+        format,
+        DescriptorSchedule {
+            first: Instant::now() + DESCRIPTOR_PERIOD,
+            period: DESCRIPTOR_PERIOD,
+        },
+        buffers,
+        buffer_bytes,
+        shutdown,
+    )
+}
 
 /// One `--corrprod` output.
 pub(super) struct XOutput {
@@ -122,18 +148,7 @@ pub(super) fn x_output(
     let r = rate(config, heap_bytes, X_PREAMBLE, dump_s);
     let stream = stream_spec(config, vec![c.dst], X_PREAMBLE, r).open()?;
     tracing::info!(output = %c.name, dump_s, heap_mib = heap_bytes as f64 / (1 << 20) as f64, rate_gbps = r * 8e-9, "correlation products");
-    let sink = HeapSink::spawn(
-        &format!("xbengine-tx-{}", c.name),
-        stream,
-        format,
-        DescriptorSchedule {
-            first: Instant::now() + DESCRIPTOR_PERIOD,
-            period: DESCRIPTOR_PERIOD,
-        },
-        2,
-        heap_bytes,
-        shutdown,
-    )?;
+    let sink = spawn_sink(&c.name, stream, format, 2, heap_bytes, shutdown)?;
     Ok(XOutput {
         name: c.name.clone(),
         acc,
@@ -166,18 +181,7 @@ pub(super) fn beam_outputs(
         .min((1usize << 30) / per_buffer.max(1))
         .max(4);
     tracing::info!(beams = config.beams.len(), rate_gbps = r * 8e-9, "beams");
-    let sink = HeapSink::spawn(
-        "xbengine-tx-beams",
-        stream,
-        format,
-        DescriptorSchedule {
-            first: Instant::now() + DESCRIPTOR_PERIOD,
-            period: DESCRIPTOR_PERIOD,
-        },
-        buffers,
-        per_buffer,
-        shutdown,
-    )?;
+    let sink = spawn_sink("beams", stream, format, buffers, per_buffer, shutdown)?;
     let mut beams = BeamOutputs {
         names: config.beams.iter().map(|b| b.name.clone()).collect(),
         pols: config.beams.iter().map(|b| b.pol).collect(),
