@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use cbf::dsp::pfb::{pfb_weights, Window};
 use cbf::net::udp::UdpReceiver;
 use cbf::net::{PacketReceiver, Received, RecvBatch};
-use cbf::spead::items::{ItemValue, FENG_ID_ID, FENG_RAW_ID, FREQUENCY_ID, TIMESTAMP_ID};
+use cbf::spead::items::{ItemValue, FENG_RAW_ID, TIMESTAMP_ID};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
 
 #[test]
@@ -136,18 +136,7 @@ fn tone_at_a_channel_centre_lands_in_that_channel() {
             }
         }
         for h in heaps.drain(..) {
-            let (
-                Some(ItemValue::Immediate(ts)),
-                Some(ItemValue::Immediate(feng)),
-                Some(ItemValue::Immediate(first)),
-                Some(ItemValue::Bytes(raw)),
-            ) = (
-                h.item(TIMESTAMP_ID),
-                h.item(FENG_ID_ID),
-                h.item(FREQUENCY_ID),
-                h.item(FENG_RAW_ID),
-            )
-            else {
+            let Some((ts, feng, first, raw)) = common::f_heap_items(&h) else {
                 continue; // descriptors
             };
             assert!(h.complete);

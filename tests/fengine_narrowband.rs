@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use cbf::net::udp::UdpReceiver;
 use cbf::net::{PacketReceiver, Received, RecvBatch};
-use cbf::spead::items::{ItemValue, FENG_ID_ID, FENG_RAW_ID, FREQUENCY_ID, TIMESTAMP_ID};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
 use common::{free_tcp_port, free_udp_port, Kill};
 use num_complex::Complex64;
@@ -86,18 +85,7 @@ fn drain(
         }
     }
     for h in heaps {
-        let (
-            Some(ItemValue::Immediate(ts)),
-            Some(ItemValue::Immediate(feng)),
-            Some(ItemValue::Immediate(first)),
-            Some(ItemValue::Bytes(raw)),
-        ) = (
-            h.item(TIMESTAMP_ID),
-            h.item(FENG_ID_ID),
-            h.item(FREQUENCY_ID),
-            h.item(FENG_RAW_ID),
-        )
-        else {
+        let Some((ts, feng, first, raw)) = common::f_heap_items(&h) else {
             continue; // descriptors
         };
         assert!(h.complete);

@@ -19,7 +19,9 @@
 use std::f64::consts::PI;
 
 use num_complex::Complex64;
-use rustfft::FftPlanner;
+use std::sync::Arc;
+
+use rustfft::{Fft, FftPlanner};
 
 /// Why a dish layout is unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -126,6 +128,60 @@ pub struct FrbShape {
     pub t_ds: usize,
 }
 
+/// The weighted, gridded, zero-padded 2-D transform of one (time, pol) (eq. 51), with its FFTs
+/// planned once.
+pub struct FieldTransform {
+    row_fft: Arc<dyn Fft<f64>>,
+    col_fft: Arc<dyn Fft<f64>>,
+    cells: Vec<Complex64>,
+    column: Vec<Complex64>,
+}
+
+impl FieldTransform {
+    pub fn new(grid: &DishGrid) -> FieldTransform {
+        let mut planner = FftPlanner::<f64>::new();
+        // The sign convention of eq. 4 is e^{+2πi…}: an inverse transform (unnormalised).
+        FieldTransform {
+            row_fft: planner.plan_fft_inverse(2 * grid.cols),
+            col_fft: planner.plan_fft_inverse(2 * grid.rows),
+            cells: vec![Complex64::default(); grid.rows * grid.cols],
+            column: vec![Complex64::default(); 2 * grid.rows],
+        }
+    }
+
+    /// Ẽ (2M × 2N, row-major) into `out` from one (time, pol)'s per-dish field `e` and that
+    /// pol's weights on the grid (m, n).
+    pub fn field(
+        &mut self,
+        grid: &DishGrid,
+        e: &[Complex64],
+        weights: &[Complex64],
+        out: &mut [Complex64],
+    ) {
+        let (m, n) = (grid.rows, grid.cols);
+        let (pm, pn) = (2 * m, 2 * n);
+        grid.grid(e, &mut self.cells);
+        out.fill(Complex64::default());
+        for r in 0..m {
+            for c in 0..n {
+                out[r * pn + c] = weights[r * n + c] * self.cells[r * n + c];
+            }
+        }
+        for row in out.chunks_exact_mut(pn) {
+            self.row_fft.process(row);
+        }
+        for c in 0..pn {
+            for r in 0..pm {
+                self.column[r] = out[r * pn + c];
+            }
+            self.col_fft.process(&mut self.column);
+            for r in 0..pm {
+                out[r * pn + c] = self.column[r];
+            }
+        }
+    }
+}
+
 /// First stage. `e`: per dish electric field, layout (time, pol, dish); `weights`: (pol, m, n)
 /// on the grid. Returns I with layout (slow time, p < 2M, q < 2N); trailing fast samples that
 /// do not fill a slow sample are not used.
@@ -138,36 +194,26 @@ pub fn intensities(
     let (m, n, d) = (grid.rows, grid.cols, grid.dishes());
     assert_eq!(e.len(), shape.times * 2 * d);
     assert_eq!(weights.len(), 2 * m * n);
-    let (pm, pn) = (2 * m, 2 * n);
+    let plane = 4 * m * n;
     let slow = shape.times / shape.t_ds;
-    let mut planner = FftPlanner::<f64>::new();
-    // The sign convention of eq. 4 is e^{+2πi…}: an inverse transform (unnormalised).
-    let (row_fft, col_fft) = (planner.plan_fft_inverse(pn), planner.plan_fft_inverse(pm));
-    let mut out = vec![0.0f64; slow * pm * pn];
-    let mut cells = vec![Complex64::default(); m * n];
-    let mut padded = vec![Complex64::default(); pm * pn];
-    let mut column = vec![Complex64::default(); pm];
+    let mut transform = FieldTransform::new(grid);
+    let mut out = vec![0.0f64; slow * plane];
+    let mut field = vec![Complex64::default(); plane];
     for t in 0..slow * shape.t_ds {
         let slow_t = t / shape.t_ds;
         for pol in 0..2 {
-            grid.grid(&e[(t * 2 + pol) * d..(t * 2 + pol + 1) * d], &mut cells);
-            padded.fill(Complex64::default());
-            for r in 0..m {
-                for c in 0..n {
-                    padded[r * pn + c] = weights[(pol * m + r) * n + c] * cells[r * n + c];
-                }
-            }
-            for row in padded.chunks_exact_mut(pn) {
-                row_fft.process(row);
-            }
-            for c in 0..pn {
-                for r in 0..pm {
-                    column[r] = padded[r * pn + c];
-                }
-                col_fft.process(&mut column);
-                for r in 0..pm {
-                    out[(slow_t * pm + r) * pn + c] += column[r].norm_sqr();
-                }
+            let tp = t * 2 + pol;
+            transform.field(
+                grid,
+                &e[tp * d..(tp + 1) * d],
+                &weights[pol * m * n..(pol + 1) * m * n],
+                &mut field,
+            );
+            for (o, v) in out[slow_t * plane..(slow_t + 1) * plane]
+                .iter_mut()
+                .zip(&field)
+            {
+                *o += v.norm_sqr();
             }
         }
     }

@@ -13,10 +13,11 @@ use num_complex::{Complex32, Complex64};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use rustfft::FftPlanner;
 
 use super::Check;
-use crate::dsp::frb::{intensities, resample, resample_factorised, u_sum, DishGrid, FrbShape};
+use crate::dsp::frb::{
+    intensities, resample, resample_factorised, u_sum, DishGrid, FieldTransform, FrbShape,
+};
 use crate::gpu::frb::{error_bound, FrbConfig, FrbStage1};
 use crate::gpu::frb_resample::{FrbBeamSet, FrbResampler};
 use crate::gpu::{Gpu, GpuError};
@@ -34,38 +35,22 @@ struct Case {
 
 /// |Ẽ| per (time, pol, p, q) and B = Σ|W·E| per (time, pol), in f64, for one channel.
 fn fields(grid: &DishGrid, e: &[Complex64], w: &[Complex64], times: usize) -> (Vec<f64>, Vec<f64>) {
-    let (m, n, d) = (grid.rows, grid.cols, grid.dishes());
-    let (pm, pn) = (2 * m, 2 * n);
-    let mut planner = FftPlanner::<f64>::new();
-    let (rf, cf) = (planner.plan_fft_inverse(pn), planner.plan_fft_inverse(pm));
-    let mut abs = vec![0.0; times * 2 * pm * pn];
+    let (mn, d) = (grid.rows * grid.cols, grid.dishes());
+    let mut transform = FieldTransform::new(grid);
+    let mut field = vec![Complex64::default(); 4 * mn];
+    let mut abs = Vec::with_capacity(times * 2 * 4 * mn);
     let mut b = vec![0.0; times * 2];
-    let mut cells = vec![Complex64::default(); m * n];
-    let mut pad = vec![Complex64::default(); pm * pn];
-    let mut col = vec![Complex64::default(); pm];
     for tp in 0..times * 2 {
-        let pol = tp % 2;
-        grid.grid(&e[tp * d..(tp + 1) * d], &mut cells);
-        pad.fill(Complex64::default());
-        for r in 0..m {
-            for c in 0..n {
-                let x = w[(pol * m + r) * n + c] * cells[r * n + c];
-                b[tp] += x.norm();
-                pad[r * pn + c] = x;
-            }
-        }
-        for row in pad.chunks_exact_mut(pn) {
-            rf.process(row);
-        }
-        for c in 0..pn {
-            for r in 0..pm {
-                col[r] = pad[r * pn + c];
-            }
-            cf.process(&mut col);
-            for r in 0..pm {
-                abs[(tp * pm + r) * pn + c] = col[r].norm();
-            }
-        }
+        let (pol, dishes) = (tp % 2, &e[tp * d..(tp + 1) * d]);
+        let wp = &w[pol * mn..(pol + 1) * mn];
+        transform.field(grid, dishes, wp, &mut field);
+        abs.extend(field.iter().map(|v| v.norm()));
+        b[tp] = grid
+            .cells()
+            .iter()
+            .zip(dishes)
+            .map(|(&c, x)| (wp[c] * x).norm())
+            .sum();
     }
     (abs, b)
 }

@@ -159,3 +159,23 @@ pub fn wait_for_tcp(port: u16) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// An F-engine data heap's (timestamp, feng_id, frequency, feng_raw); `None` for a heap without
+/// them (descriptors).
+pub fn f_heap_items(h: &cbf::spead::recv::ReceivedHeap) -> Option<(u64, u64, u64, &[u8])> {
+    use cbf::spead::items::{ItemValue, FENG_ID_ID, FENG_RAW_ID, FREQUENCY_ID, TIMESTAMP_ID};
+    match (
+        h.item(TIMESTAMP_ID),
+        h.item(FENG_ID_ID),
+        h.item(FREQUENCY_ID),
+        h.item(FENG_RAW_ID),
+    ) {
+        (
+            Some(ItemValue::Immediate(ts)),
+            Some(ItemValue::Immediate(feng)),
+            Some(ItemValue::Immediate(first)),
+            Some(ItemValue::Bytes(raw)),
+        ) => Some((ts, feng, first, raw)),
+        _ => None,
+    }
+}
