@@ -356,6 +356,20 @@ mod tests {
             "--corrprod",
             "names unique across kinds"
         );
+        let many_frb: Vec<String> = (0..9)
+            .map(|k| frb("t_ds=64", &map).replace("name=f", &format!("name=f{k}")))
+            .collect();
+        let many_frb: Vec<&str> = many_frb.iter().map(String::as_str).collect();
+        assert_eq!(flag_of(&many_frb[..8]), "ok");
+        assert_eq!(flag_of(&many_frb), "--frb-beam", "at most 8 FRB outputs");
+        let many: Vec<String> = (0..64)
+            .map(|k| {
+                format!("--corrprod=name=x{k},dst=239.11.0.1:7148,heap_accumulation_threshold=4")
+            })
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(flag_of(&many[..63]), "ok");
+        assert_eq!(flag_of(&many), "--corrprod", "at most 64 outputs");
         assert_eq!(flag_of(&["--recv-ibv"]), "--recv-ibv");
         assert_eq!(flag_of(&["--send-affinity=3"]), "--send-affinity");
         assert_eq!(flag_of(&["--recv-comp-vector=-1"]), "--recv-comp-vector");

@@ -64,6 +64,11 @@ pub struct Plan {
 /// Largest array accepted: katgpucbf's correlator is used up to 80 antennas, its heaps
 /// carry feng_id in 48 bits; the bound keeps the baseline count (and X heap size) sane.
 pub const MAX_ANTENNAS: usize = 4096;
+/// Most `--corrprod`, `--beam` and `--frb-beam` outputs in all (each has a send thread and
+/// heap buffers).
+pub const MAX_OUTPUTS: usize = 64;
+/// Most `--frb-beam` outputs (each may hold a 256 MiB resampling matrix and its heaps).
+pub const MAX_FRB_OUTPUTS: usize = 8;
 
 impl XbengineConfig {
     /// Check every flag and how they combine.
@@ -132,6 +137,18 @@ impl XbengineConfig {
             return Err(e(
                 "--corrprod",
                 "give at least one --corrprod, --beam or --frb-beam output",
+            ));
+        }
+        if self.frb_beams.len() > MAX_FRB_OUTPUTS {
+            return Err(e(
+                "--frb-beam",
+                format!("at most {MAX_FRB_OUTPUTS} FRB beamformer outputs"),
+            ));
+        }
+        if self.corrprods.len() + self.beams.len() + self.frb_beams.len() > MAX_OUTPUTS {
+            return Err(e(
+                "--corrprod",
+                format!("at most {MAX_OUTPUTS} outputs (--corrprod, --beam and --frb-beam)"),
             ));
         }
         let mut names: Vec<&str> = self.corrprods.iter().map(|c| c.name.as_str()).collect();
