@@ -18,18 +18,16 @@ use cbf::fengine::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
 use cbf::fengine::output::WidebandOutput;
 use cbf::fengine::pipeline::{ChunkView, Pipeline, PipelineConfig};
 use cbf::fengine::place::InputLayout;
-use cbf::gpu::compile::Kernel;
 use cbf::gpu::memory::HostRegistrations;
 use cbf::gpu::{Gpu, GpuError};
-use cudarc::driver::{LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::PinnedHostSlice;
 use num_complex::Complex32;
 
-const GB: f64 = 1e9;
+#[path = "timing.rs"]
+mod timing;
+use timing::{copy_ceiling, median};
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+const GB: f64 = 1e9;
 
 /// Random bytes (any byte string is a valid packed sample stream).
 fn fill(buf: &mut [u8], seed: u64) {
@@ -71,54 +69,8 @@ struct Ceilings {
 }
 
 fn ceilings(gpu: &Arc<Gpu>) -> Result<Ceilings, GpuError> {
-    let st = &gpu.compute;
-    let n = 1usize << 27; // float4s: 2 GiB
-    let src = st.alloc_zeros::<[f32; 4]>(n)?;
-    let mut dst = st.alloc_zeros::<[f32; 4]>(n)?;
-    let f = gpu.function(Kernel::Copy, &vec![])?;
-    let sms = gpu.ctx.attribute(
-        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    )? as u32;
-    let n64 = n as i64;
-    let mut times = [Vec::new(), Vec::new()];
-    // Two grids: a persistent one (8 blocks per SM, grid-stride) and one thread per float4;
-    // the ceiling is the faster.
-    for rep in 0..24 {
-        let cfg = LaunchConfig {
-            grid_dim: (
-                if rep % 2 == 0 {
-                    sms * 8
-                } else {
-                    (n / 256) as u32
-                },
-                1,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let a = gpu
-            .ctx
-            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        let b = gpu
-            .ctx
-            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        a.record(st)?;
-        let mut l = st.launch_builder(&f);
-        l.arg(&mut dst).arg(&src).arg(&n64);
-        // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
-        unsafe { l.launch(cfg) }?;
-        b.record(st)?;
-        b.synchronize()?;
-        if rep >= 4 {
-            times[rep % 2].push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
-        }
-    }
-    let [t0, t1] = times;
-    let best = median(t0).min(median(t1));
-    let copy = 2.0 * (n * 16) as f64 / best / GB;
-    drop((src, dst));
-    // Pinned copies: 1.25 GiB in and 1 GiB out, the engine's ratio.
+    let copy = copy_ceiling(gpu, 1 << 27)? / GB; // 2 GiB each way
+                                                 // Pinned copies: 1.25 GiB in and 1 GiB out, the engine's ratio.
     let (bin, bout) = (5usize << 28, 1usize << 30);
     let hin = pinned(gpu, bin, 1)?;
     let mut hout = pinned(gpu, bout, 2)?;

@@ -14,49 +14,21 @@
 use std::sync::Arc;
 
 use cbf::dsp::frb::DishGrid;
-use cbf::gpu::compile::Kernel;
+use cbf::dsp::frb_fast::FrbBeams;
 use cbf::gpu::frb::{FrbConfig, FrbStage1};
-use cbf::gpu::frb_resample::{FrbBeamSet, FrbResampler};
+use cbf::gpu::frb_resample::FrbResampler;
 use cbf::gpu::{Gpu, GpuError};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
 use num_complex::Complex32;
 
 #[path = "timing.rs"]
 mod timing;
-use timing::timed;
+use timing::{copy_ceiling, timed};
 
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
     *x ^= *x << 17;
     *x
-}
-
-/// Device-to-device copy, bytes read + written per second (the faster of two grid shapes).
-fn copy_ceiling(gpu: &Arc<Gpu>) -> Result<f64, GpuError> {
-    let st = &gpu.compute;
-    let n = 1usize << 26; // float4s: 1 GiB
-    let src = st.alloc_zeros::<[f32; 4]>(n)?;
-    let mut dst = st.alloc_zeros::<[f32; 4]>(n)?;
-    let f = gpu.function(Kernel::Copy, &vec![])?;
-    let sms = gpu.sm_count()? as u32;
-    let n64 = n as i64;
-    let mut best = f64::MAX;
-    for blocks in [sms * 8, (n / 256) as u32] {
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        best = best.min(timed::<GpuError>(gpu, 10, &mut || {
-            let mut l = st.launch_builder(&f);
-            l.arg(&mut dst).arg(&src).arg(&n64);
-            // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
-            unsafe { l.launch(cfg) }?;
-            Ok(())
-        })?);
-    }
-    Ok(2.0 * (n * 16) as f64 / best)
 }
 
 /// One of seed 004 Table 3's cases.
@@ -225,17 +197,17 @@ fn measure_stage2(gpu: &Arc<Gpu>, reps: usize) -> Result<(), GpuError> {
         .collect();
     let input = gpu.compute.clone_htod(&i)?;
     let mut theta = |side: usize| (xorshift(&mut seed) % (2000 * side as u64)) as f64 * 1e-3;
-    let grid = FrbBeamSet::Grid(
-        (0..96).map(|_| theta(case.rows)).collect(),
-        (0..96).map(|_| theta(case.cols)).collect(),
-    );
-    let list = FrbBeamSet::List(
+    let grid = FrbBeams::Product {
+        thetas: (0..96).map(|_| theta(case.rows)).collect(),
+        thetas2: (0..96).map(|_| theta(case.cols)).collect(),
+    };
+    let list = FrbBeams::List(
         (0..10 * case.rows * case.cols)
             .map(|_| (theta(case.rows), theta(case.cols)))
             .collect(),
     );
     for (name, set) in [("96×96 beam grid", grid), ("5760 listed beams", list)] {
-        let mut op = FrbResampler::new(gpu, case.rows, case.cols, set, rows)?;
+        let mut op = FrbResampler::new(gpu, case.rows, case.cols, &set, rows)?;
         let mut out = gpu.compute.alloc_zeros::<f32>(rows * op.beams())?;
         let t = timed::<GpuError>(gpu, reps, &mut || {
             op.resample(&input.as_view(), rows, &mut out)
@@ -267,7 +239,7 @@ fn main() -> Result<(), GpuError> {
         gpu.arch,
         gpu.sm_count()?
     );
-    let copy = copy_ceiling(&gpu)?;
+    let copy = copy_ceiling(&gpu, 1 << 26)?;
     println!(
         "copy ceiling: {:.0} GB/s (bytes read + written)",
         copy / 1e9

@@ -1,9 +1,11 @@
-//! Event timing shared by the GPU benchmarks (included with `#[path]`: each benchmark is its
-//! own binary).
+//! Event timing and the copy ceiling, shared by the GPU benchmarks (included with `#[path]`:
+//! each benchmark is its own binary and uses a part, hence `dead_code` is allowed).
+#![allow(dead_code)]
 
-use cbf::gpu::Gpu;
+use cbf::gpu::compile::Kernel;
+use cbf::gpu::{Gpu, GpuError};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::DriverError;
+use cudarc::driver::{DriverError, LaunchConfig, PushKernelArg};
 
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -29,4 +31,31 @@ pub fn timed<E: From<DriverError>>(
         }
     }
     Ok(median(v))
+}
+
+/// Device-to-device copy of `n` float4s (`kernels/copy.cu`), bytes read + written per second:
+/// the faster of a persistent grid (8 blocks per SM) and one thread per float4.
+pub fn copy_ceiling(gpu: &Gpu, n: usize) -> Result<f64, GpuError> {
+    let st = &gpu.compute;
+    let src = st.alloc_zeros::<[f32; 4]>(n)?;
+    let mut dst = st.alloc_zeros::<[f32; 4]>(n)?;
+    let f = gpu.function(Kernel::Copy, &vec![])?;
+    let sms = gpu.sm_count()? as u32;
+    let n64 = n as i64;
+    let mut best = f64::MAX;
+    for blocks in [sms * 8, (n / 256) as u32] {
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        best = best.min(timed::<GpuError>(gpu, 10, &mut || {
+            let mut l = st.launch_builder(&f);
+            l.arg(&mut dst).arg(&src).arg(&n64);
+            // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
+            unsafe { l.launch(cfg) }?;
+            Ok(())
+        })?);
+    }
+    Ok(2.0 * (n * 16) as f64 / best)
 }

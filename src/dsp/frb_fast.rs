@@ -109,9 +109,10 @@ impl FrbChunkShape {
     }
 }
 
-/// Stage 2's matrices.
+/// Stage 2's matrices (seed 004 §5), from U evaluated in f64 by `dsp::frb::u_sum` and rounded
+/// to f32 once; the GPU's second stage (`gpu::frb_resample`) uploads the same tables.
 #[derive(Debug)]
-enum Resample {
+pub enum Resample {
     /// U (2M × P) and U′ (2N × Q), row-major.
     Product {
         u: Vec<f32>,
@@ -121,6 +122,36 @@ enum Resample {
     },
     /// W ((2M·2N) × B), row-major.
     General { w: Vec<f32>, beams: usize },
+}
+
+impl Resample {
+    /// The tables for `beams` of an `m` × `n` dish grid.
+    pub fn new(m: usize, n: usize, beams: &FrbBeams) -> Resample {
+        let (pm, pn) = (2 * m, 2 * n);
+        let u = |side: usize, thetas: &[f64]| -> Vec<f32> {
+            (0..2 * side)
+                .flat_map(|p| thetas.iter().map(move |&t| u_sum(p, side, t) as f32))
+                .collect()
+        };
+        match beams {
+            FrbBeams::Product { thetas, thetas2 } => Resample::Product {
+                u: u(m, thetas),
+                u2: u(n, thetas2),
+                p: thetas.len(),
+                q: thetas2.len(),
+            },
+            FrbBeams::List(list) => Resample::General {
+                w: (0..pm * pn)
+                    .flat_map(|r| {
+                        let (p, q) = (r / pn, r % pn);
+                        list.iter()
+                            .map(move |&(a, b)| (u_sum(p, m, a) * u_sum(q, n, b)) as f32)
+                    })
+                    .collect(),
+                beams: list.len(),
+            },
+        }
+    }
 }
 
 /// One thread's buffers.
@@ -166,29 +197,7 @@ impl FrbBeamformer {
         let (m, n) = (grid.rows, grid.cols);
         let (pm, pn) = (2 * m, 2 * n);
         let cells = grid.cells().iter().map(|&c| (c % n) * pm + c / n).collect();
-        let u = |side: usize, thetas: &[f64]| -> Vec<f32> {
-            (0..2 * side)
-                .flat_map(|p| thetas.iter().map(move |&t| u_sum(p, side, t) as f32))
-                .collect()
-        };
-        let resample = match beams {
-            FrbBeams::Product { thetas, thetas2 } => Resample::Product {
-                u: u(m, thetas),
-                u2: u(n, thetas2),
-                p: thetas.len(),
-                q: thetas2.len(),
-            },
-            FrbBeams::List(list) => Resample::General {
-                w: (0..pm * pn)
-                    .flat_map(|r| {
-                        let (p, q) = (r / pn, r % pn);
-                        list.iter()
-                            .map(move |&(a, b)| (u_sum(p, m, a) * u_sum(q, n, b)) as f32)
-                    })
-                    .collect(),
-                beams: list.len(),
-            },
-        };
+        let resample = Resample::new(m, n, beams);
         let mut planner = FftPlanner::<f32>::new();
         // Eq. 4's sign is e^{+2πi…}: rustfft's (unnormalised) inverse transform.
         let fft_rows = planner.plan_fft_inverse(pm);

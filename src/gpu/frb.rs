@@ -9,8 +9,7 @@
 //! [`FrbConfig::out_rows`] rows per channel, of which the call's return value are complete
 //! slow samples (rows beyond are left as they were). Slow samples run on across calls: the op
 //! keeps the partial sums of a slot that a call ends inside and adds them into the next call's
-//! first row, so any `t_ds` works with any call length. [`FrbStage1::restart`] forgets them
-//! (after a gap in the data).
+//! first row, so any `t_ds` works with any call length.
 //!
 //! **Method** (`kernels/frb_stage1.cu`): the weighted field is gridded into shared memory and
 //! the two zero-padded 1-D transforms are dense DFT matrices applied with fp16 tensor-core MMAs
@@ -334,10 +333,6 @@ impl FrbStage1 {
         })
     }
 
-    pub fn config(&self) -> FrbConfig {
-        self.cfg
-    }
-
     /// (registers per thread, dynamic shared memory bytes, resident blocks per SM), for the
     /// benchmark's report.
     pub fn occupancy(&self) -> Result<(i32, usize, u32), GpuError> {
@@ -375,16 +370,6 @@ impl FrbStage1 {
         self.gpu.compute.memcpy_htod(&flat, &mut self.weights)?;
         self.weights_set = true;
         Ok(())
-    }
-
-    /// Forget the partial slow sample (the next call starts a new one).
-    pub fn restart(&mut self) {
-        self.phase = 0;
-    }
-
-    /// Samples already summed into the slot the next call continues.
-    pub fn phase(&self) -> usize {
-        self.phase
     }
 
     /// Sum one call's samples (see the module doc) on the compute stream; returns the number of

@@ -10,7 +10,8 @@
 //!   batched GEMMs (V = Uᵀ I, then J = V U′) with U (2M × A), U′ (2N × B) shared by every row;
 //!   output (row, a, b).
 //!
-//! The U tables are evaluated in f64 by `dsp::frb::u_sum` and rounded to float32 once.
+//! The tables are `dsp::frb_fast::Resample`'s (U evaluated in f64, rounded to float32 once),
+//! the CPU backend's own.
 //! **Error bound** (standard float32 GEMM bound, the self-test checks it value by value): a sum
 //! of k products in float32 is within (k + 2)·2⁻²⁴·Σ|terms| of the exact one (the +2 for the
 //! rounding of both factors); the factorised form chains two such sums, so its bound is
@@ -23,42 +24,34 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, CudaView};
 
 use super::{Gpu, GpuError};
-use crate::dsp::frb::u_sum;
+use crate::dsp::frb_fast::{FrbBeams, Resample};
 
 /// Most beams one resampler forms per row (a beam list's W is 4MN × B floats).
 pub const MAX_BEAMS: usize = 1 << 16;
 
-/// Which beams.
-#[derive(Debug, Clone, PartialEq)]
-pub enum FrbBeamSet {
-    /// Arbitrary (θ, θ′) per beam.
-    List(Vec<(f64, f64)>),
-    /// Every (θ_a, θ′_b): output (a, b), b fastest.
-    Grid(Vec<f64>, Vec<f64>),
-}
-
-impl FrbBeamSet {
-    pub fn beams(&self) -> usize {
-        match self {
-            FrbBeamSet::List(b) => b.len(),
-            FrbBeamSet::Grid(a, b) => a.len() * b.len(),
-        }
-    }
-}
-
 fn blas_err(e: cudarc::cublas::result::CublasError) -> GpuError {
     GpuError::Backend(format!("cuBLAS: {e:?}"))
+}
+
+/// The tables on the device (`dsp::frb_fast::Resample`'s).
+enum Tables {
+    /// W ((2M·2N) × B), row-major.
+    General { w: CudaSlice<f32>, beams: usize },
+    /// U (2M × P), U′ (2N × Q), and V, one (P × 2N) per row of the largest call.
+    Product {
+        u: CudaSlice<f32>,
+        u2: CudaSlice<f32>,
+        v: CudaSlice<f32>,
+        p: usize,
+        q: usize,
+    },
 }
 
 pub struct FrbResampler {
     blas: CudaBlas,
     rows: usize,
     cols: usize,
-    set: FrbBeamSet,
-    /// List: W (4MN × B). Grid: U (2M × A) then U′ (2N × B).
-    tables: Vec<CudaSlice<f32>>,
-    /// Grid: V, one (A × 2N) per row of the largest call.
-    scratch: Option<CudaSlice<f32>>,
+    tables: Tables,
     max_rows: usize,
 }
 
@@ -68,7 +61,7 @@ impl FrbResampler {
         gpu: &Gpu,
         rows: usize,
         cols: usize,
-        set: FrbBeamSet,
+        beams: &FrbBeams,
         max_rows: usize,
     ) -> Result<FrbResampler, GpuError> {
         // SAFETY: only tries to dlopen the library (cudarc panics on first use otherwise).
@@ -77,53 +70,42 @@ impl FrbResampler {
                 "libcublas not found: the FRB beamformer's second stage needs it".into(),
             ));
         }
-        let beams = set.beams();
-        if !(1..=MAX_BEAMS).contains(&beams) || rows == 0 || cols == 0 || max_rows == 0 {
+        let n_beams = beams.len();
+        if !(1..=MAX_BEAMS).contains(&n_beams) || rows == 0 || cols == 0 || max_rows == 0 {
             return Err(GpuError::Backend(format!(
-                "FRB resampler: {beams} beams (1 to {MAX_BEAMS}), grid {rows}×{cols}, {max_rows} rows"
+                "FRB resampler: {n_beams} beams (1 to {MAX_BEAMS}), grid {rows}×{cols}, {max_rows} rows"
             )));
         }
         let st = &gpu.compute;
         let blas = CudaBlas::new(Arc::clone(st)).map_err(blas_err)?;
-        let (pm, pn) = (2 * rows, 2 * cols);
-        let u = |len: usize, n: usize, thetas: &[f64]| -> Vec<f32> {
-            (0..len)
-                .flat_map(|p| thetas.iter().map(move |&t| u_sum(p, n, t) as f32))
-                .collect()
-        };
-        let (tables, scratch) = match &set {
-            FrbBeamSet::List(b) => {
-                let w: Vec<f32> = (0..pm * pn)
-                    .flat_map(|r| {
-                        let (p, q) = (r / pn, r % pn);
-                        b.iter()
-                            .map(move |&(t, t2)| (u_sum(p, rows, t) * u_sum(q, cols, t2)) as f32)
-                    })
-                    .collect();
-                (vec![st.clone_htod(&w)?], None)
-            }
-            FrbBeamSet::Grid(a, b) => (
-                vec![
-                    st.clone_htod(&u(pm, rows, a))?,
-                    st.clone_htod(&u(pn, cols, b))?,
-                ],
-                Some(st.alloc_zeros::<f32>(max_rows * a.len() * pn)?),
-            ),
+        let tables = match Resample::new(rows, cols, beams) {
+            Resample::General { w, beams } => Tables::General {
+                w: st.clone_htod(&w)?,
+                beams,
+            },
+            Resample::Product { u, u2, p, q } => Tables::Product {
+                u: st.clone_htod(&u)?,
+                u2: st.clone_htod(&u2)?,
+                v: st.alloc_zeros::<f32>(max_rows * p * 2 * cols)?,
+                p,
+                q,
+            },
         };
         Ok(FrbResampler {
             blas,
             rows,
             cols,
-            set,
             tables,
-            scratch,
             max_rows,
         })
     }
 
     /// Beams per row of the output.
     pub fn beams(&self) -> usize {
-        self.set.beams()
+        match self.tables {
+            Tables::General { beams, .. } => beams,
+            Tables::Product { p, q, .. } => p * q,
+        }
     }
 
     /// Resample `rows` rows of `i` (row-major (p, q)) into `out` (`rows` × beams), on the
@@ -150,8 +132,8 @@ impl FrbResampler {
         let n = cublasOperation_t::CUBLAS_OP_N;
         let t = cublasOperation_t::CUBLAS_OP_T;
         let int = |v: usize| v as i32;
-        match &self.set {
-            FrbBeamSet::List(_) => {
+        match &mut self.tables {
+            Tables::General { w, .. } => {
                 // Row-major J (rows × B) = I (rows × K) · W (K × B), i.e. column-major
                 // Jᵀ (B × rows) = Wᵀ (B × K) · Iᵀ (K × rows).
                 let cfg = GemmConfig {
@@ -168,11 +150,10 @@ impl FrbResampler {
                 };
                 // SAFETY: the buffers hold at least the sizes the config reads and writes
                 // (checked above and at construction).
-                unsafe { self.blas.gemm(cfg, &self.tables[0], i, out) }.map_err(blas_err)?;
+                unsafe { self.blas.gemm(cfg, &*w, i, out) }.map_err(blas_err)?;
             }
-            FrbBeamSet::Grid(a, b) => {
-                let (na, nb) = (a.len(), b.len());
-                let v = self.scratch.as_mut().expect("a grid has scratch");
+            Tables::Product { u, u2, v, p, q } => {
+                let (na, nb) = (*p, *q);
                 // Per row, column-major Vᵀ (2N × A) = I_rowᵀ (2N × 2M) · U (2M × A); U is
                 // row-major (2M × A), i.e. column-major (A × 2M), used transposed.
                 let first = StridedBatchedConfig {
@@ -215,10 +196,10 @@ impl FrbResampler {
                 // SAFETY: as above; the strides stay within `rows` rows of each buffer.
                 unsafe {
                     self.blas
-                        .gemm_strided_batched(first, i, &self.tables[0], v)
+                        .gemm_strided_batched(first, i, &*u, v)
                         .map_err(blas_err)?;
                     self.blas
-                        .gemm_strided_batched(second, &self.tables[1], &*v, out)
+                        .gemm_strided_batched(second, &*u2, &*v, out)
                         .map_err(blas_err)?;
                 }
             }

@@ -18,8 +18,9 @@ use super::Check;
 use crate::dsp::frb::{
     intensities, resample, resample_factorised, u_sum, DishGrid, FieldTransform, FrbShape,
 };
+use crate::dsp::frb_fast::FrbBeams;
 use crate::gpu::frb::{error_bound, FrbConfig, FrbStage1};
-use crate::gpu::frb_resample::{FrbBeamSet, FrbResampler};
+use crate::gpu::frb_resample::FrbResampler;
 use crate::gpu::{Gpu, GpuError};
 
 struct Case {
@@ -165,16 +166,16 @@ fn check_resample(
     gpu: &Arc<Gpu>,
     rng: &mut SmallRng,
     (m, n): (usize, usize),
-    set: FrbBeamSet,
+    set: FrbBeams,
     rows: usize,
 ) -> Result<Check, GpuError> {
     let (pm, pn) = (2 * m, 2 * n);
     let i: Vec<f32> = (0..rows * pm * pn)
         .map(|_| rng.random_range(0.0f32..1000.0))
         .collect();
-    let mut op = FrbResampler::new(gpu, m, n, set.clone(), rows)?;
+    let mut op = FrbResampler::new(gpu, m, n, &set, rows)?;
     let input = gpu.compute.clone_htod(&i)?;
-    let mut out = gpu.compute.alloc_zeros::<f32>(rows * set.beams())?;
+    let mut out = gpu.compute.alloc_zeros::<f32>(rows * set.len())?;
     op.resample(&input.as_view(), rows, &mut out)?;
     let got = gpu.compute.clone_dtoh(&out)?;
     let exact: Vec<f64> = i.iter().map(|&v| f64::from(v)).collect();
@@ -182,7 +183,7 @@ fn check_resample(
         (0..len).map(|p| u_sum(p, side, t).abs()).collect()
     };
     let (want, bound): (Vec<f64>, Vec<f64>) = match &set {
-        FrbBeamSet::List(beams) => {
+        FrbBeams::List(beams) => {
             let want = resample(&exact, m, n, beams);
             let k = (pm * pn) as f64;
             let mut bound = vec![0.0; want.len()];
@@ -197,7 +198,10 @@ fn check_resample(
             }
             (want, bound)
         }
-        FrbBeamSet::Grid(a, b) => {
+        FrbBeams::Product {
+            thetas: a,
+            thetas2: b,
+        } => {
             let want = resample_factorised(&exact, m, n, a, b);
             let mut bound = vec![0.0; want.len()];
             for r in 0..rows {
@@ -223,8 +227,10 @@ fn check_resample(
         .map(|((g, w), lim)| (f64::from(*g) - w).abs() / lim)
         .fold(0.0f64, f64::max);
     let kind = match &set {
-        FrbBeamSet::List(b) => format!("{} listed beams", b.len()),
-        FrbBeamSet::Grid(a, b) => format!("{}×{} beam grid", a.len(), b.len()),
+        FrbBeams::List(b) => format!("{} listed beams", b.len()),
+        FrbBeams::Product { thetas, thetas2 } => {
+            format!("{}×{} beam grid", thetas.len(), thetas2.len())
+        }
     };
     Ok(Check {
         name: format!("frb stage 2 {m:>2}×{n:<2} {kind} {rows} rows"),
@@ -268,12 +274,12 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     ] {
         let mut theta = |side: usize| rng.random_range(-(side as f64)..2.0 * side as f64);
         let set = if b == 0 {
-            FrbBeamSet::List((0..a).map(|_| (theta(grid.0), theta(grid.1))).collect())
+            FrbBeams::List((0..a).map(|_| (theta(grid.0), theta(grid.1))).collect())
         } else {
-            FrbBeamSet::Grid(
-                (0..a).map(|_| theta(grid.0)).collect(),
-                (0..b).map(|_| theta(grid.1)).collect(),
-            )
+            FrbBeams::Product {
+                thetas: (0..a).map(|_| theta(grid.0)).collect(),
+                thetas2: (0..b).map(|_| theta(grid.1)).collect(),
+            }
         };
         checks.push(check_resample(gpu, &mut rng, grid, set, rows)?);
     }
