@@ -64,7 +64,12 @@ fn copy_bandwidth(gpu: &Arc<Gpu>) -> Result<f64, Box<dyn Error>> {
 
 /// The beamformer kernel alone on device-resident input: bytes moved (input read + beams
 /// written) per second against the copy bandwidth, and beams formed per second.
-fn beamformer(gpu: &Arc<Gpu>, copy: f64, cfg: BeamformConfig) -> Result<(), Box<dyn Error>> {
+fn beamformer(
+    gpu: &Arc<Gpu>,
+    copy: f64,
+    cfg: BeamformConfig,
+    dither: bool,
+) -> Result<(), Box<dyn Error>> {
     let mut bf = Beamformer::new(Arc::clone(gpu), cfg)?;
     let mut bytes = vec![0u8; cfg.input_bytes()];
     fill(&mut bytes, 3);
@@ -80,7 +85,7 @@ fn beamformer(gpu: &Arc<Gpu>, copy: f64, cfg: BeamformConfig) -> Result<(), Box<
         .collect();
     bf.set_beams(1, &beams)?;
     let present = vec![1u8; cfg.batches * cfg.n_ants];
-    let dither = vec![Some(1u64); cfg.beams];
+    let seeds = vec![dither.then_some(1u64); cfg.beams];
     let t = timed::<Box<dyn Error>>(gpu, 10, &mut || {
         bf.form(
             &input.as_view(),
@@ -88,7 +93,7 @@ fn beamformer(gpu: &Arc<Gpu>, copy: f64, cfg: BeamformConfig) -> Result<(), Box<
             0,
             (cfg.spectra * 65536) as i64,
             65536,
-            &dither,
+            &seeds,
             &mut out,
             &mut clips,
         )?;
@@ -97,12 +102,13 @@ fn beamformer(gpu: &Arc<Gpu>, copy: f64, cfg: BeamformConfig) -> Result<(), Box<
     let moved = (cfg.input_bytes() + cfg.output_len()) as f64;
     let beam_samples = (cfg.output_len() / 2) as f64;
     println!(
-        "beamformer {:>4} ants {:>4} ch {:>3} spectra ×{:>2} batches {:>3} beams: {:>7.1} µs, {:>6.0} GB/s moved = {:>5.1} % of copy | {:.2} G beam-samples/s, {:.1} G antenna-beam MACs/s",
+        "beamformer {:>4} ants {:>4} ch {:>3} spectra ×{:>2} batches {:>3} beams{}: {:>7.1} µs, {:>6.0} GB/s moved = {:>5.1} % of copy | {:.2} G beam-samples/s, {:.1} G antenna-beam MACs/s",
         cfg.n_ants,
         cfg.channels,
         cfg.spectra,
         cfg.batches,
         cfg.beams,
+        if dither { "" } else { ", no dither" },
         t * 1e6,
         moved / t * 1e-9,
         100.0 * moved / t / copy,
@@ -347,7 +353,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         bf(256, 256, 2, 8),
         bf(256, 256, 2, 64),
     ] {
-        beamformer(&gpu, copy, cfg)?;
+        beamformer(&gpu, copy, cfg, true)?;
+        // The cost of the dither at MeerKAT's beams.
+        if cfg.beams == 8 && cfg.n_ants == 80 {
+            beamformer(&gpu, copy, cfg, false)?;
+        }
     }
     let shapes = [
         // katgpucbf's MeerKAT configuration: 80 antennas, 32768 channels over 64 engines,

@@ -4,6 +4,7 @@
 //! setting. Real `sm_XY` targets run the PTX assembler, so errors that only it finds fail
 //! here too. No GPU is needed; a kernel that does not compile cannot land.
 
+use cbf::gpu::beamform::BeamformConfig;
 use cbf::gpu::compile::{compile, nvrtc_present, Kernel};
 use cbf::gpu::frb::FrbConfig;
 
@@ -97,21 +98,21 @@ fn every_kernel_compiles_for_every_architecture() {
         compiled += 1;
         // The beamformer: MeerKAT's 8 beams, one beam, 130 beams (several beam batches, one
         // partial), 4-bit input, short and odd spectra (a partial block).
-        for (ants, beams, spectra, batches, in_bits) in [
+        for (n_ants, beams, spectra, batches, in_bits) in [
             (80, 8, 256, 4, 8),
             (1, 1, 1, 1, 8),
             (130, 130, 100, 3, 4),
             (1024, 64, 32, 32, 8),
         ] {
-            let defs = vec![
-                ("N_ANTS", ants),
-                ("CHANNELS", 512),
-                ("SPECTRA", spectra),
-                ("BATCHES", batches),
-                ("N_BEAMS", beams),
-                ("IN_BITS", in_bits),
-                ("THREADS", ((spectra * batches + 31) / 32 * 32).min(256)),
-            ];
+            let cfg = BeamformConfig {
+                n_ants,
+                channels: 512,
+                spectra,
+                batches,
+                beams,
+                in_bits,
+            };
+            let defs = cfg.defines();
             compile(Kernel::Beamform, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
             compiled += 1;
         }
@@ -131,7 +132,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     // The beamformer at every shape the self-test and the benchmark build, for the lent H100
     // (ptxas decides register allocation per shape: one spilled there and nowhere else).
-    for (ants, channels, spectra, batches, beams, in_bits) in [
+    for (n_ants, channels, spectra, batches, beams, in_bits) in [
         (3, 5, 37, 2, 8, 8),
         (80, 16, 256, 3, 8, 8),
         (80, 8, 64, 2, 8, 8),
@@ -146,16 +147,15 @@ fn every_kernel_compiles_for_every_architecture() {
         (256, 512, 256, 2, 64, 8),
         (1024, 32, 256, 4, 8, 8),
     ] {
-        let defs = vec![
-            ("N_ANTS", ants),
-            ("CHANNELS", channels),
-            ("SPECTRA", spectra),
-            ("BATCHES", batches),
-            ("N_BEAMS", beams),
-            ("IN_BITS", in_bits),
-            ("THREADS", ((spectra * batches + 31) / 32 * 32).min(256)),
-        ];
-        compile(Kernel::Beamform, &defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        let cfg = BeamformConfig {
+            n_ants,
+            channels,
+            spectra,
+            batches,
+            beams,
+            in_bits,
+        };
+        compile(Kernel::Beamform, &cfg.defines(), "sm_90").unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
     // The FRB beamformer's first stage: every architecture at one shape, and for the lent H100

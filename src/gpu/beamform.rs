@@ -2,21 +2,23 @@
 //!
 //! **Input** ([`Beamformer::form`]): `batches` consecutive batches, each in `dsp::beamform`'s
 //! layout **(antenna, channel, spectrum, pol, re/im)**, int8 (`in_bits` 8) or one byte per
-//! complex value with the real part in the high nibble (`in_bits` 4). **Output**: int8
-//! **(batch, beam, channel, spectrum, re/im)**, overwritten, and per (batch, beam) the count of
-//! complex values with a saturated part (u64, overwritten). Antennas whose presence flag is 0
-//! are excluded. Spectrum t of batch i has timestamp `first + i·batch_step + t·spectrum_step`,
-//! which keys the dither: beam b with `Some(seed)` gets `dsp::beamform::beam_dither(seed, b, …)`
-//! bit for bit, `None` none.
+//! complex value with the real part in the high nibble (`in_bits` 4), starting 16-byte aligned.
+//! **Output**: int8 **(batch, beam, channel, spectrum, re/im)**, overwritten, and per (batch,
+//! beam) the count of complex values with a saturated part (u64, overwritten). Antennas whose
+//! presence flag is 0 are excluded. Spectrum t of batch i has timestamp
+//! `first + i·batch_step + t·spectrum_step`, which keys the dither: beam b with `Some(seed)` gets
+//! `dsp::beamform::beam_dither(seed, b, …)` bit for bit, `None` none.
 //!
-//! The kernel (`kernels/beamform.cu`) generates W = w·e^{jπcd} per (antenna batch, beam batch)
-//! in shared memory and sums in float, as seed 003 designs it, with the batches of a call laid
-//! end to end so that short heaps still fill its blocks; the oracle sums in double, so a
-//! value may differ by ±1 LSB where its sum lies within float rounding of a quantisation
-//! boundary (the self-test bounds how many and their bias). Coefficients are uploaded only when
-//! the steering version changes; the per-call presence flags and dither seeds are written into
-//! pinned host memory and copied on the compute stream into device buffers, two sets used in
-//! turn, so nothing is allocated per call and the host never waits for the device's idle
+//! The kernel (`kernels/beamform.cu`, whose header gives the mapping) generates W = w·e^{jπcd}
+//! per (antenna batch, beam batch) in shared memory, as seed 003 designs it, but multiplies on
+//! fp16 tensor cores with each weight split into hi + lo fp16 parts and scaled per beam by a
+//! power of two ([`beam_scale`]), so that the sums carry about 22 bits: the oracle sums in
+//! double, so a value may differ by ±1 LSB where its sum lies within float rounding of a
+//! quantisation boundary (the self-test bounds how many and their bias). The batches of a call
+//! are laid end to end so that short heaps still fill its blocks. Coefficients are uploaded only
+//! when the steering version changes; the per-call presence flags and dither seeds are written
+//! into pinned host memory and copied on the compute stream into device buffers, two sets used
+//! in turn, so nothing is allocated per call and the host never waits for the device's idle
 //! stream (as a copy from pageable memory would). Mapped host memory, which the F-engine uses
 //! for its per-heap terms, was measured here to cut the kernel to a fifth of its bandwidth:
 //! every block reads the flags, and each read crosses PCIe.
@@ -24,7 +26,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 
 use super::compile::{Defines, Kernel};
@@ -80,9 +82,35 @@ impl BeamformConfig {
         Ok(())
     }
 
-    /// (batch, spectrum) pairs per block: a warp's multiple, at most 256.
+    /// (batch, spectrum) slots per block, 32 per warp: a warp's multiple, at most 256.
     fn threads(&self) -> usize {
         (self.batches * self.spectra).next_multiple_of(32).min(256)
+    }
+
+    /// Tiles of 4 beams per beam batch: 8 accumulators each per lane; six fit the registers of
+    /// two blocks per SM without spilling, eight did not.
+    fn tiles(&self) -> usize {
+        self.beams.div_ceil(4).min(6)
+    }
+
+    /// k-steps of 4 antennas per antenna batch: 64 / tiles, so at most 32 KiB of coefficients.
+    fn ksteps(&self) -> usize {
+        self.n_ants.div_ceil(4).min(64 / self.tiles())
+    }
+
+    /// The kernel's compile-time constants.
+    pub fn defines(&self) -> Defines {
+        vec![
+            ("N_ANTS", self.n_ants as i64),
+            ("CHANNELS", self.channels as i64),
+            ("SPECTRA", self.spectra as i64),
+            ("BATCHES", self.batches as i64),
+            ("N_BEAMS", self.beams as i64),
+            ("IN_BITS", i64::from(self.in_bits)),
+            ("THREADS", self.threads() as i64),
+            ("BT", self.tiles() as i64),
+            ("KS", self.ksteps() as i64),
+        ]
     }
 }
 
@@ -113,6 +141,7 @@ pub struct Beamformer {
     weights: CudaSlice<f64>,
     delays: CudaSlice<f64>,
     pols: CudaSlice<i32>,
+    scales: CudaSlice<f32>,
     version: Option<u64>,
     params: [CallParams; 2],
     next: usize,
@@ -121,16 +150,7 @@ pub struct Beamformer {
 impl Beamformer {
     pub fn new(gpu: Arc<Gpu>, cfg: BeamformConfig) -> Result<Beamformer, GpuError> {
         cfg.validate()?;
-        let defs: Defines = vec![
-            ("N_ANTS", cfg.n_ants as i64),
-            ("CHANNELS", cfg.channels as i64),
-            ("SPECTRA", cfg.spectra as i64),
-            ("BATCHES", cfg.batches as i64),
-            ("N_BEAMS", cfg.beams as i64),
-            ("IN_BITS", i64::from(cfg.in_bits)),
-            ("THREADS", cfg.threads() as i64),
-        ];
-        let kernel = gpu.function(Kernel::Beamform, &defs)?;
+        let kernel = gpu.function(Kernel::Beamform, &cfg.defines())?;
         let st = &gpu.compute;
         let params = |gpu: &Gpu| -> Result<CallParams, GpuError> {
             let st = &gpu.compute;
@@ -148,6 +168,7 @@ impl Beamformer {
             weights: st.alloc_zeros(cfg.beams * cfg.n_ants * 2)?,
             delays: st.alloc_zeros(cfg.beams * cfg.n_ants)?,
             pols: st.alloc_zeros(cfg.beams)?,
+            scales: st.alloc_zeros(cfg.beams)?,
             version: None,
             params: [params(&gpu)?, params(&gpu)?],
             next: 0,
@@ -186,10 +207,12 @@ impl Beamformer {
             .flat_map(|b| b.delays.iter().copied())
             .collect();
         let pols: Vec<i32> = beams.iter().map(|b| b.pol as i32).collect();
+        let scales: Vec<f32> = beams.iter().map(beam_scale).collect();
         let st = &self.gpu.compute;
         st.memcpy_htod(&weights, &mut self.weights)?;
         st.memcpy_htod(&delays, &mut self.delays)?;
         st.memcpy_htod(&pols, &mut self.pols)?;
+        st.memcpy_htod(&scales, &mut self.scales)?;
         self.version = Some(version);
         Ok(())
     }
@@ -222,6 +245,12 @@ impl Beamformer {
         check("dither", dither.len(), cfg.beams)?;
         check("out", out.len(), cfg.output_len())?;
         check("clips", clips.len(), cfg.batches * cfg.beams)?;
+        let (ptr, _sync) = input.device_ptr(&self.gpu.compute);
+        if ptr % 16 != 0 {
+            return Err(GpuError::Backend(
+                "beamformer input: not 16-byte aligned (the kernel loads 16-byte vectors)".into(),
+            ));
+        }
         if self.version.is_none() {
             return Err(GpuError::Backend(
                 "beamformer: form before set_beams".into(),
@@ -247,7 +276,6 @@ impl Beamformer {
         st.memcpy_htod(&p.host_dithered, &mut p.dithered)?;
         st.memset_zeros(clips)?;
         let threads = cfg.threads();
-        let n_ants = cfg.n_ants as i32;
         let launch = LaunchConfig {
             grid_dim: (
                 (cfg.batches * cfg.spectra).div_ceil(threads) as u32,
@@ -262,6 +290,7 @@ impl Beamformer {
             .arg(&self.weights)
             .arg(&self.delays)
             .arg(&self.pols)
+            .arg(&self.scales)
             .arg(&p.present)
             .arg(&p.seeds)
             .arg(&p.dithered)
@@ -269,12 +298,57 @@ impl Beamformer {
             .arg(clips)
             .arg(&first)
             .arg(&batch_step)
-            .arg(&spectrum_step)
-            .arg(&n_ants);
+            .arg(&spectrum_step);
         // SAFETY: every buffer's length was checked against the kernel's constants above (the
         // parameter buffers were sized from the same config); each thread writes only its own
         // (batch, beam, channel, spectrum) outputs and adds to the clip counts atomically.
         unsafe { b.launch(launch) }?;
         Ok(())
+    }
+}
+
+/// The power of two by which the kernel scales a beam's weights before splitting them into fp16
+/// hi + lo parts: the largest |w|·2^s is at most 2¹⁴, so that every part is a normal fp16 number
+/// far from overflow (2¹⁴ · 128 per product, exact in the fp32 accumulator) and the split keeps
+/// about 22 bits. The exponent is kept within ±60, so weights beyond 2^±74 lose that guarantee;
+/// a beam of zero (or non-finite) weights is not scaled.
+pub fn beam_scale(beam: &Beam) -> f32 {
+    let max = beam.weights.iter().map(|w| w.norm()).fold(0.0, f64::max);
+    if !(max.is_finite() && max > 0.0) {
+        return 1.0;
+    }
+    let e = (16384.0 / max).log2().floor().clamp(-60.0, 60.0);
+    2f32.powi(e as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use num_complex::Complex64;
+
+    use super::*;
+
+    fn beam(weights: &[f64]) -> Beam {
+        Beam {
+            pol: 0,
+            weights: weights
+                .iter()
+                .map(|&r| Complex64::from_polar(r, 0.7))
+                .collect(),
+            delays: vec![0.0; weights.len()],
+        }
+    }
+
+    /// The scaled largest weight lies in (2¹³, 2¹⁴] whatever the weights' magnitude, and the
+    /// scale is a power of two (so that undoing it is exact).
+    #[test]
+    fn beam_scale_puts_the_largest_weight_just_below_two_to_the_14() {
+        for max in [1e-9, 3e-4, 0.05, 0.25, 1.0, 7.5, 16384.0, 1e6] {
+            let s = beam_scale(&beam(&[max / 3.0, max, max / 1e4]));
+            assert_eq!(s.to_bits() & 0x007f_ffff, 0, "{s} is not a power of two");
+            let top = max * f64::from(s);
+            assert!(top > 8192.0 && top <= 16384.0, "max {max}: scaled to {top}");
+        }
+        assert_eq!(beam_scale(&beam(&[0.0, 0.0])), 1.0);
+        assert_eq!(beam_scale(&beam(&[f64::NAN])), 1.0);
     }
 }
