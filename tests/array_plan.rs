@@ -89,7 +89,7 @@ fn check_plan(
                 let out = WidebandOutput::parse(&a.wideband[0]).unwrap();
                 assert_eq!(out.channels, band.channels);
                 f_dst.push(out.dst);
-                f_in.insert(addresses(&[c.source.src.clone()]));
+                f_in.insert(addresses(std::slice::from_ref(&c.source.src)));
             }
             Command::Xbengine(a) => {
                 let c = a.config().unwrap();
