@@ -275,3 +275,32 @@ fn a_local_array_correlates_a_tone_with_consistent_counters() {
         "dsims sent {dsim_sent} heaps, F-engines received {f_received}"
     );
 }
+
+/// An engine that stops by itself (here: its katcp port is taken) ends the run: the launcher
+/// stops the others and exits non-zero naming it.
+#[test]
+fn a_run_ends_when_an_engine_dies() {
+    let cbf = env!("CARGO_BIN_EXE_cbf");
+    // The same array on its own groups and ports, so that it does not meet the other test.
+    let text = std::fs::read_to_string(config())
+        .unwrap()
+        .replace("239.27.31.0/24", "239.27.32.0/24")
+        .replace("27310", "27510")
+        .replace("27410", "27610");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let cfg_path = dir.join("array-local-dies.toml");
+    std::fs::write(&cfg_path, text).unwrap();
+    // l-xb-00 is the plan's 7th engine: katcp port 27510 + 6.
+    let _taken = std::net::TcpListener::bind("127.0.0.1:27516").unwrap();
+    let out = Command::new(cbf)
+        .args(["array", "run", "--local", "--duration", "60"])
+        .arg(&cfg_path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("engine l-xb-00 stopped by itself (exit status: 1)"),
+        "{err}"
+    );
+}
