@@ -15,6 +15,7 @@ pub mod engine;
 pub mod fengine;
 pub mod gpu;
 pub mod net;
+pub mod quicklook;
 pub mod selftest;
 pub mod sim;
 pub mod spead;

@@ -29,9 +29,44 @@ fn load(name: &str) -> (ArrayConfig, Plan) {
     (cfg, plan)
 }
 
+const LOCAL_SYNC_TIME: f64 = 1.75e9;
+
+fn load_local(name: &str) -> (ArrayConfig, Plan) {
+    let text = std::fs::read_to_string(example(name)).unwrap();
+    let cfg = array::parse(&text).unwrap();
+    let run = array::local::LocalRun {
+        binary: "/opt/here/cbf".into(),
+        sync_time: LOCAL_SYNC_TIME,
+    };
+    let plan = array::plan::plan_local(&cfg, &run).unwrap();
+    (cfg, plan)
+}
+
+/// The distinct addresses of endpoint lists, in order.
+fn addresses(lists: &[String]) -> Vec<std::net::SocketAddrV4> {
+    let mut all: Vec<_> = lists
+        .iter()
+        .flat_map(|l| parse_endpoints(l).unwrap())
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
 /// Parse and validate every command line; check the array they make up.
 fn check_command_lines(name: &str, antennas: usize, x_engines: usize, dsims: usize) {
     let (cfg, plan) = load(name);
+    check_plan(&cfg, &plan, antennas, x_engines, dsims, cfg.array.sync_time);
+}
+
+fn check_plan(
+    cfg: &ArrayConfig,
+    plan: &Plan,
+    antennas: usize,
+    x_engines: usize,
+    dsims: usize,
+    sync_time: f64,
+) {
     assert_eq!(plan.engines.len(), dsims + antennas + x_engines);
     let band = &cfg.bands[0];
     let mut feng_ids = Vec::new();
@@ -49,12 +84,12 @@ fn check_command_lines(name: &str, antennas: usize, x_engines: usize, dsims: usi
                 let c = a.config().unwrap();
                 c.validate().unwrap();
                 assert_eq!(c.array_size as usize, antennas);
-                assert_eq!(c.sync_time, cfg.array.sync_time);
+                assert_eq!(c.sync_time, sync_time);
                 feng_ids.push(c.feng_id);
                 let out = WidebandOutput::parse(&a.wideband[0]).unwrap();
                 assert_eq!(out.channels, band.channels);
                 f_dst.push(out.dst);
-                f_in.insert(c.source.src.clone());
+                f_in.insert(addresses(std::slice::from_ref(&c.source.src)));
             }
             Command::Xbengine(a) => {
                 let c = a.config().unwrap();
@@ -74,7 +109,7 @@ fn check_command_lines(name: &str, antennas: usize, x_engines: usize, dsims: usi
                 // The cores are the planned node's, not this host's.
                 c.affinity.clear();
                 c.validate().unwrap();
-                dsim_out.insert(a.dest.join(","));
+                dsim_out.insert(addresses(&a.dest));
             }
             other => panic!("{}: {other:?}", e.name),
         }
@@ -84,6 +119,9 @@ fn check_command_lines(name: &str, antennas: usize, x_engines: usize, dsims: usi
             "{}",
             e.name
         );
+        if e.node == "localhost" {
+            continue; // a local run: not placed on the description's cores
+        }
         let node = cfg.nodes.iter().find(|n| n.hostname == e.node).unwrap();
         let numa = parse_cpu_list(&node.numa[e.numa].cores).unwrap();
         let nic = node.nics.iter().find(|n| n.name == e.nic).unwrap();
@@ -118,6 +156,47 @@ fn check_command_lines(name: &str, antennas: usize, x_engines: usize, dsims: usi
     }
     if dsims > 0 {
         assert_eq!(dsim_out, f_in, "each F-engine receives one dsim's streams");
+    }
+}
+
+/// The local plan of the 4-antenna example: the same array, every stream a unicast loopback
+/// address (each digitiser stream one address for both polarisations), every engine on
+/// this host with its own ports, this host's binary and the run's sync time, XB-engines
+/// sending without ?capture-start, nothing pinned.
+#[test]
+fn the_local_4_antenna_array_is_consistent() {
+    let (cfg, plan) = load_local("array-4ant.toml");
+    check_plan(&cfg, &plan, 4, 2, 4, LOCAL_SYNC_TIME);
+    let mut katcp = HashSet::new();
+    for e in &plan.engines {
+        assert_eq!(e.argv[0], "/opt/here/cbf");
+        assert_eq!(e.node, "localhost");
+        assert!(e.cores.is_empty());
+        assert!(katcp.insert(e.katcp_port) && katcp.insert(e.prometheus_port));
+        assert!(e
+            .argv
+            .windows(2)
+            .any(|w| w == ["--katcp-host", "127.0.0.1"]));
+        for s in e.inputs.iter().chain(&e.outputs) {
+            for a in parse_endpoints(s).unwrap() {
+                assert!(a.ip().is_loopback(), "{}: {a}", e.name);
+            }
+        }
+        match e.kind {
+            array::EngineKind::Dsim => {
+                assert!(!e.argv.iter().any(|a| a == "--affinity"));
+                assert_eq!(
+                    e.outputs[0], e.outputs[1],
+                    "both polarisations to one address"
+                );
+            }
+            array::EngineKind::Fengine => {
+                assert_eq!(parse_endpoints(&e.inputs[0]).unwrap().len(), 1);
+            }
+            array::EngineKind::Xbengine => {
+                assert!(e.argv.iter().any(|a| a == "--send-enabled"));
+            }
+        }
     }
 }
 

@@ -232,3 +232,66 @@ fn command_lines_the_engines_refuse_are_refused() {
         "{err}"
     );
 }
+
+/// The F-engines' chunk must hold whole digitiser heaps, and the PFB footprint with the delay
+/// allowance.
+#[test]
+fn the_fengine_chunk_must_fit_its_tail() {
+    for chunk in [0, 1000, 1 << 31] {
+        let mut c = four();
+        c.bands[0].recv_chunk_samples = chunk;
+        assert_eq!(key(&c), "bands[0].recv_chunk_samples", "{chunk}");
+    }
+    // 1024 channels × 16 taps × 2 = 32768 samples of footprint: a 2^16 chunk (with 2^15-sample
+    // batches) holds it with up to 32768 samples of delay allowance.
+    let mut c = four();
+    c.bands[0].recv_chunk_samples = 1 << 16;
+    c.bands[0].jones_per_batch = 1 << 14;
+    c.bands[0].max_delay_diff = 1 << 15;
+    array::plan::plan(&c).unwrap();
+    c.bands[0].max_delay_diff = (1 << 15) + 1;
+    assert_eq!(key(&c), "bands[0].max_delay_diff");
+    c.bands[0].max_delay_diff = usize::MAX;
+    assert_eq!(key(&c), "bands[0].max_delay_diff");
+}
+
+/// A local run starts a bounded number of processes, on ports that do not meet, and maps the
+/// groups to loopback addresses that are neither the loopback network's nor its broadcast.
+#[test]
+fn a_local_run_is_small_and_its_ports_and_addresses_are_sound() {
+    let run = array::local::LocalRun {
+        binary: "/bin/cbf".into(),
+        sync_time: 1e9,
+    };
+    let local = |cfg: &ArrayConfig| match array::plan::plan_local(cfg, &run) {
+        Err(ArrayError::Config { key, message }) => (key, message),
+        Err(other) => panic!("not a config error: {other}"),
+        Ok(_) => panic!("planned"),
+    };
+    array::plan::plan_local(&four(), &run).unwrap();
+    let (k, m) = local(&meerkat());
+    assert_eq!(k, "antennas");
+    assert!(m.contains("at most 16"), "{m}");
+    // 7 antennas: 7 dsims + 7 F-engines + 2 XB-engines = 16; 8 are too many.
+    let mut c = four();
+    for a in 4..7 {
+        let mut ant = c.antennas[0].clone();
+        ant.name = format!("m{a:03}");
+        c.antennas.push(ant);
+    }
+    c.nodes[0].cpu_engines = 16;
+    c.nodes[0].numa[0].cores = "0-63".into();
+    array::plan::plan_local(&c, &run).unwrap();
+    let mut ant = c.antennas[0].clone();
+    ant.name = "m007".into();
+    c.antennas.push(ant);
+    assert_eq!(local(&c).0, "antennas");
+    let mut c = four();
+    c.network.prometheus_port_base = c.network.katcp_port_base + 9;
+    assert_eq!(local(&c).0, "network.prometheus_port_base");
+    c.network.prometheus_port_base = 65530;
+    assert_eq!(local(&c).0, "network.prometheus_port_base");
+    let mut c = four();
+    c.network.multicast = "239.0.0.0/24".into();
+    assert_eq!(local(&c).0, "network.multicast");
+}

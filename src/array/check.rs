@@ -13,9 +13,12 @@ use super::ArrayError;
 use crate::dsp::samples::valid_sample_bits;
 use crate::engine::SAMPLE_RATE_RANGE;
 
-/// fengine's default `--recv-chunk-samples` (2^25), which the plan keeps: an output heap's
-/// span of input samples (spectra per heap × 2 × channels = 2 × jones per batch) must divide it.
-pub const RECV_CHUNK_SAMPLES: usize = 1 << 25;
+/// The largest `bands[].recv_chunk_samples`: 2^30 samples keeps a 16-bit chunk of both
+/// polarisations within the F-engine's `MAX_CHUNK_BYTES` (8 GiB), with its tail.
+pub const MAX_RECV_CHUNK_SAMPLES: usize = 1 << 30;
+/// Samples per digitiser heap (`--recv-packet-samples`, which the plan keeps at fengine's
+/// default): a chunk is made of whole heaps.
+const HEAP_SAMPLES: usize = 4096;
 /// fengine's largest output (`fengine::output::MAX_CHANNELS`) and PFB length.
 const MAX_CHANNELS: usize = crate::fengine::output::MAX_CHANNELS;
 const MAX_TAPS: usize = crate::fengine::output::MAX_TAPS;
@@ -168,22 +171,42 @@ pub fn check_band(i: usize, b: &Band, bands: &[Band]) -> Result<BandShape, Array
             ),
         ));
     }
+    let chunk = b.recv_chunk_samples;
+    if chunk == 0 || chunk > MAX_RECV_CHUNK_SAMPLES || chunk % HEAP_SAMPLES != 0 {
+        return Err(err(
+            key("recv_chunk_samples"),
+            format!(
+                "{chunk} must be a multiple of the {HEAP_SAMPLES}-sample digitiser heap, at most {MAX_RECV_CHUNK_SAMPLES}"
+            ),
+        ));
+    }
     let jpb = b.jones_per_batch;
     // jpb is bounded before it is doubled.
-    if jpb < ch
-        || jpb % ch != 0
-        || jpb > RECV_CHUNK_SAMPLES / 2
-        || RECV_CHUNK_SAMPLES % (2 * jpb) != 0
-    {
+    if jpb < ch || jpb % ch != 0 || jpb > chunk / 2 || chunk % (2 * jpb) != 0 {
         return Err(err(
             key("jones_per_batch"),
             format!(
-                "{jpb} must be a multiple of channels = {ch} whose heap span (2 × {jpb} samples) divides the F-engine's {RECV_CHUNK_SAMPLES}-sample input chunks"
+                "{jpb} must be a multiple of channels = {ch} whose heap span (2 × {jpb} samples) divides the F-engine's {chunk}-sample input chunks (recv_chunk_samples)"
             ),
         ));
     }
     if b.taps == 0 || b.taps > MAX_TAPS {
         return Err(err(key("taps"), format!("must be 1 to {MAX_TAPS}")));
+    }
+    // The chunk carries the PFB's footprint and the delay allowance as its tail
+    // (`fengine::pipeline::tail_samples`, rounded up to whole heaps).
+    let footprint = (b.taps * 2 * ch)
+        .checked_add(b.max_delay_diff)
+        .map(|t| t.div_ceil(HEAP_SAMPLES) * HEAP_SAMPLES);
+    if footprint.is_none_or(|t| t > chunk) {
+        return Err(err(
+            key("max_delay_diff"),
+            format!(
+                "{} with the PFB footprint (taps × 2 × channels = {}) exceeds recv_chunk_samples = {chunk}",
+                b.max_delay_diff,
+                b.taps * 2 * ch
+            ),
+        ));
     }
     if b.fengine_cores == 0 || b.xengine_cores == 0 {
         let k = if b.fengine_cores == 0 {

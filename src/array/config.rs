@@ -96,6 +96,10 @@ pub struct DsimSection {
     /// Cores per dsim: one send thread each (a thread sends about 25 Gb/s).
     #[serde(default = "default_dsim_cores")]
     pub cores: usize,
+    /// Samples of the pattern each dsim renders and replays (`cbf dsim --max-period`, which
+    /// is also the memory it sets aside); a tone is rounded to whole cycles per period
+    /// [default: dsim's 2^27].
+    pub period: Option<usize>,
 }
 
 impl Default for DsimSection {
@@ -104,6 +108,7 @@ impl Default for DsimSection {
             enabled: false,
             signals: None,
             cores: default_dsim_cores(),
+            period: None,
         }
     }
 }
@@ -131,6 +136,14 @@ pub struct Band {
     pub jones_per_batch: usize,
     #[serde(default = "default_taps")]
     pub taps: usize,
+    /// The F-engines' input chunk, samples per polarisation (`--recv-chunk-samples`): small
+    /// for a slow test band, whose 2^25-sample chunks would take seconds to fill.
+    #[serde(default = "default_recv_chunk_samples")]
+    pub recv_chunk_samples: usize,
+    /// Largest coarse-delay difference between polarisations the F-engines allow for
+    /// (`--max-delay-diff`, samples); with the PFB footprint it must fit a chunk.
+    #[serde(default = "default_max_delay_diff")]
+    pub max_delay_diff: usize,
     #[serde(default = "default_dither")]
     pub dither: Dither,
     /// Target accumulation (dump) time in seconds; the nearest whole number of batches is used.
@@ -298,6 +311,12 @@ fn default_jones_per_batch() -> usize {
 }
 fn default_taps() -> usize {
     16
+}
+fn default_recv_chunk_samples() -> usize {
+    1 << 25
+}
+fn default_max_delay_diff() -> usize {
+    1 << 20
 }
 fn default_dither() -> Dither {
     Dither::Uniform

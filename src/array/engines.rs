@@ -1,12 +1,14 @@
 //! Each engine of a band from its placement: its streams, identity, rates and full command
 //! line, with the flags that exist in `cbf dsim`, `cbf fengine` and `cbf xbengine` (katgpucbf's
-//! names, facts §1.2–§1.5).
+//! names, facts §1.2–§1.5). For a local run ([`super::local`]) the same flags, with this host's
+//! binary, loopback addresses, the run's sync time and control on 127.0.0.1, unpinned.
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
 
 use super::check::BandShape;
 use super::config::{ArrayConfig, Backend, Band};
+use super::local::{LocalRun, LOCAL_ADDRESS};
 use super::place::Placement;
 use super::plan::{BandGroups, EngineKind, EnginePlan};
 use super::rates::{self, Rate};
@@ -21,12 +23,19 @@ const DSIM_MEMORY_GIB: u32 = 4;
 /// Performance).
 const FENGINE_OTHER_THREADS: usize = 2;
 
+/// How late an F heap may come to an XB-engine (`--recv-reorder-tol`), in seconds: xbgpu's
+/// default of 2^29 ADC ticks at MeerKAT's 1712 MS/s. Given as time, so that the window of a
+/// slower band is as long in seconds (2^29 ticks of the 26.75 MS/s test band are 20 s, which
+/// would hold every chunk back that long).
+const RECV_REORDER_SECONDS: f64 = (1u64 << 29) as f64 / 1712e6;
+
 /// What every engine of one band shares.
 pub(super) struct BandEngines<'a> {
     pub cfg: &'a ArrayConfig,
     pub band: &'a Band,
     pub shape: &'a BandShape,
     pub groups: &'a BandGroups,
+    pub local: Option<&'a LocalRun>,
 }
 
 impl BandEngines<'_> {
@@ -42,16 +51,32 @@ impl BandEngines<'_> {
             env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
             env.insert("CUDA_VISIBLE_DEVICES".into(), index.to_string());
         }
+        let (host, nic_name, address, cores, binary) = match self.local {
+            Some(run) => (
+                "localhost".to_string(),
+                "lo".to_string(),
+                LOCAL_ADDRESS.to_string(),
+                vec![],
+                run.binary.clone(),
+            ),
+            None => (
+                node.hostname.clone(),
+                nic.name.clone(),
+                nic.address.clone(),
+                at.cores.clone(),
+                self.cfg.array.binary.clone(),
+            ),
+        };
         EnginePlan {
             name,
             kind,
             band: self.band.name.clone(),
-            node: node.hostname.clone(),
+            node: host,
             numa: at.numa,
-            nic: nic.name.clone(),
-            nic_address: nic.address.clone(),
+            nic: nic_name,
+            nic_address: address,
             gpu,
-            cores: at.cores.clone(),
+            cores,
             katcp_port: at.katcp_port,
             prometheus_port: at.prometheus_port,
             inputs: vec![],
@@ -65,19 +90,24 @@ impl BandEngines<'_> {
             memory_gib: 0,
             rdma_resource: nic.rdma_resource.clone(),
             env,
-            argv: vec![self.cfg.array.binary.clone(), kind.as_str().into()],
+            argv: vec![binary, kind.as_str().into()],
         }
     }
 
-    /// The flags every engine takes the same way: time, control ports.
+    /// The flags every engine takes the same way: time, control ports (and, for a local run,
+    /// control on loopback only).
     fn common(&self, e: &mut EnginePlan) {
+        let sync_time = self.local.map_or(self.cfg.array.sync_time, |r| r.sync_time);
         let v = [
             ("--adc-sample-rate", self.band.adc_sample_rate.to_string()),
-            ("--sync-time", self.cfg.array.sync_time.to_string()),
+            ("--sync-time", sync_time.to_string()),
             ("--katcp-port", e.katcp_port.to_string()),
             ("--prometheus-port", e.prometheus_port.to_string()),
         ];
         push(&mut e.argv, &v);
+        if self.local.is_some() {
+            push(&mut e.argv, &[("--katcp-host", LOCAL_ADDRESS.to_string())]);
+        }
     }
 
     pub fn dsim(&self, name: String, ant: usize, at: &Placement) -> EnginePlan {
@@ -90,10 +120,15 @@ impl BandEngines<'_> {
             ("--first-id", (2 * ant).to_string()),
             ("--interface", e.nic_address.clone()),
             ("--ttl", self.cfg.network.ttl.to_string()),
-            ("--affinity", cores.join(",")),
         ];
+        if !cores.is_empty() {
+            flags.push(("--affinity", cores.join(",")));
+        }
         if let Some(s) = &self.cfg.dsim.signals {
             flags.push(("--signals", s.clone()));
+        }
+        if let Some(p) = self.cfg.dsim.period {
+            flags.push(("--max-period", p.to_string()));
         }
         push(&mut e.argv, &flags);
         let streams = &self.groups.digitiser[ant];
@@ -117,6 +152,11 @@ impl BandEngines<'_> {
             b.taps,
             b.dither.as_str()
         );
+        // A local run's digitiser stream is one address: one receive thread.
+        let recv_threads = match self.local {
+            Some(_) => 1,
+            None => at.cores.len().saturating_sub(FENGINE_OTHER_THREADS).max(1),
+        };
         push(
             &mut e.argv,
             &[
@@ -124,22 +164,19 @@ impl BandEngines<'_> {
                 ("--feng-id", ant.to_string()),
                 ("--array-size", self.cfg.antennas.len().to_string()),
                 ("--jones-per-batch", b.jones_per_batch.to_string()),
-                (
-                    "--recv-threads",
-                    e.cores
-                        .len()
-                        .saturating_sub(FENGINE_OTHER_THREADS)
-                        .max(1)
-                        .to_string(),
-                ),
+                ("--recv-chunk-samples", b.recv_chunk_samples.to_string()),
+                ("--max-delay-diff", b.max_delay_diff.to_string()),
+                ("--recv-threads", recv_threads.to_string()),
                 ("--recv-interface", e.nic_address.clone()),
                 ("--send-interface", e.nic_address.clone()),
                 ("--send-ttl", self.cfg.network.ttl.to_string()),
                 ("--wideband", wideband),
             ],
         );
-        self.backend(&mut e, false);
-        let src = self.groups.digitiser[ant].join(",");
+        self.backend(&mut e, false, at.cores.len());
+        let mut src = self.groups.digitiser[ant].to_vec();
+        src.dedup();
+        let src = src.join(",");
         e.argv.push(src.clone());
         e.inputs = vec![src];
         e.outputs = vec![self.groups.fx.endpoint()];
@@ -172,6 +209,12 @@ impl BandEngines<'_> {
                     s.samples_between_spectra.to_string(),
                 ),
                 ("--jones-per-batch", b.jones_per_batch.to_string()),
+                (
+                    "--recv-reorder-tol",
+                    ((RECV_REORDER_SECONDS * b.adc_sample_rate).round() as u64)
+                        .max(1)
+                        .to_string(),
+                ),
                 ("--recv-interface", e.nic_address.clone()),
                 ("--send-interface", e.nic_address.clone()),
                 ("--send-ttl", self.cfg.network.ttl.to_string()),
@@ -202,7 +245,11 @@ impl BandEngines<'_> {
             tx = tx.plus(rates::beam(b.adc_sample_rate, s.cps, b.channels));
         }
         push(&mut e.argv, &outputs);
-        self.backend(&mut e, true);
+        if self.local.is_some() {
+            // No product controller sends ?capture-start to a local run.
+            e.argv.push("--send-enabled".into());
+        }
+        self.backend(&mut e, true, at.cores.len());
         e.inputs = vec![src];
         e.channels = Some((x * s.cps, (x + 1) * s.cps));
         set_rates(
@@ -215,8 +262,8 @@ impl BandEngines<'_> {
     }
 
     /// `--backend`, and the GPU (always device 0 of those visible) or the CPU correlator's
-    /// threads (one per core the XB-engine holds).
-    fn backend(&self, e: &mut EnginePlan, xb: bool) {
+    /// threads (one per core the XB-engine is placed with).
+    fn backend(&self, e: &mut EnginePlan, xb: bool, cores: usize) {
         match self.cfg.array.backend {
             Backend::Cuda => push(
                 &mut e.argv,
@@ -226,7 +273,7 @@ impl BandEngines<'_> {
                 &mut e.argv,
                 &[
                     ("--backend", "cpu".into()),
-                    ("--cpu-threads", e.cores.len().to_string()),
+                    ("--cpu-threads", cores.to_string()),
                 ],
             ),
             Backend::Cpu => push(&mut e.argv, &[("--backend", "cpu".into())]),

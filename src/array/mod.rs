@@ -20,9 +20,12 @@ pub mod config;
 mod engines;
 pub mod groups;
 pub mod kubernetes;
+pub mod launch;
+pub mod local;
 pub mod place;
 pub mod plan;
 pub mod rates;
+pub mod status;
 pub mod systemd;
 mod yaml;
 

@@ -8,7 +8,8 @@
 //! `dsim.enabled`, an F-engine per antenna (feng-id = the antenna's index), and an XB-engine
 //! per channel range (XB-engine i takes channels `i·cps ..`, the i-th F→X group). Every
 //! F-engine sends the whole F→X range, so each XB-engine hears every F-engine by
-//! construction; [`check_fx`] verifies it on the finished plan.
+//! construction; [`check_fx`] verifies it on the finished plan. [`plan_local`] plans the same
+//! description for a run on this host ([`super::local`]).
 #![deny(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +21,7 @@ use super::check::{check_array, check_band, check_node, BandShape, NodeShape};
 use super::config::{ArrayConfig, Backend, Role};
 use super::engines::BandEngines;
 use super::groups::{Allocator, Groups};
+use super::local::{loopback_groups, LocalRun};
 use super::place::Placer;
 use super::ArrayError;
 
@@ -89,6 +91,8 @@ pub struct BandPlan {
     pub heap_accumulation_threshold: u64,
     pub dump_seconds: f64,
     pub fx_groups: String,
+    /// Name of the XB-engines' correlation-product output (its sensors' prefix).
+    pub corrprod: String,
     pub corrprod_groups: String,
     pub beam_groups: Vec<String>,
 }
@@ -129,12 +133,16 @@ pub(super) struct BandGroups {
     pub beams: Vec<Groups>,
 }
 
-/// Allocate a band's groups, and refuse explicit ones that collide with any other.
+/// Allocate a band's groups, and refuse explicit ones that collide with any other. For a
+/// local run (`local`), explicit streams are not used, each antenna's digitiser stream is one
+/// group for both polarisations, and every group is replaced by its loopback twin
+/// ([`super::local`]).
 fn band_groups(
     cfg: &ArrayConfig,
     i: usize,
     alloc: &mut Allocator,
     owners: &mut HashMap<SocketAddrV4, String>,
+    local: bool,
 ) -> Result<BandGroups, ArrayError> {
     let band = &cfg.bands[i];
     let full = || {
@@ -147,7 +155,7 @@ fn band_groups(
     let mut explicit: Vec<(String, Vec<SocketAddrV4>)> = Vec::new();
     let mut digitiser = Vec::new();
     for (a, ant) in cfg.antennas.iter().enumerate() {
-        match ant.digitiser.get(&band.name) {
+        match ant.digitiser.get(&band.name).filter(|_| !local) {
             Some(lists) => {
                 let key = format!("antennas[{a}].digitiser.{}", band.name);
                 for l in lists {
@@ -157,6 +165,12 @@ fn band_groups(
                     ));
                 }
                 digitiser.push([lists[0].clone(), lists[1].clone()]);
+            }
+            None if local => {
+                let g = alloc.take(1).ok_or_else(full)?;
+                claim(owners, &g, &format!("antennas[{a}] digitiser"))?;
+                let both = loopback_groups(g)?.endpoint();
+                digitiser.push([both.clone(), both]);
             }
             None => {
                 let per_pol = cfg.network.digitiser_groups_per_pol;
@@ -175,7 +189,7 @@ fn band_groups(
             }
         }
     }
-    let fx = match &band.fx_dst {
+    let fx = match band.fx_dst.as_ref().filter(|_| !local) {
         Some(text) => {
             let key = format!("bands[{i}].fx_dst");
             let addrs = crate::net::parse_endpoints(text).map_err(|e| err(key.clone(), e))?;
@@ -230,6 +244,18 @@ fn band_groups(
             }
         }
     }
+    let (fx, corrprod, beams) = if local {
+        (
+            loopback_groups(fx)?,
+            loopback_groups(corrprod)?,
+            beams
+                .into_iter()
+                .map(loopback_groups)
+                .collect::<Result<_, _>>()?,
+        )
+    } else {
+        (fx, corrprod, beams)
+    };
     Ok(BandGroups {
         digitiser,
         fx,
@@ -256,6 +282,16 @@ fn claim(
 /// Plan the array: check the description, allocate groups, place and describe every engine,
 /// and check the NIC and PCIe loads.
 pub fn plan(cfg: &ArrayConfig) -> Result<Plan, ArrayError> {
+    plan_for(cfg, None)
+}
+
+/// Plan a local run of the array: every engine a process on this host, over loopback
+/// ([`super::local`] says what changes). At most [`super::local::MAX_LOCAL_ENGINES`].
+pub fn plan_local(cfg: &ArrayConfig, run: &LocalRun) -> Result<Plan, ArrayError> {
+    plan_for(cfg, Some(run))
+}
+
+fn plan_for(cfg: &ArrayConfig, local: Option<&LocalRun>) -> Result<Plan, ArrayError> {
     check_array(cfg)?;
     if cfg.bands.is_empty() {
         return Err(err("bands", "an array needs at least one band"));
@@ -269,6 +305,9 @@ pub fn plan(cfg: &ArrayConfig) -> Result<Plan, ArrayError> {
     let nodes: Vec<NodeShape> = (0..cfg.nodes.len())
         .map(|i| check_node(i, &cfg.nodes[i], &cfg.nodes))
         .collect::<Result<_, _>>()?;
+    if local.is_some() {
+        super::local::check_size(cfg)?;
+    }
     let mut alloc = Allocator::new(&cfg.network.multicast, cfg.network.port)
         .map_err(|e| err("network.multicast", e))?;
     let mut owners = HashMap::new();
@@ -276,31 +315,52 @@ pub fn plan(cfg: &ArrayConfig) -> Result<Plan, ArrayError> {
     let mut bands = Vec::new();
     let mut engines = Vec::new();
     for (i, band) in cfg.bands.iter().enumerate() {
-        let groups = band_groups(cfg, i, &mut alloc, &mut owners)?;
+        let groups = band_groups(cfg, i, &mut alloc, &mut owners, local.is_some())?;
         let shape = &shapes[i];
         let b = BandEngines {
             cfg,
             band,
             shape,
             groups: &groups,
+            local,
         };
-        if cfg.dsim.enabled {
+        // The k-th engine of a local run gets the k-th ports of this host.
+        let mut place = |name: &str, role, gpu, cores, k| {
+            let at = placer.place(name, role, gpu, cores)?;
+            Ok::<_, ArrayError>(match local {
+                Some(_) => super::local::relocate(cfg, at, k),
+                None => at,
+            })
+        };
+        if cfg.dsim.enabled || local.is_some() {
             for a in 0..cfg.antennas.len() {
                 let name = format!("{}-dsim-{}", band.name, cfg.antennas[a].name);
-                let at = placer.place(&name, Role::Dsim, false, cfg.dsim.cores)?;
+                let at = place(&name, Role::Dsim, false, cfg.dsim.cores, engines.len())?;
                 engines.push(b.dsim(name, a, &at));
             }
         }
         let cuda = cfg.array.backend == Backend::Cuda;
         for a in 0..cfg.antennas.len() {
             let name = format!("{}-f-{}", band.name, cfg.antennas[a].name);
-            let at = placer.place(&name, Role::Fengine, cuda, band.fengine_cores)?;
+            let at = place(
+                &name,
+                Role::Fengine,
+                cuda,
+                band.fengine_cores,
+                engines.len(),
+            )?;
             engines.push(b.fengine(name, a, &at));
         }
         let width = (band.x_engines - 1).to_string().len().max(2);
         for x in 0..band.x_engines {
             let name = format!("{}-xb-{x:0width$}", band.name);
-            let at = placer.place(&name, Role::Xbengine, cuda, band.xengine_cores)?;
+            let at = place(
+                &name,
+                Role::Xbengine,
+                cuda,
+                band.xengine_cores,
+                engines.len(),
+            )?;
             engines.push(b.xbengine(name, x, &at));
         }
         bands.push(BandPlan {
@@ -314,17 +374,23 @@ pub fn plan(cfg: &ArrayConfig) -> Result<Plan, ArrayError> {
             heap_accumulation_threshold: shape.heap_accumulation_threshold,
             dump_seconds: shape.dump_seconds,
             fx_groups: groups.fx.endpoint(),
+            corrprod: band.corrprod.clone(),
             corrprod_groups: groups.corrprod.endpoint(),
             beam_groups: groups.beams.iter().map(Groups::endpoint).collect(),
         });
     }
+    // A local run uses none of the described NICs and links.
+    let (nics, gpus) = match local {
+        Some(_) => (vec![], vec![]),
+        None => (nic_loads(cfg, &engines)?, gpu_loads(cfg, &nodes, &engines)?),
+    };
     let plan = Plan {
         array: cfg.array.name.clone(),
-        sync_time: cfg.array.sync_time,
+        sync_time: local.map_or(cfg.array.sync_time, |r| r.sync_time),
         backend: cfg.array.backend,
         image: cfg.array.image.clone(),
-        nics: nic_loads(cfg, &engines)?,
-        gpus: gpu_loads(cfg, &nodes, &engines)?,
+        nics,
+        gpus,
         bands,
         engines,
     };

@@ -1,7 +1,8 @@
-//! `cbf array plan CONFIG [--json]` and `cbf array render --systemd DIR | --kubernetes DIR
-//! CONFIG`: the description → [`crate::array::plan`] → a table, JSON, or files. Before
-//! anything is printed or written, every generated command line goes through cbf's own
-//! parser and the engine's validator, so a plan never holds a command line its engine refuses.
+//! `cbf array plan CONFIG [--local] [--json]` and `cbf array render --systemd DIR |
+//! --kubernetes DIR CONFIG`: the description → [`crate::array::plan`] → a table, JSON, or
+//! files; `run --local` and `status` are in [`super::array_run`]. Before anything is printed,
+//! written or started, every generated command line goes through cbf's own parser and the
+//! engine's validator, so a plan never holds a command line its engine refuses.
 
 use std::path::PathBuf;
 
@@ -27,9 +28,17 @@ pub enum ArrayCommand {
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
+        /// The plan of `cbf array run --local`: every engine on this host over loopback.
+        #[arg(long)]
+        local: bool,
     },
     /// Write the plan as systemd units and/or Kubernetes manifests, one directory per node.
     Render(RenderArgs),
+    /// Run a small array (at most 16 engines) as processes on this host over loopback, from
+    /// the plan of `plan --local`, with a dsim per antenna; a launcher for tests and demos.
+    Run(super::array_run::RunArgs),
+    /// Read every engine's sensors (katcp) and counters (Prometheus) and print one table.
+    Status(super::array_run::StatusArgs),
 }
 
 #[derive(Debug, Args)]
@@ -53,8 +62,16 @@ impl From<ArrayError> for CliError {
 
 pub fn run(args: ArrayArgs) -> Result<(), CliError> {
     match args.command {
-        ArrayCommand::Plan { config, json } => {
-            let plan = planned(&config)?;
+        ArrayCommand::Plan {
+            config,
+            json,
+            local,
+        } => {
+            let plan = if local {
+                super::array_run::planned_local(&config)?
+            } else {
+                planned(&config)?
+            };
             if json {
                 let text = serde_json::to_string_pretty(&plan)
                     .map_err(|e| CliError::Run(e.to_string()))?;
@@ -74,6 +91,8 @@ pub fn run(args: ArrayArgs) -> Result<(), CliError> {
                 println!("kubernetes: {} files under {}", files.len(), dir.display());
             }
         }
+        ArrayCommand::Run(r) => super::array_run::run(r)?,
+        ArrayCommand::Status(s) => super::array_run::status(s)?,
     }
     Ok(())
 }
@@ -132,7 +151,7 @@ fn cpu_list(cores: &[usize]) -> String {
 }
 
 /// Rows as left-aligned columns.
-fn columns(rows: &[Vec<String>]) -> String {
+pub(super) fn columns(rows: &[Vec<String>]) -> String {
     let n = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..n)
         .map(|c| {
@@ -239,8 +258,10 @@ pub fn table(plan: &Plan) -> String {
     }
     out.push('\n');
     out.push_str(&columns(&rows));
-    out.push('\n');
-    out.push_str(&loads("NIC", "Gb/s", &plan.nics));
+    if !plan.nics.is_empty() {
+        out.push('\n');
+        out.push_str(&loads("NIC", "Gb/s", &plan.nics));
+    }
     if !plan.gpus.is_empty() {
         out.push('\n');
         out.push_str(&loads("GPU", "GB/s", &plan.gpus));

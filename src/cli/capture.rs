@@ -1,7 +1,8 @@
 //! `cbf capture`: receive any SPEAD stream from UDP endpoints or a pcap file and print one
 //! JSON line per heap (cnt, each item's id with its immediate value or its length and CRC-32,
 //! descriptors decoded), or, with `--stats`, rates and counters by cause. `--pcap` writes
-//! every datagram received to a pcap file.
+//! every datagram received to a pcap file. `--plot DIR` draws quick-look PNGs of F, X and beam
+//! heaps ([`crate::quicklook`]) every `--plot-every` seconds and prints a summary line.
 
 use std::io::{self, Write};
 use std::net::SocketAddrV4;
@@ -18,6 +19,7 @@ use crate::net::pcap::{PcapDump, PcapReceiver};
 use crate::net::udp::UdpReceiver;
 use crate::net::uring::UringReceiver;
 use crate::net::{parse_endpoints, PacketReceiver, Received, RecvBatch};
+use crate::quicklook::QuickLook;
 use crate::spead::items::{Descriptor, ItemValue};
 use crate::spead::recv::{HeapStream, HeapStreamConfig, ReceivedHeap, StatsSnapshot};
 
@@ -58,6 +60,26 @@ pub struct CaptureArgs {
     /// Keep running after a stop heap.
     #[arg(long)]
     pub ignore_stop: bool,
+    /// Draw quick-look PNGs (F spectra, X baselines and waterfall, beam power) into DIR and
+    /// print a summary line, instead of heaps.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+    /// Seconds between redrawing the --plot pictures (they are also drawn at the end).
+    #[arg(long, default_value_t = 5.0)]
+    pub plot_every: f64,
+}
+
+/// Redraw the quick-look pictures and print the summary line.
+fn plot(q: &QuickLook, dir: &Path) -> Result<(), CliError> {
+    let files =
+        crate::quicklook::draw::write_all(q, dir).map_err(|e| CliError::flag("--plot", e))?;
+    eprintln!(
+        "capture: {} ({} pictures in {})",
+        q.summary(),
+        files.len(),
+        dir.display()
+    );
+    Ok(())
 }
 
 /// One heap as a JSON object.
@@ -185,6 +207,10 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         .map(|d| check_seconds("--duration", d, true))
         .transpose()
         .map_err(|e| CliError::flag(e.flag, e.message))?;
+    let plot_every = check_seconds("--plot-every", args.plot_every, false)
+        .map_err(|e| CliError::flag(e.flag, e.message))?;
+    let mut quicklook = args.plot.as_ref().map(|_| QuickLook::new());
+    let quiet = args.stats || quicklook.is_some();
     let (mut source, dst) = open_source(
         &args.src,
         args.interface.as_deref(),
@@ -210,6 +236,7 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
     let mut n_heaps = 0u64;
     let start = Instant::now();
     let mut last_stats = start;
+    let mut last_plot = start;
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let src_addr = SocketAddrV4::new([0, 0, 0, 0].into(), 0);
@@ -233,11 +260,20 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         for h in std::mem::take(&mut heaps) {
             if args.count.is_none_or(|c| n_heaps < c) {
                 n_heaps += 1;
-                if !args.stats {
+                if let Some(q) = quicklook.as_mut() {
+                    q.add(&h);
+                }
+                if !quiet {
                     writeln!(out, "{}", heap_json(&h))?;
                 }
             }
             stream.recycle(h);
+        }
+        if let (Some(q), Some(dir)) = (&quicklook, &args.plot) {
+            if last_plot.elapsed() >= plot_every {
+                plot(q, dir)?;
+                last_plot = Instant::now();
+            }
         }
         if args.stats && last_stats.elapsed() >= Duration::from_secs(1) {
             let stats = stats_json(&counted(&stream, &source), start.elapsed().as_secs_f64());
@@ -253,10 +289,16 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
                 break;
             }
             n_heaps += 1;
-            if !args.stats {
+            if let Some(q) = quicklook.as_mut() {
+                q.add(&h);
+            }
+            if !quiet {
                 writeln!(out, "{}", heap_json(&h))?;
             }
         }
+    }
+    if let (Some(q), Some(dir)) = (&quicklook, &args.plot) {
+        plot(q, dir)?;
     }
     let stats = stats_json(&counted(&stream, &source), start.elapsed().as_secs_f64());
     if args.stats {

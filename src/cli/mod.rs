@@ -2,6 +2,7 @@
 //! katgpucbf's flag names (facts §1.2, §1.5).
 
 pub mod array;
+mod array_run;
 pub mod capture;
 pub mod demo;
 pub mod dsim;
@@ -54,7 +55,7 @@ pub enum Command {
     /// Receive any SPEAD stream: one JSON line per heap, or statistics; optional pcap dump.
     Capture(capture::CaptureArgs),
     /// A whole array from one description: `plan` (every engine, where, with which flags)
-    /// and `render` (systemd units, Kubernetes manifests).
+    /// and `render` (systemd units, Kubernetes manifests), `run --local` and `status`.
     Array(array::ArrayArgs),
 }
 

@@ -13,7 +13,7 @@ pub mod recv;
 pub mod send;
 mod shutdown;
 
-pub use shutdown::Shutdown;
+pub use shutdown::{terminate, Shutdown};
 
 /// A configuration the engine refuses at start-up, naming the command-line flag (or config
 /// key) at fault, as katgpucbf's argument checks do.

@@ -40,3 +40,21 @@ impl Shutdown {
         Arc::clone(&self.0)
     }
 }
+
+/// Ask a child process to stop cleanly (SIGTERM), as an operator's `kill` or systemd would;
+/// nothing when it has already exited.
+pub fn terminate(child: &mut std::process::Child) -> std::io::Result<()> {
+    if child.try_wait()?.is_some() {
+        return Ok(());
+    }
+    let pid = libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)?;
+    // SAFETY: kill(2) takes a plain pid and signal number and touches no memory of ours. The
+    // child has not been reaped (try_wait just said so, and only wait/try_wait reap it), so
+    // its pid is still ours, at worst a zombie, never a recycled process's.
+    let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

@@ -19,6 +19,7 @@
 //! client silent for [`IDLE_TIMEOUT`] or not reading its replies for [`WRITE_TIMEOUT`] is
 //! dropped, freeing its place.
 
+pub mod client;
 mod message;
 mod sampling;
 mod sensors;
