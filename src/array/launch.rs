@@ -5,8 +5,10 @@
 //! as the run's failure. A launcher for tests and demos, not a scheduler: nothing is
 //! restarted.
 //!
-//! Stopping is SIGTERM to every engine still running (the engines stop cleanly and print their
-//! counters), then, after [`GRACE`], SIGKILL to any that has not exited. The children run in a
+//! Stopping goes stage by stage against the data's flow — the simulators, then the F-engines,
+//! then the XB-engines — so that each stage's last heaps reach a consumer still running: SIGTERM
+//! to a stage's engines (they stop cleanly and print their counters), then, after at most
+//! [`GRACE`], SIGKILL to any that has not exited, then the next stage. The children run in a
 //! process group of their own, so a terminal's Ctrl-C reaches only the launcher, which then
 //! stops them in this one way.
 #![deny(unsafe_code)]
@@ -73,6 +75,8 @@ pub enum LaunchError {
 /// One running engine and the threads passing its output on.
 struct Running {
     name: String,
+    /// Position in the data's flow: 0 for XB-engines, 1 for F-engines, 2 for simulators.
+    stage: u8,
     child: Child,
     pipes: Vec<JoinHandle<()>>,
 }
@@ -123,10 +127,12 @@ where
     let (stdout, stderr) = (Arc::new(Mutex::new(stdout)), Arc::new(Mutex::new(stderr)));
     let width = plan.engines.iter().map(|e| e.name.len()).max().unwrap_or(0);
     let mut order: Vec<usize> = (0..plan.engines.len()).collect();
-    let rank = |k: EngineKind| match k {
-        EngineKind::Xbengine => 0,
-        EngineKind::Fengine => 1,
-        EngineKind::Dsim => 2,
+    let rank = |k: EngineKind| -> u8 {
+        match k {
+            EngineKind::Xbengine => 0,
+            EngineKind::Fengine => 1,
+            EngineKind::Dsim => 2,
+        }
     };
     order.sort_by_key(|&i| rank(plan.engines[i].kind));
     let mut running: Vec<(usize, Running)> = Vec::new();
@@ -163,6 +169,7 @@ where
             i,
             Running {
                 name: e.name.clone(),
+                stage: rank(e.kind),
                 child,
                 pipes,
             },
@@ -209,36 +216,40 @@ where
     })
 }
 
-/// SIGTERM to every engine still running, SIGKILL after [`GRACE`] to those that have not
-/// exited; each one's exit status, `None` where it had to be killed.
+/// Stop every engine still running, the latest stage first (see the module doc); each one's
+/// exit status, in `running`'s order, `None` where it had to be killed.
 fn stop_all<'a>(running: impl Iterator<Item = &'a mut Running>) -> Vec<Option<ExitStatus>> {
-    let mut all: Vec<&mut Running> = running.collect();
-    for r in all.iter_mut() {
-        if let Err(e) = terminate(&mut r.child) {
-            tracing::warn!(engine = r.name, "cannot send SIGTERM: {e}");
-        }
-    }
-    let deadline = Instant::now() + GRACE;
+    let mut all: Vec<(usize, &mut Running)> = running.enumerate().collect();
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; all.len()];
-    loop {
-        for (r, s) in all.iter_mut().zip(statuses.iter_mut()) {
-            if s.is_none() {
-                *s = r.child.try_wait().ok().flatten();
+    for stage in (0..=2).rev() {
+        let mut group: Vec<&mut (usize, &mut Running)> =
+            all.iter_mut().filter(|(_, r)| r.stage == stage).collect();
+        for (_, r) in group.iter_mut() {
+            if let Err(e) = terminate(&mut r.child) {
+                tracing::warn!(engine = r.name, "cannot send SIGTERM: {e}");
             }
         }
-        if statuses.iter().all(Option::is_some) || Instant::now() >= deadline {
-            break;
+        let deadline = Instant::now() + GRACE;
+        loop {
+            for (i, r) in group.iter_mut() {
+                if statuses[*i].is_none() {
+                    statuses[*i] = r.child.try_wait().ok().flatten();
+                }
+            }
+            if group.iter().all(|(i, _)| statuses[*i].is_some()) || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(POLL);
         }
-        std::thread::sleep(POLL);
-    }
-    for (r, s) in all.iter_mut().zip(&statuses) {
-        if s.is_none() {
-            tracing::warn!(
-                engine = r.name,
-                "still running {GRACE:?} after SIGTERM: killed"
-            );
-            let _ = r.child.kill();
-            let _ = r.child.wait();
+        for (i, r) in group.iter_mut() {
+            if statuses[*i].is_none() {
+                tracing::warn!(
+                    engine = r.name,
+                    "still running {GRACE:?} after SIGTERM: killed"
+                );
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+            }
         }
     }
     statuses
