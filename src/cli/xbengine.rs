@@ -346,10 +346,19 @@ mod tests {
             "dishes ≠ antennas"
         );
         assert_eq!(flag_of(&[&frb("t_ds=0", &map)]), "--frb-beam");
+        assert_eq!(flag_of(&[&frb("t_ds=64", &map), "--backend=cuda"]), "ok");
         assert_eq!(
-            flag_of(&[&frb("t_ds=64", &map), "--backend=cuda"]),
+            flag_of(&[
+                &frb("t_ds=64", &map).replace("grid=2x3", "grid=2x33"),
+                "--backend=cuda"
+            ]),
             "--frb-beam",
-            "the CUDA backend has no FRB beamformer"
+            "the CUDA backend's grids end at 32 a side"
+        );
+        assert_eq!(
+            flag_of(&[&frb("t_ds=64", &map), "--backend=cuda", "--sample-bits=4"]),
+            "--frb-beam",
+            "the CUDA backend's FRB stage takes 8-bit samples"
         );
         assert_eq!(
             flag_of(&[&frb("t_ds=64", &map).replace("name=f", "name=bl")]),

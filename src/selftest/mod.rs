@@ -7,6 +7,7 @@ pub mod correlate;
 pub mod fengine;
 pub mod frb;
 pub mod xbengine;
+pub mod xbengine_frb;
 
 use std::sync::Arc;
 
@@ -28,5 +29,6 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     checks.extend(beamform::run(gpu, seed)?);
     checks.extend(frb::run(gpu, seed)?);
     checks.extend(xbengine::run(gpu, seed)?);
+    checks.extend(xbengine_frb::run(gpu, seed)?);
     Ok(checks)
 }

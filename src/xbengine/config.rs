@@ -198,11 +198,26 @@ impl XbengineConfig {
             ));
         }
         for f in &self.frb_beams {
-            if self.backend != BackendKind::Cpu {
-                return Err(e(
-                    "--frb-beam",
-                    "the CUDA backend has no FRB beamformer yet: use --backend cpu",
-                ));
+            if self.backend == BackendKind::Cuda {
+                let side = crate::gpu::frb::MAX_GRID_SIDE;
+                if f.grid.rows > side || f.grid.cols > side {
+                    return Err(e(
+                        "--frb-beam",
+                        format!(
+                            "{}: the CUDA backend's FRB beamformer takes grids up to {side}×{side}",
+                            f.name
+                        ),
+                    ));
+                }
+                if self.sample_bits != 8 {
+                    return Err(e(
+                        "--frb-beam",
+                        format!(
+                            "{}: the CUDA backend's FRB beamformer takes 8-bit samples",
+                            f.name
+                        ),
+                    ));
+                }
             }
             f.check(self.array_size, spectra_per_heap * layout.batches, cps)
                 .map_err(|m| e("--frb-beam", m))?;

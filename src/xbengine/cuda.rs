@@ -21,7 +21,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice};
 
-use super::backend::{BackendError, BeamChunk, BeamResult, XbBackend, XbShape, BEAM_SLOTS};
+use super::backend::{
+    BackendError, BeamChunk, BeamResult, FrbChunk, XbBackend, XbShape, BEAM_SLOTS,
+};
+use super::cuda_frb::{CudaFrb, CudaFrbSpec};
 use crate::dsp::correlate::CorrShape;
 use crate::gpu::beamform::{BeamformConfig, Beamformer};
 use crate::gpu::correlate::{CorrConfig, CorrPath, Correlator};
@@ -96,6 +99,8 @@ pub struct CudaBackend {
     /// Heap buffers page-locked by `dump` (address, length), unlocked when their memory is
     /// registered again for another buffer, or on drop.
     heap_pins: Vec<(usize, usize)>,
+    /// The `--frb-beam` outputs ([`super::cuda_frb`]).
+    frb: Vec<CudaFrb>,
 }
 
 // SAFETY: the raw addresses in `heap_pins` are only handed back to the driver; every other
@@ -194,8 +199,18 @@ impl CudaBackend {
             pinned: HostRegistrations::new(Arc::clone(&gpu)),
             heap_pins: Vec::new(),
             input_bytes: cfg.input_bytes(),
+            frb: Vec::new(),
             gpu,
         })
+    }
+
+    /// With `--frb-beam` outputs, one per spec, over this backend's chunks (8-bit samples).
+    pub fn with_frb(mut self, specs: &[CudaFrbSpec]) -> Result<CudaBackend, GpuError> {
+        self.frb = specs
+            .iter()
+            .map(|spec| CudaFrb::new(&self.gpu, spec))
+            .collect::<Result<_, _>>()?;
+        Ok(self)
     }
 }
 
@@ -385,6 +400,30 @@ impl XbBackend for CudaBackend {
             data: bytemuck::cast_slice(slot.host_data.as_slice().map_err(gpu_error)?),
             clips: slot.host_clips.as_slice().map_err(gpu_error)?,
         })
+    }
+
+    fn frb(
+        &mut self,
+        output: usize,
+        input: &FrbChunk<'_>,
+        out: Vec<u8>,
+    ) -> Result<(), BackendError> {
+        let chunk = self.inputs[self.current].as_view();
+        self.frb
+            .get_mut(output)
+            .ok_or_else(|| BackendError(format!("no FRB output {output}")))?
+            .form(&chunk, input, out)
+    }
+
+    fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
+        self.frb
+            .get_mut(output)
+            .and_then(CudaFrb::take)
+            .ok_or_else(|| {
+                BackendError(format!(
+                    "no FRB intensities of output {output} are outstanding"
+                ))
+            })
     }
 
     fn pin(&mut self, buffer: &mut [u8]) -> Result<(), BackendError> {

@@ -103,6 +103,7 @@ impl Engine {
                 tracing::info!(gpu = %gpu.name, arch = %gpu.arch, "CUDA backend");
                 Box::new(
                     CudaBackend::new(gpu, shape, layout.batches, config.beams.len())
+                        .and_then(|b| b.with_frb(&frb::cuda_specs(&config, &plan)))
                         .map_err(|e| EngineError::Backend(e.to_string()))?,
                 )
             }

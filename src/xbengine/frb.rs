@@ -9,6 +9,7 @@ use num_complex::Complex32;
 use super::backend::{FrbChunk, XbBackend};
 use super::config::{Plan, XbengineConfig};
 use super::control::{Capture, XbControl};
+use super::cuda_frb::CudaFrbSpec;
 use super::frb_output::FrbBeamOutput;
 use super::heaps::{FrbHeapFormat, FrbMeta};
 use super::metrics::{self, FrbTotals};
@@ -18,6 +19,7 @@ use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
 use crate::engine::metrics::Metrics;
 use crate::engine::send::HeapSink;
 use crate::engine::{EngineError, Shutdown};
+use crate::gpu::frb::FrbConfig;
 
 /// Bytes of packet header and item pointers per packet (8 pointers, as a beam heap's).
 const FRB_PREAMBLE: usize = 72;
@@ -60,6 +62,30 @@ pub(super) fn cpu_formers(config: &XbengineConfig, plan: &Plan) -> Vec<(FrbBeamf
             let shape = chunk_shape(config, plan, f);
             let former = FrbBeamformer::new(shape, &f.grid, &f.beams, config.cpu_threads);
             (former, f.scale() as f32)
+        })
+        .collect()
+}
+
+/// The CUDA backend's FRB stages, one spec per output.
+pub(super) fn cuda_specs(config: &XbengineConfig, plan: &Plan) -> Vec<CudaFrbSpec> {
+    config
+        .frb_beams
+        .iter()
+        .map(|f| CudaFrbSpec {
+            config: FrbConfig {
+                rows: f.grid.rows,
+                cols: f.grid.cols,
+                dishes: config.array_size,
+                t_ds: f.t_ds,
+                channels: config.channels_per_substream,
+                spectra: plan.spectra_per_heap,
+                batches: plan.layout.batches,
+                time_block: None,
+                groups: None,
+            },
+            grid: f.grid.clone(),
+            beams: f.beams.clone(),
+            scale: f.scale() as f32,
         })
         .collect()
 }

@@ -3,7 +3,7 @@
 //! formats, requests, sensors and metrics. [`config`] validates the flags, [`output`] parses
 //! `--corrprod` and `--beam`, [`frb_output`] `--frb-beam`, [`place`] puts F heaps into chunks,
 //! [`accum`] schedules correlation and dumps, [`beams`] turns katcp steering into beamformer
-//! coefficients, [`backend`] is the compute, [`heaps`] the X, beam and FRB heaps on the wire,
+//! coefficients, [`backend`] is the compute ([`cuda`] and [`cuda_frb`] its GPU side), [`heaps`] the X, beam and FRB heaps on the wire,
 //! `outputs` and `frb` their send streams, [`control`] serves katcp, [`metrics`] names the
 //! Prometheus counters, and [`engine`] wires them to the shared receive and send threads.
 
@@ -13,6 +13,7 @@ pub mod beams;
 pub mod config;
 pub mod control;
 pub mod cuda;
+pub mod cuda_frb;
 pub mod engine;
 mod frb;
 pub mod frb_output;

@@ -1,0 +1,157 @@
+//! The XB-engine's `--frb-beam` output on the CUDA backend against the CPU backend (issue 17),
+//! through the [`XbBackend`] trait the engine drives: two chunks of fresh random input with a
+//! missing heap zeroed (as the engine zeroes them), the dish weights changed between the chunks
+//! (a new version), the first set below and the second far above the GPU first stage's fp16
+//! range limit (so the backend's power-of-two weight scaling is exercised both ways), a partly
+//! filled grid, and both beam-set forms (a Cartesian product and a list).
+//!
+//! This is a wiring check — heap layout, weights, scaling, versioning — not the numeric one:
+//! each GPU stage is checked against its derived error bound by [`super::frb`]. Their errors
+//! (≤ 3.1·2⁻¹¹ of the field per value in stage 1, float32 in stage 2, float16 encoding 2⁻¹¹) are
+//! far below the limit used here, 1 % of the heap's largest value, which any layout, weight or
+//! scale mistake exceeds by orders of magnitude.
+
+use std::sync::Arc;
+
+use half::f16;
+use num_complex::Complex32;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::Check;
+use crate::dsp::frb::DishGrid;
+use crate::dsp::frb_fast::{FrbBeamformer, FrbBeams, FrbChunkShape};
+use crate::gpu::frb::FrbConfig;
+use crate::gpu::{Gpu, GpuError};
+use crate::xbengine::backend::{CpuBackend, FrbChunk, XbBackend, XbShape};
+use crate::xbengine::cuda::CudaBackend;
+use crate::xbengine::cuda_frb::CudaFrbSpec;
+
+/// Relative to the heap's largest value.
+const LIMIT: f64 = 1e-2;
+
+fn decode(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| f64::from(f16::from_le_bytes([b[0], b[1]]).to_f32()))
+        .collect()
+}
+
+fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, GpuError> {
+    // 10 dishes on a 3×4 grid (two cells empty), 8 channels, 2 batches of 64 spectra, t_ds 16.
+    let (rows, cols, channels, spectra, batches, t_ds) = (3, 4, 8, 64, 2, 16);
+    let cells: Vec<(usize, usize)> = (0..rows * cols)
+        .filter(|c| *c != 5 && *c != 10)
+        .map(|c| (c / cols, c % cols))
+        .collect();
+    let n_ants = cells.len();
+    let grid = DishGrid::new(rows, cols, &cells).map_err(|e| GpuError::Backend(e.to_string()))?;
+    // Peaks of a few thousand at the second set's weights (below float16's 65504).
+    let w_max = 500.0;
+    let scale = (1e4 / (t_ds as f64 * 2.0 * n_ants as f64 * (w_max * 181.0f64).powi(2))) as f32;
+    let shape = XbShape {
+        n_ants,
+        channels,
+        spectra,
+        sample_bits: 8,
+        outputs: 0,
+        threads: 2,
+    };
+    let chunk_shape = FrbChunkShape {
+        n_ants,
+        channels,
+        spectra,
+        batches,
+        t_ds,
+    };
+    let mut cpu = CpuBackend::new(shape, batches).with_frb(vec![(
+        FrbBeamformer::new(chunk_shape, &grid, &beams, 2),
+        scale,
+    )]);
+    let spec = CudaFrbSpec {
+        config: FrbConfig {
+            rows,
+            cols,
+            dishes: n_ants,
+            t_ds,
+            channels,
+            spectra,
+            batches,
+            time_block: None,
+            groups: None,
+        },
+        grid: grid.clone(),
+        beams: beams.clone(),
+        scale,
+    };
+    let mut cuda = CudaBackend::new(Arc::clone(gpu), shape, batches, 0)?.with_frb(&[spec])?;
+    let heap_bytes = n_ants * channels * spectra * 4;
+    let (mut worst, mut values) = (0.0f64, 0usize);
+    for (version, magnitude) in [(1u64, 20.0f32), (2, w_max as f32)] {
+        let mut chunk: Vec<u8> = (0..batches * heap_bytes).map(|_| rng.random()).collect();
+        let mut present = vec![1u8; batches * n_ants];
+        // Batch 1's heap of antenna 3 is missing: zero, as the engine leaves it.
+        present[n_ants + 3] = 0;
+        let at = (n_ants + 3) * heap_bytes / n_ants;
+        chunk[at..at + heap_bytes / n_ants].fill(0);
+        let weights: Vec<Complex32> = (0..n_ants)
+            .map(|_| {
+                Complex32::from_polar(
+                    magnitude * rng.random_range(0.2..1.0f32),
+                    rng.random_range(-3.2..3.2),
+                )
+            })
+            .collect();
+        let input = FrbChunk {
+            version,
+            weights: &weights,
+            present: &present,
+        };
+        let mut heaps = Vec::new();
+        for backend in [&mut cuda as &mut dyn XbBackend, &mut cpu] {
+            backend.load(&chunk)?;
+            backend.frb(0, &input, Vec::new())?;
+            heaps.push(decode(&backend.frb_formed(0)?.0));
+            backend.release()?;
+        }
+        let (g, c) = (&heaps[0], &heaps[1]);
+        if g.len() != c.len() {
+            return Err(GpuError::Backend(format!(
+                "FRB heaps of {} and {} values",
+                g.len(),
+                c.len()
+            )));
+        }
+        let peak = c.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (a, b) in g.iter().zip(c) {
+            worst = worst.max((a - b).abs() / peak);
+        }
+        values += g.len();
+    }
+    let form = match &beams {
+        FrbBeams::List(b) => format!("{} listed beams", b.len()),
+        FrbBeams::Product { thetas, thetas2 } => {
+            format!("{}×{} beam grid", thetas.len(), thetas2.len())
+        }
+    };
+    Ok(Check {
+        name: format!("xbengine frb cuda vs cpu 3×4 grid {n_ants} dishes t_ds {t_ds}, {form}"),
+        measured: worst,
+        limit: LIMIT,
+        pass: worst <= LIMIT,
+        note: format!(
+            "2 chunks (weights below and above the fp16 limit, a missing heap): worst |cuda − cpu| / heap peak over {values} values"
+        ),
+    })
+}
+
+pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xf4b_c0da);
+    let list: Vec<(f64, f64)> = (0..7)
+        .map(|_| (rng.random_range(-1.5..1.5), rng.random_range(-2.0..2.0)))
+        .collect();
+    [FrbBeams::even(3, 4, 5, 7), FrbBeams::List(list)]
+        .into_iter()
+        .map(|beams| check(gpu, &mut rng, beams))
+        .collect()
+}
