@@ -28,8 +28,8 @@ use crate::dsp::frb_fast::FrbBeams;
 
 /// Largest side of the dish grid (seed 004's largest case is 24 × 24).
 pub const MAX_GRID_SIDE: usize = 64;
-/// Largest T_ds.
-pub const MAX_T_DS: usize = 1 << 16;
+/// Largest T_ds: the GPU first stage's, so that one bound serves both backends.
+pub const MAX_T_DS: usize = crate::gpu::frb::MAX_T_DS;
 /// Most beams of one output (seed 004 Table 4's largest: 96 × 96 = 9216).
 pub const MAX_FRB_BEAMS: usize = 1 << 16;
 /// Most entries of the arbitrary beams' resampling matrix (f32: 256 MiB).
