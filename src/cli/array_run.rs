@@ -25,7 +25,7 @@ pub struct RunArgs {
     /// Stop every engine after this many seconds [default: run until Ctrl-C].
     #[arg(long)]
     pub duration: Option<f64>,
-    /// The array description (TOML; see examples/).
+    /// The array description (TOML, or YAML for a .yaml/.yml file; see examples/).
     pub config: PathBuf,
 }
 
@@ -43,16 +43,14 @@ pub struct StatusArgs {
     /// Print every engine's sensors, counters and rates as JSON.
     #[arg(long)]
     pub json: bool,
-    /// The array description (TOML; see examples/).
+    /// The array description (TOML, or YAML for a .yaml/.yml file; see examples/).
     pub config: PathBuf,
 }
 
 /// The local plan of the description at `path`, for this binary and a sync time of now, with
 /// every command line checked.
 pub fn planned_local(path: &Path) -> Result<Plan, CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::Run(format!("{}: {e}", path.display())))?;
-    let cfg = array::parse(&text)?;
+    let cfg = array::read(path)?;
     let binary = std::env::current_exe()
         .map_err(|e| CliError::Run(format!("cannot find this cbf binary: {e}")))?;
     let run = LocalRun {
