@@ -1,6 +1,7 @@
-//! `cbf array run --local CONFIG [--duration S]` and `cbf array status CONFIG [--local]`:
-//! flags → a local plan ([`crate::array::plan::plan_local`]) → the launcher
-//! ([`crate::array::launch`]), or a plan → [`crate::array::status`] → a table or JSON.
+//! `cbf array run --local CONFIG [--duration S]` and `cbf array status (CONFIG [--local] |
+//! --endpoints LIST)`: flags → a local plan ([`crate::array::plan::plan_local`]) → the launcher
+//! ([`crate::array::launch`]), or a plan's engines or a list of endpoints →
+//! [`crate::array::status`] → a table or JSON.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -43,8 +44,14 @@ pub struct StatusArgs {
     /// Print every engine's sensors, counters and rates as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Read these engines instead of a description's: katcp endpoints
+    /// `host:port[:prometheus-port],...` (Prometheus at the katcp port + 2000 when not given);
+    /// each engine's kind comes from its katcp server.
+    #[arg(long, value_name = "HOST:PORT,...", conflicts_with_all = ["config", "local"])]
+    pub endpoints: Option<String>,
     /// The array description (TOML, or YAML for a .yaml/.yml file; see examples/).
-    pub config: PathBuf,
+    #[arg(required_unless_present = "endpoints")]
+    pub config: Option<PathBuf>,
 }
 
 /// The local plan of the description at `path`, for this binary and a sync time of now, with
@@ -111,12 +118,15 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
     };
     let interval: Duration = seconds("--interval", args.interval, true)?;
     let timeout: Duration = seconds("--timeout", args.timeout, false)?;
-    let plan = if args.local {
-        planned_local(&args.config)?
-    } else {
-        array::plan_file(&args.config)?
+    let targets = match (&args.endpoints, &args.config) {
+        (Some(list), _) => {
+            array::status::parse_endpoints(list).map_err(|e| CliError::flag("--endpoints", e))?
+        }
+        (None, Some(config)) if args.local => array::status::targets(&planned_local(config)?),
+        (None, Some(config)) => array::status::targets(&array::plan_file(config)?),
+        (None, None) => return Err(CliError::Run("give CONFIG or --endpoints".into())),
     };
-    let rows = array::status::status(&plan, interval, timeout);
+    let rows = array::status::status(&targets, interval, timeout);
     if args.json {
         let text = serde_json::to_string_pretty(&rows).map_err(|e| CliError::Run(e.to_string()))?;
         println!("{text}");
