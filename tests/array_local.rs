@@ -176,6 +176,36 @@ fn a_local_array_correlates_a_tone_with_consistent_counters() {
     assert!(status.status.success(), "{status:?}");
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&status.stdout).unwrap();
 
+    // The same engines as bare endpoints, no description: each says what it is over katcp,
+    // and an XB-engine's sync sensor is found without the plan's output name.
+    let list: Vec<String> = plan
+        .engines
+        .iter()
+        .map(|e| format!("127.0.0.1:{}:{}", e.katcp_port, e.prometheus_port))
+        .collect();
+    let bare = Command::new(cbf)
+        .args([
+            "array",
+            "status",
+            "--json",
+            "--interval",
+            "0",
+            "--endpoints",
+        ])
+        .arg(list.join(","))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(bare.status.success(), "{bare:?}");
+    let bare: Vec<serde_json::Value> = serde_json::from_slice(&bare.stdout).unwrap();
+    assert_eq!(bare.len(), plan.engines.len());
+    for (r, e) in bare.iter().zip(&plan.engines) {
+        assert_eq!(r["kind"], e.kind.as_str(), "{r}");
+        if e.kind != cbf::array::EngineKind::Dsim {
+            assert_eq!(r["synchronised"], true, "{r}");
+        }
+    }
+
     // Stop the launcher as Ctrl-C would: it stops every engine and exits 0.
     cbf::engine::terminate(&mut launcher.0).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

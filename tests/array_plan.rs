@@ -253,3 +253,10 @@ fn the_cli_prints_the_plan() {
         assert_eq!(argv, e.argv);
     }
 }
+
+/// The larger examples of doc/scaling.md (tests/array_scaling.rs checks the doc's figures).
+#[test]
+fn the_meerkat_plus_and_ska_mid_arrays_are_consistent() {
+    check_command_lines("array-meerkat-plus.toml", 144, 128, 0);
+    check_command_lines("array-ska-mid.toml", 197, 256, 0);
+}

@@ -1,6 +1,7 @@
-//! Fuzz the array description (`cbf array plan`/`render` input): TOML text through the parser,
-//! the planner and both renderings, with no panic; an accepted plan gives every engine a
-//! command line and distinct katcp and Prometheus ports on its node.
+//! Fuzz the array description (`cbf array plan`/`render` input): text through the TOML parser
+//! (or, when TOML refuses it, the YAML parser), the planner and both renderings, with no
+//! panic; an accepted plan gives every engine a command line and distinct katcp and
+//! Prometheus ports on its node.
 //! Seeds: fuzz/seeds/array_config (the examples).
 #![no_main]
 
@@ -13,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(cfg) = array::parse(text) else {
+    let Ok(cfg) = array::parse(text).or_else(|_| array::parse_yaml(text)) else {
         return;
     };
     let Ok(plan) = array::plan::plan(&cfg) else {

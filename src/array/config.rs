@@ -1,7 +1,7 @@
-//! The array description `cbf array` reads (TOML): the array's identity and sync time, the
-//! network's multicast prefix and port bases, the bands (one channelised product each: its
-//! digitiser rate, channels, X-engine count, outputs), the antennas, and the nodes with their
-//! NUMA nodes, NICs and GPUs.
+//! The array description `cbf array` reads (TOML or YAML, one schema): the array's identity
+//! and sync time, the network's multicast prefix and port bases, the bands (one channelised
+//! product each: its digitiser rate, channels, X-engine count, outputs), the antennas, and the
+//! nodes with their NUMA nodes, NICs and GPUs.
 //!
 //! Every table refuses unknown keys (`deny_unknown_fields`), so a misspelt key is an error
 //! naming it rather than a default silently taken. Values are checked later, in

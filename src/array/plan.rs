@@ -407,8 +407,9 @@ fn nic_loads(cfg: &ArrayConfig, engines: &[EnginePlan]) -> Result<Vec<LinkLoad>,
                 .iter()
                 .filter(|e| e.node == node.hostname && e.nic == nic.name)
                 .collect();
-            let rx: f64 = on.iter().map(|e| e.rx_gbps).sum();
-            let tx: f64 = on.iter().map(|e| e.tx_gbps).sum();
+            // Folded from +0.0: an empty f64 `sum()` is -0.0, which prints as "-0.00".
+            let rx: f64 = on.iter().fold(0.0, |a, e| a + e.rx_gbps);
+            let tx: f64 = on.iter().fold(0.0, |a, e| a + e.tx_gbps);
             if rx.max(tx) > nic.speed_gbps {
                 let names: Vec<&str> = on.iter().map(|e| e.name.as_str()).collect();
                 return Err(err(
@@ -447,8 +448,8 @@ fn gpu_loads(
                 .iter()
                 .filter(|e| e.node == node.hostname && e.gpu == Some(gpu.index))
                 .collect();
-            let h2d: f64 = on.iter().map(|e| e.h2d_gbytes_per_s).sum();
-            let d2h: f64 = on.iter().map(|e| e.d2h_gbytes_per_s).sum();
+            let h2d: f64 = on.iter().fold(0.0, |a, e| a + e.h2d_gbytes_per_s);
+            let d2h: f64 = on.iter().fold(0.0, |a, e| a + e.d2h_gbytes_per_s);
             let capacity = nodes[i].pcie_bytes_per_s[j] / 1e9;
             if h2d.max(d2h) > capacity {
                 let key = if gpu.pcie_gbytes_per_s.is_some() {

@@ -6,6 +6,12 @@
 //! sensors: facts §1.8). One row per engine; an engine that cannot be reached is a row that
 //! says so. Every connection has a timeout, so a status of any plan takes about the interval
 //! plus, at worst, a few timeouts.
+//!
+//! Without a plan ([`parse_endpoints`]: a bare list of katcp endpoints, each with its
+//! Prometheus port or the planner's default offset), an engine's kind comes from its
+//! `#version-list katcp-device` (`cbf-fengine-…`, `cbf-xbengine-…`, `cbf-dsim-…`) and an
+//! XB-engine's correlation-product name from its `?sensor-list` (the sensor ending in
+//! `.rx.synchronised`).
 #![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -48,11 +54,86 @@ const OUT_BYTES: [&str; 4] = [
     "output_frb_bytes",
 ];
 
+/// Most endpoints `--endpoints` takes (each is read by its own thread); the largest example
+/// plan has 453 engines.
+pub const MAX_ENDPOINTS: usize = 2048;
+/// The Prometheus port of an endpoint given without one: its katcp port plus this, as the
+/// planner's default bases (`network.katcp_port_base` 7200, `prometheus_port_base` 9200) give.
+pub const DEFAULT_PROMETHEUS_OFFSET: u16 = 2000;
+
+/// An engine to read: where its katcp and Prometheus servers listen, and what it is when
+/// known beforehand (from a plan).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub name: String,
+    pub kind: Option<EngineKind>,
+    pub host: String,
+    pub katcp_port: u16,
+    pub prometheus_port: u16,
+    /// An XB-engine's correlation-product output (its sync sensor's prefix), when known.
+    pub corrprod: Option<String>,
+}
+
+impl Target {
+    fn of(e: &EnginePlan, corrprod: String) -> Target {
+        Target {
+            name: e.name.clone(),
+            kind: Some(e.kind),
+            host: e.node.clone(),
+            katcp_port: e.katcp_port,
+            prometheus_port: e.prometheus_port,
+            corrprod: Some(corrprod),
+        }
+    }
+}
+
+/// `host:katcp[:prometheus],...` (the Prometheus port defaults to the katcp port +
+/// [`DEFAULT_PROMETHEUS_OFFSET`]); each endpoint is its own name. `Err` says which is wrong.
+pub fn parse_endpoints(text: &str) -> Result<Vec<Target>, String> {
+    let mut out: Vec<Target> = Vec::new();
+    for item in text.split(',').map(str::trim) {
+        if out.len() == MAX_ENDPOINTS {
+            return Err(format!("more than {MAX_ENDPOINTS} endpoints"));
+        }
+        let bad = |why: &str| format!("{item:?}: {why} (host:katcp-port[:prometheus-port])");
+        let mut parts = item.split(':');
+        let host = parts.next().unwrap_or_default();
+        if host.is_empty() || host.contains(char::is_whitespace) {
+            return Err(bad("no host"));
+        }
+        let port = |p: Option<&str>| p.and_then(|p| p.parse::<u16>().ok()).filter(|&p| p > 0);
+        let katcp_port = port(parts.next()).ok_or_else(|| bad("no katcp port"))?;
+        let prometheus_port = match parts.next() {
+            Some(p) => port(Some(p)).ok_or_else(|| bad("bad Prometheus port"))?,
+            None => katcp_port
+                .checked_add(DEFAULT_PROMETHEUS_OFFSET)
+                .ok_or_else(|| bad("katcp port + 2000 is past 65535: give the Prometheus port"))?,
+        };
+        if parts.next().is_some() {
+            return Err(bad("too many ':'"));
+        }
+        let name = format!("{host}:{katcp_port}");
+        if out.iter().any(|t| t.name == name) {
+            return Err(bad("listed twice"));
+        }
+        out.push(Target {
+            name,
+            kind: None,
+            host: host.to_string(),
+            katcp_port,
+            prometheus_port,
+            corrprod: None,
+        });
+    }
+    Ok(out)
+}
+
 /// One engine as read.
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineStatus {
     pub name: String,
-    pub kind: EngineKind,
+    /// `None` when neither a plan nor the engine's katcp server said.
+    pub kind: Option<EngineKind>,
     /// `host:port` of its katcp server.
     pub katcp: String,
     /// Why its katcp server could not be read (then the sensors are `None`).
@@ -131,22 +212,55 @@ fn sensor(c: &mut Client, name: &str) -> Option<(String, bool)> {
     Some((args.get(4)?.clone(), args.get(3)? == "nominal"))
 }
 
-/// Read one engine: a first counter reading at `start`, the second and the sensors after
-/// `interval`.
-fn read(e: &EnginePlan, corrprod: &str, interval: Duration, timeout: Duration) -> EngineStatus {
-    let mut st = EngineStatus {
-        name: e.name.clone(),
-        kind: e.kind,
-        katcp: format!("{}:{}", e.node, e.katcp_port),
-        katcp_error: None,
+/// The kind an engine's katcp server names in `#version-list katcp-device cbf-<kind>-<version>`.
+fn kind_of(c: &mut Client) -> Option<EngineKind> {
+    let r = c.request("version-list", &[]).ok()?;
+    let device = r
+        .informs
+        .iter()
+        .find(|m| m.args.first().is_some_and(|a| a == "katcp-device"))?;
+    let program = device.args.get(1)?;
+    [
+        ("cbf-fengine-", EngineKind::Fengine),
+        ("cbf-xbengine-", EngineKind::Xbengine),
+        ("cbf-dsim-", EngineKind::Dsim),
+    ]
+    .into_iter()
+    .find(|(p, _)| program.starts_with(p))
+    .map(|(_, k)| k)
+}
+
+/// An XB-engine's correlation-product output: the prefix of its `<corrprod>.rx.synchronised`.
+fn corrprod_of(c: &mut Client) -> Option<String> {
+    let r = c.request("sensor-list", &[]).ok()?;
+    r.informs.iter().find_map(|m| {
+        m.args
+            .first()?
+            .strip_suffix(".rx.synchronised")
+            .map(String::from)
+    })
+}
+
+fn unread(t: &Target, katcp_error: Option<String>) -> EngineStatus {
+    EngineStatus {
+        name: t.name.clone(),
+        kind: t.kind,
+        katcp: format!("{}:{}", t.host, t.katcp_port),
+        katcp_error,
         metrics_error: None,
         device_status: None,
         synchronised: None,
         counters: BTreeMap::new(),
         rates: BTreeMap::new(),
-    };
+    }
+}
+
+/// Read one engine: a first counter reading at `start`, the second and the sensors after
+/// `interval`.
+fn read(t: &Target, interval: Duration, timeout: Duration) -> EngineStatus {
+    let mut st = unread(t, None);
     let start = Instant::now();
-    let prom = resolve(&e.node, e.prometheus_port);
+    let prom = resolve(&t.host, t.prometheus_port);
     let first = prom
         .clone()
         .and_then(|a| scrape::scrape(a, timeout).map_err(|err| err.to_string()));
@@ -166,22 +280,28 @@ fn read(e: &EnginePlan, corrprod: &str, interval: Duration, timeout: Duration) -
         }
         Err(err) => st.metrics_error = Some(err),
     }
-    let addr = resolve(&e.node, e.katcp_port);
+    let addr = resolve(&t.host, t.katcp_port);
     match addr.and_then(|a| Client::connect(a, timeout).map_err(|err| err.to_string())) {
         Ok(mut c) => {
             st.device_status = sensor(&mut c, "device-status").map(|(v, _)| v);
-            st.synchronised = match e.kind {
-                EngineKind::Dsim => None,
-                EngineKind::Fengine => {
+            if st.kind.is_none() {
+                st.kind = kind_of(&mut c);
+            }
+            st.synchronised = match st.kind {
+                None | Some(EngineKind::Dsim) => None,
+                Some(EngineKind::Fengine) => {
                     let a = sensor(&mut c, "input0.rx.timestamp");
                     let b = sensor(&mut c, "input1.rx.timestamp");
                     a.zip(b).map(|(a, b)| a.1 && b.1)
                 }
-                EngineKind::Xbengine => {
-                    sensor(&mut c, &format!("{corrprod}.rx.synchronised")).map(|(v, _)| v == "1")
-                }
+                Some(EngineKind::Xbengine) => t
+                    .corrprod
+                    .clone()
+                    .or_else(|| corrprod_of(&mut c))
+                    .and_then(|cp| sensor(&mut c, &format!("{cp}.rx.synchronised")))
+                    .map(|(v, _)| v == "1"),
             };
-            if st.device_status.is_none() && e.kind != EngineKind::Dsim {
+            if st.device_status.is_none() && st.kind != Some(EngineKind::Dsim) {
                 st.katcp_error = Some("no device-status sensor".into());
             }
         }
@@ -190,39 +310,34 @@ fn read(e: &EnginePlan, corrprod: &str, interval: Duration, timeout: Duration) -
     st
 }
 
-/// Read every engine of `plan` at once: counters `interval` apart, each connection within
-/// `timeout`.
-pub fn status(plan: &Plan, interval: Duration, timeout: Duration) -> Vec<EngineStatus> {
+/// The engines of `plan`, to read.
+pub fn targets(plan: &Plan) -> Vec<Target> {
     let corrprod = |band: &str| {
         plan.bands
             .iter()
             .find(|b| b.name == band)
             .map_or(String::new(), |b| b.corrprod.clone())
     };
+    plan.engines
+        .iter()
+        .map(|e| Target::of(e, corrprod(&e.band)))
+        .collect()
+}
+
+/// Read every engine of `targets` at once: counters `interval` apart, each connection within
+/// `timeout`.
+pub fn status(targets: &[Target], interval: Duration, timeout: Duration) -> Vec<EngineStatus> {
     std::thread::scope(|s| {
-        let readers: Vec<_> = plan
-            .engines
+        let readers: Vec<_> = targets
             .iter()
-            .map(|e| {
-                let cp = corrprod(&e.band);
-                s.spawn(move || read(e, &cp, interval, timeout))
-            })
+            .map(|t| s.spawn(move || read(t, interval, timeout)))
             .collect();
         readers
             .into_iter()
-            .zip(&plan.engines)
-            .map(|(r, e)| {
-                r.join().unwrap_or_else(|_| EngineStatus {
-                    name: e.name.clone(),
-                    kind: e.kind,
-                    katcp: format!("{}:{}", e.node, e.katcp_port),
-                    katcp_error: Some("reader failed".into()),
-                    metrics_error: None,
-                    device_status: None,
-                    synchronised: None,
-                    counters: BTreeMap::new(),
-                    rates: BTreeMap::new(),
-                })
+            .zip(targets)
+            .map(|(r, t)| {
+                r.join()
+                    .unwrap_or_else(|_| unread(t, Some("reader failed".into())))
             })
             .collect()
     })
@@ -311,7 +426,7 @@ mod tests {
         assert_eq!(c.len(), 2);
         let st = EngineStatus {
             name: "f".into(),
-            kind: EngineKind::Fengine,
+            kind: Some(EngineKind::Fengine),
             katcp: String::new(),
             katcp_error: None,
             metrics_error: None,
@@ -358,13 +473,85 @@ mod tests {
             argv: vec![],
         };
         let st = read(
-            &plan_engine(EngineKind::Fengine),
-            "bl",
+            &Target::of(&plan_engine(EngineKind::Fengine), "bl".into()),
             Duration::ZERO,
             Duration::from_millis(500),
         );
         assert!(st.katcp_error.is_some() && st.metrics_error.is_some());
         let t = table(&[st]);
         assert!(t[1][2].starts_with("unreachable"), "{:?}", t[1]);
+    }
+
+    #[test]
+    fn endpoints_parse_and_refuse() {
+        let t = parse_endpoints("cbf-x00:7201, 10.0.0.1:7200:9300").unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            (
+                t[0].name.as_str(),
+                t[0].host.as_str(),
+                t[0].katcp_port,
+                t[0].prometheus_port
+            ),
+            ("cbf-x00:7201", "cbf-x00", 7201, 9201)
+        );
+        assert_eq!((t[1].katcp_port, t[1].prometheus_port), (7200, 9300));
+        assert!(t.iter().all(|t| t.kind.is_none() && t.corrprod.is_none()));
+        for bad in [
+            "",
+            "host",
+            ":7200",
+            "h:0",
+            "h:x",
+            "h:7200:",
+            "h:7200:9200:1",
+            "h:65000",
+            "h:7200,h:7200",
+            "a b:7200",
+        ] {
+            assert!(parse_endpoints(bad).is_err(), "{bad}");
+        }
+        let many = vec!["h:1"; MAX_ENDPOINTS + 1].join(",");
+        assert!(parse_endpoints(&many).is_err());
+    }
+
+    /// A bare endpoint: the kind from the server's `katcp-device` version, an XB-engine's
+    /// sync sensor found by its suffix.
+    #[test]
+    fn an_endpoint_says_what_it_is() {
+        use crate::control::katcp::{Handler, Sensors, Server};
+        struct Nothing;
+        impl Handler for Nothing {
+            fn requests(&self) -> Vec<(&'static str, &'static str)> {
+                vec![]
+            }
+            fn handle(&self, _: &str, _: &[String]) -> Option<Result<Vec<String>, String>> {
+                None
+            }
+        }
+        let serve = |program: &str, sync: bool| {
+            let s = std::sync::Arc::new(Sensors::default());
+            s.add("device-status", "", "", "discrete", "ok");
+            s.add("bl.rx.synchronised", "", "", "boolean", u8::from(sync));
+            Server::new(s, std::sync::Arc::new(Nothing), program)
+                .serve("127.0.0.1:0".parse().unwrap())
+                .unwrap()
+        };
+        for (program, sync, kind) in [
+            ("cbf-xbengine", true, Some(EngineKind::Xbengine)),
+            ("cbf-xbengine", false, Some(EngineKind::Xbengine)),
+            ("cbf-dsim", true, Some(EngineKind::Dsim)),
+            ("other", true, None),
+        ] {
+            let addr = serve(program, sync);
+            // No Prometheus server on the port after it, which the row says.
+            let t = parse_endpoints(&format!("127.0.0.1:{}:{}", addr.port(), 1)).unwrap();
+            let st = read(&t[0], Duration::ZERO, Duration::from_millis(500));
+            assert_eq!(st.kind, kind, "{program}");
+            assert_eq!(st.device_status.as_deref(), Some("ok"));
+            let want = (kind == Some(EngineKind::Xbengine)).then_some(sync);
+            assert_eq!(st.synchronised, want, "{program}");
+            assert!(st.katcp_error.is_none() && st.metrics_error.is_some());
+        }
     }
 }

@@ -23,7 +23,7 @@ pub enum ArrayCommand {
     /// Plan the array: every engine's node, GPU, NIC, cores, ports, streams and command line,
     /// checked against the NICs, PCIe links and cores.
     Plan {
-        /// The array description (TOML; see examples/).
+        /// The array description (TOML, or YAML for a .yaml/.yml file; see examples/).
         config: PathBuf,
         /// Print the plan as JSON.
         #[arg(long)]
@@ -50,7 +50,7 @@ pub struct RenderArgs {
     /// Write DIR/<node>/<engine>.yaml (ConfigMap and StatefulSet) and DIR/service.yaml.
     #[arg(long, value_name = "DIR")]
     pub kubernetes: Option<PathBuf>,
-    /// The array description (TOML; see examples/).
+    /// The array description (TOML, or YAML for a .yaml/.yml file; see examples/).
     pub config: PathBuf,
 }
 

@@ -1,6 +1,7 @@
-//! `cbf array run --local CONFIG [--duration S]` and `cbf array status CONFIG [--local]`:
-//! flags → a local plan ([`crate::array::plan::plan_local`]) → the launcher
-//! ([`crate::array::launch`]), or a plan → [`crate::array::status`] → a table or JSON.
+//! `cbf array run --local CONFIG [--duration S]` and `cbf array status (CONFIG [--local] |
+//! --endpoints LIST)`: flags → a local plan ([`crate::array::plan::plan_local`]) → the launcher
+//! ([`crate::array::launch`]), or a plan's engines or a list of endpoints →
+//! [`crate::array::status`] → a table or JSON.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,7 +26,7 @@ pub struct RunArgs {
     /// Stop every engine after this many seconds [default: run until Ctrl-C].
     #[arg(long)]
     pub duration: Option<f64>,
-    /// The array description (TOML; see examples/).
+    /// The array description (TOML, or YAML for a .yaml/.yml file; see examples/).
     pub config: PathBuf,
 }
 
@@ -43,16 +44,20 @@ pub struct StatusArgs {
     /// Print every engine's sensors, counters and rates as JSON.
     #[arg(long)]
     pub json: bool,
-    /// The array description (TOML; see examples/).
-    pub config: PathBuf,
+    /// Read these engines instead of a description's: katcp endpoints
+    /// `host:port[:prometheus-port],...` (Prometheus at the katcp port + 2000 when not given);
+    /// each engine's kind comes from its katcp server.
+    #[arg(long, value_name = "HOST:PORT,...", conflicts_with_all = ["config", "local"])]
+    pub endpoints: Option<String>,
+    /// The array description (TOML, or YAML for a .yaml/.yml file; see examples/).
+    #[arg(required_unless_present = "endpoints")]
+    pub config: Option<PathBuf>,
 }
 
 /// The local plan of the description at `path`, for this binary and a sync time of now, with
 /// every command line checked.
 pub fn planned_local(path: &Path) -> Result<Plan, CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::Run(format!("{}: {e}", path.display())))?;
-    let cfg = array::parse(&text)?;
+    let cfg = array::read(path)?;
     let binary = std::env::current_exe()
         .map_err(|e| CliError::Run(format!("cannot find this cbf binary: {e}")))?;
     let run = LocalRun {
@@ -113,12 +118,15 @@ pub fn status(args: StatusArgs) -> Result<(), CliError> {
     };
     let interval: Duration = seconds("--interval", args.interval, true)?;
     let timeout: Duration = seconds("--timeout", args.timeout, false)?;
-    let plan = if args.local {
-        planned_local(&args.config)?
-    } else {
-        array::plan_file(&args.config)?
+    let targets = match (&args.endpoints, &args.config) {
+        (Some(list), _) => {
+            array::status::parse_endpoints(list).map_err(|e| CliError::flag("--endpoints", e))?
+        }
+        (None, Some(config)) if args.local => array::status::targets(&planned_local(config)?),
+        (None, Some(config)) => array::status::targets(&array::plan_file(config)?),
+        (None, None) => return Err(CliError::Run("give CONFIG or --endpoints".into())),
     };
-    let rows = array::status::status(&plan, interval, timeout);
+    let rows = array::status::status(&targets, interval, timeout);
     if args.json {
         let text = serde_json::to_string_pretty(&rows).map_err(|e| CliError::Run(e.to_string()))?;
         println!("{text}");
