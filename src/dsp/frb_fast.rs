@@ -45,6 +45,18 @@ pub enum FrbBeams {
     List(Vec<(f64, f64)>),
 }
 
+/// "P×Q beam grid" or "B listed beams", for reports.
+impl std::fmt::Display for FrbBeams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrbBeams::List(b) => write!(f, "{} listed beams", b.len()),
+            FrbBeams::Product { thetas, thetas2 } => {
+                write!(f, "{}×{} beam grid", thetas.len(), thetas2.len())
+            }
+        }
+    }
+}
+
 impl FrbBeams {
     /// P × Q beams evenly spaced over one period of the field of an M×N grid:
     /// θ_i = M·(i − ⌊P/2⌋)/P for i < P, θ′_j = N·(j − ⌊Q/2⌋)/Q for j < Q. The set covers

@@ -226,12 +226,7 @@ fn check_resample(
         .zip(&bound)
         .map(|((g, w), lim)| (f64::from(*g) - w).abs() / lim)
         .fold(0.0f64, f64::max);
-    let kind = match &set {
-        FrbBeams::List(b) => format!("{} listed beams", b.len()),
-        FrbBeams::Product { thetas, thetas2 } => {
-            format!("{}×{} beam grid", thetas.len(), thetas2.len())
-        }
-    };
+    let kind = set.to_string();
     Ok(Check {
         name: format!("frb stage 2 {m:>2}×{n:<2} {kind} {rows} rows"),
         measured: worst,

@@ -128,12 +128,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
         }
         values += g.len();
     }
-    let form = match &beams {
-        FrbBeams::List(b) => format!("{} listed beams", b.len()),
-        FrbBeams::Product { thetas, thetas2 } => {
-            format!("{}×{} beam grid", thetas.len(), thetas2.len())
-        }
-    };
+    let form = beams.to_string();
     Ok(Check {
         name: format!("xbengine frb cuda vs cpu 3×4 grid {n_ants} dishes t_ds {t_ds}, {form}"),
         measured: worst,
