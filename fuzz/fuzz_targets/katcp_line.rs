@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cbf::control::katcp::{Limits, Message, Sensors, Server, Session};
 use cbf::fengine::control::{EngineControl, OutputState};
-use cbf::xbengine::control::XbControl;
+use cbf::xbengine::control::{OutputNames, XbControl};
 use libfuzzer_sys::fuzz_target;
 use num_complex::Complex32;
 
@@ -30,8 +30,11 @@ fuzz_target!(|data: &[u8]| {
     let xb = XbControl::new(
         Arc::clone(&xb_sensors),
         4,
-        vec!["bl".into()],
-        vec!["b0".into(), "b1".into()],
+        OutputNames {
+            corrprods: vec!["bl".into()],
+            beams: vec!["b0".into(), "b1".into()],
+            frb: vec!["f0".into()],
+        },
         false,
         (0, 1024),
         1,

@@ -18,7 +18,12 @@ thread_local! {
 }
 
 fuzz_target!(|data: &[u8]| {
-    for link in [DataLink::ETHERNET, DataLink::LINUX_SLL, DataLink::RAW, DataLink::IPV4] {
+    for link in [
+        DataLink::ETHERNET,
+        DataLink::LINUX_SLL,
+        DataLink::RAW,
+        DataLink::IPV4,
+    ] {
         if let Some((_, payload)) = udp_payload(link, data) {
             assert!(payload.len() <= data.len());
         }

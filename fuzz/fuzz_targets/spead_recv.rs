@@ -7,7 +7,9 @@
 use std::sync::Arc;
 
 use cbf::spead::items::Descriptor;
-use cbf::spead::recv::{ChunkGroup, ChunkGroupConfig, ChunkStream, HeapStream, HeapStreamConfig, PlaceInput, Placement};
+use cbf::spead::recv::{
+    ChunkGroup, ChunkGroupConfig, ChunkStream, HeapStream, HeapStreamConfig, PlaceInput, Placement,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
