@@ -310,15 +310,11 @@ impl Beamformer {
 /// The power of two by which the kernel scales a beam's weights before splitting them into fp16
 /// hi + lo parts: the largest |w|·2^s is at most 2¹⁴, so that every part is a normal fp16 number
 /// far from overflow (2¹⁴ · 128 per product, exact in the fp32 accumulator) and the split keeps
-/// about 22 bits. The exponent is kept within ±60, so weights beyond 2^±74 lose that guarantee;
-/// a beam of zero (or non-finite) weights is not scaled.
+/// about 22 bits ([`super::pow2_scale`]: weights beyond 2^±140 lose that guarantee; a beam of
+/// zero or non-finite weights is not scaled).
 pub fn beam_scale(beam: &Beam) -> f32 {
     let max = beam.weights.iter().map(|w| w.norm()).fold(0.0, f64::max);
-    if !(max.is_finite() && max > 0.0) {
-        return 1.0;
-    }
-    let e = (16384.0 / max).log2().floor().clamp(-60.0, 60.0);
-    2f32.powi(e as i32)
+    super::pow2_scale(max, 16384.0) as f32
 }
 
 #[cfg(test)]

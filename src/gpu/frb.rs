@@ -74,6 +74,11 @@ fn up(v: usize, k: usize) -> usize {
 }
 
 impl FrbConfig {
+    /// Weights must stay below this in magnitude: 128·√2·N·|W| < 65000 keeps G in fp16.
+    pub fn max_weight(&self) -> f64 {
+        65000.0 / (128.0 * std::f64::consts::SQRT_2 * self.cols as f64)
+    }
+
     pub fn times(&self) -> usize {
         self.spectra * self.batches
     }
@@ -355,7 +360,7 @@ impl FrbStage1 {
                 cfg.channels * cfg.dishes * 2
             )));
         }
-        let limit = 65000.0 / (128.0 * std::f64::consts::SQRT_2 * cfg.cols as f64);
+        let limit = cfg.max_weight();
         if let Some(w) = weights
             .iter()
             .find(|w| !(f64::from(w.norm()) < limit && w.re.is_finite() && w.im.is_finite()))

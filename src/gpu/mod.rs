@@ -54,6 +54,17 @@ impl From<cudarc::cufft::result::CufftError> for GpuError {
     }
 }
 
+/// The power of two s that puts `max`·s in (limit/2, limit]: how the fp16 kernels (the
+/// beamformer's weights, the FRB first stage's) use their range fully without overflowing it.
+/// The exponent is kept within ±126, so s and 1/s are normal float32 numbers; a `max` of zero
+/// or not finite gives 1.
+pub fn pow2_scale(max: f64, limit: f64) -> f64 {
+    if !(max.is_finite() && max > 0.0) {
+        return 1.0;
+    }
+    2f64.powi((limit / max).log2().floor().clamp(-126.0, 126.0) as i32)
+}
+
 /// Whether libcuda can be loaded: the probe to make before any cudarc driver call.
 pub fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the library.

@@ -56,17 +56,13 @@ pub(super) struct CudaFrb {
     formed: Option<(Vec<u8>, u64)>,
 }
 
-/// The power of two s that puts max |w| in [limit/2, limit) (1 for all-zero weights).
+/// The power of two s that puts max |w| in (limit/2, limit] (1 for all-zero weights).
 fn weight_scale(weights: &[Complex32], limit: f64) -> f64 {
     let max = weights
         .iter()
         .map(|w| f64::from(w.norm()))
         .fold(0.0, f64::max);
-    if max > 0.0 {
-        2f64.powi(((limit / max).log2().ceil() - 1.0) as i32)
-    } else {
-        1.0
-    }
+    crate::gpu::pow2_scale(max, limit)
 }
 
 impl CudaFrb {
@@ -108,9 +104,8 @@ impl CudaFrb {
                     cfg.dishes
                 )));
             }
-            // Just below FrbStage1::set_weights's limit, 65000 / (128·√2·N).
-            let limit = 64000.0 / (128.0 * std::f64::consts::SQRT_2 * cfg.cols as f64);
-            let s = weight_scale(input.weights, limit);
+            // A little below the first stage's limit, which it refuses to reach.
+            let s = weight_scale(input.weights, 0.98 * cfg.max_weight());
             let per_pol: Vec<Complex32> = input
                 .weights
                 .iter()
@@ -123,6 +118,8 @@ impl CudaFrb {
                 .flat_map(|_| per_pol.iter().copied())
                 .collect();
             self.stage1.set_weights(&all).map_err(err)?;
+            // Beyond float32 (weights near its own limits) this is 0 or ∞, and the encoding
+            // underflows or saturates, as those intensities would anyway.
             self.weight_scale = (1.0 / (s * s)) as f32;
             self.version = Some(input.version);
         }
@@ -161,7 +158,8 @@ impl CudaFrb {
 mod tests {
     use super::*;
 
-    /// The scaled largest weight lands in [limit/2, limit), and the factor is a power of two.
+    /// The scaled largest weight lands in [limit/2, limit), and the factor is a power of two
+    /// (no test weight sits exactly on a power of two of the limit).
     #[test]
     fn weight_scale_puts_the_largest_weight_just_below_the_limit() {
         for max in [1e-6f32, 0.01, 0.3, 1.0, 5.0, 1e4] {
