@@ -8,7 +8,9 @@
 // SPECTRA / HEAP_SPECTRA heaps, post-processed together so that heaps of few spectra still
 // fill the GPU), HEAP_SPECTRA (spectra per heap),
 // OUT_BITS (8, or 4 for packed nibbles), DITHER (0 or 1), STILE (values of s per block: 32,
-// or 8 to give a heap of few spectra enough blocks).
+// or 8 to give a heap of few spectra enough blocks), SPECTRUM_SAMPLES (digitiser samples from
+// one spectrum to the next: 2·CHANNELS for wideband). A narrowband module (`postproc_nb`, at
+// the end) also takes FFT_LEN, and CHANNELS is then the channels kept.
 //
 // Input: per polarisation and spectrum, the n C2C transforms Z^r (m = N/n points each) that
 // cuFFT made of the unzipped frames: Z^r_s at [(pol·SPECTRA + spectrum)·N + r·m + s].
@@ -227,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
                 const float2 step = expjpi(ph.x * (float)SUBLEN);
                 const float2 wn = expjpi(ph.x * (float)CHANNELS + 2.0f * ph.y);
 #if DITHER
-                const i64 ts = sts0[sp / HEAP_SPECTRA - hp0] + (i64)(sp % HEAP_SPECTRA) * (2 * CHANNELS);
+                const i64 ts = sts0[sp / HEAP_SPECTRA - hp0] + (i64)(sp % HEAP_SPECTRA) * SPECTRUM_SAMPLES;
                 const unsigned int skey = dither_key(seed, ts, pol);
 #endif
 #pragma unroll
@@ -322,3 +324,100 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
             atomicAdd(stats + (sp / HEAP_SPECTRA) * 4 + pol, (u64)sclip[j][pol]);
     }
 }
+
+#ifdef FFT_LEN
+// Narrowband post-processing (seed 000 §Narrowband; `dsp::postproc::postproc_heap_as` with
+// `PhaseConvention::Narrowband`): the input is the C2C cuFFT of FFT_LEN points per
+// (pol, spectrum) at [(pol·SPECTRA + spectrum)·FFT_LEN + bin]; output channel j is bin
+// (j − CHANNELS/2) mod FFT_LEN (DC at the centre; discard mode drops the outer half). The
+// phase pairs (x, y) give θ_j/π = x·j + y with the narrowband convention's terms (the host
+// writes them), and the dither is keyed on j. A block covers 32 channels × 32 spectra (threads
+// 32 × 8, four rows each); the words go through shared memory so that each warp writes one
+// channel's 32 spectra, as the wideband kernel does.
+extern "C" __global__ void __launch_bounds__(THREADS) postproc_nb(
+    unsigned char *__restrict__ out,
+    const float2 *__restrict__ in,
+    const float2 *__restrict__ gains,    // [heap][pol][channel]
+    const float2 *__restrict__ phase,    // [pol][spectrum]
+    const i64 *__restrict__ ts0,         // [heap]
+    u64 seed,
+    u64 *__restrict__ power,             // [heap][pol]: moved out (zero: no narrowband power)
+    u64 *__restrict__ stats)             // [heap][clips 0, clips 1, power 0, power 1]
+{
+    __shared__ int tile[TILE][TILE + 1];
+    __shared__ unsigned int sclip[TILE][2];
+    const int t = threadIdx.x;
+    const int lane = t & 31, ty = t >> 5;
+    const int j = blockIdx.x * TILE + lane;
+    const int sp0 = blockIdx.y * TILE;
+    if (t < 2 * TILE)
+        sclip[t >> 1][t & 1] = 0;
+    if (blockIdx.x == 0 && blockIdx.y == 0)
+        for (int h = t; h < 2 * (SPECTRA / HEAP_SPECTRA); h += THREADS)
+        {
+            stats[(h / 2) * 4 + 2 + h % 2] = power[h];
+            power[h] = 0;
+        }
+    __syncthreads();
+    if (j < CHANNELS)
+    {
+        const int bin = (j + FFT_LEN - CHANNELS / 2) % FFT_LEN;
+#if DITHER
+        const unsigned int ckey = (unsigned int)j * 0x9e3779b9u;
+#endif
+        for (int row = ty; row < TILE; row += THREADS / 32)
+        {
+            const int sp = sp0 + row;
+            if (sp >= SPECTRA)
+                break;
+            const int hp = sp / HEAP_SPECTRA;
+#pragma unroll
+            for (int pol = 0; pol < 2; pol++)
+            {
+                const float2 x = in[(i64)(pol * SPECTRA + sp) * FFT_LEN + bin];
+                const float2 ph = phase[pol * SPECTRA + sp];
+                const float2 rot = expjpi(ph.x * (float)j + ph.y);
+                const float2 g = gains[(hp * 2 + pol) * CHANNELS + j];
+                const float2 y = cmul(cmul(g, rot), x);
+#if DITHER
+                const i64 ts = ts0[hp] + (i64)(sp % HEAP_SPECTRA) * SPECTRUM_SAMPLES;
+                const float2 d = dither(dither_key(seed, ts, pol), ckey);
+                const float d0 = d.x, d1 = d.y;
+#else
+                const float d0 = 0.0f, d1 = 0.0f;
+#endif
+                bool c = false;
+                const int qr = quantise(y.x, d0, &c);
+                const int qi = quantise(y.y, d1, &c);
+                if (c)
+                    atomicAdd(&sclip[row][pol], 1u);
+                put(&tile[lane][row], pol, qr, qi);
+            }
+        }
+    }
+    __syncthreads();
+    for (int c = ty; c < TILE; c += THREADS / 32)
+    {
+        const int ch = blockIdx.x * TILE + c;
+        const int sp = sp0 + lane;
+        if (ch < CHANNELS && sp < SPECTRA)
+        {
+            const int hp = sp / HEAP_SPECTRA;
+            const i64 at = (i64)hp * CHANNELS * HEAP_SPECTRA + (i64)ch * HEAP_SPECTRA + sp % HEAP_SPECTRA;
+#if OUT_BITS == 8
+            reinterpret_cast<int *>(out)[at] = tile[c][lane];
+#else
+            reinterpret_cast<unsigned short *>(out)[at] = (unsigned short)tile[c][lane];
+#endif
+        }
+    }
+    __syncthreads();
+    if (t < 2 * TILE)
+    {
+        const int r = t >> 1, pol = t & 1;
+        const int sp = sp0 + r;
+        if (sp < SPECTRA && sclip[r][pol])
+            atomicAdd(stats + (sp / HEAP_SPECTRA) * 4 + pol, (u64)sclip[r][pol]);
+    }
+}
+#endif

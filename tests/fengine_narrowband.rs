@@ -1,9 +1,10 @@
 //! A narrowband output end to end over loopback UDP, beside a wideband one from the same
 //! engine: `cbf dsim` sends five tones into `cbf fengine` (CPU backend) with
 //! `--wideband name=wide,channels=128` and `--narrowband name=nb,channels=64,decimation=2`
-//! (discard mode: subsampling 2, a 128-point PFB, the outer half dropped) centred on
-//! 72·fs/256, so both outputs have channels fs/256 wide and narrowband channel j is wideband
-//! channel 72 + j − 32.
+//! centred on 72·fs/256, so both outputs have channels fs/256 wide and narrowband channel j is
+//! wideband channel 72 + j − 32. Two tests: discard mode (subsampling 2, a 128-point PFB, the
+//! outer half dropped) and no-discard mode (`pass_bandwidth` ¾ of the band: subsampling 4, a
+//! 64-point PFB, every channel kept; the tones all lie in the flat part).
 //!
 //! Checked against computations independent of the code under test:
 //! - each tone lands in its predicted narrowband channel at A/2·|H(Δf)|·Σw·g (within 3 %),
@@ -31,12 +32,9 @@ use num_complex::Complex64;
 
 const FS: f64 = 1e6;
 const SPH: usize = 32;
-/// Narrowband channels, decimation (= subsampling in discard mode), PFB points, DDC taps
-/// (katgpucbf's default, 16 × subsampling).
+/// Narrowband channels and decimation; spectra are 2·N·DEC samples apart in both modes.
 const N: usize = 64;
 const DEC: usize = 2;
-const M: usize = 2 * N;
-const DDC_TAPS: usize = 16 * DEC;
 const WIDE: usize = 128;
 const TAPS: usize = 16;
 /// Narrowband tone channels; wideband channel = 72 + j − 32.
@@ -106,8 +104,42 @@ fn value(raw: &[i8], k: usize, s: usize, pol: usize) -> Complex64 {
     Complex64::new(f64::from(raw[at]), f64::from(raw[at + 1]))
 }
 
+/// The narrowband output's mode: subsampling S, PFB points M, the sub-options that select it,
+/// and the reference filter design's arguments (tests/reference/ddc_reference.py, with
+/// katgpucbf's default of 16 × S taps).
+struct Mode {
+    s: usize,
+    m: usize,
+    extra: &'static str,
+    reference: Vec<String>,
+}
+
 #[test]
 fn narrowband_tones_delays_and_a_wideband_output_from_one_engine() {
+    run(Mode {
+        s: DEC,
+        m: 2 * N,
+        extra: "",
+        reference: ["weights", "discard", "32", "2", "0.005"]
+            .map(String::from)
+            .to_vec(),
+    });
+}
+
+#[test]
+fn narrowband_no_discard_tones_and_delays_end_to_end() {
+    // ¾ of the output band (FS/(2·DEC)) flat: the tones reach |j − N/2| = 16 of 24 channels.
+    run(Mode {
+        s: 2 * DEC,
+        m: N,
+        extra: ",pass_bandwidth=187500",
+        reference: ["weights", "nodiscard", "64", "4", "0.75", "0.005"]
+            .map(String::from)
+            .to_vec(),
+    });
+}
+
+fn run(mode: Mode) {
     let cbf = env!("CARGO_BIN_EXE_cbf");
     let mut wide_rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
     let mut nb_rx = UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 32 << 20).unwrap();
@@ -161,8 +193,9 @@ fn narrowband_tones_delays_and_a_wideband_output_from_one_engine() {
                 "--narrowband",
                 &format!(
                     "name=nb,channels={N},centre_frequency={centre},decimation={DEC},\
-                     dst=127.0.0.1:{nb_port},jones_per_batch={}",
-                    N * SPH
+                     dst=127.0.0.1:{nb_port},jones_per_batch={}{}",
+                    N * SPH,
+                    mode.extra
                 ),
             ])
             .spawn()
@@ -233,21 +266,10 @@ fn narrowband_tones_delays_and_a_wideband_output_from_one_engine() {
 
     // Amplitudes: mean power per tone channel over heaps after the first two.
     let a = AMPLITUDE * 511.0;
-    let h: Vec<f64> = common::run_reference_bytes(
-        "ddc_reference.py",
-        &[
-            "weights",
-            "discard",
-            &DDC_TAPS.to_string(),
-            &DEC.to_string(),
-            "0.005",
-        ]
-        .map(String::from),
-        &[],
-    )
-    .chunks_exact(8)
-    .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-    .collect();
+    let h: Vec<f64> = common::run_reference_bytes("ddc_reference.py", &mode.reference, &[])
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     let amplitude = |heaps: &[(u64, Vec<i8>)], k: usize, pol: usize| -> f64 {
         let used = &heaps[2..];
         let power: f64 = used
@@ -257,8 +279,8 @@ fn narrowband_tones_delays_and_a_wideband_output_from_one_engine() {
         (power / (used.len() * SPH) as f64).sqrt()
     };
     for &j in &TONES {
-        let df = (j as f64 - N as f64 / 2.0) / (M * DEC) as f64;
-        let want_nb = a / 2.0 * ddc_response(&h, df) * pfb_sum(M) * GAIN;
+        let df = (j as f64 - N as f64 / 2.0) / (mode.m * mode.s) as f64;
+        let want_nb = a / 2.0 * ddc_response(&h, df) * pfb_sum(mode.m) * GAIN;
         let want_wide = a / 2.0 * pfb_sum(2 * WIDE) * GAIN;
         assert!(want_nb > 20.0 && want_nb < 120.0, "set-up: {want_nb}");
         for pol in 0..2 {
@@ -285,7 +307,7 @@ fn narrowband_tones_delays_and_a_wideband_output_from_one_engine() {
     // The phase slope between the pols from the first spectrum at or after t0.
     let mut cross = [Complex64::default(); TONES.len()];
     for (ts, raw) in &nb {
-        for s in (0..SPH).filter(|&s| ts + (s * M * DEC) as u64 >= t0) {
+        for s in (0..SPH).filter(|&s| ts + (s * mode.m * mode.s) as u64 >= t0) {
             for (i, &j) in TONES.iter().enumerate() {
                 cross[i] += value(raw, j, s, 0) * value(raw, j, s, 1).conj();
             }

@@ -6,6 +6,7 @@
 
 use cbf::gpu::beamform::BeamformConfig;
 use cbf::gpu::compile::{compile, nvrtc_present, Kernel};
+use cbf::gpu::ddc::{DdcPlan, DdcShape, DdcTuning};
 use cbf::gpu::frb::FrbConfig;
 
 const ARCHES: [&str; 4] = ["sm_80", "sm_89", "sm_90", "sm_90a"];
@@ -43,6 +44,7 @@ fn every_kernel_compiles_for_every_architecture() {
                         ("OUT_BITS", out_bits),
                         ("DITHER", dither),
                         ("STILE", if dither == 1 { 32 } else { 8 }),
+                        ("SPECTRUM_SAMPLES", 2 * channels),
                     ];
                     compile(Kernel::Postproc, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
                     compiled += 1;
@@ -206,6 +208,76 @@ fn every_kernel_compiles_for_every_architecture() {
         compiled,
         ARCHES.len() * (7 * 3 + 12 + 1 + 4 * 6 + 1 + 4 + 1) + 3 + 13 + 12
     );
+}
+
+/// The narrowband kernels: the DDC for every sample width on every architecture (the default
+/// mapping) and each shape and mapping the self-test runs, including the largest subsampling
+/// factor; the complex PFB and the narrowband post-processing for both output widths, with and
+/// without dither.
+#[test]
+fn the_narrowband_kernels_compile() {
+    let plan = |sample_bits, subsampling, taps, tuning: Option<(usize, usize, usize)>| {
+        let shape = DdcShape {
+            sample_bits,
+            subsampling,
+            taps,
+        };
+        let tuning = tuning.map_or(DdcTuning::default_for(shape), |(c, g, sg)| DdcTuning {
+            coarsen: c,
+            groups: g,
+            subgroup: sg,
+        });
+        DdcPlan::new(shape, tuning).unwrap_or_else(|e| panic!("{e}"))
+    };
+    for arch in ARCHES {
+        for bits in [2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16] {
+            compile(Kernel::Ddc, &plan(bits, 8, 128, None).defines(), arch)
+                .unwrap_or_else(|e| panic!("{bits} bits, {arch}: {e}"));
+        }
+    }
+    for p in [
+        plan(10, 8, 123, None),
+        plan(10, 4, 3, None),
+        plan(10, 10, 155, None),
+        plan(10, 100, 1601, None),
+        plan(10, 512, 8192, None),
+        plan(10, 2, 1000, None),
+        plan(10, 16, 256, Some((1, 32, 1))),
+        plan(10, 16, 256, Some((2, 64, 8))),
+        plan(10, 16, 256, Some((8, 32, 2))),
+        plan(10, 16, 256, Some((4, 256, 4))),
+        plan(12, 12, 200, Some((8, 128, 3))),
+        // The narrowband backend self-test's filters (default mappings).
+        plan(8, 8, 128, None),
+        plan(12, 8, 128, None),
+        plan(16, 6, 160, None),
+        plan(10, 6, 96, None),
+    ] {
+        compile(Kernel::Ddc, &p.defines(), "sm_90").unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    }
+    for arch in ARCHES {
+        compile(Kernel::FmaPeak, &[], arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        for (fft_len, taps) in [(8192, 16), (64, 4), (2, 1)] {
+            let defs = vec![("FFT_LEN", fft_len), ("TAPS", taps), ("SPECTRA", 40)];
+            compile(Kernel::PfbComplex, &defs, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        }
+        for out_bits in [4, 8] {
+            for dither in [0, 1] {
+                let defs = vec![
+                    ("CHANNELS", 4096),
+                    ("UNZIP", 1),
+                    ("SPECTRA", 64),
+                    ("HEAP_SPECTRA", 16),
+                    ("OUT_BITS", out_bits),
+                    ("DITHER", dither),
+                    ("STILE", 8),
+                    ("SPECTRUM_SAMPLES", 4096 * 2 * 8),
+                    ("FFT_LEN", 8192),
+                ];
+                compile(Kernel::Postproc, &defs, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            }
+        }
+    }
 }
 
 #[test]

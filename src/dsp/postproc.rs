@@ -53,7 +53,7 @@ pub enum PhaseConvention {
 
 impl PhaseConvention {
     /// (slope's fine delay, phase added to every channel) of one spectrum.
-    fn terms(self, d: &SpectrumDelay) -> (f64, f64) {
+    pub fn terms(self, d: &SpectrumDelay) -> (f64, f64) {
         match self {
             PhaseConvention::Wideband => {
                 (d.fine, d.phase + PI / 2.0 * d.coarse.rem_euclid(4) as f64)

@@ -52,7 +52,7 @@ pub struct FengineConfig {
     pub dither_seed: u64,
     /// `--wideband` outputs.
     pub outputs: Vec<WidebandOutput>,
-    /// `--narrowband` outputs (CPU backend only, for now).
+    /// `--narrowband` outputs.
     pub narrowband: Vec<NarrowbandOutput>,
     /// Stop after this many seconds.
     pub duration: Option<f64>,
@@ -139,12 +139,6 @@ impl FengineConfig {
             return Err(ConfigError::new(
                 "--wideband",
                 "at least one --wideband or --narrowband output is needed",
-            ));
-        }
-        if !self.narrowband.is_empty() && self.backend == BackendKind::Cuda {
-            return Err(ConfigError::new(
-                "--narrowband",
-                "not available with --backend cuda: the CUDA narrowband (DDC) path is not built yet; use --backend cpu",
             ));
         }
         for o in &self.narrowband {

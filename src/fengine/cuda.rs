@@ -1,6 +1,8 @@
 //! The F-engine's CUDA backend (seed 000 §GPU Processing): the same [`Backend`] the CPU one
 //! implements, so the engine code is shared; it composes the device ops of `crate::gpu`
-//! ([`Pfb`], [`BatchedFft`], [`Postproc`]), which know no engine. Per chunk, both polarisations are copied to one of
+//! (a [`Front`] end, [`BatchedFft`], [`Postproc`]), which know no engine. The front end is the
+//! wideband PFB or the narrowband DDC + complex PFB (`cuda_front`); everything after it is
+//! shared, the post-processing compiled for the output's kind. Per chunk, both polarisations are copied to one of
 //! three device input slots on the host-to-device stream (the tail, the next chunk's head, is
 //! copied straight after the body), and the next chunk's body is prefetched into the next
 //! slot while this chunk computes (the engine's chunks are page-locked, so these copies are
@@ -16,15 +18,15 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaSlice};
 
 use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
+use super::cuda_front::{Front, FrontRun};
+use super::cuda_slot::OutSlot;
+use super::narrowband_output::NarrowbandOutput;
 use super::output::WidebandOutput;
-use crate::dsp::pfb::pfb_weights;
-use crate::dsp::postproc::OutputBits;
+use crate::dsp::postproc::{OutputBits, PhaseConvention};
 use crate::gpu::fft::BatchedFft;
-use crate::gpu::memory::mapped;
-use crate::gpu::pfb::{natural_order, Pfb, PfbRun, PfbShape};
 use crate::gpu::postproc::{Postproc, PostprocShape};
 use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
@@ -39,33 +41,15 @@ struct Run {
     count: usize,
 }
 
-/// One launch's worth of heaps (a batch) and its way back to the host.
-struct OutSlot {
-    /// The heaps' delay terms ([pol][spectrum] pairs) and first timestamps ([heap]) in mapped
-    /// pinned memory, which the kernel reads directly: a copy would queue behind the chunk
-    /// transfers (seed 000 §Postprocessing).
-    phase_host: PinnedHostSlice<f32>,
-    phase_dev: u64,
-    ts0_host: PinnedHostSlice<i64>,
-    ts0_dev: u64,
-    out: CudaSlice<u8>,
-    out_host: PinnedHostSlice<u8>,
-    /// Per heap: clip counts per pol (cumulative over the slot's launches), then power per pol.
-    stats: CudaSlice<u64>,
-    stats_host: PinnedHostSlice<u64>,
-    /// The cumulative clip counts before the current launch, per heap.
-    clips_base: Vec<[u64; 2]>,
-    /// Heaps of the current launch not yet taken by `finished`.
-    unemitted: usize,
-    done: CudaEvent,
-}
-
 pub struct GpuBackend {
     gpu: Arc<Gpu>,
-    pfb: Pfb,
+    front: Front,
     post: Postproc,
     fft: BatchedFft,
+    /// Output channels, and the phase convention of their delay terms.
     channels: usize,
+    convention: PhaseConvention,
+    /// Digitiser samples from one spectrum to the next.
     step: usize,
     /// Spectra per heap, and per launch (`batch` heaps).
     heap_spectra: usize,
@@ -83,7 +67,6 @@ pub struct GpuBackend {
     /// Recorded after the copies that read the current chunk's host memory.
     copied: CudaEvent,
     cur: usize,
-    weights: CudaSlice<f32>,
     frames: CudaSlice<f32>,
     power: CudaSlice<u64>,
     /// Per heap of a batch: [pol][channel] complex gains.
@@ -102,7 +85,6 @@ pub struct GpuBackend {
     runs: [Option<Run>; 2],
     out_bytes: usize,
     section: usize,
-    unzip: usize,
     /// The dither seed of the heaps being batched.
     dither: Option<u64>,
     /// Copies and launches, timed when a benchmark asks ([`GpuBackend::timeline`]).
@@ -116,48 +98,75 @@ impl GpuBackend {
         cfg: GpuConfig,
     ) -> Result<GpuBackend, GpuError> {
         let channels = output.channels;
-        let step = 2 * channels;
-        let hs = cfg.spectra_per_heap;
-        let batch = cfg.batch.max(1);
-        let s = hs * batch;
+        let s = cfg.spectra_per_heap * cfg.batch.max(1);
         let n = cfg.unzip;
         if !(channels.is_power_of_two() && channels % n == 0 && channels / n >= 2) {
             return Err(GpuError::Backend(format!(
                 "unzip factor {n} does not suit {channels} channels"
             )));
         }
-        let pfb = Pfb::new(
-            &gpu,
-            PfbShape {
-                channels,
-                taps: output.taps,
-                sample_bits: cfg.sample_bits,
-                unzip: n,
-                spectra: s,
-            },
-        )?;
-        let post = Postproc::new(
-            &gpu,
-            PostprocShape {
-                channels,
-                unzip: n,
-                spectra: s,
-                heap_spectra: hs,
-                out_bits: cfg.out_bits,
-                dither: output.dither,
-            },
-        )?;
+        let front = Front::wideband(&gpu, output, &cfg, s)?;
+        let fft = BatchedFft::new(&gpu.compute, channels / n, 2 * s * n)?;
+        let post = PostprocShape {
+            channels,
+            unzip: n,
+            spectra: s,
+            heap_spectra: cfg.spectra_per_heap,
+            out_bits: cfg.out_bits,
+            dither: output.dither,
+            spectrum_samples: 2 * channels,
+            narrowband: None,
+        };
+        Self::assemble(gpu, front, fft, post, PhaseConvention::Wideband, cfg)
+    }
+
+    /// A narrowband output's backend (seed 000 §Narrowband): the DDC and complex PFB front
+    /// end, an M-point C2C FFT, and the narrowband post-processing. `cfg.unzip` is unused.
+    pub fn narrowband(
+        gpu: Arc<Gpu>,
+        output: &NarrowbandOutput,
+        cfg: GpuConfig,
+        adc_sample_rate: f64,
+    ) -> Result<GpuBackend, GpuError> {
+        let s = cfg.spectra_per_heap * cfg.batch.max(1);
+        let m = output.internal_channels();
+        let front = Front::narrowband(&gpu, output, &cfg, adc_sample_rate, s)?;
+        let fft = BatchedFft::new(&gpu.compute, m, 2 * s)?;
+        let post = PostprocShape {
+            channels: output.channels,
+            unzip: 1,
+            spectra: s,
+            heap_spectra: cfg.spectra_per_heap,
+            out_bits: cfg.out_bits,
+            dither: output.dither,
+            spectrum_samples: front.spectrum_samples(),
+            narrowband: Some(m),
+        };
+        let convention = PhaseConvention::Narrowband {
+            decimation: output.decimation,
+        };
+        Self::assemble(gpu, front, fft, post, convention, cfg)
+    }
+
+    /// Everything after the front end, which both kinds share.
+    fn assemble(
+        gpu: Arc<Gpu>,
+        front: Front,
+        fft: BatchedFft,
+        post: PostprocShape,
+        convention: PhaseConvention,
+        cfg: GpuConfig,
+    ) -> Result<GpuBackend, GpuError> {
+        let channels = post.channels;
+        let hs = cfg.spectra_per_heap;
+        let batch = cfg.batch.max(1);
+        let s = hs * batch;
+        let post = Postproc::new(&gpu, post)?;
         let bits = cfg.sample_bits as usize;
         let pol_bytes = cfg.body * bits / 8;
         let tail_bytes = cfg.tail * bits / 8;
         let pol_stride = (pol_bytes + tail_bytes + 1).next_multiple_of(256);
         let st = &gpu.compute;
-        let weights = st.clone_htod(&pfb_weights(
-            step,
-            output.taps,
-            output.w_cutoff,
-            output.window,
-        ))?;
         let out_bytes = channels
             * hs
             * if cfg.out_bits == OutputBits::Four {
@@ -165,33 +174,15 @@ impl GpuBackend {
             } else {
                 4
             };
-        let mut slots = Vec::with_capacity(cfg.depth);
-        for _ in 0..cfg.depth.max(1) {
-            let (phase_host, phase_dev) = mapped::<f32>(&gpu, 4 * s)?;
-            let (ts0_host, ts0_dev) = mapped::<i64>(&gpu, batch)?;
-            slots.push(OutSlot {
-                phase_host,
-                phase_dev,
-                ts0_host,
-                ts0_dev,
-                out: st.alloc_zeros(out_bytes * batch)?,
-                // SAFETY: written by the device-to-host copy before the host reads it.
-                out_host: unsafe { gpu.ctx.alloc_pinned_with_flags(out_bytes * batch, 0) }?,
-                stats: st.alloc_zeros(4 * batch)?,
-                // SAFETY: as above.
-                stats_host: unsafe { gpu.ctx.alloc_pinned_with_flags(4 * batch, 0) }?,
-                clips_base: vec![[0; 2]; batch],
-                unemitted: 0,
-                done: gpu.ctx.new_event(None)?,
-            });
-        }
-        let fft = BatchedFft::new(st, channels / n, 2 * s * n)?;
+        let slots = (0..cfg.depth.max(1))
+            .map(|_| OutSlot::new(&gpu, s, batch, out_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(GpuBackend {
-            pfb,
             post,
             fft,
             channels,
-            step,
+            convention,
+            step: front.spectrum_samples(),
             heap_spectra: hs,
             spectra: s,
             batch,
@@ -206,8 +197,7 @@ impl GpuBackend {
             resident: [None, None, None],
             copied: gpu.ctx.new_event(None)?,
             cur: 0,
-            weights,
-            frames: st.alloc_zeros(2 * s * step)?,
+            frames: st.alloc_zeros(2 * s * front.frame_values())?,
             power: st.alloc_zeros(2 * batch)?,
             gains: st.alloc_zeros(4 * channels * batch)?,
             gains_master: st.alloc_zeros(4 * channels)?,
@@ -222,9 +212,9 @@ impl GpuBackend {
             // Measured best on the H100 with staged rows (bench/gpu-notes.md, v4); the kernel
             // takes fewer where a section's rows would not fit in shared memory.
             section: 128,
-            unzip: n,
             dither: None,
             timeline: Timeline::default(),
+            front,
             gpu,
         })
     }
@@ -263,22 +253,21 @@ impl GpuBackend {
         k: usize,
         count: usize,
     ) -> Result<(), GpuError> {
-        let run = PfbRun {
+        let run = FrontRun {
             first_pol,
             pols,
             starts,
-            pol_stride: self.pol_stride,
             k,
             count,
             section: self.section,
             heap: k / self.heap_spectra,
         };
         let t = self.timeline.start(&self.gpu, &self.gpu.compute)?;
-        self.pfb.launch(
-            &self.gpu.compute,
+        self.front.launch(
+            &self.gpu,
             &mut self.frames,
             &self.inputs[self.cur],
-            &self.weights,
+            self.pol_stride,
             &mut self.power,
             run,
         )?;
@@ -287,11 +276,11 @@ impl GpuBackend {
     }
 
     /// The frames of the heap being assembled, in natural order (pol-major, then spectrum,
-    /// `step` f32 each): for the self-test's comparison with `dsp::pfb::pfb_fir`.
+    /// one frame each): for the self-test's comparison with `dsp::pfb::pfb_fir`.
     pub fn read_frames(&mut self) -> Result<Vec<f32>, GpuError> {
         self.flush_runs()?;
         let raw = self.gpu.compute.clone_dtoh(&self.frames)?;
-        Ok(natural_order(&raw, self.channels, self.unzip))
+        Ok(self.front.natural_frames(raw))
     }
 
     /// The digitiser power accumulated for the heap being assembled.
@@ -342,6 +331,11 @@ impl GpuBackend {
         };
         self.timeline.end(&self.gpu, h2d, label, t)?;
         self.resident[cur] = Some(chunk.id);
+        let t = self.timeline.start(&self.gpu, &self.gpu.compute)?;
+        self.front
+            .chunk_ready(&self.gpu, &self.inputs[cur], stride, chunk.id)?;
+        self.timeline
+            .end(&self.gpu, &self.gpu.compute, "compute chunk (ddc)", t)?;
         if let Some(next) = chunk.next {
             // The slot after this one held the chunk before last: its compute is long done,
             // so the prefetch starts at once (with two slots it waited for the previous
@@ -393,12 +387,12 @@ impl GpuBackend {
             hs,
             "a heap has spectra_per_heap spectra"
         );
-        // The kernel keys the dither on timestamps[0] + spectrum·2N: a heap's spectra are
+        // The kernel keys the dither on timestamps[0] + spectrum·step: a heap's spectra are
         // consecutive (the pipeline starts a new heap at any skip).
         debug_assert!(input
             .timestamps
             .windows(2)
-            .all(|w| w[1] - w[0] == 2 * n as i64));
+            .all(|w| w[1] - w[0] == self.step as i64));
         // Gains: each heap of a batch has its own copy, so a change (rarely: a katcp request)
         // takes effect at its heap. Uploaded once per change, then copied on the device into
         // each position as it is next used.
@@ -424,16 +418,16 @@ impl GpuBackend {
         }
         let slot = &mut self.slots[self.fill];
         // θ_k/π = x·k + y per pol and spectrum (fengine_delay_convention.md §3; the kernel
-        // evaluates it with sincospi): x = −δ/N, y = δ/2 + φ/π + (c mod 4)/2, reduced mod 2
-        // in f64 before rounding to f32.
+        // evaluates it with sincospi): with the convention's slope delay δ′ and fixed phase
+        // φ′ (wideband δ and φ + (π/2)(c mod 4); narrowband δ/decimation and φ),
+        // x = −δ′/N, y = δ′/2 + φ′/π, reduced mod 2 in f64 before rounding to f32.
         let ph = slot.phase_host.as_mut_slice()?;
         for p in 0..2 {
             for (j, d) in input.delays[p].iter().enumerate() {
-                let y = d.fine / 2.0
-                    + d.phase / std::f64::consts::PI
-                    + d.coarse.rem_euclid(4) as f64 / 2.0;
+                let (fine, fixed) = self.convention.terms(d);
+                let y = fine / 2.0 + fixed / std::f64::consts::PI;
                 let at = 2 * (p * s + b * hs + j);
-                ph[at] = (-d.fine / n as f64) as f32;
+                ph[at] = (-fine / n as f64) as f32;
                 ph[at + 1] = y.rem_euclid(2.0) as f32;
             }
         }

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::backend::Backend;
 use super::config::{BackendKind, FengineConfig, Plan};
 use super::control::{EngineControl, OutputState};
 use super::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
@@ -471,28 +472,40 @@ fn make_pipeline(
 ) -> Result<Pipeline, EngineError> {
     let output = match output {
         OutputSpec::Narrowband(o) => {
-            // The configuration refused narrowband with --backend cuda.
-            let sizes = NarrowbandSizes {
-                adc_sample_rate: cfg.adc_sample_rate,
-                sample_bits: pcfg.sample_bits,
-                body: pcfg.layout.chunk_samples as usize,
-                tail: pcfg.tail(o.shape()),
-                spectra_per_heap: pcfg.spectra_per_heap,
-                out_bits: pcfg.out_bits,
+            let backend: Box<dyn Backend> = match cfg.backend {
+                BackendKind::Cpu => {
+                    let sizes = NarrowbandSizes {
+                        adc_sample_rate: cfg.adc_sample_rate,
+                        sample_bits: pcfg.sample_bits,
+                        body: pcfg.layout.chunk_samples as usize,
+                        tail: pcfg.tail(o.shape()),
+                        spectra_per_heap: pcfg.spectra_per_heap,
+                        out_bits: pcfg.out_bits,
+                    };
+                    let b = NarrowbandBackend::new(&o, sizes).map_err(|e| {
+                        ConfigError::new(
+                            "--narrowband",
+                            format!(
+                                "output {}: DDC filter (ddc_taps={}): {e}",
+                                o.name, o.ddc_taps
+                            ),
+                        )
+                    })?;
+                    Box::new(b)
+                }
+                BackendKind::Cuda => {
+                    let gpu = open_gpu(cfg, gpu)?;
+                    let gcfg = gpu_config(&pcfg, pcfg.tail(o.shape()), 1);
+                    let b = GpuBackend::narrowband(gpu, &o, gcfg, cfg.adc_sample_rate).map_err(
+                        |e| ConfigError::new("--narrowband", format!("output {}: {e}", o.name)),
+                    )?;
+                    Box::new(b)
+                }
             };
-            let backend = NarrowbandBackend::new(&o, sizes).map_err(|e| {
-                ConfigError::new(
-                    "--narrowband",
-                    format!(
-                        "output {}: DDC filter (ddc_taps={}): {e}",
-                        o.name, o.ddc_taps
-                    ),
-                )
-            })?;
             return Ok(Pipeline::with_backend(
                 OutputSpec::Narrowband(o),
                 pcfg,
-                Box::new(backend),
+                backend,
             ));
         }
         OutputSpec::Wideband(o) => o,
@@ -501,28 +514,34 @@ fn make_pipeline(
         BackendKind::Cpu => Ok(Pipeline::new(output, pcfg)),
         BackendKind::Cuda => {
             let gpu = open_gpu(cfg, gpu)?;
-            let backend = GpuBackend::new(
-                gpu,
-                &output,
-                GpuConfig {
-                    sample_bits: pcfg.sample_bits,
-                    body: pcfg.layout.chunk_samples as usize,
-                    tail: pcfg.tail(output.shape()),
-                    spectra_per_heap: pcfg.spectra_per_heap,
-                    out_bits: pcfg.out_bits,
-                    unzip: default_unzip(output.channels),
-                    batch: default_batch(pcfg.spectra_per_heap),
-                    // About 8 heaps in flight kept the copies busy in every run
-                    // (bench/RESULTS.md), in at least two slots.
-                    depth: (8 / default_batch(pcfg.spectra_per_heap)).max(2),
-                },
-            )
-            .map_err(|e| ConfigError::new("--backend", e))?;
+            let gcfg = gpu_config(
+                &pcfg,
+                pcfg.tail(output.shape()),
+                default_unzip(output.channels),
+            );
+            let backend = GpuBackend::new(gpu, &output, gcfg)
+                .map_err(|e| ConfigError::new("--backend", e))?;
             Ok(Pipeline::with_backend(
                 output.into(),
                 pcfg,
                 Box::new(backend),
             ))
         }
+    }
+}
+
+/// The CUDA backend's shape for an output of `pcfg` (`unzip`: wideband only).
+fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize) -> GpuConfig {
+    GpuConfig {
+        sample_bits: pcfg.sample_bits,
+        body: pcfg.layout.chunk_samples as usize,
+        tail,
+        spectra_per_heap: pcfg.spectra_per_heap,
+        out_bits: pcfg.out_bits,
+        unzip,
+        batch: default_batch(pcfg.spectra_per_heap),
+        // About 8 heaps in flight kept the copies busy in every run (bench/RESULTS.md), in at
+        // least two slots.
+        depth: (8 / default_batch(pcfg.spectra_per_heap)).max(2),
     }
 }

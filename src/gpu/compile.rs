@@ -36,6 +36,12 @@ pub enum Kernel {
     Beamform,
     /// The FRB beamformer's first stage (`kernels/frb_stage1.cu`).
     FrbStage1,
+    /// The narrowband down-conversion: mixer, low-pass FIR, subsampling (`kernels/ddc.cu`).
+    Ddc,
+    /// The narrowband PFB FIR on the complex DDC output (`kernels/pfb_complex.cu`).
+    PfbComplex,
+    /// The benchmark's fp32 fused multiply-add ceiling (`kernels/fma_peak.cu`).
+    FmaPeak,
 }
 
 impl Kernel {
@@ -51,6 +57,9 @@ impl Kernel {
             Kernel::CorrWgmma => "correlate_wgmma.cu",
             Kernel::Beamform => "beamform.cu",
             Kernel::FrbStage1 => "frb_stage1.cu",
+            Kernel::Ddc => "ddc.cu",
+            Kernel::PfbComplex => "pfb_complex.cu",
+            Kernel::FmaPeak => "fma_peak.cu",
         }
     }
 
@@ -67,6 +76,9 @@ impl Kernel {
             Kernel::CorrWgmma => "corr_wgmma",
             Kernel::Beamform => "beamform",
             Kernel::FrbStage1 => "frb_stage1",
+            Kernel::Ddc => "ddc",
+            Kernel::PfbComplex => "pfb_complex",
+            Kernel::FmaPeak => "fma_peak",
         }
     }
 
@@ -92,6 +104,9 @@ impl Kernel {
             Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
             Kernel::Beamform => include_str!("../../kernels/beamform.cu"),
             Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
+            Kernel::Ddc => include_str!("../../kernels/ddc.cu"),
+            Kernel::PfbComplex => include_str!("../../kernels/pfb_complex.cu"),
+            Kernel::FmaPeak => include_str!("../../kernels/fma_peak.cu"),
         }
     }
 }

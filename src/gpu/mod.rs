@@ -10,11 +10,13 @@
 pub mod beamform;
 pub mod compile;
 pub mod correlate;
+pub mod ddc;
 pub mod fft;
 pub mod frb;
 pub mod frb_resample;
 pub mod memory;
 pub mod pfb;
+pub mod pfb_complex;
 pub mod postproc;
 pub mod timeline;
 

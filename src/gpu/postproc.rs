@@ -9,6 +9,9 @@
 //! [heap] first timestamps (the dither key); `power` u64 [heap][pol] moved into `stats`;
 //! `stats` u64 [heap][clips pol 0, clips pol 1, power 0, power 1], clip counts accumulated.
 //!
+//! A narrowband shape ([`PostprocShape::narrowband`]) compiles `postproc_nb` instead: no unzip
+//! or real-to-complex fix-up, the kept channels taken around DC of a C2C transform.
+//!
 //! The mapped `phase` and `ts0` are read once per launch, by `postproc_params` into device
 //! copies the op owns: the host writes them without a copy queued behind the chunk transfers
 //! (seed 000 §Postprocessing), and the blocks then read device memory, not the host's.
@@ -29,6 +32,10 @@ pub struct PostprocShape {
     pub heap_spectra: usize,
     pub out_bits: OutputBits,
     pub dither: bool,
+    /// Digitiser samples from one spectrum to the next (the dither key's timestamps).
+    pub spectrum_samples: usize,
+    /// Narrowband: the C2C transform's length M, of which `channels` are kept.
+    pub narrowband: Option<usize>,
 }
 
 /// The compiled kernels, their grids and the device copies of the per-launch parameters
@@ -53,7 +60,7 @@ impl Postproc {
         } else {
             8
         };
-        let defs: Defines = vec![
+        let mut defs: Defines = vec![
             ("CHANNELS", s.channels as i64),
             ("UNZIP", n as i64),
             ("SPECTRA", s.spectra as i64),
@@ -64,18 +71,36 @@ impl Postproc {
                 if s.out_bits == OutputBits::Four { 4 } else { 8 },
             ),
             ("DITHER", i64::from(s.dither)),
+            ("SPECTRUM_SAMPLES", s.spectrum_samples as i64),
         ];
+        let (entry, grid) = match s.narrowband {
+            None => (
+                "postproc",
+                (
+                    values_of_s.div_ceil(stile) as u32,
+                    s.spectra.div_ceil(32) as u32,
+                    1,
+                ),
+            ),
+            Some(m) => {
+                defs.push(("FFT_LEN", m as i64));
+                (
+                    "postproc_nb",
+                    (
+                        s.channels.div_ceil(32) as u32,
+                        s.spectra.div_ceil(32) as u32,
+                        1,
+                    ),
+                )
+            }
+        };
         Ok(Postproc {
-            func: gpu.function(Kernel::Postproc, &defs)?,
+            func: gpu.function_entry(Kernel::Postproc, &defs, entry)?,
             params: gpu.function_entry(Kernel::Postproc, &defs, "postproc_params")?,
             params_blocks: (2 * s.spectra).div_ceil(256) as u32,
             phase: gpu.compute.alloc_zeros(4 * s.spectra)?,
             ts0: gpu.compute.alloc_zeros(s.spectra / s.heap_spectra)?,
-            grid: (
-                values_of_s.div_ceil(stile) as u32,
-                s.spectra.div_ceil(32) as u32,
-                1,
-            ),
+            grid,
         })
     }
 
@@ -121,8 +146,8 @@ impl Postproc {
             .arg(&seed)
             .arg(power)
             .arg(stats);
-        // SAFETY: the arguments match postproc's signature and the sizes it was compiled for
-        // (CHANNELS, SPECTRA, HEAP_SPECTRA).
+        // SAFETY: the arguments match postproc's (and postproc_nb's) signature and the sizes it
+        // was compiled for (CHANNELS, FFT_LEN, SPECTRA, HEAP_SPECTRA).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

@@ -96,13 +96,19 @@ fn front_ends(b: &mut dyn Backend, starts: &[Vec<usize>; 2]) -> Result<(), GpuEr
 }
 
 /// Chunk of `body` samples per pol and its successor, as the backends take them.
-struct Chunks {
-    samples: [Vec<i32>; 2],
-    data: Vec<u8>,
-    next: Vec<u8>,
+pub(super) struct Chunks {
+    pub samples: [Vec<i32>; 2],
+    pub data: Vec<u8>,
+    pub next: Vec<u8>,
 }
 
-fn chunks(rng: &mut SmallRng, body: usize, tail: usize, bits: u32, full_scale: bool) -> Chunks {
+pub(super) fn chunks(
+    rng: &mut SmallRng,
+    body: usize,
+    tail: usize,
+    bits: u32,
+    full_scale: bool,
+) -> Chunks {
     let mut data = Vec::new();
     let mut next = Vec::new();
     let mut samples = [Vec::new(), Vec::new()];
@@ -302,36 +308,10 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
         data: &c.data,
         next: Some(&c.next),
     };
-    type Heap = (Vec<u8>, [u64; 2], [i64; 2]);
-    let take = |b: &mut dyn Backend, got: &mut Vec<Heap>| -> Result<bool, GpuError> {
-        Ok(match b.finished(true)? {
-            Some(f) => {
-                got.push((f.data.to_vec(), f.clips, f.power));
-                true
-            }
-            None => false,
-        })
-    };
-    let mut results: Vec<Vec<Heap>> = Vec::new();
-    for b in [&mut gb as &mut dyn Backend, &mut cb] {
-        let mut got = Vec::new();
-        b.load(chunk)?;
-        for (h, input) in inputs.iter().enumerate() {
-            for k in 0..hs {
-                b.front_end(0, st[0][h * hs + k], k)?;
-                b.front_end(1, st[1][h * hs + k], k)?;
-            }
-            while !b.ready() {
-                if !take(&mut *b, &mut got)? {
-                    return Err(GpuError::Backend("not ready, nothing in flight".into()));
-                }
-            }
-            b.back_end(input)?;
-        }
-        b.release()?;
-        while take(&mut *b, &mut got)? {}
-        results.push(got);
-    }
+    let results = [
+        drive(&mut gb, chunk, &inputs, &st, hs)?,
+        drive(&mut cb, chunk, &inputs, &st, hs)?,
+    ];
     if results[0].len() != sh.heaps || results[1].len() != sh.heaps {
         return Err(GpuError::Backend(format!(
             "heaps back: GPU {}, CPU {}, of {}",
@@ -340,21 +320,12 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
             sh.heaps
         )));
     }
-    let values = |d: &[u8]| -> Vec<i32> {
-        match sh.out_bits {
-            OutputBits::Eight => d.iter().map(|&b| i32::from(b as i8)).collect(),
-            OutputBits::Four => d
-                .iter()
-                .flat_map(|&b| [i32::from((b as i8) >> 4), i32::from(((b << 4) as i8) >> 4)])
-                .collect(),
-        }
-    };
     let w = pfb_weights(step, sh.taps, out.w_cutoff, out.window);
     let (mut worst, mut off, mut count, mut signed) = (0, 0, 0, 0i64);
     let (mut clips_ok, mut power_ok) = (true, true);
     let (mut clips_g, mut clips_c, mut amb_total) = ([0u64; 2], [0u64; 2], 0);
     for (h, (g, c_)) in results[0].iter().zip(&results[1]).enumerate() {
-        let (gv, cv) = (values(&g.0), values(&c_.0));
+        let (gv, cv) = (values(sh.out_bits, &g.0), values(sh.out_bits, &c_.0));
         worst = gv
             .iter()
             .zip(&cv)
@@ -422,6 +393,58 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
             if power_ok { "exact" } else { "WRONG" }
         ),
     })
+}
+
+/// A heap as a backend hands it back: bytes, clip counts, digitiser power.
+pub(super) type Heap = (Vec<u8>, [u64; 2], [i64; 2]);
+
+/// One chunk through backend `b`: heap h's spectra (window starts `st[p][h·hs + k]`) through
+/// the front end, then its back end, taking finished heaps whenever the backend is not ready;
+/// every heap, in order.
+pub(super) fn drive(
+    b: &mut dyn Backend,
+    chunk: ChunkInput<'_>,
+    inputs: &[BackEndInput<'_>],
+    st: &[Vec<usize>; 2],
+    hs: usize,
+) -> Result<Vec<Heap>, GpuError> {
+    let take = |b: &mut dyn Backend, got: &mut Vec<Heap>| -> Result<bool, GpuError> {
+        Ok(match b.finished(true)? {
+            Some(f) => {
+                got.push((f.data.to_vec(), f.clips, f.power));
+                true
+            }
+            None => false,
+        })
+    };
+    let mut got = Vec::new();
+    b.load(chunk)?;
+    for (h, input) in inputs.iter().enumerate() {
+        for k in 0..hs {
+            b.front_end(0, st[0][h * hs + k], k)?;
+            b.front_end(1, st[1][h * hs + k], k)?;
+        }
+        while !b.ready() {
+            if !take(&mut *b, &mut got)? {
+                return Err(GpuError::Backend("not ready, nothing in flight".into()));
+            }
+        }
+        b.back_end(input)?;
+    }
+    b.release()?;
+    while take(&mut *b, &mut got)? {}
+    Ok(got)
+}
+
+/// A heap's bytes as signed values (4-bit: two per byte, real first).
+pub(super) fn values(bits: OutputBits, d: &[u8]) -> Vec<i32> {
+    match bits {
+        OutputBits::Eight => d.iter().map(|&b| i32::from(b as i8)).collect(),
+        OutputBits::Four => d
+            .iter()
+            .flat_map(|&b| [i32::from((b as i8) >> 4), i32::from(((b << 4) as i8) >> 4)])
+            .collect(),
+    }
 }
 
 /// Whether the ±1 LSB differences are (few, unbiased): a value may round the other way only

@@ -4,8 +4,10 @@
 
 pub mod beamform;
 pub mod correlate;
+pub mod ddc;
 pub mod fengine;
 pub mod frb;
+pub mod narrowband;
 pub mod xbengine;
 pub mod xbengine_frb;
 
@@ -25,6 +27,8 @@ pub struct Check {
 /// Run every check on `gpu` with inputs drawn from `seed`.
 pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     let mut checks = fengine::run(gpu, seed)?;
+    checks.extend(ddc::run(gpu, seed)?);
+    checks.extend(narrowband::run(gpu, seed)?);
     checks.extend(correlate::run(gpu, seed)?);
     checks.extend(beamform::run(gpu, seed)?);
     checks.extend(frb::run(gpu, seed)?);
