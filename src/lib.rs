@@ -6,6 +6,7 @@
 //! [`control`] (katcp and metrics), and [`cli`] (one file per subcommand). See
 //! `../shared/DESIGN.md` for the whole map.
 
+pub mod affinity;
 pub mod array;
 pub mod chain;
 pub mod cli;

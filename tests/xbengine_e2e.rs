@@ -89,6 +89,7 @@ fn config(in_port: u16, x_port: u16, beam_ports: [u16; 2], bits: u32) -> Xbengin
             katcp_port: 0,
             prometheus_port: None,
         },
+        affinity: Default::default(),
     }
 }
 

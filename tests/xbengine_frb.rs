@@ -101,6 +101,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
             katcp_port: 0,
             prometheus_port: None,
         },
+        affinity: Default::default(),
     }
 }
 

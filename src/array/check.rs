@@ -272,7 +272,7 @@ pub fn check_node(i: usize, n: &Node, nodes: &[Node]) -> Result<NodeShape, Array
     if n.numa.is_empty() {
         return Err(err(
             key("numa"),
-            "list the node's NUMA nodes and their cores",
+            "list the node's NUMA nodes and their cores (or give `hardware`)",
         ));
     }
     let mut cores: Vec<Vec<usize>> = Vec::new();

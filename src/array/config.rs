@@ -218,7 +218,13 @@ pub struct Node {
     /// `array.backend = "cpu"`), dealt in turn to its NICs.
     #[serde(default)]
     pub cpu_engines: usize,
+    /// `cbf affinity --json` run on the node (a path relative to the description): its
+    /// `numa`, `nics` and `gpus` come from there instead ([`super::hardware`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<String>,
+    #[serde(default)]
     pub numa: Vec<Numa>,
+    #[serde(default)]
     pub nics: Vec<Nic>,
     #[serde(default)]
     pub gpus: Vec<Gpu>,

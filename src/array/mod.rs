@@ -20,6 +20,7 @@ pub mod check;
 pub mod config;
 mod engines;
 pub mod groups;
+pub mod hardware;
 pub mod kubernetes;
 pub mod launch;
 pub mod local;
@@ -129,14 +130,16 @@ pub fn read(path: &Path) -> Result<ArrayConfig, ArrayError> {
             MAX_DESCRIPTION_BYTES >> 20
         )));
     }
-    match Format::of(path) {
+    let mut cfg = match Format::of(path) {
         Format::Toml => parse(&text),
         Format::Yaml => parse_yaml(&text),
     }
     .map_err(|e| match e {
         ArrayError::Parse(m) => ArrayError::Parse(format!("{}: {m}", path.display())),
         other => other,
-    })
+    })?;
+    hardware::resolve(&mut cfg, path.parent().unwrap_or(Path::new(".")))?;
+    Ok(cfg)
 }
 
 /// Read, parse and plan the description at `path`.

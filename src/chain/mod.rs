@@ -199,6 +199,7 @@ pub fn run(
                 duration: None,
                 sync_time,
                 control: loopback_control(),
+                affinity: Default::default(),
             },
             stop_engines.clone(),
         )?;
@@ -287,6 +288,7 @@ pub fn run(
             dither_seed: 99,
             duration: None,
             control: loopback_control(),
+            affinity: Default::default(),
         },
         stop_xb.clone(),
     )?;

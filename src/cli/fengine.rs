@@ -7,6 +7,7 @@
 use clap::Args;
 
 use super::katgpucbf::Unsupported;
+use super::pinning::Pinning;
 use super::CliError;
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::{RecvTransport, SourceConfig};
@@ -35,9 +36,10 @@ pub struct FengineArgs {
     /// Socket receive buffer in bytes.
     #[arg(long, default_value_t = 128 << 20)]
     pub recv_buffer: usize,
-    /// Receive threads; the --src endpoints are dealt round-robin between them.
-    #[arg(long, default_value_t = 1)]
-    pub recv_threads: usize,
+    /// Receive threads; the --src endpoints are dealt round-robin between them [default: one
+    /// per --recv-affinity entry, or 1].
+    #[arg(long)]
+    pub recv_threads: Option<usize>,
     /// How the --src sockets are read: `udp` (recvmmsg) or `uring` (io_uring multishot
     /// receive into a provided-buffer ring; Linux 6.0).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
@@ -109,6 +111,8 @@ pub struct FengineArgs {
     pub narrowband: Vec<String>,
     #[command(flatten)]
     pub unsupported: Unsupported,
+    #[command(flatten)]
+    pub pinning: Pinning,
     /// Multicast TTL of the output.
     #[arg(long, default_value_t = 4)]
     pub send_ttl: u32,
@@ -145,6 +149,7 @@ impl FengineArgs {
     /// engine validates how they combine).
     pub fn config(&self) -> Result<FengineConfig, CliError> {
         self.unsupported.refuse()?;
+        let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
         let gpu_direct = "GPU-direct receive and send are not implemented (the chunks are page-locked host memory)";
         if self.use_vkgdr {
             return Err(CliError::flag(
@@ -193,7 +198,7 @@ impl FengineArgs {
                 src,
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
-                threads: self.recv_threads,
+                threads: recv_threads,
                 transport: self.recv_transport,
             },
             adc_sample_rate: self.adc_sample_rate,
@@ -229,6 +234,7 @@ impl FengineArgs {
                 katcp_port: self.katcp_port,
                 prometheus_port: self.prometheus_port,
             },
+            affinity,
         })
     }
 }
@@ -423,7 +429,6 @@ mod tests {
             ("--use-peerdirect", None),
             ("--recv-ibv", None),
             ("--send-ibv", None),
-            ("--recv-affinity", Some("0,1")),
             ("--send-comp-vector", Some("-1")),
             ("--monitor-log", Some("/tmp/m")),
             ("--aiomonitor", None),

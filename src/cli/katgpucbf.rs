@@ -6,8 +6,9 @@ use clap::Args;
 
 use super::CliError;
 
-const NETWORK: &str = "kernel-bypass transports (with their completion vectors) and the \
-     engines' thread pinning are not implemented yet (UDP sockets only)";
+const NETWORK: &str =
+    "kernel-bypass transports (with their completion vectors) are not implemented yet (UDP \
+     sockets only)";
 const MAIN_AFFINITY: &str = "cbf's katcp threads render ?signals patterns on every core, so \
      they are not bound to one (--affinity binds the send threads)";
 const MONITOR: &str = "cbf has no asyncio monitor (it is not Python)";
@@ -51,10 +52,6 @@ pub struct Unsupported {
     recv_ibv: bool,
     #[arg(long, hide = true)]
     send_ibv: bool,
-    #[arg(long, hide = true)]
-    recv_affinity: Option<String>,
-    #[arg(long, hide = true)]
-    send_affinity: Option<String>,
     #[arg(long, hide = true, allow_hyphen_values = true)]
     recv_comp_vector: Option<String>,
     #[arg(long, hide = true, allow_hyphen_values = true)]
@@ -71,8 +68,6 @@ impl Unsupported {
         refuse_first(&[
             ("--recv-ibv", self.recv_ibv, NETWORK),
             ("--send-ibv", self.send_ibv, NETWORK),
-            ("--recv-affinity", self.recv_affinity.is_some(), NETWORK),
-            ("--send-affinity", self.send_affinity.is_some(), NETWORK),
             (
                 "--recv-comp-vector",
                 self.recv_comp_vector.is_some(),

@@ -1,6 +1,7 @@
 //! The `cbf` command line: one file per subcommand, named after katgpucbf's programs, with
 //! katgpucbf's flag names (facts §1.2, §1.5).
 
+pub mod affinity;
 pub mod array;
 mod array_run;
 pub mod capture;
@@ -9,6 +10,7 @@ pub mod dsim;
 pub mod fengine;
 pub mod fsim;
 mod katgpucbf;
+mod pinning;
 pub mod selftest;
 pub mod xbengine;
 
@@ -57,6 +59,9 @@ pub enum Command {
     /// A whole array from one description: `plan` (every engine, where, with which flags)
     /// and `render` (systemd units, Kubernetes manifests), `run --local` and `status`.
     Array(array::ArrayArgs),
+    /// NUMA nodes, cores, GPUs and NICs of this host (or an hwloc XML export), and where each
+    /// engine should run, with the flags for it.
+    Affinity(affinity::AffinityArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -95,6 +100,7 @@ pub fn main() -> ExitCode {
         Command::Fsim(a) => fsim::run(a),
         Command::Selftest(a) => selftest::run(a),
         Command::Array(a) => array::run(a),
+        Command::Affinity(a) => affinity::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use clap::Args;
 
 use super::katgpucbf::Unsupported;
+use super::pinning::Pinning;
 use super::CliError;
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::{RecvTransport, SourceConfig};
@@ -87,9 +88,10 @@ pub struct XbengineArgs {
     /// Socket receive buffer in bytes.
     #[arg(long, default_value_t = 128 << 20)]
     pub recv_buffer: usize,
-    /// Receive threads; the source endpoints are dealt round-robin between them.
-    #[arg(long, default_value_t = 1)]
-    pub recv_threads: usize,
+    /// Receive threads; the --src endpoints are dealt round-robin between them [default: one
+    /// per --recv-affinity entry, or 1].
+    #[arg(long)]
+    pub recv_threads: Option<usize>,
     /// How the --src sockets are read: `udp` (recvmmsg) or `uring` (io_uring multishot
     /// receive into a provided-buffer ring; Linux 6.0).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
@@ -126,6 +128,8 @@ pub struct XbengineArgs {
     pub prometheus_port: Option<u16>,
     #[command(flatten)]
     pub unsupported: Unsupported,
+    #[command(flatten)]
+    pub pinning: Pinning,
 }
 
 impl XbengineArgs {
@@ -133,6 +137,7 @@ impl XbengineArgs {
     /// engine validates how they combine).
     pub fn config(&self) -> Result<XbengineConfig, CliError> {
         self.unsupported.refuse()?;
+        let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
         let corrprods = self
             .corrprod
             .iter()
@@ -153,7 +158,7 @@ impl XbengineArgs {
                 src: self.src.clone(),
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
-                threads: self.recv_threads,
+                threads: recv_threads,
                 transport: self.recv_transport,
             },
             array_size: self.array_size,
@@ -189,6 +194,7 @@ impl XbengineArgs {
                 katcp_port: self.katcp_port,
                 prometheus_port: self.prometheus_port,
             },
+            affinity,
         })
     }
 }
@@ -380,7 +386,12 @@ mod tests {
         assert_eq!(flag_of(&many[..63]), "ok");
         assert_eq!(flag_of(&many), "--corrprod", "at most 64 outputs");
         assert_eq!(flag_of(&["--recv-ibv"]), "--recv-ibv");
-        assert_eq!(flag_of(&["--send-affinity=3"]), "--send-affinity");
+        // katgpucbf's pinning flags are real: a core this process may not use is refused.
+        assert_eq!(flag_of(&["--send-affinity=1023"]), "--send-affinity");
+        assert_eq!(
+            flag_of(&["--recv-affinity=0", "--recv-threads=2"]),
+            "--recv-affinity"
+        );
         assert_eq!(flag_of(&["--recv-comp-vector=-1"]), "--recv-comp-vector");
         assert_eq!(flag_of(&["--monitor-log=/tmp/x"]), "--monitor-log");
     }

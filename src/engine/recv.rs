@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use super::affinity::pin_current_thread;
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::pcap::PcapReceiver;
 use crate::net::udp::UdpReceiver;
@@ -99,13 +100,15 @@ pub struct Receivers {
 }
 
 impl Receivers {
-    /// One thread per source, named `{name}-rx{i}`, each feeding `group` through `place`
-    /// until its source ends, the group stops, or `shutdown` is raised.
+    /// One thread per source, named `{name}-rx{i}` and bound to `cores[i]` where that is
+    /// given (`--recv-affinity`), each feeding `group` through `place` until its source ends,
+    /// the group stops, or `shutdown` is raised.
     pub fn spawn(
         name: &str,
         group: &Arc<ChunkGroup>,
         place: Arc<PlaceFn>,
         sources: Vec<Box<dyn PacketReceiver>>,
+        cores: &[Option<usize>],
         shutdown: &Shutdown,
     ) -> std::io::Result<Receivers> {
         let mut threads = Vec::new();
@@ -115,13 +118,19 @@ impl Receivers {
             let my_stats = stream.stats();
             stats.push(Arc::clone(&my_stats));
             let shutdown = shutdown.clone();
+            let core = cores.get(i).copied().flatten();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-rx{i}"))
                     .spawn(move || {
+                        // The core was checked at start-up; failing now (a core taken offline)
+                        // stops the engine rather than receiving off its NUMA node.
+                        let mut failure = core
+                            .and_then(|c| pin_current_thread(c).err())
+                            .map(|e| format!("--recv-affinity: {e}"));
+                        // After pinning: the slots are touched first on the receive core.
                         let mut batch = RecvBatch::new(BATCH, source.slot_size(MAX_PACKET));
-                        let mut failure = None;
-                        while !stream.is_stopped() && !shutdown.requested() {
+                        while failure.is_none() && !stream.is_stopped() && !shutdown.requested() {
                             match source.recv_batch(&mut batch) {
                                 Ok(Received::Packets(n)) => {
                                     stream.note_batch(n);

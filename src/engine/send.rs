@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use super::affinity::pin_current_thread;
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::udp::UdpSender;
 use crate::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
@@ -100,6 +101,14 @@ pub struct SinkCounters {
     pub bytes: AtomicU64,
 }
 
+/// A send thread's name (at most 15 bytes, Linux's limit, so that `top -H` tells them apart)
+/// and the core it is bound to (`--send-affinity`).
+#[derive(Debug, Clone)]
+pub struct SendThread {
+    pub name: String,
+    pub core: Option<usize>,
+}
+
 /// A send thread and its buffer pool.
 pub struct HeapSink<M> {
     heaps: Sender<(Vec<u8>, M)>,
@@ -109,11 +118,11 @@ pub struct HeapSink<M> {
 }
 
 impl<M: Send + 'static> HeapSink<M> {
-    /// Start the thread `name` with `buffers` buffers of `buffer_bytes` capacity. Once
-    /// `shutdown` is raised the stream stops pacing, so that what is queued goes out and the
-    /// engine stops promptly however low `--send-rate-factor` is.
+    /// Start `thread` with `buffers` buffers of `buffer_bytes` capacity. Once `shutdown` is
+    /// raised the stream stops pacing, so that what is queued goes out and the engine stops
+    /// promptly however low `--send-rate-factor` is.
     pub fn spawn<F: HeapFormat<Meta = M>>(
-        name: &str,
+        thread: SendThread,
         mut stream: SendStream<UdpSender>,
         format: F,
         descriptors: DescriptorSchedule,
@@ -130,8 +139,13 @@ impl<M: Send + 'static> HeapSink<M> {
         }
         let counters = Arc::new(SinkCounters::default());
         let c = Arc::clone(&counters);
-        let thread = std::thread::Builder::new().name(name.into()).spawn(
+        let core = thread.core;
+        let thread = std::thread::Builder::new().name(thread.name).spawn(
             move || -> Result<(), String> {
+                if let Some(c) = core {
+                    // Checked at start-up; a failure now stops this output with the reason.
+                    pin_current_thread(c).map_err(|e| format!("--send-affinity: {e}"))?;
+                }
                 let n = format.substreams();
                 send_descriptors(&mut stream, &format)?;
                 let mut next_desc = descriptors.first;

@@ -10,6 +10,7 @@ use super::pipeline::tail_samples;
 use super::place::InputLayout;
 use crate::dsp::postproc::OutputBits;
 use crate::dsp::samples::{packed_len, valid_sample_bits};
+use crate::engine::affinity::EngineAffinity;
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::SourceConfig;
 use crate::engine::{
@@ -59,6 +60,8 @@ pub struct FengineConfig {
     /// UNIX time of timestamp 0.
     pub sync_time: f64,
     pub control: ControlConfig,
+    /// Cores of the receive, send and processing threads.
+    pub affinity: EngineAffinity,
 }
 
 /// The validated shape of the engine: input layout and each output (wideband first, then
@@ -73,6 +76,7 @@ impl FengineConfig {
     /// Check every flag and how they combine.
     pub fn validate(&self) -> Result<Plan, ConfigError> {
         check_sample_rate("--adc-sample-rate", self.adc_sample_rate)?;
+        self.affinity.validate(self.source.threads)?;
         if !valid_sample_bits(self.dig_sample_bits) {
             return Err(ConfigError::new(
                 "--dig-sample-bits",

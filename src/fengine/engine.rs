@@ -19,11 +19,12 @@ use super::output::OutputSpec;
 use super::pipeline::{OutputHeap, Pipeline, PipelineConfig};
 use super::place::{InputLayout, ITEMS, REJECT_REASONS};
 use crate::control::katcp::{Sensors, Status};
+use crate::engine::affinity::on_cores;
 use crate::engine::control::ControlAddrs;
 use crate::engine::health;
 use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
-use crate::engine::send::{DescriptorSchedule, HeapSink, StreamSpec};
+use crate::engine::send::{DescriptorSchedule, HeapSink, SendThread, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::gpu::memory::HostRegistrations;
 use crate::gpu::Gpu;
@@ -73,17 +74,24 @@ impl Engine {
         let Plan { layout, outputs } = config.validate()?;
         let per_pol = layout.heaps_per_pol();
         let sources = open_sources(&config.source)?;
-        let group = ChunkGroup::new(ChunkGroupConfig {
-            heaps_per_chunk: 2 * per_pol,
-            chunk_bytes: 2 * layout.pol_bytes(),
-            // Three chunks in flight: the polarisations may arrive out of step by up to a chunk.
-            max_chunks: 3,
-            n_chunks: 8,
-            n_streams: sources.len(),
-            max_heaps: 16,
-            items: ITEMS.to_vec(),
-            reject_reasons: REJECT_REASONS.to_vec(),
-        })
+        // Allocated and first touched on the receive cores, so that the chunks are on their
+        // NUMA node (the page-locking below keeps them there).
+        let recv_cores = config.affinity.recv_cores();
+        let n_streams = sources.len();
+        let group = on_cores("fengine-alloc", &recv_cores, || {
+            ChunkGroup::new(ChunkGroupConfig {
+                heaps_per_chunk: 2 * per_pol,
+                chunk_bytes: 2 * layout.pol_bytes(),
+                // Three chunks in flight: the polarisations may arrive out of step by up to a
+                // chunk.
+                max_chunks: 3,
+                n_chunks: 8,
+                n_streams,
+                max_heaps: 16,
+                items: ITEMS.to_vec(),
+                reject_reasons: REJECT_REASONS.to_vec(),
+            })
+        })?
         .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
         let mut gpu = None;
         let pinned = match config.backend {
@@ -104,7 +112,14 @@ impl Engine {
             }
         };
         let place = Arc::new(move |p: &PlaceInput<'_>| layout.place(p));
-        let receivers = Receivers::spawn("fengine", &group, place, sources, &shutdown)?;
+        let receivers = Receivers::spawn(
+            "fengine",
+            &group,
+            place,
+            sources,
+            &config.affinity.recv,
+            &shutdown,
+        )?;
         let sensors = Arc::new(Sensors::default());
         let control = Arc::new(EngineControl::new(
             outputs
@@ -172,8 +187,10 @@ impl Engine {
             metrics.touch_all("output_", &[o.name()]);
         }
         let mut built = Vec::new();
-        for (o, sph) in outputs {
-            built.push(Self::output(&config, layout, &mut gpu, o, sph, &shutdown)?);
+        for (i, (o, sph)) in outputs.into_iter().enumerate() {
+            built.push(Self::output(
+                &config, layout, &mut gpu, i, o, sph, &shutdown,
+            )?);
         }
         Ok(Engine {
             config,
@@ -189,11 +206,12 @@ impl Engine {
         })
     }
 
-    /// One output's send stream, thread and pipeline.
+    /// Output `index`'s send stream, thread and pipeline.
     fn output(
         cfg: &FengineConfig,
         layout: InputLayout,
         gpu: &mut Option<Arc<Gpu>>,
+        index: usize,
         o: OutputSpec,
         sph: usize,
         shutdown: &Shutdown,
@@ -233,8 +251,13 @@ impl Engine {
             first: Instant::now() + Duration::from_secs(5 * (cfg.feng_id + 1).min(1 << 20)),
             period: Duration::from_secs(5 * cfg.array_size.min(1 << 20)),
         };
+        let thread = SendThread {
+            name: format!("fengine-tx{index}"),
+            core: cfg.affinity.send_core(index),
+        };
+        tracing::info!(output = %o.name(), thread = %thread.name, core = ?thread.core, "send thread");
         let sink = HeapSink::spawn(
-            &format!("fengine-tx-{}", o.name()),
+            thread,
             stream,
             format,
             schedule,
@@ -270,7 +293,14 @@ impl Engine {
 
     /// Process chunks until the input ends, the duration passes or shutdown is asked for;
     /// then flush the heaps in flight, stop the threads and report.
-    pub fn run(mut self) -> Result<FengineReport, EngineError> {
+    pub fn run(self) -> Result<FengineReport, EngineError> {
+        // On its own thread, named and bound to --main-affinity; the caller waits.
+        let cores = self.config.affinity.main.clone();
+        on_cores("fengine-main", &cores, move || self.run_here())
+            .map_err(|e| ConfigError::new("--main-affinity", e))?
+    }
+
+    fn run_here(mut self) -> Result<FengineReport, EngineError> {
         let result = self.process();
         // Whatever happened, stop the receivers and let the send threads drain.
         self.group.stop();

@@ -5,6 +5,7 @@
 use super::frb_output::FrbBeamOutput;
 use super::output::{BeamOutput, CorrprodOutput};
 use super::place::XLayout;
+use crate::engine::affinity::EngineAffinity;
 use crate::engine::control::ControlConfig;
 use crate::engine::recv::SourceConfig;
 use crate::engine::{
@@ -48,6 +49,8 @@ pub struct XbengineConfig {
     pub dither_seed: u64,
     pub duration: Option<f64>,
     pub control: ControlConfig,
+    /// Cores of the receive, send and processing threads.
+    pub affinity: EngineAffinity,
 }
 
 /// The validated shape of the engine.
@@ -76,6 +79,7 @@ impl XbengineConfig {
         fn e(flag: &'static str, m: impl std::fmt::Display) -> ConfigError {
             ConfigError::new(flag, m)
         }
+        self.affinity.validate(self.source.threads)?;
         if self.array_size == 0 || self.array_size > MAX_ANTENNAS {
             return Err(e("--array-size", format!("must be 1–{MAX_ANTENNAS}")));
         }

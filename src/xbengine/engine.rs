@@ -21,6 +21,7 @@ use super::metrics::{self, BTotals, FrbTotals, InputTotals, XTotals};
 use super::outputs::{band, beam_outputs, x_output, BeamOutputs, XOutput};
 use super::place::{ITEMS, REJECT_REASONS};
 use crate::control::katcp::{Sensors, Status};
+use crate::engine::affinity::on_cores;
 use crate::engine::control::ControlAddrs;
 use crate::engine::health;
 use crate::engine::metrics::Metrics;
@@ -109,24 +110,37 @@ impl Engine {
             }
         };
         let sources = open_sources(&config.source)?;
-        let group = ChunkGroup::new(ChunkGroupConfig {
-            heaps_per_chunk: layout.heaps_per_chunk(),
-            chunk_bytes: layout.chunk_bytes(),
-            max_chunks: plan.max_chunks,
-            n_chunks: plan.max_chunks + 4,
-            n_streams: sources.len(),
-            // One partial heap per F-engine at a time, as katgpucbf's substreams = n_ants.
-            max_heaps: (2 * config.array_size).max(4),
-            items: ITEMS.to_vec(),
-            reject_reasons: REJECT_REASONS.to_vec(),
-        })
+        // Allocated and first touched on the receive cores, so that the chunks are on their
+        // NUMA node (page-locking them below keeps them there).
+        let recv_cores = config.affinity.recv_cores();
+        let n_streams = sources.len();
+        let group = on_cores("xbengine-alloc", &recv_cores, || {
+            ChunkGroup::new(ChunkGroupConfig {
+                heaps_per_chunk: layout.heaps_per_chunk(),
+                chunk_bytes: layout.chunk_bytes(),
+                max_chunks: plan.max_chunks,
+                n_chunks: plan.max_chunks + 4,
+                n_streams,
+                // One partial heap per F-engine at a time, as katgpucbf's substreams = n_ants.
+                max_heaps: (2 * config.array_size).max(4),
+                items: ITEMS.to_vec(),
+                reject_reasons: REJECT_REASONS.to_vec(),
+            })
+        })?
         .map_err(|e| ConfigError::new("--heaps-per-fengine-per-chunk", e))?;
         // Before any receiver writes into them.
         group
             .for_each_buffer(|b| backend.pin(b))
             .map_err(backend_error)?;
         let place = Arc::new(move |p: &PlaceInput<'_>| layout.place(p));
-        let receivers = Receivers::spawn("xbengine", &group, place, sources, &shutdown)?;
+        let receivers = Receivers::spawn(
+            "xbengine",
+            &group,
+            place,
+            sources,
+            &config.affinity.recv,
+            &shutdown,
+        )?;
         let sensors = Arc::new(Sensors::default());
         let cps = config.channels_per_substream as u64;
         let control = Arc::new(XbControl::new(
@@ -171,7 +185,8 @@ impl Engine {
         let x = config
             .corrprods
             .iter()
-            .map(|c| x_output(&config, &plan, c, &shutdown))
+            .enumerate()
+            .map(|(i, c)| x_output(&config, &plan, i, c, &shutdown))
             .collect::<Result<Vec<_>, _>>()?;
         let beams = if config.beams.is_empty() {
             None
@@ -213,7 +228,14 @@ impl Engine {
 
     /// Process chunks until the input ends, the duration passes or shutdown is asked for;
     /// then let the send threads drain, stop the receivers and report.
-    pub fn run(mut self) -> Result<XbengineReport, EngineError> {
+    pub fn run(self) -> Result<XbengineReport, EngineError> {
+        // On its own thread, named and bound to --main-affinity; the caller waits.
+        let cores = self.config.affinity.main.clone();
+        on_cores("xbengine-main", &cores, move || self.run_here())
+            .map_err(|e| ConfigError::new("--main-affinity", e))?
+    }
+
+    fn run_here(mut self) -> Result<XbengineReport, EngineError> {
         let result = self.process();
         self.group.stop();
         let mut tail = Ok(());

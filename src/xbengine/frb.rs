@@ -97,10 +97,13 @@ pub(super) fn frb_outputs(
     shutdown: &Shutdown,
 ) -> Result<Vec<FrbOutput>, EngineError> {
     let chunk_s = plan.layout.chunk_step() as f64 / config.adc_sample_rate;
+    // Send threads after the corrprods' and the beams'.
+    let first = config.corrprods.len() + usize::from(!config.beams.is_empty());
     config
         .frb_beams
         .iter()
-        .map(|f| {
+        .enumerate()
+        .map(|(j, f)| {
             let format = FrbHeapFormat {
                 channels_per_substream: config.channels_per_substream,
                 slow: chunk_shape(config, plan, f).slow(),
@@ -111,7 +114,16 @@ pub(super) fn frb_outputs(
             let r = rate(config, heap_bytes, FRB_PREAMBLE, chunk_s);
             let stream = stream_spec(config, vec![f.dst], FRB_PREAMBLE, r).open()?;
             tracing::info!(output = %f.name, beams = f.beams.len(), t_ds = f.t_ds, rate_gbps = r * 8e-9, "FRB beams");
-            let sink = spawn_sink(&f.name, stream, format, 2, heap_bytes, shutdown)?;
+            let sink = spawn_sink(
+                config,
+                first + j,
+                &f.name,
+                stream,
+                format,
+                2,
+                heap_bytes,
+                shutdown,
+            )?;
             Ok(FrbOutput {
                 name: f.name.clone(),
                 sink,

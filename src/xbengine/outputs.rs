@@ -12,7 +12,7 @@ use super::metrics::{BTotals, XTotals};
 use super::output::CorrprodOutput;
 use crate::dsp::beamform::Beam;
 use crate::dsp::correlate::n_baselines;
-use crate::engine::send::{DescriptorSchedule, HeapFormat, HeapSink, StreamSpec};
+use crate::engine::send::{DescriptorSchedule, HeapFormat, HeapSink, SendThread, StreamSpec};
 use crate::engine::{EngineError, Shutdown};
 use crate::net::udp::UdpSender;
 use crate::spead::send::{SendStream, SendStreamConfig};
@@ -23,10 +23,14 @@ pub(super) const DESCRIPTOR_PERIOD: Duration = Duration::from_secs(5);
 const X_PREAMBLE: usize = 64;
 const B_PREAMBLE: usize = 72;
 
-/// A send thread for one of the XB-engine's streams: named `xbengine-tx-{name}`, descriptors
-/// every [`DESCRIPTOR_PERIOD`] from one period after start, `buffers` heap buffers of
-/// `buffer_bytes`.
+/// Send thread `index` (corrprods first, then the beams, then the FRB beams), for output
+/// `name`: named `xbengine-tx{index}` (Linux keeps 15 bytes of a name, too few for output names),
+/// bound to its `--send-affinity` core, descriptors every [`DESCRIPTOR_PERIOD`] from one period
+/// after start, `buffers` heap buffers of `buffer_bytes`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn spawn_sink<M: Send + 'static, F: HeapFormat<Meta = M> + Send + 'static>(
+    config: &XbengineConfig,
+    index: usize,
     name: &str,
     stream: SendStream<UdpSender>,
     format: F,
@@ -34,8 +38,13 @@ pub(super) fn spawn_sink<M: Send + 'static, F: HeapFormat<Meta = M> + Send + 'st
     buffer_bytes: usize,
     shutdown: &Shutdown,
 ) -> std::io::Result<HeapSink<M>> {
+    let thread = SendThread {
+        name: format!("xbengine-tx{index}"),
+        core: config.affinity.send_core(index),
+    };
+    tracing::info!(output = name, thread = %thread.name, core = ?thread.core, "send thread");
     HeapSink::spawn(
-        &format!("xbengine-tx-{name}"),
+        thread,
         stream,
         format,
         DescriptorSchedule {
@@ -126,9 +135,11 @@ pub(super) fn stream_spec(
     }
 }
 
+/// `--corrprod` output `index` (also its send thread's index).
 pub(super) fn x_output(
     config: &XbengineConfig,
     plan: &Plan,
+    index: usize,
     c: &CorrprodOutput,
     shutdown: &Shutdown,
 ) -> Result<XOutput, EngineError> {
@@ -148,7 +159,9 @@ pub(super) fn x_output(
     let r = rate(config, heap_bytes, X_PREAMBLE, dump_s);
     let stream = stream_spec(config, vec![c.dst], X_PREAMBLE, r).open()?;
     tracing::info!(output = %c.name, dump_s, heap_mib = heap_bytes as f64 / (1 << 20) as f64, rate_gbps = r * 8e-9, "correlation products");
-    let sink = spawn_sink(&c.name, stream, format, 2, heap_bytes, shutdown)?;
+    let sink = spawn_sink(
+        config, index, &c.name, stream, format, 2, heap_bytes, shutdown,
+    )?;
     Ok(XOutput {
         name: c.name.clone(),
         acc,
@@ -181,7 +194,11 @@ pub(super) fn beam_outputs(
         .min((1usize << 30) / per_buffer.max(1))
         .max(4);
     tracing::info!(beams = config.beams.len(), rate_gbps = r * 8e-9, "beams");
-    let sink = spawn_sink("beams", stream, format, buffers, per_buffer, shutdown)?;
+    // The send thread after the corrprods'.
+    let index = config.corrprods.len();
+    let sink = spawn_sink(
+        config, index, "beams", stream, format, buffers, per_buffer, shutdown,
+    )?;
     let mut beams = BeamOutputs {
         names: config.beams.iter().map(|b| b.name.clone()).collect(),
         pols: config.beams.iter().map(|b| b.pol).collect(),
