@@ -95,6 +95,12 @@ fn heap_packets(n: u64, pol: u64) -> Vec<Vec<u8>> {
     }
 }
 
+/// A case builder's step: (heap n, pol, the heap's packets in order, the wire so far).
+type HeapStep<'a> = &'a mut dyn FnMut(u64, u64, Vec<Vec<u8>>, &mut Vec<Vec<u8>>);
+
+/// One chunk as received: id, presence, the bytes and `extra` of its present heaps.
+type ChunkSeen = (u64, Vec<u8>, Vec<u8>, Vec<u64>);
+
 /// What a case sends, and what it predicts.
 struct Case {
     name: &'static str,
@@ -110,7 +116,7 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let all = |f: &mut dyn FnMut(u64, u64, Vec<Vec<u8>>, &mut Vec<Vec<u8>>)| {
+    let all = |f: HeapStep<'_>| {
         let mut out = Vec::new();
         for n in 0..N_HEAPS {
             for pol in 0..2 {
@@ -217,8 +223,7 @@ fn cases() -> Vec<Case> {
 /// What came out of one transport for one case.
 #[derive(Debug, PartialEq)]
 struct Outcome {
-    /// (chunk id, presence, bytes of present heaps, extra of present heaps)
-    chunks: Vec<(u64, Vec<u8>, Vec<u8>, Vec<u64>)>,
+    chunks: Vec<ChunkSeen>,
     /// The stream's counters, less those that depend on batching and timing.
     stats: StatsSnapshot,
     frames: FrameDrops,
@@ -452,3 +457,54 @@ mod dpdk;
 #[test]
 #[ignore = "built without --features dpdk: the DPDK transport is not in this build"]
 fn dpdk_conforms() {}
+
+/// `cbf capture` with `--recv-transport dpdk`: the run's stderr and stdout, and whether it
+/// succeeded.
+fn capture_dpdk(extra: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cbf"))
+        .args(["capture", "239.10.10.10:7148", "--recv-transport", "dpdk"])
+        .args(["--stats", "--duration", "0.5"])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[cfg(not(feature = "dpdk"))]
+#[test]
+fn dpdk_is_refused_naming_the_flag_and_the_feature() {
+    let (ok, err, _) = capture_dpdk(&[]);
+    assert!(!ok);
+    assert!(
+        err.contains("--recv-transport") && err.contains("--features dpdk"),
+        "{err}"
+    );
+}
+
+#[cfg(feature = "dpdk")]
+#[test]
+fn dpdk_start_up_errors_name_the_flag_and_an_idle_port_runs() {
+    let (ok, err, _) = capture_dpdk(&[]);
+    assert!(!ok && err.contains("--dpdk-args"), "{err}");
+    let eal = |tag: &str| {
+        format!(
+            "-l 0 --no-huge --no-pci -m 64 --no-shconf --file-prefix=cbfcap{tag}{} \
+             --log-level=error --vdev=net_ring0",
+            std::process::id()
+        )
+    };
+    let (ok, err, _) = capture_dpdk(&["--dpdk-args", "--no-such-eal-flag"]);
+    assert!(!ok && err.contains("--dpdk-args"), "{err}");
+    let (ok, err, _) = capture_dpdk(&["--dpdk-args", &eal("a"), "--dpdk-port", "7"]);
+    assert!(!ok && err.contains("--dpdk-port"), "{err}");
+    // A port that nothing feeds: the engine starts, polls and stops cleanly on time.
+    let (ok, err, out) = capture_dpdk(&["--dpdk-args", &eal("b")]);
+    assert!(ok, "{err}");
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["frame_not_ours"], 0, "{last}");
+    assert_eq!(last["packets"], 0, "{last}");
+}
