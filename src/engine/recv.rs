@@ -254,7 +254,27 @@ impl ChunkGaps {
 
 #[cfg(test)]
 mod tests {
-    use super::ChunkGaps;
+    use super::{open_sources, ChunkGaps, RecvTransport, SourceConfig};
+
+    #[test]
+    fn dpdk_refusals_name_their_flag() {
+        let cfg = |threads| SourceConfig {
+            src: "239.10.10.10+1:7148".into(),
+            interface: None,
+            buffer: 1 << 20,
+            threads,
+            transport: RecvTransport::Dpdk,
+            dpdk: None,
+        };
+        let flag = |c: &SourceConfig| open_sources(c).err().map(|e| e.flag);
+        assert_eq!(flag(&cfg(2)), Some("--recv-threads"));
+        let want = if crate::net::dpdk::AVAILABLE {
+            "--dpdk-args"
+        } else {
+            "--recv-transport"
+        };
+        assert_eq!(flag(&cfg(1)), Some(want));
+    }
 
     #[test]
     fn gaps_count_skipped_ids_and_a_resync_restarts() {
