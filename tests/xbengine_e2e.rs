@@ -40,6 +40,7 @@ fn config(in_port: u16, x_port: u16, beam_ports: [u16; 2], bits: u32) -> Xbengin
             buffer: 32 << 20,
             threads: 1,
             transport: RecvTransport::Udp,
+            dpdk: None,
         },
         array_size: ANTS,
         channels: CHANNELS,

@@ -69,6 +69,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
             buffer: 32 << 20,
             threads: 1,
             transport: RecvTransport::Udp,
+            dpdk: None,
         },
         array_size: ANTS,
         channels: CHANNELS,

@@ -13,8 +13,10 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::CliError;
-use crate::engine::recv::RecvTransport;
+use crate::engine::recv::{open_dpdk, RecvTransport};
 use crate::engine::{check_seconds, Shutdown};
+use crate::net::dpdk::DpdkConfig;
+use crate::net::frame::{FrameDrop, FrameDrops};
 use crate::net::pcap::{PcapDump, PcapReceiver};
 use crate::net::udp::UdpReceiver;
 use crate::net::uring::UringReceiver;
@@ -33,9 +35,12 @@ pub struct CaptureArgs {
     /// Socket receive buffer in bytes.
     #[arg(long, default_value_t = 128 << 20)]
     pub buffer: usize,
-    /// How the sockets are read: `udp` (recvmmsg) or `uring` (io_uring multishot receive).
+    /// How the endpoints are read: `udp` (recvmmsg), `uring` (io_uring multishot receive) or
+    /// `dpdk` (a DPDK port: --dpdk-args, --dpdk-port).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
     pub recv_transport: RecvTransport,
+    #[command(flatten)]
+    pub dpdk: super::dpdk::DpdkArgs,
     /// Stop after this many heaps.
     #[arg(long)]
     pub count: Option<u64>,
@@ -145,7 +150,9 @@ fn counted(stream: &HeapStream, source: &impl PacketReceiver) -> StatsSnapshot {
     }
 }
 
-fn stats_json(s: &StatsSnapshot, elapsed: f64) -> Value {
+/// The stream's counters as JSON, with the frames the transport refused (frame-level
+/// transports only; `frame_<cause>`).
+fn stats_json(s: &StatsSnapshot, frames: &FrameDrops, elapsed: f64) -> Value {
     let mut v = serde_json::Map::new();
     v.insert("elapsed_s".into(), json!(elapsed));
     v.insert(
@@ -159,6 +166,9 @@ fn stats_json(s: &StatsSnapshot, elapsed: f64) -> Value {
     for (name, value) in s.fields(&[]) {
         v.insert(name, json!(value));
     }
+    for cause in FrameDrop::ALL {
+        v.insert(format!("frame_{cause}"), json!(frames.get(cause)));
+    }
     Value::Object(v)
 }
 
@@ -169,6 +179,7 @@ pub fn open_source(
     buffer: usize,
     transport: RecvTransport,
     max_packet: usize,
+    dpdk: Option<&DpdkConfig>,
 ) -> Result<(Box<dyn PacketReceiver>, SocketAddrV4), CliError> {
     let path = Path::new(src);
     if path.is_file() {
@@ -188,6 +199,9 @@ pub fn open_source(
                 CliError::flag("--recv-transport", format!("cannot receive on {src}: {e}"))
             })?,
         ),
+        RecvTransport::Dpdk => {
+            open_dpdk(dpdk, &eps).map_err(|e| CliError::flag(e.flag, e.message))?
+        }
     };
     Ok((r, eps[0]))
 }
@@ -217,6 +231,7 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         args.buffer,
         args.recv_transport,
         args.packet_size,
+        args.dpdk.config().as_ref(),
     )?;
     let mut dump = args
         .pcap
@@ -276,7 +291,11 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
             }
         }
         if args.stats && last_stats.elapsed() >= Duration::from_secs(1) {
-            let stats = stats_json(&counted(&stream, &source), start.elapsed().as_secs_f64());
+            let stats = stats_json(
+                &counted(&stream, &source),
+                &source.frame_drops(),
+                start.elapsed().as_secs_f64(),
+            );
             writeln!(out, "{stats}")?;
             out.flush()?;
             last_stats = Instant::now();
@@ -300,7 +319,11 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
     if let (Some(q), Some(dir)) = (&quicklook, &args.plot) {
         plot(q, dir)?;
     }
-    let stats = stats_json(&counted(&stream, &source), start.elapsed().as_secs_f64());
+    let stats = stats_json(
+        &counted(&stream, &source),
+        &source.frame_drops(),
+        start.elapsed().as_secs_f64(),
+    );
     if args.stats {
         writeln!(out, "{stats}")?;
     } else {

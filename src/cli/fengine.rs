@@ -40,10 +40,12 @@ pub struct FengineArgs {
     /// per --recv-affinity entry, or 1].
     #[arg(long)]
     pub recv_threads: Option<usize>,
-    /// How the --src sockets are read: `udp` (recvmmsg) or `uring` (io_uring multishot
-    /// receive into a provided-buffer ring; Linux 6.0).
+    /// How --src is read: `udp` (recvmmsg), `uring` (io_uring multishot receive into a
+    /// provided-buffer ring; Linux 6.0) or `dpdk` (a DPDK port: --dpdk-args, --dpdk-port).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
     pub recv_transport: RecvTransport,
+    #[command(flatten)]
+    pub dpdk: super::dpdk::DpdkArgs,
     /// ADC sample rate in Hz.
     #[arg(long)]
     pub adc_sample_rate: f64,
@@ -200,6 +202,7 @@ impl FengineArgs {
                 buffer: self.recv_buffer,
                 threads: recv_threads,
                 transport: self.recv_transport,
+                dpdk: self.dpdk.config(),
             },
             adc_sample_rate: self.adc_sample_rate,
             feng_id: self.feng_id,

@@ -6,6 +6,7 @@ pub mod array;
 mod array_run;
 pub mod capture;
 pub mod demo;
+pub mod dpdk;
 pub mod dsim;
 pub mod fengine;
 pub mod fsim;

@@ -92,10 +92,12 @@ pub struct XbengineArgs {
     /// per --recv-affinity entry, or 1].
     #[arg(long)]
     pub recv_threads: Option<usize>,
-    /// How the --src sockets are read: `udp` (recvmmsg) or `uring` (io_uring multishot
-    /// receive into a provided-buffer ring; Linux 6.0).
+    /// How --src is read: `udp` (recvmmsg), `uring` (io_uring multishot receive into a
+    /// provided-buffer ring; Linux 6.0) or `dpdk` (a DPDK port: --dpdk-args, --dpdk-port).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
     pub recv_transport: RecvTransport,
+    #[command(flatten)]
+    pub dpdk: super::dpdk::DpdkArgs,
     /// Interface(s) to send from (name or address; comma-separated for several NICs).
     #[arg(long, value_delimiter = ',')]
     pub send_interface: Vec<String>,
@@ -160,6 +162,7 @@ impl XbengineArgs {
                 buffer: self.recv_buffer,
                 threads: recv_threads,
                 transport: self.recv_transport,
+                dpdk: self.dpdk.config(),
             },
             array_size: self.array_size,
             channels: self.channels,

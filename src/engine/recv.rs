@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 
 use super::affinity::pin_current_thread;
 use super::{ConfigError, EngineError, Shutdown};
+use crate::net::dpdk::{self, DpdkConfig, DpdkError};
 use crate::net::pcap::PcapReceiver;
 use crate::net::udp::UdpReceiver;
 use crate::net::uring::UringReceiver;
@@ -32,6 +33,9 @@ pub enum RecvTransport {
     Udp,
     /// io_uring multishot receive into a provided-buffer ring (`net::uring`; Linux 6.0).
     Uring,
+    /// A DPDK port polled from user space (`net::dpdk`; `--dpdk-args`, `--dpdk-port`; a build
+    /// with `--features dpdk`).
+    Dpdk,
 }
 
 /// Where an engine's input comes from (`--src`, `--recv-interface`, `--recv-buffer`,
@@ -44,6 +48,38 @@ pub struct SourceConfig {
     pub buffer: usize,
     pub threads: usize,
     pub transport: RecvTransport,
+    /// The EAL and port for [`RecvTransport::Dpdk`] (`--dpdk-args`, `--dpdk-port`).
+    pub dpdk: Option<DpdkConfig>,
+}
+
+/// The flag a DPDK failure is the fault of.
+pub fn dpdk_flag(e: &DpdkError) -> &'static str {
+    match e {
+        DpdkError::NotBuilt => "--recv-transport",
+        DpdkError::Eal(_) | DpdkError::EalTwice { .. } => "--dpdk-args",
+        DpdkError::NoPort { .. } | DpdkError::Port { .. } | DpdkError::QueueTaken { .. } => {
+            "--dpdk-port"
+        }
+        DpdkError::Frame(_) => "--dpdk-dst-mac",
+    }
+}
+
+/// A DPDK receiver for `endpoints`: refused, naming the flag, without the feature, without
+/// `--dpdk-args`, or when the EAL or the port cannot start.
+pub fn open_dpdk(
+    cfg: Option<&DpdkConfig>,
+    endpoints: &[std::net::SocketAddrV4],
+) -> Result<Box<dyn PacketReceiver>, ConfigError> {
+    if !dpdk::AVAILABLE {
+        return Err(ConfigError::new("--recv-transport", DpdkError::NotBuilt));
+    }
+    let cfg = cfg.ok_or_else(|| {
+        ConfigError::new(
+            "--dpdk-args",
+            "--recv-transport dpdk needs the EAL's arguments (e.g. \"-l 0 -a 0000:17:00.0\")",
+        )
+    })?;
+    dpdk::open_receiver(cfg, endpoints).map_err(|e| ConfigError::new(dpdk_flag(&e), e))
 }
 
 /// Open the transports: one reader for a pcap file; for endpoints, `threads` UDP receivers
@@ -63,6 +99,16 @@ pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, 
     }
     let eps = parse_endpoints(&cfg.src)
         .map_err(|e| ConfigError::new("--src", format!("{e} (and no such file)")))?;
+    if cfg.transport == RecvTransport::Dpdk {
+        // One RX queue per port (net::dpdk): one thread reads it.
+        if cfg.threads != 1 {
+            return Err(ConfigError::new(
+                "--recv-threads",
+                "the DPDK transport reads its port with one thread",
+            ));
+        }
+        return Ok(vec![open_dpdk(cfg.dpdk.as_ref(), &eps)?]);
+    }
     if cfg.threads == 0 || cfg.threads > eps.len() {
         return Err(ConfigError::new(
             "--recv-threads",
@@ -88,6 +134,7 @@ pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, 
                 RecvTransport::Uring => UringReceiver::bind(&mine, iface, cfg.buffer, MAX_PACKET)
                     .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
                     .map_err(|e| ConfigError::new("--recv-transport", e)),
+                RecvTransport::Dpdk => open_dpdk(cfg.dpdk.as_ref(), &mine),
             }
         })
         .collect()
@@ -216,7 +263,27 @@ impl ChunkGaps {
 
 #[cfg(test)]
 mod tests {
-    use super::ChunkGaps;
+    use super::{open_sources, ChunkGaps, RecvTransport, SourceConfig};
+
+    #[test]
+    fn dpdk_refusals_name_their_flag() {
+        let cfg = |threads| SourceConfig {
+            src: "239.10.10.10+1:7148".into(),
+            interface: None,
+            buffer: 1 << 20,
+            threads,
+            transport: RecvTransport::Dpdk,
+            dpdk: None,
+        };
+        let flag = |c: &SourceConfig| open_sources(c).err().map(|e| e.flag);
+        assert_eq!(flag(&cfg(2)), Some("--recv-threads"));
+        let want = if crate::net::dpdk::AVAILABLE {
+            "--dpdk-args"
+        } else {
+            "--recv-transport"
+        };
+        assert_eq!(flag(&cfg(1)), Some(want));
+    }
 
     #[test]
     fn gaps_count_skipped_ids_and_a_resync_restarts() {

@@ -138,6 +138,10 @@ impl<R: PacketReceiver> PacketReceiver for FaultInjector<R> {
         self.inner.kernel_drops()
     }
 
+    fn frame_drops(&self) -> super::frame::FrameDrops {
+        self.inner.frame_drops()
+    }
+
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
         if self.pending.is_empty() {

@@ -1,12 +1,17 @@
 //! Packet transports: each moves *batches* of packets between the wire and caller-owned
 //! memory, and nothing else. Decoding, heap assembly and rate limiting live above, once
 //! (`crate::spead`). Transports: [`udp`] (recvmmsg/sendmmsg), [`uring`] (the same sockets
-//! through io_uring's multishot receive), [`mem`] (in-process, for tests),
+//! through io_uring's multishot receive), [`dpdk`] (kernel bypass, cargo feature `dpdk`),
+//! [`mem`] (in-process, for tests),
 //! [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
-//! and corruption in front of any receiver.
+//! and corruption in front of any receiver. [`frame`] parses and builds the Ethernet/IPv4/UDP
+//! headers that the kernel handles for the socket transports and frame-level ones must handle
+//! themselves.
 
+pub mod dpdk;
 pub mod endpoint;
 pub mod fault;
+pub mod frame;
 pub mod mem;
 pub mod pcap;
 mod recv_socket;
@@ -161,6 +166,12 @@ pub trait PacketReceiver: Send {
     fn kernel_drops(&self) -> u64 {
         0
     }
+
+    /// Frames the transport itself refused, by cause: those that see whole frames (DPDK)
+    /// parse them; socket transports leave that to the kernel and report none.
+    fn frame_drops(&self) -> frame::FrameDrops {
+        frame::FrameDrops::default()
+    }
 }
 
 impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
@@ -174,6 +185,10 @@ impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
 
     fn kernel_drops(&self) -> u64 {
         (**self).kernel_drops()
+    }
+
+    fn frame_drops(&self) -> frame::FrameDrops {
+        (**self).frame_drops()
     }
 }
 

@@ -1,0 +1,32 @@
+//! Builds the C shims in `ffi/`, each only with its cargo feature, so that the default build
+//! needs no C library beyond libc.
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    #[cfg(feature = "dpdk")]
+    dpdk();
+}
+
+/// `ffi/dpdk_shim.c` against the system's DPDK (Debian: `libdpdk-dev`), found by pkg-config.
+/// DPDK's own cflags carry `-include rte_config.h` and `-march=corei7`, which the pkg-config
+/// crate does not pass on: the shim includes `rte_config.h` first itself, and the flag is given
+/// here (DPDK's headers need at least SSE4.2).
+#[cfg(feature = "dpdk")]
+fn dpdk() {
+    println!("cargo:rerun-if-changed=ffi/dpdk_shim.c");
+    let lib = pkg_config::Config::new()
+        .probe("libdpdk")
+        .unwrap_or_else(|e| {
+            panic!("feature `dpdk` needs DPDK's development files (apt-get install libdpdk-dev pkg-config): {e}")
+        });
+    let mut build = cc::Build::new();
+    build
+        .file("ffi/dpdk_shim.c")
+        .flag("-march=corei7")
+        .flag_if_supported("-Wno-deprecated-declarations")
+        .warnings(true);
+    for path in &lib.include_paths {
+        build.include(path);
+    }
+    build.compile("cbf_dpdk_shim");
+}

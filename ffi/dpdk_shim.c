@@ -1,0 +1,235 @@
+/*
+ * The C side of cbf's DPDK transport (src/net/dpdk.rs, cargo feature `dpdk`).
+ *
+ * DPDK's fast-path calls (rte_eth_rx_burst, rte_eth_tx_burst, rte_pktmbuf_*) are static inline
+ * functions in its headers, so Rust cannot link to them: this file wraps each in a plain
+ * function, and does port set-up (one RX and one TX queue, a mempool of whole-frame mbufs) in
+ * one call so that the Rust side sees a handful of entry points with fixed-size structs.
+ * Nothing here parses a frame or decides policy: that is src/net/frame.rs and src/net/dpdk.rs.
+ *
+ * Errors are returned as negative errno values (DPDK's convention); cbf_dpdk_strerror names
+ * them.
+ */
+#include <rte_config.h> /* first: the other headers depend on its definitions */
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+
+/* Mirrors DpdkPortConf in src/net/dpdk/ffi.rs. */
+struct cbf_dpdk_port_conf {
+    uint16_t rx_desc;   /* RX descriptors (adjusted to the device's limits) */
+    uint16_t tx_desc;   /* TX descriptors (likewise) */
+    uint32_t mbufs;     /* mbufs in the port's pool */
+    uint16_t data_room; /* bytes of frame per mbuf (whole frames: no scatter) */
+    uint16_t mtu;       /* requested MTU, clamped to the device's maximum */
+};
+
+/* Mirrors DpdkPortInfo in src/net/dpdk/ffi.rs. */
+struct cbf_dpdk_port_info {
+    uint8_t mac[6];
+    uint8_t ip_cksum_offload; /* the NIC checks IPv4 header checksums (flags in ol_flags) */
+    uint8_t udp_cksum_offload;
+    uint16_t mtu;
+    uint16_t _pad;
+    char driver[32];
+};
+
+/* Mirrors RxFrame in src/net/dpdk/ffi.rs: one received mbuf's first segment. */
+struct cbf_dpdk_frame {
+    const uint8_t *data;
+    uint32_t data_len; /* bytes in this segment */
+    uint32_t pkt_len;  /* bytes in the whole frame (more when the PMD scattered it) */
+    uint32_t ip_bad;   /* the NIC found the IPv4 header checksum bad */
+    uint32_t l4_bad;   /* the NIC found the UDP checksum bad */
+    uint32_t l4_good;  /* the NIC verified the UDP checksum */
+    uint32_t _pad;
+};
+
+/* Mirrors DpdkStats in src/net/dpdk/ffi.rs (rte_eth_stats, the counters cbf reports). */
+struct cbf_dpdk_stats {
+    uint64_t ipackets;
+    uint64_t opackets;
+    uint64_t imissed;   /* dropped by the NIC: RX queue full */
+    uint64_t ierrors;   /* erroneous frames */
+    uint64_t oerrors;
+    uint64_t rx_nombuf; /* no mbuf to receive into */
+};
+
+int cbf_dpdk_eal_init(int argc, char **argv)
+{
+    int r = rte_eal_init(argc, argv);
+    return r < 0 ? -rte_errno : r;
+}
+
+const char *cbf_dpdk_strerror(int err)
+{
+    return rte_strerror(err < 0 ? -err : err);
+}
+
+uint16_t cbf_dpdk_port_count(void)
+{
+    return rte_eth_dev_count_avail();
+}
+
+int cbf_dpdk_port_by_name(const char *name, uint16_t *port)
+{
+    return rte_eth_dev_get_port_by_name(name, port);
+}
+
+/* Configure and start `port` with one RX and one TX queue; on success *pool is its mempool. */
+int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
+                        struct cbf_dpdk_port_info *info, struct rte_mempool **pool)
+{
+    struct rte_eth_dev_info dev;
+    struct rte_eth_conf conf;
+    struct rte_ether_addr mac;
+    char name[RTE_MEMPOOL_NAMESIZE];
+    uint16_t rx_desc = c->rx_desc, tx_desc = c->tx_desc;
+    int socket = rte_eth_dev_socket_id(port);
+    int r;
+
+    if (!rte_eth_dev_is_valid_port(port))
+        return -ENODEV;
+    if (socket < 0)
+        socket = (int)rte_socket_id();
+    r = rte_eth_dev_info_get(port, &dev);
+    if (r < 0)
+        return r;
+    snprintf(name, sizeof(name), "cbf_pool_%u", (unsigned)port);
+    *pool = rte_mempool_lookup(name);
+    if (*pool == NULL)
+        *pool = rte_pktmbuf_pool_create(name, c->mbufs, 256, 0,
+                                        (uint16_t)(c->data_room + RTE_PKTMBUF_HEADROOM), socket);
+    if (*pool == NULL)
+        return -rte_errno;
+
+    memset(&conf, 0, sizeof(conf));
+    memset(info, 0, sizeof(*info));
+    if (dev.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM) {
+        conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
+        info->ip_cksum_offload = 1;
+    }
+    if (dev.rx_offload_capa & RTE_ETH_RX_OFFLOAD_UDP_CKSUM) {
+        conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
+        info->udp_cksum_offload = 1;
+    }
+    /* The largest MTU the device allows: its max_mtu and its largest frame (af_packet says
+     * 1518 yet copies whole frames of up to its framesz, so the clamp costs nothing there). */
+    conf.rxmode.mtu = c->mtu;
+    if (conf.rxmode.mtu > dev.max_mtu)
+        conf.rxmode.mtu = dev.max_mtu;
+    if (dev.max_rx_pktlen > RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN &&
+        conf.rxmode.mtu > dev.max_rx_pktlen - RTE_ETHER_HDR_LEN - RTE_ETHER_CRC_LEN)
+        conf.rxmode.mtu = dev.max_rx_pktlen - RTE_ETHER_HDR_LEN - RTE_ETHER_CRC_LEN;
+    if (conf.rxmode.mtu < dev.min_mtu)
+        conf.rxmode.mtu = dev.min_mtu;
+    info->mtu = (uint16_t)conf.rxmode.mtu;
+
+    r = rte_eth_dev_configure(port, 1, 1, &conf);
+    if (r < 0)
+        return r;
+    r = rte_eth_dev_adjust_nb_rx_tx_desc(port, &rx_desc, &tx_desc);
+    if (r < 0)
+        return r;
+    r = rte_eth_rx_queue_setup(port, 0, rx_desc, (unsigned)socket, NULL, *pool);
+    if (r < 0)
+        return r;
+    r = rte_eth_tx_queue_setup(port, 0, tx_desc, (unsigned)socket, NULL);
+    if (r < 0)
+        return r;
+    r = rte_eth_dev_start(port);
+    if (r < 0)
+        return r;
+    r = rte_eth_macaddr_get(port, &mac);
+    if (r < 0)
+        return r;
+    memcpy(info->mac, mac.addr_bytes, 6);
+    snprintf(info->driver, sizeof(info->driver), "%s", dev.driver_name ? dev.driver_name : "");
+    return 0;
+}
+
+/*
+ * Let the groups' MACs in: a multicast filter list where the PMD has one, else all multicast.
+ * Returns 1 when the list was set, 0 when all multicast is let in, or a negative errno.
+ */
+int cbf_dpdk_join(uint16_t port, const uint8_t (*macs)[6], uint32_t n)
+{
+    struct rte_ether_addr list[512];
+    uint32_t i;
+    int r;
+
+    if (n > 0 && n <= 512) {
+        for (i = 0; i < n; i++)
+            memcpy(list[i].addr_bytes, macs[i], 6);
+        r = rte_eth_dev_set_mc_addr_list(port, list, n);
+        if (r == 0)
+            return 1;
+    }
+    r = rte_eth_allmulticast_enable(port);
+    /* Virtual ports (ring, null) filter nothing and say so: every frame arrives anyway. */
+    return (r == 0 || r == -ENOTSUP) ? 0 : r;
+}
+
+uint16_t cbf_dpdk_rx(uint16_t port, uint16_t queue, struct rte_mbuf **mbufs,
+                     struct cbf_dpdk_frame *frames, uint16_t n)
+{
+    uint16_t got = rte_eth_rx_burst(port, queue, mbufs, n);
+    uint16_t i;
+
+    for (i = 0; i < got; i++) {
+        const struct rte_mbuf *m = mbufs[i];
+        uint64_t l4 = m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK;
+        frames[i].data = rte_pktmbuf_mtod(m, const uint8_t *);
+        frames[i].data_len = m->data_len;
+        frames[i].pkt_len = m->pkt_len;
+        frames[i].ip_bad = (m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK) == RTE_MBUF_F_RX_IP_CKSUM_BAD;
+        frames[i].l4_bad = l4 == RTE_MBUF_F_RX_L4_CKSUM_BAD;
+        frames[i].l4_good = l4 == RTE_MBUF_F_RX_L4_CKSUM_GOOD;
+    }
+    return got;
+}
+
+void cbf_dpdk_free(struct rte_mbuf **mbufs, uint16_t n)
+{
+    rte_pktmbuf_free_bulk(mbufs, n);
+}
+
+int cbf_dpdk_alloc(struct rte_mempool *pool, struct rte_mbuf **mbufs, uint16_t n)
+{
+    return rte_pktmbuf_alloc_bulk(pool, mbufs, n);
+}
+
+/* Make a fresh mbuf hold `len` bytes; the pointer to write them at, or NULL if they do not fit. */
+uint8_t *cbf_dpdk_fill(struct rte_mbuf *m, uint16_t len)
+{
+    return (uint8_t *)rte_pktmbuf_append(m, len);
+}
+
+uint16_t cbf_dpdk_tx(uint16_t port, uint16_t queue, struct rte_mbuf **mbufs, uint16_t n)
+{
+    return rte_eth_tx_burst(port, queue, mbufs, n);
+}
+
+int cbf_dpdk_stats(uint16_t port, struct cbf_dpdk_stats *out)
+{
+    struct rte_eth_stats s;
+    int r = rte_eth_stats_get(port, &s);
+
+    if (r < 0)
+        return r;
+    out->ipackets = s.ipackets;
+    out->opackets = s.opackets;
+    out->imissed = s.imissed;
+    out->ierrors = s.ierrors;
+    out->oerrors = s.oerrors;
+    out->rx_nombuf = s.rx_nombuf;
+    return 0;
+}
