@@ -3,11 +3,19 @@
 //! Heaps carry a substream index (a destination: spead2's substreams, katgpucbf's one
 //! destination per X-engine). Several heaps can be sent together, their packets interleaved
 //! round-robin (spead2 `ROUND_ROBIN`, how katgpucbf sends a batch of F heaps) or one after
-//! another (`SERIAL`). With several interfaces (NICs), each call goes to the least-loaded one,
-//! the one whose nominal schedule is least far ahead (katgpucbf's multi-NIC scheme), each
-//! paced at its share of the rate; descriptors and stop heaps go to the first. Heap counters
-//! follow a (first, step) sequence like spead2's `set_cnt_sequence`, wrapping to the flavour's
-//! address width.
+//! another (`SERIAL`). With several interfaces (NICs), each call goes to the least-loaded one
+//! (katgpucbf's multi-NIC scheme), each paced at its share of the rate; descriptors and stop
+//! heaps go to the first live one ([`super::balance`] says how, and what "live" means). Heap
+//! counters follow a (first, step) sequence like spead2's `set_cnt_sequence`, wrapping to the
+//! flavour's address width.
+//!
+//! An interface whose send fails with a link error is marked down, and the burst that failed
+//! is sent again, whole, on another interface: losing it would lose every heap it carries a
+//! piece of, while re-sending costs at most a few duplicate packets (those the kernel took
+//! before the error), which receivers drop by payload range (spead2's and `spead::recv`'s
+//! duplicate detection). Only when no interface is live are the heaps of the call counted as
+//! lost ([`SendCounters::lost_heaps`]), and the stream carries on, so that an engine survives
+//! an outage of all its links and resumes when one comes back.
 //!
 //! Sending is synchronous on the caller's thread: packets are written into one reusable
 //! [`SendBatch`] as headers plus payload slices borrowed from the heaps (no payload copy in
@@ -18,8 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::balance::{is_link_error, Balancer, InterfaceCounters};
 use super::heap::{Heap, PacketGenerator, PacketiseError, PREFIX_LEN};
-use super::rate::RateLimiter;
 use crate::net::{PacketSender, SendBatch};
 use crate::spead::wire::Flavour;
 use crate::spead::wire::POINTER_LEN;
@@ -36,6 +44,8 @@ pub struct SendStreamConfig {
     /// First heap counter and step (spead2 defaults 1, 1).
     pub cnt_first: u64,
     pub cnt_step: u64,
+    /// How long an interface that failed stays down before it is tried again.
+    pub interface_retry: Duration,
 }
 
 impl Default for SendStreamConfig {
@@ -48,6 +58,7 @@ impl Default for SendStreamConfig {
             burst_rate_ratio: 1.05,
             cnt_first: 1,
             cnt_step: 1,
+            interface_retry: Duration::from_secs(1),
         }
     }
 }
@@ -62,6 +73,9 @@ pub enum SendError {
     Io(#[from] io::Error),
     #[error("send stream {0}: {1}")]
     Config(&'static str, String),
+    /// Every interface is down: what was being sent is lost (counted by the stream).
+    #[error("no send interface is up")]
+    NoInterface,
 }
 
 impl SendStreamConfig {
@@ -123,25 +137,24 @@ impl<'h, 'a> HeapRef<'h, 'a> {
     }
 }
 
-struct Interface<S> {
-    tx: S,
-    limiter: RateLimiter,
-}
-
 /// Counters of what was sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SendCounters {
     pub heaps: u64,
     pub packets: u64,
     pub bytes: u64,
+    /// Heaps of calls that could not be completed because no interface was up (a call's heaps
+    /// are counted whole: in round-robin mode each carries a piece of the lost bursts).
+    pub lost_heaps: u64,
 }
 
 pub struct SendStream<S: PacketSender> {
     config: SendStreamConfig,
-    ifaces: Vec<Interface<S>>,
+    txs: Vec<S>,
+    balancer: Balancer,
+    /// The interface the current call sends on (it changes when one fails).
+    current: usize,
     next_cnt: u64,
-    /// The interface [`SendStream::send_heaps`] used last: ties go to the one after it.
-    last_iface: usize,
     /// Storage of the per-call [`SendBatch`], kept so that steady sending does not allocate.
     spare: SendBatch<'static>,
     counters: SendCounters,
@@ -159,19 +172,19 @@ impl<S: PacketSender> SendStream<S> {
                 "no send interface",
             )));
         }
-        let share = config.rate / interfaces.len() as f64;
-        let ifaces = interfaces
-            .into_iter()
-            .map(|tx| Interface {
-                tx,
-                limiter: RateLimiter::new(share, config.burst_size, config.burst_rate_ratio),
-            })
-            .collect();
+        let balancer = Balancer::new(
+            (0..interfaces.len()).map(|i| i.to_string()).collect(),
+            config.rate,
+            config.burst_size,
+            config.burst_rate_ratio,
+            config.interface_retry,
+        );
         Ok(SendStream {
             next_cnt: config.cnt_first,
             config,
-            ifaces,
-            last_iface: 0,
+            txs: interfaces,
+            balancer,
+            current: 0,
             spare: SendBatch::default(),
             counters: SendCounters::default(),
             hurry: None,
@@ -193,8 +206,19 @@ impl<S: PacketSender> SendStream<S> {
         self.counters
     }
 
+    /// Name the interfaces (in the order given to [`SendStream::new`]) for log lines and
+    /// [`SendStream::interfaces`]; they are numbered from 0 until then.
+    pub fn set_interface_names(&mut self, names: &[String]) {
+        self.balancer.set_names(names);
+    }
+
+    /// Each interface's name and counters (bytes carried, times down, live now).
+    pub fn interfaces(&self) -> impl Iterator<Item = (&str, InterfaceCounters)> {
+        self.balancer.counters()
+    }
+
     pub fn destinations(&self) -> usize {
-        self.ifaces[0].tx.destinations()
+        self.txs[0].destinations()
     }
 
     /// Restart the heap counter sequence (spead2 `set_cnt_sequence`).
@@ -211,52 +235,57 @@ impl<S: PacketSender> SendStream<S> {
         cnt & mask
     }
 
-    /// The interface whose schedule is least far ahead; among equals, the next after the one
-    /// used last. Ties are the rule, not the exception, when the sender runs behind its rate
-    /// (every limiter then answers "now"): a first-index tie-break would put every heap on the
-    /// first interface exactly when the host is busiest.
-    fn least_loaded(&self, now: Instant) -> usize {
-        let n = self.ifaces.len();
-        if n == 1 {
-            return 0;
-        }
-        // Probe each limiter's next start without committing (clones are cheap).
-        (1..=n)
-            .map(|k| (self.last_iface + k) % n)
-            .min_by_key(|&i| {
-                let mut probe = self.ifaces[i].limiter.clone();
-                probe.reserve(now, 0)
-            })
-            .unwrap_or(0)
-    }
-
-    /// Send heaps together on the least-loaded interface.
+    /// Send heaps together on the least-loaded interface (another if it fails; counted as
+    /// lost if none is up).
     pub fn send_heaps(
         &mut self,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
     ) -> Result<(), SendError> {
-        let now = Instant::now();
-        let iface = self.least_loaded(now);
-        self.last_iface = iface;
-        self.send_on(iface, heaps, mode, now)
+        let iface = self.balancer.pick(Instant::now());
+        self.send_on(iface, heaps, mode)
     }
 
-    /// Send heaps on the first interface (descriptors, stop heaps).
+    /// Send heaps on the first live interface (descriptors, stop heaps).
     pub fn send_heaps_first(
         &mut self,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
     ) -> Result<(), SendError> {
-        self.send_on(0, heaps, mode, Instant::now())
+        let iface = self.balancer.first_live(Instant::now());
+        self.send_on(iface, heaps, mode)
     }
 
+    /// Send on `iface`, or count the heaps as lost when it is `None` or when every interface
+    /// fails on the way.
     fn send_on(
+        &mut self,
+        iface: Option<usize>,
+        heaps: &[HeapRef<'_, '_>],
+        mode: SendMode,
+    ) -> Result<(), SendError> {
+        let result = match iface {
+            Some(i) => self.send_all(i, heaps, mode),
+            None => Err(SendError::NoInterface),
+        };
+        match result {
+            Ok(()) => {
+                self.counters.heaps += heaps.len() as u64;
+                Ok(())
+            }
+            Err(SendError::NoInterface) => {
+                self.counters.lost_heaps += heaps.len() as u64;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn send_all(
         &mut self,
         iface: usize,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
-        now: Instant,
     ) -> Result<(), SendError> {
         let n_dest = self.destinations();
         let mut gens = Vec::with_capacity(heaps.len());
@@ -278,9 +307,9 @@ impl<S: PacketSender> SendStream<S> {
                 h,
             ));
         }
-        self.ifaces[iface].limiter.wake(now);
+        self.current = iface;
         let mut batch = std::mem::take(&mut self.spare).reuse();
-        let result = self.send_generated(&mut batch, iface, &mut gens, mode, heaps);
+        let result = self.send_generated(&mut batch, &mut gens, mode, heaps);
         batch.clear();
         self.spare = batch.reuse();
         result
@@ -289,7 +318,6 @@ impl<S: PacketSender> SendStream<S> {
     fn send_generated<'h>(
         &mut self,
         batch: &mut SendBatch<'h>,
-        iface: usize,
         gens: &mut [(PacketGenerator<'h, '_>, &HeapRef<'_, '_>)],
         mode: SendMode,
         heaps: &[HeapRef<'_, '_>],
@@ -299,15 +327,14 @@ impl<S: PacketSender> SendStream<S> {
             SendMode::Serial => {
                 for (g, h) in gens.iter_mut() {
                     if h.unpaced == paced {
-                        self.flush(batch, iface, paced)?;
+                        self.flush(batch, paced)?;
                         paced = !h.unpaced;
                     }
                     while push_packet(batch, g, h.substream) {
                         if batch.bytes() >= self.config.burst_size {
-                            self.flush(batch, iface, paced)?;
+                            self.flush(batch, paced)?;
                         }
                     }
-                    self.counters.heaps += 1;
                 }
             }
             SendMode::RoundRobin => {
@@ -318,35 +345,49 @@ impl<S: PacketSender> SendStream<S> {
                         if push_packet(batch, g, h.substream) {
                             live += 1;
                             if batch.bytes() >= self.config.burst_size {
-                                self.flush(batch, iface, paced)?;
+                                self.flush(batch, paced)?;
                             }
                         }
                     }
                 }
-                self.counters.heaps += gens.len() as u64;
             }
         }
-        self.flush(batch, iface, paced)
+        self.flush(batch, paced)
     }
 
-    fn flush(
-        &mut self,
-        batch: &mut SendBatch<'_>,
-        iface: usize,
-        paced: bool,
-    ) -> Result<(), SendError> {
+    /// Send the batch on the current interface, paced; on a link error, mark it down and
+    /// send the batch again on the least-loaded of the others, until one takes it or none is
+    /// left ([`SendError::NoInterface`]). Each burst tries at most as many sends as there are
+    /// interfaces, so a short retry interval cannot make it spin while every link is down.
+    fn flush(&mut self, batch: &mut SendBatch<'_>, paced: bool) -> Result<(), SendError> {
         if batch.is_empty() {
             return Ok(());
         }
         let bytes = batch.bytes();
         let flag = &self.hurry;
         let hurry = || flag.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
-        if paced && !hurry() {
-            let at = self.ifaces[iface].limiter.reserve(Instant::now(), bytes);
-            sleep_until_or(at, hurry);
+        for tries in 1.. {
+            let iface = self.current;
+            if paced && !hurry() {
+                let at = self.balancer.reserve(iface, Instant::now(), bytes);
+                sleep_until_or(at, hurry);
+            }
+            match self.txs[iface].send_batch(batch) {
+                Ok(()) => {
+                    self.balancer.sent(iface, batch.len(), bytes);
+                    break;
+                }
+                Err(e) if is_link_error(&e) => {
+                    let now = Instant::now();
+                    self.balancer.failed(iface, now, &e);
+                    if tries >= self.txs.len() {
+                        return Err(SendError::NoInterface);
+                    }
+                    self.current = self.balancer.pick(now).ok_or(SendError::NoInterface)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        let i = &mut self.ifaces[iface];
-        i.tx.send_batch(batch)?;
         self.counters.packets += batch.len() as u64;
         self.counters.bytes += bytes as u64;
         batch.clear();
