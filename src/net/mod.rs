@@ -3,10 +3,13 @@
 //! (`crate::spead`). Transports: [`udp`] (recvmmsg/sendmmsg), [`uring`] (the same sockets
 //! through io_uring's multishot receive), [`mem`] (in-process, for tests),
 //! [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
-//! and corruption in front of any receiver.
+//! and corruption in front of any receiver. [`frame`] parses and builds the Ethernet/IPv4/UDP
+//! headers that the kernel handles for the socket transports and frame-level ones must handle
+//! themselves.
 
 pub mod endpoint;
 pub mod fault;
+pub mod frame;
 pub mod mem;
 pub mod pcap;
 mod recv_socket;
