@@ -69,6 +69,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
             buffer: 32 << 20,
             threads: 1,
             transport: RecvTransport::Udp,
+            comp_vectors: vec![],
         },
         array_size: ANTS,
         channels: CHANNELS,
@@ -94,6 +95,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
         send_interfaces: vec![],
         send_ttl: 1,
         send_buffer: 4 << 20,
+        send_transport: cbf::engine::send::SendTransport::Udp,
         dither_seed: 7,
         duration: None,
         control: ControlConfig {

@@ -188,6 +188,12 @@ pub fn open_source(
                 CliError::flag("--recv-transport", format!("cannot receive on {src}: {e}"))
             })?,
         ),
+        RecvTransport::Ibv => {
+            return Err(CliError::flag(
+                "--recv-transport",
+                "capture reads udp or uring sockets (ibv is the engines' transport)",
+            ))
+        }
     };
     Ok((r, eps[0]))
 }

@@ -6,6 +6,7 @@
 
 use clap::Args;
 
+use super::ibv::IbvFlags;
 use super::katgpucbf::Unsupported;
 use super::CliError;
 use crate::engine::control::ControlConfig;
@@ -109,6 +110,8 @@ pub struct FengineArgs {
     pub narrowband: Vec<String>,
     #[command(flatten)]
     pub unsupported: Unsupported,
+    #[command(flatten)]
+    pub ibv: IbvFlags,
     /// Multicast TTL of the output.
     #[arg(long, default_value_t = 4)]
     pub send_ttl: u32,
@@ -145,6 +148,8 @@ impl FengineArgs {
     /// engine validates how they combine).
     pub fn config(&self) -> Result<FengineConfig, CliError> {
         self.unsupported.refuse()?;
+        let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
+        let send_transport = self.ibv.send()?;
         let gpu_direct = "GPU-direct receive and send are not implemented (the chunks are page-locked host memory)";
         if self.use_vkgdr {
             return Err(CliError::flag(
@@ -194,7 +199,8 @@ impl FengineArgs {
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
                 threads: self.recv_threads,
-                transport: self.recv_transport,
+                transport: recv_transport,
+                comp_vectors,
             },
             adc_sample_rate: self.adc_sample_rate,
             feng_id: self.feng_id,
@@ -216,6 +222,7 @@ impl FengineArgs {
                 .map(str::to_string)
                 .collect(),
             send_buffer: self.send_buffer,
+            send_transport,
             mask_timestamp: self.mask_timestamp,
             send_ttl: self.send_ttl,
             gain,
@@ -421,10 +428,10 @@ mod tests {
         for (flag, value) in [
             ("--use-vkgdr", None),
             ("--use-peerdirect", None),
-            ("--recv-ibv", None),
-            ("--send-ibv", None),
             ("--recv-affinity", Some("0,1")),
+            // A completion vector without its ibverbs switch would be ignored: refused.
             ("--send-comp-vector", Some("-1")),
+            ("--recv-comp-vector", Some("0,1")),
             ("--monitor-log", Some("/tmp/m")),
             ("--aiomonitor", None),
             ("--send-chunk-jones", Some("0")),

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod dsim;
 pub mod fengine;
 pub mod fsim;
+mod ibv;
 mod katgpucbf;
 pub mod selftest;
 pub mod xbengine;

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use clap::Args;
 
+use super::ibv::IbvFlags;
 use super::katgpucbf::Unsupported;
 use super::CliError;
 use crate::engine::control::ControlConfig;
@@ -126,6 +127,8 @@ pub struct XbengineArgs {
     pub prometheus_port: Option<u16>,
     #[command(flatten)]
     pub unsupported: Unsupported,
+    #[command(flatten)]
+    pub ibv: IbvFlags,
 }
 
 impl XbengineArgs {
@@ -133,6 +136,8 @@ impl XbengineArgs {
     /// engine validates how they combine).
     pub fn config(&self) -> Result<XbengineConfig, CliError> {
         self.unsupported.refuse()?;
+        let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
+        let send_transport = self.ibv.send()?;
         let corrprods = self
             .corrprod
             .iter()
@@ -154,7 +159,8 @@ impl XbengineArgs {
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
                 threads: self.recv_threads,
-                transport: self.recv_transport,
+                transport: recv_transport,
+                comp_vectors,
             },
             array_size: self.array_size,
             channels: self.channels,
@@ -182,6 +188,7 @@ impl XbengineArgs {
             send_interfaces: self.send_interface.clone(),
             send_ttl: self.send_ttl,
             send_buffer: self.send_buffer,
+            send_transport,
             dither_seed: self.dither_seed.unwrap_or_else(rand::random),
             duration: self.duration,
             control: ControlConfig {
@@ -379,7 +386,10 @@ mod tests {
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert_eq!(flag_of(&many[..63]), "ok");
         assert_eq!(flag_of(&many), "--corrprod", "at most 64 outputs");
-        assert_eq!(flag_of(&["--recv-ibv"]), "--recv-ibv");
+        assert_eq!(
+            flag_of(&["--recv-ibv", "--recv-transport=uring"]),
+            "--recv-ibv"
+        );
         assert_eq!(flag_of(&["--send-affinity=3"]), "--send-affinity");
         assert_eq!(flag_of(&["--recv-comp-vector=-1"]), "--recv-comp-vector");
         assert_eq!(flag_of(&["--monitor-log=/tmp/x"]), "--monitor-log");

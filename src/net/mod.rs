@@ -1,7 +1,8 @@
 //! Packet transports: each moves *batches* of packets between the wire and caller-owned
 //! memory, and nothing else. Decoding, heap assembly and rate limiting live above, once
 //! (`crate::spead`). Transports: [`udp`] (recvmmsg/sendmmsg), [`uring`] (the same sockets
-//! through io_uring's multishot receive), [`mem`] (in-process, for tests),
+//! through io_uring's multishot receive), `ibv` (raw-packet queue pairs on RDMA NICs, cargo
+//! feature `ibv`), [`mem`] (in-process, for tests),
 //! [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
 //! and corruption in front of any receiver. [`frame`] parses and builds the Ethernet/IPv4/UDP
 //! headers that the kernel handles for the socket transports and frame-level ones must handle
@@ -10,6 +11,8 @@
 pub mod endpoint;
 pub mod fault;
 pub mod frame;
+#[cfg(feature = "ibv")]
+pub mod ibv;
 pub mod mem;
 pub mod pcap;
 mod recv_socket;
@@ -19,6 +22,13 @@ pub mod uring;
 use std::io;
 
 pub use endpoint::{parse_endpoints, EndpointError};
+
+/// Why an ibverbs flag is refused by a build without the `ibv` feature.
+pub const IBV_NOT_BUILT: &str = "this cbf was built without ibverbs support: rebuild with \
+     `cargo build --release --features ibv` (needs cmake, libclang-dev and libibverbs-dev)";
+
+/// A sender of any transport, as the engines hold them (one per `--send-interface`).
+pub type NetSender = Box<dyn PacketSender>;
 
 /// What one receive call produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use crate::dsp::beamform::Beam;
 use crate::dsp::correlate::n_baselines;
 use crate::engine::send::{DescriptorSchedule, HeapFormat, HeapSink, StreamSpec};
 use crate::engine::{EngineError, Shutdown};
-use crate::net::udp::UdpSender;
+use crate::net::NetSender;
 use crate::spead::send::{SendStream, SendStreamConfig};
 
 /// katgpucbf's descriptor interval.
@@ -28,7 +28,7 @@ const B_PREAMBLE: usize = 72;
 /// `buffer_bytes`.
 pub(super) fn spawn_sink<M: Send + 'static, F: HeapFormat<Meta = M> + Send + 'static>(
     name: &str,
-    stream: SendStream<UdpSender>,
+    stream: SendStream<NetSender>,
     format: F,
     buffers: usize,
     buffer_bytes: usize,
@@ -115,6 +115,7 @@ pub(super) fn stream_spec(
         interfaces: config.send_interfaces.clone(),
         ttl: config.send_ttl,
         buffer: config.send_buffer,
+        transport: config.send_transport,
         config: SendStreamConfig {
             max_packet_size: config.send_packet_payload + preamble,
             rate,

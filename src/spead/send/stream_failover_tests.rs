@@ -168,7 +168,7 @@ fn one_interface_down_the_others_carry_every_heap() {
     let mut s = SendStream::new(config(0.0, Duration::from_secs(3600)), txs).unwrap();
     s.set_interface_names(&["a".into(), "b".into(), "c".into()]);
     send(&mut s, 0..60);
-    let before = [&mut rx0, &mut rx1, &mut rx2].map(|rx| drain(rx));
+    let before = [&mut rx0, &mut rx1, &mut rx2].map(drain);
     assert!(
         before.iter().all(|p| !p.is_empty()),
         "all three carried heaps"
@@ -183,7 +183,7 @@ fn one_interface_down_the_others_carry_every_heap() {
     assert_eq!((ifaces[1].1.downs, ifaces[1].1.live), (1, false));
     assert!(ifaces[0].1.live && ifaces[2].1.live && ifaces[0].1.downs == 0);
     drop(s);
-    let after = [&mut rx0, &mut rx1, &mut rx2].map(|rx| drain(rx));
+    let after = [&mut rx0, &mut rx1, &mut rx2].map(drain);
     assert!(
         after[1].len() <= 3,
         "b sent {} packets after its budget",
