@@ -40,6 +40,11 @@ pub struct IbvReceiver {
     failed_completions: u64,
 }
 
+// SAFETY: the raw pointers inside the work requests point only into this receiver's own
+// heap allocations (its request and SGE vectors and registered memory), which move with it;
+// the verbs objects may be used from any thread, one at a time (`verbs`).
+unsafe impl Send for IbvReceiver {}
+
 impl IbvReceiver {
     /// Steer `endpoints` arriving on `interface` (a name or an address) into a ring of
     /// `buffer` bytes of frames of up to `max_packet` UDP payload bytes; completions per

@@ -44,6 +44,10 @@ pub struct IbvSender {
     ident: u16,
 }
 
+// SAFETY: as for `IbvReceiver`: the work requests point only into this sender's own heap
+// allocations, and the verbs objects may be used from any thread, one at a time.
+unsafe impl Send for IbvSender {}
+
 impl IbvSender {
     /// Send to `dests` (IPv4 multicast: unicast would need ARP, which a raw queue pair does
     /// not do, as in spead2) from `interface` with `ttl`, through a ring of `buffer` bytes of

@@ -33,8 +33,6 @@ extern "C" {
     ) -> c_int;
     fn cbf_ibv_poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int;
     fn cbf_ibv_req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: c_int) -> c_int;
-    pub(super) fn cbf_ibv_layout(out: *mut usize);
-    pub(super) fn cbf_ibv_flow_rule_offsets(out: *mut usize);
     fn cbf_ibv_flow_rule_size() -> usize;
     fn cbf_ibv_flow_rule_fill(
         out: *mut c_void,
@@ -46,6 +44,13 @@ extern "C" {
     );
     fn cbf_ibv_create_flow(qp: *mut ffi::ibv_qp, rule: *mut c_void) -> *mut ffi::ibv_flow;
     fn cbf_ibv_destroy_flow(flow: *mut ffi::ibv_flow) -> c_int;
+}
+
+// The C compiler's view of the layouts, for the tests that hold bindgen's against it.
+#[cfg(test)]
+extern "C" {
+    pub(super) fn cbf_ibv_layout(out: *mut usize);
+    pub(super) fn cbf_ibv_flow_rule_offsets(out: *mut usize);
 }
 
 /// A verbs call that failed, with the errno it left.
@@ -328,7 +333,7 @@ impl Qp {
         let mut mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE;
         if let Some(p) = port {
             attr.port_num = p;
-            mask = mask | ffi::ibv_qp_attr_mask::IBV_QP_PORT;
+            mask |= ffi::ibv_qp_attr_mask::IBV_QP_PORT;
         }
         // SAFETY: the QP is alive; attr is filled for the mask given.
         check("ibv_modify_qp", unsafe {
@@ -409,6 +414,7 @@ impl FlowRule {
         }
     }
 
+    #[cfg(test)]
     pub fn bytes(&self) -> &[u8] {
         &self.0
     }
