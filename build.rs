@@ -1,10 +1,12 @@
-//! Builds the C shims in `ffi/`, each only with its cargo feature, so that the default build
-//! needs no C library beyond libc.
+//! Builds the C shims of the optional kernel-bypass transports (`ffi/`), each only with its
+//! cargo feature, so that the default build needs no C library beyond libc.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     #[cfg(feature = "dpdk")]
     dpdk();
+    #[cfg(feature = "ibv")]
+    ibv();
 }
 
 /// `ffi/dpdk_shim.c` against the system's DPDK (Debian: `libdpdk-dev`), found by pkg-config.
@@ -29,4 +31,17 @@ fn dpdk() {
         build.include(path);
     }
     build.compile("cbf_dpdk_shim");
+}
+
+/// `ffi/ibv_shim.c`: the inline verbs (post, poll, notify, flow steering) that the `ibverbs`
+/// crate cannot bind; linked with the system's libibverbs (libibverbs-dev).
+#[cfg(feature = "ibv")]
+fn ibv() {
+    println!("cargo:rerun-if-changed=ffi/ibv_shim.c");
+    cc::Build::new()
+        .file("ffi/ibv_shim.c")
+        .warnings(true)
+        .extra_warnings(true)
+        .compile("cbf_ibv_shim");
+    println!("cargo:rustc-link-lib=ibverbs");
 }

@@ -41,6 +41,7 @@ fn config(in_port: u16, x_port: u16, beam_ports: [u16; 2], bits: u32) -> Xbengin
             threads: 1,
             transport: RecvTransport::Udp,
             dpdk: None,
+            comp_vectors: vec![],
         },
         array_size: ANTS,
         channels: CHANNELS,
@@ -83,6 +84,7 @@ fn config(in_port: u16, x_port: u16, beam_ports: [u16; 2], bits: u32) -> Xbengin
         send_interfaces: vec![],
         send_ttl: 1,
         send_buffer: 4 << 20,
+        send_transport: cbf::engine::send::SendTransport::Udp,
         dither_seed: 7,
         duration: None,
         control: ControlConfig {

@@ -70,6 +70,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
             threads: 1,
             transport: RecvTransport::Udp,
             dpdk: None,
+            comp_vectors: vec![],
         },
         array_size: ANTS,
         channels: CHANNELS,
@@ -95,6 +96,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
         send_interfaces: vec![],
         send_ttl: 1,
         send_buffer: 4 << 20,
+        send_transport: cbf::engine::send::SendTransport::Udp,
         dither_seed: 7,
         duration: None,
         control: ControlConfig {

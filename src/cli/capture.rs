@@ -202,6 +202,12 @@ pub fn open_source(
         RecvTransport::Dpdk => {
             open_dpdk(dpdk, &eps).map_err(|e| CliError::flag(e.flag, e.message))?
         }
+        RecvTransport::Ibv => {
+            return Err(CliError::flag(
+                "--recv-transport",
+                "capture reads udp, uring or dpdk (ibv is the engines' transport)",
+            ))
+        }
     };
     Ok((r, eps[0]))
 }

@@ -4,6 +4,7 @@
 
 use clap::Args;
 
+use super::ibv::DsimIbvFlags;
 use super::katgpucbf::DsimUnsupported;
 use super::CliError;
 use crate::engine::control::ControlConfig;
@@ -85,6 +86,8 @@ pub struct DsimArgs {
     pub dest: Vec<String>,
     #[command(flatten)]
     pub unsupported: DsimUnsupported,
+    #[command(flatten)]
+    pub ibv: DsimIbvFlags,
 }
 
 impl DsimArgs {
@@ -112,6 +115,7 @@ impl DsimArgs {
             interfaces: self.interface.clone(),
             ttl: self.ttl,
             send_buffer: self.send_buffer,
+            send_transport: self.ibv.send()?,
             send_stop: self.send_stop,
             send_threads: self.send_threads,
             affinity: self.cores()?,
@@ -299,7 +303,7 @@ mod tests {
     fn dsim_flags_cbf_cannot_honour_are_refused_by_name() {
         let d = "239.1.1.1:7148";
         for (flag, extra) in [
-            ("--ibv", None),
+            // Without --ibv it would be ignored: refused.
             ("--comp-vector", Some("-1")),
             ("--main-affinity", Some("2")),
             ("--aiomonitor", None),

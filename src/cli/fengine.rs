@@ -6,6 +6,7 @@
 
 use clap::Args;
 
+use super::ibv::IbvFlags;
 use super::katgpucbf::Unsupported;
 use super::pinning::Pinning;
 use super::CliError;
@@ -115,6 +116,8 @@ pub struct FengineArgs {
     pub unsupported: Unsupported,
     #[command(flatten)]
     pub pinning: Pinning,
+    #[command(flatten)]
+    pub ibv: IbvFlags,
     /// Multicast TTL of the output.
     #[arg(long, default_value_t = 4)]
     pub send_ttl: u32,
@@ -152,6 +155,8 @@ impl FengineArgs {
     pub fn config(&self) -> Result<FengineConfig, CliError> {
         self.unsupported.refuse()?;
         let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
+        let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
+        let send_transport = self.ibv.send()?;
         let gpu_direct = "GPU-direct receive and send are not implemented (the chunks are page-locked host memory)";
         if self.use_vkgdr {
             return Err(CliError::flag(
@@ -201,8 +206,9 @@ impl FengineArgs {
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
                 threads: recv_threads,
-                transport: self.recv_transport,
+                transport: recv_transport,
                 dpdk: self.dpdk.config(),
+                comp_vectors,
             },
             adc_sample_rate: self.adc_sample_rate,
             feng_id: self.feng_id,
@@ -224,6 +230,7 @@ impl FengineArgs {
                 .map(str::to_string)
                 .collect(),
             send_buffer: self.send_buffer,
+            send_transport,
             mask_timestamp: self.mask_timestamp,
             send_ttl: self.send_ttl,
             gain,
@@ -430,9 +437,9 @@ mod tests {
         for (flag, value) in [
             ("--use-vkgdr", None),
             ("--use-peerdirect", None),
-            ("--recv-ibv", None),
-            ("--send-ibv", None),
+            // A completion vector without its ibverbs switch would be ignored: refused.
             ("--send-comp-vector", Some("-1")),
+            ("--recv-comp-vector", Some("0,1")),
             ("--monitor-log", Some("/tmp/m")),
             ("--aiomonitor", None),
             ("--send-chunk-jones", Some("0")),

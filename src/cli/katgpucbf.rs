@@ -6,9 +6,6 @@ use clap::Args;
 
 use super::CliError;
 
-const NETWORK: &str =
-    "kernel-bypass transports (with their completion vectors) are not implemented yet (UDP \
-     sockets only)";
 const MAIN_AFFINITY: &str = "cbf's katcp threads render ?signals patterns on every core, so \
      they are not bound to one (--affinity binds the send threads)";
 const MONITOR: &str = "cbf has no asyncio monitor (it is not Python)";
@@ -49,14 +46,6 @@ impl Monitor {
 #[derive(Debug, Clone, Default, Args)]
 pub struct Unsupported {
     #[arg(long, hide = true)]
-    recv_ibv: bool,
-    #[arg(long, hide = true)]
-    send_ibv: bool,
-    #[arg(long, hide = true, allow_hyphen_values = true)]
-    recv_comp_vector: Option<String>,
-    #[arg(long, hide = true, allow_hyphen_values = true)]
-    send_comp_vector: Option<String>,
-    #[arg(long, hide = true)]
     monitor_log: Option<String>,
     #[command(flatten)]
     monitor: Monitor,
@@ -65,25 +54,11 @@ pub struct Unsupported {
 impl Unsupported {
     /// The first flag given, refused with its reason.
     pub fn refuse(&self) -> Result<(), CliError> {
-        refuse_first(&[
-            ("--recv-ibv", self.recv_ibv, NETWORK),
-            ("--send-ibv", self.send_ibv, NETWORK),
-            (
-                "--recv-comp-vector",
-                self.recv_comp_vector.is_some(),
-                NETWORK,
-            ),
-            (
-                "--send-comp-vector",
-                self.send_comp_vector.is_some(),
-                NETWORK,
-            ),
-            (
-                "--monitor-log",
-                self.monitor_log.is_some(),
-                "the queue-trace log is not implemented; use the Prometheus metrics",
-            ),
-        ])?;
+        refuse_first(&[(
+            "--monitor-log",
+            self.monitor_log.is_some(),
+            "the queue-trace log is not implemented; use the Prometheus metrics",
+        )])?;
         self.monitor.refuse()
     }
 }
@@ -91,10 +66,6 @@ impl Unsupported {
 /// dsim's flags cbf cannot honour (its send options carry no `send-` prefix).
 #[derive(Debug, Clone, Default, Args)]
 pub struct DsimUnsupported {
-    #[arg(long, hide = true)]
-    ibv: bool,
-    #[arg(long, hide = true, allow_hyphen_values = true)]
-    comp_vector: Option<String>,
     #[arg(long, hide = true, allow_hyphen_values = true)]
     main_affinity: Option<String>,
     #[command(flatten)]
@@ -104,15 +75,11 @@ pub struct DsimUnsupported {
 impl DsimUnsupported {
     /// The first flag given, refused with its reason.
     pub fn refuse(&self) -> Result<(), CliError> {
-        refuse_first(&[
-            ("--ibv", self.ibv, NETWORK),
-            ("--comp-vector", self.comp_vector.is_some(), NETWORK),
-            (
-                "--main-affinity",
-                self.main_affinity.is_some(),
-                MAIN_AFFINITY,
-            ),
-        ])?;
+        refuse_first(&[(
+            "--main-affinity",
+            self.main_affinity.is_some(),
+            MAIN_AFFINITY,
+        )])?;
         self.monitor.refuse()
     }
 }

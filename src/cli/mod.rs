@@ -10,6 +10,7 @@ pub mod dpdk;
 pub mod dsim;
 pub mod fengine;
 pub mod fsim;
+mod ibv;
 mod katgpucbf;
 mod pinning;
 pub mod selftest;

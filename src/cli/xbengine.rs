@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use clap::Args;
 
+use super::ibv::IbvFlags;
 use super::katgpucbf::Unsupported;
 use super::pinning::Pinning;
 use super::CliError;
@@ -132,6 +133,8 @@ pub struct XbengineArgs {
     pub unsupported: Unsupported,
     #[command(flatten)]
     pub pinning: Pinning,
+    #[command(flatten)]
+    pub ibv: IbvFlags,
 }
 
 impl XbengineArgs {
@@ -140,6 +143,8 @@ impl XbengineArgs {
     pub fn config(&self) -> Result<XbengineConfig, CliError> {
         self.unsupported.refuse()?;
         let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
+        let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
+        let send_transport = self.ibv.send()?;
         let corrprods = self
             .corrprod
             .iter()
@@ -161,8 +166,9 @@ impl XbengineArgs {
                 interface: self.recv_interface.clone(),
                 buffer: self.recv_buffer,
                 threads: recv_threads,
-                transport: self.recv_transport,
+                transport: recv_transport,
                 dpdk: self.dpdk.config(),
+                comp_vectors,
             },
             array_size: self.array_size,
             channels: self.channels,
@@ -190,6 +196,7 @@ impl XbengineArgs {
             send_interfaces: self.send_interface.clone(),
             send_ttl: self.send_ttl,
             send_buffer: self.send_buffer,
+            send_transport,
             dither_seed: self.dither_seed.unwrap_or_else(rand::random),
             duration: self.duration,
             control: ControlConfig {
@@ -388,7 +395,10 @@ mod tests {
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert_eq!(flag_of(&many[..63]), "ok");
         assert_eq!(flag_of(&many), "--corrprod", "at most 64 outputs");
-        assert_eq!(flag_of(&["--recv-ibv"]), "--recv-ibv");
+        assert_eq!(
+            flag_of(&["--recv-ibv", "--recv-transport=uring"]),
+            "--recv-ibv"
+        );
         // katgpucbf's pinning flags are real: a core this process may not use is refused.
         assert_eq!(flag_of(&["--send-affinity=1023"]), "--send-affinity");
         assert_eq!(

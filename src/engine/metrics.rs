@@ -7,9 +7,11 @@
 //! forward.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 use prometheus::{IntCounterVec, Opts, Registry};
 
+use super::send::SinkCounters;
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, label names) of one counter.
@@ -35,6 +37,48 @@ pub const RECV_METRICS: [MetricSpec; 4] = [
         &[],
     ),
 ];
+
+/// Send counters every engine adds to katgpucbf's set (cbf's own names): how the output of
+/// each stream spreads over its `--send-interface` list and what an interface outage cost.
+pub const SEND_METRICS: [MetricSpec; 3] = [
+    (
+        "output_interface_bytes",
+        "Bytes sent on each send interface",
+        &["stream", "interface"],
+    ),
+    (
+        "output_interface_downs",
+        "Times a send interface failed and was taken out of the rotation",
+        &["stream", "interface"],
+    ),
+    (
+        "output_lost_heaps",
+        "Heaps not sent because no send interface was up",
+        &["stream"],
+    ),
+];
+
+/// Bring the [`SEND_METRICS`] of `stream` up to its send thread's counters `c`.
+pub fn send(m: &Metrics, stream: &str, c: &SinkCounters) {
+    m.set(
+        "output_lost_heaps",
+        &[stream],
+        c.lost_heaps.load(Ordering::Relaxed),
+    );
+    for i in &c.interfaces {
+        let labels = [stream, i.name.as_str()];
+        m.set(
+            "output_interface_bytes",
+            &labels,
+            i.bytes.load(Ordering::Relaxed),
+        );
+        m.set(
+            "output_interface_downs",
+            &labels,
+            i.downs.load(Ordering::Relaxed),
+        );
+    }
+}
 
 /// Bring the [`RECV_METRICS`] up to the receive statistics `rx`.
 pub fn receive(m: &Metrics, rx: &StatsSnapshot) {

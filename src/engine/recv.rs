@@ -36,6 +36,9 @@ pub enum RecvTransport {
     /// A DPDK port polled from user space (`net::dpdk`; `--dpdk-args`, `--dpdk-port`; a build
     /// with `--features dpdk`).
     Dpdk,
+    /// ibverbs raw-packet queue pairs with flow steering (`net::ibv`; cargo feature `ibv`, an
+    /// RDMA NIC; katgpucbf's `--recv-ibv`).
+    Ibv,
 }
 
 /// Where an engine's input comes from (`--src`, `--recv-interface`, `--recv-buffer`,
@@ -48,6 +51,9 @@ pub struct SourceConfig {
     pub buffer: usize,
     pub threads: usize,
     pub transport: RecvTransport,
+    /// Completion vectors of the ibverbs transport (`--recv-comp-vector`), dealt to the
+    /// receive threads in turn; negative = polling; empty = vector 0.
+    pub comp_vectors: Vec<i32>,
     /// The EAL and port for [`RecvTransport::Dpdk`] (`--dpdk-args`, `--dpdk-port`).
     pub dpdk: Option<DpdkConfig>,
 }
@@ -135,9 +141,46 @@ pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, 
                     .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
                     .map_err(|e| ConfigError::new("--recv-transport", e)),
                 RecvTransport::Dpdk => open_dpdk(cfg.dpdk.as_ref(), &mine),
+                RecvTransport::Ibv => {
+                    let cv = &cfg.comp_vectors;
+                    let vector = if cv.is_empty() { 0 } else { cv[t % cv.len()] };
+                    open_ibv(&mine, iface, cfg.buffer, vector)
+                }
             }
         })
         .collect()
+}
+
+/// One ibverbs receiver for `eps` on `iface` (katgpucbf's `--recv-ibv`).
+#[cfg(feature = "ibv")]
+fn open_ibv(
+    eps: &[std::net::SocketAddrV4],
+    iface: Option<&str>,
+    buffer: usize,
+    comp_vector: i32,
+) -> Result<Box<dyn PacketReceiver>, ConfigError> {
+    use crate::net::ibv::{rdma_devices, IbvReceiver};
+    // First whether this host has RDMA at all, so that the refusal says so.
+    rdma_devices().map_err(|e| ConfigError::new("--recv-ibv", e))?;
+    let iface = iface.ok_or_else(|| {
+        ConfigError::new(
+            "--recv-interface",
+            "--recv-ibv needs the interface to receive on",
+        )
+    })?;
+    IbvReceiver::open(eps, iface, buffer, MAX_PACKET, comp_vector)
+        .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
+        .map_err(|e| ConfigError::new("--recv-ibv", e))
+}
+
+#[cfg(not(feature = "ibv"))]
+fn open_ibv(
+    _: &[std::net::SocketAddrV4],
+    _: Option<&str>,
+    _: usize,
+    _: i32,
+) -> Result<Box<dyn PacketReceiver>, ConfigError> {
+    Err(ConfigError::new("--recv-ibv", crate::net::IBV_NOT_BUILT))
 }
 
 /// The running receive threads of one chunk stream group.
@@ -261,9 +304,30 @@ impl ChunkGaps {
     }
 }
 
+/// Whether this build and host can use ibverbs at all (for tests that expect a refusal).
+#[cfg(test)]
+pub(crate) fn rdma_available() -> bool {
+    #[cfg(feature = "ibv")]
+    return crate::net::ibv::rdma_devices().is_ok();
+    #[cfg(not(feature = "ibv"))]
+    false
+}
+
+/// The refusal of an ibverbs flag on a host or build without ibverbs: how to build it, or
+/// "no RDMA device" (what this project's machines say: no RDMA hardware or kernel support).
+#[cfg(test)]
+pub(crate) fn assert_ibv_refusal(e: &ConfigError, flag: &str) {
+    assert_eq!(e.flag, flag, "{}", e.message);
+    if cfg!(feature = "ibv") {
+        assert!(e.message.starts_with("no RDMA device"), "{}", e.message);
+    } else {
+        assert!(e.message.contains("--features ibv"), "{}", e.message);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{open_sources, ChunkGaps, RecvTransport, SourceConfig};
+    use super::*;
 
     #[test]
     fn dpdk_refusals_name_their_flag() {
@@ -274,6 +338,7 @@ mod tests {
             threads,
             transport: RecvTransport::Dpdk,
             dpdk: None,
+            comp_vectors: vec![],
         };
         let flag = |c: &SourceConfig| open_sources(c).err().map(|e| e.flag);
         assert_eq!(flag(&cfg(2)), Some("--recv-threads"));
@@ -283,6 +348,28 @@ mod tests {
             "--recv-transport"
         };
         assert_eq!(flag(&cfg(1)), Some(want));
+    }
+
+    /// `--recv-ibv` (and `--recv-transport ibv`) is refused at start-up, by name.
+    #[test]
+    fn ibv_without_rdma_is_refused_by_name() {
+        if rdma_available() {
+            eprintln!("skipped: this host has RDMA devices");
+            return;
+        }
+        let cfg = SourceConfig {
+            src: "239.10.10.10+1:7148".into(),
+            interface: Some("lo".into()),
+            buffer: 1 << 20,
+            threads: 2,
+            transport: RecvTransport::Ibv,
+            dpdk: None,
+            comp_vectors: vec![-1, 3],
+        };
+        let Err(e) = open_sources(&cfg) else {
+            panic!("opened an ibverbs receiver without RDMA")
+        };
+        assert_ibv_refusal(&e, "--recv-ibv");
     }
 
     #[test]

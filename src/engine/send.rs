@@ -7,7 +7,7 @@
 //! timer, unpaced, as katgpucbf sends them.
 
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use super::affinity::pin_current_thread;
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::udp::UdpSender;
+use crate::net::{NetSender, PacketSender};
 use crate::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
 
 /// How an engine's finished buffers become heaps: one heap per substream (destination) of each
@@ -33,6 +34,93 @@ pub trait HeapFormat: Send + 'static {
     fn descriptors(&self, substream: usize) -> Heap<'static>;
 }
 
+/// How an output's packets leave the host (`--send-ibv`, `--send-comp-vector`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SendTransport {
+    /// Kernel UDP sockets (`net::udp`).
+    #[default]
+    Udp,
+    /// ibverbs raw-packet queue pairs (`net::ibv`, cargo feature `ibv`), one per interface,
+    /// completions on `comp_vector` (negative: polling).
+    Ibv { comp_vector: i32 },
+}
+
+/// The flags an error of [`open_senders`] names: the interface list and the ibverbs switch
+/// (`--send-interface`/`--send-ibv` for the engines, `--interface`/`--ibv` for dsim).
+pub type SendFlags = (&'static str, &'static str);
+
+/// One sender per interface (one on the default route when none is named), each knowing
+/// every destination of `dst`, over `transport`. ibverbs needs named interfaces.
+pub fn open_senders(
+    dst: &[SocketAddrV4],
+    interfaces: &[String],
+    ttl: u32,
+    buffer: usize,
+    max_packet: usize,
+    transport: SendTransport,
+    flags: SendFlags,
+) -> Result<Vec<NetSender>, ConfigError> {
+    match transport {
+        SendTransport::Udp => {
+            let ifaces: Vec<Option<&str>> = if interfaces.is_empty() {
+                vec![None]
+            } else {
+                interfaces.iter().map(|s| Some(s.as_str())).collect()
+            };
+            ifaces
+                .into_iter()
+                .map(|i| UdpSender::new(dst, i, ttl, buffer).map(|s| Box::new(s) as NetSender))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ConfigError::new(flags.0, e))
+        }
+        SendTransport::Ibv { comp_vector } => {
+            open_ibv(dst, interfaces, ttl, buffer, max_packet, comp_vector, flags)
+        }
+    }
+}
+
+#[cfg(feature = "ibv")]
+fn open_ibv(
+    dst: &[SocketAddrV4],
+    interfaces: &[String],
+    ttl: u32,
+    buffer: usize,
+    max_packet: usize,
+    comp_vector: i32,
+    (iface_flag, ibv_flag): SendFlags,
+) -> Result<Vec<NetSender>, ConfigError> {
+    use crate::net::ibv::{rdma_devices, IbvSender};
+    // First whether this host has RDMA at all, so that the refusal says so.
+    rdma_devices().map_err(|e| ConfigError::new(ibv_flag, e))?;
+    if interfaces.is_empty() {
+        return Err(ConfigError::new(
+            iface_flag,
+            format!("{ibv_flag} needs the interface(s) to send from"),
+        ));
+    }
+    interfaces
+        .iter()
+        .map(|i| {
+            IbvSender::open(dst, i, ttl, buffer, max_packet, comp_vector)
+                .map(|s| Box::new(s) as NetSender)
+                .map_err(|e| ConfigError::new(ibv_flag, e))
+        })
+        .collect()
+}
+
+#[cfg(not(feature = "ibv"))]
+fn open_ibv(
+    _: &[SocketAddrV4],
+    _: &[String],
+    _: u32,
+    _: usize,
+    _: usize,
+    _: i32,
+    (_, ibv_flag): SendFlags,
+) -> Result<Vec<NetSender>, ConfigError> {
+    Err(ConfigError::new(ibv_flag, crate::net::IBV_NOT_BUILT))
+}
+
 /// The wire side of one output: destinations, interface, TTL and the send stream's settings.
 #[derive(Debug, Clone)]
 pub struct StreamSpec {
@@ -40,25 +128,28 @@ pub struct StreamSpec {
     /// Interfaces (names or addresses) to send from; several share the rate (multi-NIC).
     pub interfaces: Vec<String>,
     pub ttl: u32,
-    /// Socket send buffer (`--send-buffer`).
+    /// Socket send buffer (`--send-buffer`), or the ibverbs ring of frames.
     pub buffer: usize,
+    pub transport: SendTransport,
     pub config: SendStreamConfig,
 }
 
 impl StreamSpec {
-    /// Open the sockets (one per interface, or one on the default route).
-    pub fn open(&self) -> Result<SendStream<UdpSender>, ConfigError> {
-        let ifaces: Vec<Option<&str>> = if self.interfaces.is_empty() {
-            vec![None]
-        } else {
-            self.interfaces.iter().map(|s| Some(s.as_str())).collect()
-        };
-        let senders = ifaces
-            .into_iter()
-            .map(|i| UdpSender::new(&self.dst, i, self.ttl, self.buffer))
-            .collect::<Result<Vec<_>, _>>()
+    /// Open the senders (one per interface, or one on the default route).
+    pub fn open(&self) -> Result<SendStream<NetSender>, ConfigError> {
+        let senders = open_senders(
+            &self.dst,
+            &self.interfaces,
+            self.ttl,
+            self.buffer,
+            self.config.max_packet_size,
+            self.transport,
+            ("--send-interface", "--send-ibv"),
+        )?;
+        let mut stream = SendStream::new(self.config, senders)
             .map_err(|e| ConfigError::new("--send-interface", e))?;
-        SendStream::new(self.config, senders).map_err(|e| ConfigError::new("--send-interface", e))
+        stream.set_interface_names(&self.interfaces);
+        Ok(stream)
     }
 }
 
@@ -72,7 +163,7 @@ pub struct DescriptorSchedule {
 
 /// One descriptor heap per substream of `format`, unpaced.
 fn send_descriptors<F: HeapFormat>(
-    stream: &mut SendStream<UdpSender>,
+    stream: &mut SendStream<NetSender>,
     format: &F,
 ) -> Result<(), String> {
     let d: Vec<Heap<'static>> = (0..format.substreams())
@@ -96,9 +187,50 @@ fn send_descriptors<F: HeapFormat>(
 /// Heaps and bytes sent so far (read by metrics and sensors from other threads).
 #[derive(Debug, Default)]
 pub struct SinkCounters {
-    /// Buffers sent (each as up to one heap per substream).
+    /// Buffers handed to the stream (each as up to one heap per substream).
     pub buffers: AtomicU64,
     pub bytes: AtomicU64,
+    /// Heaps lost because no send interface was up (`SendCounters::lost_heaps`).
+    pub lost_heaps: AtomicU64,
+    /// One per send interface, in `--send-interface` order.
+    pub interfaces: Vec<InterfaceCounters>,
+}
+
+/// What one send interface carried, and how often it went down.
+#[derive(Debug, Default)]
+pub struct InterfaceCounters {
+    pub name: String,
+    pub bytes: AtomicU64,
+    pub downs: AtomicU64,
+    pub live: AtomicBool,
+}
+
+impl SinkCounters {
+    fn for_stream<S: PacketSender>(stream: &SendStream<S>) -> SinkCounters {
+        SinkCounters {
+            interfaces: stream
+                .interfaces()
+                .map(|(name, _)| InterfaceCounters {
+                    name: name.to_string(),
+                    live: AtomicBool::new(true),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Bring the counters up to `stream`'s.
+    fn update<S: PacketSender>(&self, stream: &SendStream<S>) {
+        let c = stream.counters();
+        self.bytes.store(c.bytes, Ordering::Relaxed);
+        self.lost_heaps.store(c.lost_heaps, Ordering::Relaxed);
+        for (mine, (_, theirs)) in self.interfaces.iter().zip(stream.interfaces()) {
+            mine.bytes.store(theirs.bytes, Ordering::Relaxed);
+            mine.downs.store(theirs.downs, Ordering::Relaxed);
+            mine.live.store(theirs.live, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A send thread's name (at most 15 bytes, Linux's limit, so that `top -H` tells them apart)
@@ -123,7 +255,7 @@ impl<M: Send + 'static> HeapSink<M> {
     /// promptly however low `--send-rate-factor` is.
     pub fn spawn<F: HeapFormat<Meta = M>>(
         thread: SendThread,
-        mut stream: SendStream<UdpSender>,
+        mut stream: SendStream<NetSender>,
         format: F,
         descriptors: DescriptorSchedule,
         buffers: usize,
@@ -137,7 +269,7 @@ impl<M: Send + 'static> HeapSink<M> {
             // Cannot fail: the channel has room for every buffer.
             let _ = give.send(Vec::with_capacity(buffer_bytes));
         }
-        let counters = Arc::new(SinkCounters::default());
+        let counters = Arc::new(SinkCounters::for_stream(&stream));
         let c = Arc::clone(&counters);
         let core = thread.core;
         let thread = std::thread::Builder::new().name(thread.name).spawn(
@@ -174,7 +306,7 @@ impl<M: Send + 'static> HeapSink<M> {
                     drop(refs);
                     drop(heaps);
                     c.buffers.fetch_add(1, Ordering::Relaxed);
-                    c.bytes.store(stream.counters().bytes, Ordering::Relaxed);
+                    c.update(&stream);
                     // The engine may have gone: then the buffer is simply dropped.
                     let _ = give.send(data);
                 }
@@ -233,6 +365,29 @@ impl<M: Send + 'static> HeapSink<M> {
             Some(Ok(Err(e))) => Err(EngineError::Send(e)),
             Some(Err(_)) => Err(EngineError::Panicked("send")),
             _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::recv::{assert_ibv_refusal, rdma_available};
+
+    /// `--send-ibv` (dsim `--ibv`) is refused at start-up, by the flag the caller names.
+    #[test]
+    fn ibv_without_rdma_is_refused_by_name() {
+        if rdma_available() {
+            eprintln!("skipped: this host has RDMA devices");
+            return;
+        }
+        let dst = ["239.10.10.10:7148".parse().unwrap()];
+        for flags in [("--send-interface", "--send-ibv"), ("--interface", "--ibv")] {
+            let ibv = SendTransport::Ibv { comp_vector: 0 };
+            let Err(e) = open_senders(&dst, &["lo".into()], 4, 1 << 20, 8264, ibv, flags) else {
+                panic!("opened an ibverbs sender without RDMA")
+            };
+            assert_ibv_refusal(&e, flags.1);
         }
     }
 }

@@ -47,6 +47,8 @@ pub struct FengineConfig {
     pub send_ttl: u32,
     /// Socket send buffer, bytes.
     pub send_buffer: usize,
+    /// Kernel UDP or ibverbs (`--send-ibv`, `--send-comp-vector`).
+    pub send_transport: crate::engine::send::SendTransport,
     /// Clear the timestamp bits below the heap size (`--mask-timestamp`).
     pub mask_timestamp: bool,
     pub gain: Complex32,

@@ -228,6 +228,7 @@ impl Engine {
             interfaces: cfg.send_interfaces.clone(),
             ttl: cfg.send_ttl,
             buffer: cfg.send_buffer,
+            transport: cfg.send_transport,
             config: SendStreamConfig {
                 max_packet_size: cfg.send_packet_payload + 72,
                 rate,
@@ -438,6 +439,11 @@ impl Engine {
             out.totals.bytes = out.sink.bytes();
             out.totals.samples = out.sink.sent() * out.pipeline.heap_span();
             metrics::output(&self.metrics, out.pipeline.output.name(), &out.totals);
+            crate::engine::metrics::send(
+                &self.metrics,
+                out.pipeline.output.name(),
+                &out.sink.counters(),
+            );
             for (p, clipped) in out.totals.clipped.iter().enumerate() {
                 let name = format!("{}.input{p}.feng-clip-cnt", out.pipeline.output.name());
                 control.sensors.set(&name, clipped, Status::Nominal);

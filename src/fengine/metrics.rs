@@ -1,6 +1,6 @@
 //! fgpu's Prometheus metrics under katgpucbf's names (facts §1.8; namespace `fgpu`).
 
-use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS};
+use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS, SEND_METRICS};
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, labels) of every metric.
@@ -79,7 +79,10 @@ pub struct OutputTotals {
 }
 
 pub fn new() -> Result<Metrics, prometheus::Error> {
-    Metrics::new("fgpu", &[&METRICS[..], &RECV_METRICS[..]].concat())
+    Metrics::new(
+        "fgpu",
+        &[&METRICS[..], &RECV_METRICS[..], &SEND_METRICS[..]].concat(),
+    )
 }
 
 pub fn input(m: &Metrics, t: &InputTotals, rx: &StatsSnapshot) {

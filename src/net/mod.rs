@@ -2,8 +2,8 @@
 //! memory, and nothing else. Decoding, heap assembly and rate limiting live above, once
 //! (`crate::spead`). Transports: [`udp`] (recvmmsg/sendmmsg), [`uring`] (the same sockets
 //! through io_uring's multishot receive), [`dpdk`] (kernel bypass, cargo feature `dpdk`),
-//! [`mem`] (in-process, for tests),
-//! [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
+//! `ibv` (raw-packet queue pairs on RDMA NICs, cargo feature `ibv`), [`mem`] (in-process, for
+//! tests), [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
 //! and corruption in front of any receiver. [`frame`] parses and builds the Ethernet/IPv4/UDP
 //! headers that the kernel handles for the socket transports and frame-level ones must handle
 //! themselves.
@@ -12,6 +12,8 @@ pub mod dpdk;
 pub mod endpoint;
 pub mod fault;
 pub mod frame;
+#[cfg(feature = "ibv")]
+pub mod ibv;
 pub mod mem;
 pub mod pcap;
 mod recv_socket;
@@ -21,6 +23,13 @@ pub mod uring;
 use std::io;
 
 pub use endpoint::{parse_endpoints, EndpointError};
+
+/// Why an ibverbs flag is refused by a build without the `ibv` feature.
+pub const IBV_NOT_BUILT: &str = "this cbf was built without ibverbs support: rebuild with \
+     `cargo build --release --features ibv` (needs cmake, libclang-dev and libibverbs-dev)";
+
+/// A sender of any transport, as the engines hold them (one per `--send-interface`).
+pub type NetSender = Box<dyn PacketSender>;
 
 /// What one receive call produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,6 +46,8 @@ pub struct DsimConfig {
     pub ttl: u32,
     /// Socket send buffer in bytes.
     pub send_buffer: usize,
+    /// Kernel UDP or ibverbs (`--ibv`, `--comp-vector`).
+    pub send_transport: crate::engine::send::SendTransport,
     /// Send a stop heap to every destination at the end.
     pub send_stop: bool,
     /// Send threads; `None` = one per `affinity` core, or one.

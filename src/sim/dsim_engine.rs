@@ -19,7 +19,7 @@ use crate::control::katcp::Sensors;
 use crate::engine::control::ControlAddrs;
 use crate::engine::metrics::Metrics;
 use crate::engine::{unix_now, ConfigError, EngineError, Shutdown};
-use crate::net::udp::UdpSender;
+use crate::net::NetSender;
 use crate::spead::send::SendStream;
 
 /// Interval between descriptor heaps (katgpucbf `DESCRIPTOR_INTERVAL`).
@@ -41,7 +41,7 @@ pub struct Dsim {
     plan: DsimPlan,
     heaps: Arc<DigitiserHeaps>,
     /// One per send thread.
-    streams: Vec<SendStream<UdpSender>>,
+    streams: Vec<SendStream<NetSender>>,
     changes: Receiver<SignalChange>,
     addrs: ControlAddrs,
     metrics: DsimMetrics,
@@ -61,8 +61,7 @@ impl Dsim {
         let heaps = Arc::new(DigitiserHeaps::new(plan.config.clone(), &plan.signals));
         let streams = (0..plan.send_cores.len())
             .map(|t| {
-                let senders =
-                    open_senders(&plan, &config.interfaces, config.ttl, config.send_buffer)?;
+                let senders = open_senders(&plan, &config)?;
                 let mut stream = SendStream::new(plan.send_config(t), senders)
                     .map_err(|e| EngineError::Send(e.to_string()))?;
                 stream.set_hurry(shutdown.flag());
@@ -184,28 +183,21 @@ impl DsimMetrics {
     }
 }
 
-/// Open one UDP sender per interface (or one on the default route), each knowing every
-/// destination. dsim keeps its own socket set-up rather than `engine::send::StreamSpec`
-/// because its flags are katgpucbf dsim's unprefixed `--interface`/`--ttl`/`--send-buffer`.
-pub fn open_senders(
-    plan: &DsimPlan,
-    interfaces: &[String],
-    ttl: u32,
-    buffer: usize,
-) -> Result<Vec<UdpSender>, ConfigError> {
+/// Open one sender per interface (or one on the default route), each knowing every
+/// destination. dsim opens its senders itself rather than through `engine::send::StreamSpec`
+/// because its flags are katgpucbf dsim's unprefixed `--interface`/`--ttl`/`--send-buffer`/
+/// `--ibv`.
+pub fn open_senders(plan: &DsimPlan, config: &DsimConfig) -> Result<Vec<NetSender>, ConfigError> {
     let all: Vec<SocketAddrV4> = plan.dests.iter().flatten().copied().collect();
-    if interfaces.is_empty() {
-        return Ok(vec![
-            UdpSender::new(&all, None, ttl, buffer).map_err(|e| ConfigError::new("dest", e))?
-        ]);
-    }
-    interfaces
-        .iter()
-        .map(|i| {
-            UdpSender::new(&all, Some(i), ttl, buffer)
-                .map_err(|e| ConfigError::new("--interface", e))
-        })
-        .collect()
+    crate::engine::send::open_senders(
+        &all,
+        &config.interfaces,
+        config.ttl,
+        config.send_buffer,
+        plan.send_config(0).max_packet_size,
+        config.send_transport,
+        ("--interface", "--ibv"),
+    )
 }
 
 #[cfg(test)]
@@ -232,6 +224,7 @@ mod tests {
             interfaces: vec![],
             ttl: 1,
             send_buffer: 1 << 20,
+            send_transport: crate::engine::send::SendTransport::Udp,
             send_stop: false,
             send_threads: None,
             affinity: vec![],

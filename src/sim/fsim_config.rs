@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::fsim::{FsimLayout, Payload, PATTERN_BATCHES};
 use crate::engine::control::ControlConfig;
-use crate::engine::send::StreamSpec;
+use crate::engine::send::{SendTransport, StreamSpec};
 use crate::engine::{check_rate_factor, check_sample_rate, check_seconds, unix_now, ConfigError};
 use crate::spead::send::SendStreamConfig;
 use crate::spead::Flavour;
@@ -276,6 +276,7 @@ impl FsimPlan {
             interfaces: self.config.send_interfaces.clone(),
             ttl: self.config.send_ttl,
             buffer: 4 << 20,
+            transport: SendTransport::Udp,
             config: SendStreamConfig {
                 flavour: Flavour::SPEAD_64_48,
                 max_packet_size: self.config.send_packet_payload + PREAMBLE,

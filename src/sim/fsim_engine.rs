@@ -24,7 +24,7 @@ use crate::engine::control::ControlAddrs;
 use crate::engine::metrics::Metrics;
 use crate::engine::{unix_now, EngineError, Shutdown};
 use crate::fengine::heaps::descriptor_heap;
-use crate::net::udp::UdpSender;
+use crate::net::NetSender;
 use crate::spead::send::stream::{sleep_until_or, SendError};
 use crate::spead::send::{HeapRef, SendMode, SendStream};
 
@@ -63,7 +63,7 @@ pub struct FsimReport {
 pub struct Fsim {
     plan: FsimPlan,
     pattern: Arc<FsimPattern>,
-    streams: Vec<SendStream<UdpSender>>,
+    streams: Vec<SendStream<NetSender>>,
     addrs: ControlAddrs,
     metrics: Metrics,
     time_error: prometheus::GaugeVec,
@@ -275,7 +275,7 @@ struct SendJob {
 }
 
 impl SendJob {
-    fn run(self, mut stream: SendStream<UdpSender>) -> Result<(), SendError> {
+    fn run(self, mut stream: SendStream<NetSender>) -> Result<(), SendError> {
         stream.set_hurry(self.shutdown[0].flag());
         let plan = &self.plan;
         let l = plan.layout;

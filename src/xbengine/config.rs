@@ -46,6 +46,8 @@ pub struct XbengineConfig {
     pub send_interfaces: Vec<String>,
     pub send_ttl: u32,
     pub send_buffer: usize,
+    /// Kernel UDP or ibverbs (`--send-ibv`, `--send-comp-vector`).
+    pub send_transport: crate::engine::send::SendTransport,
     pub dither_seed: u64,
     pub duration: Option<f64>,
     pub control: ControlConfig,

@@ -406,6 +406,7 @@ impl Engine {
         for x in &mut self.x {
             x.sink.check()?;
             metrics::x_output(&self.metrics, &x.name, &x.totals);
+            crate::engine::metrics::send(&self.metrics, &x.name, &x.sink.counters());
         }
         frb::finish(
             &mut self.frb,
@@ -566,6 +567,8 @@ impl Engine {
         for (name, t) in b.names.iter().zip(&b.totals) {
             metrics::b_output(&self.metrics, name, t);
         }
+        // One send stream carries every beam: its interface counters go under "beams".
+        crate::engine::metrics::send(&self.metrics, "beams", &b.sink.counters());
         Ok(())
     }
 }

@@ -216,6 +216,7 @@ pub(super) fn finish(
         f.sink.send(buf, meta);
         f.sink.check()?;
         metrics::frb_output(m, &f.name, &f.totals);
+        crate::engine::metrics::send(m, &f.name, &f.sink.counters());
     }
     Ok(())
 }

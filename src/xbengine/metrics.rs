@@ -1,7 +1,7 @@
 //! xbgpu's Prometheus metrics under katgpucbf's names (facts §1.8; namespace `xbgpu`), and
 //! cbf's `output_frb_*` for `--frb-beam` outputs (katgpucbf has none), named as the beams' are.
 
-use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS};
+use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS, SEND_METRICS};
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, labels) of every metric.
@@ -93,7 +93,10 @@ pub const METRICS: [MetricSpec; 24] = [
 ];
 
 pub fn new() -> Result<Metrics, prometheus::Error> {
-    Metrics::new("xbgpu", &[&METRICS[..], &RECV_METRICS[..]].concat())
+    Metrics::new(
+        "xbgpu",
+        &[&METRICS[..], &RECV_METRICS[..], &SEND_METRICS[..]].concat(),
+    )
 }
 
 /// The input side's totals.

@@ -14,7 +14,7 @@ use crate::dsp::beamform::Beam;
 use crate::dsp::correlate::n_baselines;
 use crate::engine::send::{DescriptorSchedule, HeapFormat, HeapSink, SendThread, StreamSpec};
 use crate::engine::{EngineError, Shutdown};
-use crate::net::udp::UdpSender;
+use crate::net::NetSender;
 use crate::spead::send::{SendStream, SendStreamConfig};
 
 /// katgpucbf's descriptor interval.
@@ -32,7 +32,7 @@ pub(super) fn spawn_sink<M: Send + 'static, F: HeapFormat<Meta = M> + Send + 'st
     config: &XbengineConfig,
     index: usize,
     name: &str,
-    stream: SendStream<UdpSender>,
+    stream: SendStream<NetSender>,
     format: F,
     buffers: usize,
     buffer_bytes: usize,
@@ -124,6 +124,7 @@ pub(super) fn stream_spec(
         interfaces: config.send_interfaces.clone(),
         ttl: config.send_ttl,
         buffer: config.send_buffer,
+        transport: config.send_transport,
         config: SendStreamConfig {
             max_packet_size: config.send_packet_payload + preamble,
             rate,

@@ -1,10 +1,15 @@
-//! Send: heaps to packets ([`heap`]), the software rate limiter ([`rate`]), and the stream
-//! that spreads heaps over substreams and NICs ([`stream`]).
+//! Send: heaps to packets ([`heap`]), the software rate limiter ([`rate`]), the choice of
+//! NIC and what happens when one fails ([`balance`]), and the stream that spreads heaps over
+//! substreams and NICs ([`stream`]).
 
+pub mod balance;
 pub mod heap;
 pub mod rate;
 pub mod stream;
+#[cfg(test)]
+mod stream_failover_tests;
 
+pub use balance::InterfaceCounters;
 pub use heap::{packets_per_heap, Heap, ItemData, PacketGenerator, PacketiseError};
 pub use rate::RateLimiter;
-pub use stream::{HeapRef, SendMode, SendStream, SendStreamConfig};
+pub use stream::{HeapRef, SendCounters, SendMode, SendStream, SendStreamConfig};

@@ -23,6 +23,7 @@ pub struct RateLimiter {
     /// Seconds per byte at the nominal rate; 0 = unlimited.
     sec_per_byte: f64,
     sec_per_byte_burst: f64,
+    burst_rate_ratio: f64,
     burst_size: usize,
     /// When the next burst is due on the nominal schedule.
     nominal: Option<Instant>,
@@ -33,18 +34,28 @@ pub struct RateLimiter {
 impl RateLimiter {
     /// `rate` in bytes per second (0 = unlimited), `burst_rate_ratio` ≥ 1.
     pub fn new(rate: f64, burst_size: usize, burst_rate_ratio: f64) -> RateLimiter {
-        let (spb, spbb) = if rate > 0.0 {
-            (1.0 / rate, 1.0 / (rate * burst_rate_ratio.max(1.0)))
-        } else {
-            (0.0, 0.0)
-        };
-        RateLimiter {
-            sec_per_byte: spb,
-            sec_per_byte_burst: spbb,
+        let mut r = RateLimiter {
+            sec_per_byte: 0.0,
+            sec_per_byte_burst: 0.0,
+            burst_rate_ratio: burst_rate_ratio.max(1.0),
             burst_size: burst_size.max(1),
             nominal: None,
             catch_up: None,
-        }
+        };
+        r.set_rate(rate);
+        r
+    }
+
+    /// Change the rate (bytes per second, 0 = unlimited) from the next reservation on,
+    /// keeping the schedule: what was reserved stays where it is, so a change neither grants
+    /// credit nor makes a sender wait again for bytes already paced (how an interface's share
+    /// moves when another goes down or comes back, `super::balance`).
+    pub fn set_rate(&mut self, rate: f64) {
+        (self.sec_per_byte, self.sec_per_byte_burst) = if rate > 0.0 {
+            (1.0 / rate, 1.0 / (rate * self.burst_rate_ratio))
+        } else {
+            (0.0, 0.0)
+        };
     }
 
     pub fn is_limited(&self) -> bool {

@@ -3,11 +3,19 @@
 //! Heaps carry a substream index (a destination: spead2's substreams, katgpucbf's one
 //! destination per X-engine). Several heaps can be sent together, their packets interleaved
 //! round-robin (spead2 `ROUND_ROBIN`, how katgpucbf sends a batch of F heaps) or one after
-//! another (`SERIAL`). With several interfaces (NICs), each call goes to the least-loaded one,
-//! the one whose nominal schedule is least far ahead (katgpucbf's multi-NIC scheme), each
-//! paced at its share of the rate; descriptors and stop heaps go to the first. Heap counters
-//! follow a (first, step) sequence like spead2's `set_cnt_sequence`, wrapping to the flavour's
-//! address width.
+//! another (`SERIAL`). With several interfaces (NICs), each call goes to the least-loaded one
+//! (katgpucbf's multi-NIC scheme), each paced at its share of the rate; descriptors and stop
+//! heaps go to the first live one ([`super::balance`] says how, and what "live" means). Heap
+//! counters follow a (first, step) sequence like spead2's `set_cnt_sequence`, wrapping to the
+//! flavour's address width.
+//!
+//! An interface whose send fails with a link error is marked down, and the burst that failed
+//! is sent again, whole, on another interface: losing it would lose every heap it carries a
+//! piece of, while re-sending costs at most a few duplicate packets (those the kernel took
+//! before the error), which receivers drop by payload range (spead2's and `spead::recv`'s
+//! duplicate detection). Only when no interface is live are the heaps of the call counted as
+//! lost ([`SendCounters::lost_heaps`]), and the stream carries on, so that an engine survives
+//! an outage of all its links and resumes when one comes back.
 //!
 //! Sending is synchronous on the caller's thread: packets are written into one reusable
 //! [`SendBatch`] as headers plus payload slices borrowed from the heaps (no payload copy in
@@ -18,8 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::balance::{is_link_error, Balancer, InterfaceCounters};
 use super::heap::{Heap, PacketGenerator, PacketiseError, PREFIX_LEN};
-use super::rate::RateLimiter;
 use crate::net::{PacketSender, SendBatch};
 use crate::spead::wire::Flavour;
 use crate::spead::wire::POINTER_LEN;
@@ -36,6 +44,8 @@ pub struct SendStreamConfig {
     /// First heap counter and step (spead2 defaults 1, 1).
     pub cnt_first: u64,
     pub cnt_step: u64,
+    /// How long an interface that failed stays down before it is tried again.
+    pub interface_retry: Duration,
 }
 
 impl Default for SendStreamConfig {
@@ -48,6 +58,7 @@ impl Default for SendStreamConfig {
             burst_rate_ratio: 1.05,
             cnt_first: 1,
             cnt_step: 1,
+            interface_retry: Duration::from_secs(1),
         }
     }
 }
@@ -62,6 +73,9 @@ pub enum SendError {
     Io(#[from] io::Error),
     #[error("send stream {0}: {1}")]
     Config(&'static str, String),
+    /// Every interface is down: what was being sent is lost (counted by the stream).
+    #[error("no send interface is up")]
+    NoInterface,
 }
 
 impl SendStreamConfig {
@@ -123,25 +137,24 @@ impl<'h, 'a> HeapRef<'h, 'a> {
     }
 }
 
-struct Interface<S> {
-    tx: S,
-    limiter: RateLimiter,
-}
-
 /// Counters of what was sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SendCounters {
     pub heaps: u64,
     pub packets: u64,
     pub bytes: u64,
+    /// Heaps of calls that could not be completed because no interface was up (a call's heaps
+    /// are counted whole: in round-robin mode each carries a piece of the lost bursts).
+    pub lost_heaps: u64,
 }
 
 pub struct SendStream<S: PacketSender> {
     config: SendStreamConfig,
-    ifaces: Vec<Interface<S>>,
+    txs: Vec<S>,
+    balancer: Balancer,
+    /// The interface the current call sends on (it changes when one fails).
+    current: usize,
     next_cnt: u64,
-    /// The interface [`SendStream::send_heaps`] used last: ties go to the one after it.
-    last_iface: usize,
     /// Storage of the per-call [`SendBatch`], kept so that steady sending does not allocate.
     spare: SendBatch<'static>,
     counters: SendCounters,
@@ -159,19 +172,19 @@ impl<S: PacketSender> SendStream<S> {
                 "no send interface",
             )));
         }
-        let share = config.rate / interfaces.len() as f64;
-        let ifaces = interfaces
-            .into_iter()
-            .map(|tx| Interface {
-                tx,
-                limiter: RateLimiter::new(share, config.burst_size, config.burst_rate_ratio),
-            })
-            .collect();
+        let balancer = Balancer::new(
+            (0..interfaces.len()).map(|i| i.to_string()).collect(),
+            config.rate,
+            config.burst_size,
+            config.burst_rate_ratio,
+            config.interface_retry,
+        );
         Ok(SendStream {
             next_cnt: config.cnt_first,
             config,
-            ifaces,
-            last_iface: 0,
+            txs: interfaces,
+            balancer,
+            current: 0,
             spare: SendBatch::default(),
             counters: SendCounters::default(),
             hurry: None,
@@ -193,8 +206,19 @@ impl<S: PacketSender> SendStream<S> {
         self.counters
     }
 
+    /// Name the interfaces (in the order given to [`SendStream::new`]) for log lines and
+    /// [`SendStream::interfaces`]; they are numbered from 0 until then.
+    pub fn set_interface_names(&mut self, names: &[String]) {
+        self.balancer.set_names(names);
+    }
+
+    /// Each interface's name and counters (bytes carried, times down, live now).
+    pub fn interfaces(&self) -> impl Iterator<Item = (&str, InterfaceCounters)> {
+        self.balancer.counters()
+    }
+
     pub fn destinations(&self) -> usize {
-        self.ifaces[0].tx.destinations()
+        self.txs[0].destinations()
     }
 
     /// Restart the heap counter sequence (spead2 `set_cnt_sequence`).
@@ -211,52 +235,57 @@ impl<S: PacketSender> SendStream<S> {
         cnt & mask
     }
 
-    /// The interface whose schedule is least far ahead; among equals, the next after the one
-    /// used last. Ties are the rule, not the exception, when the sender runs behind its rate
-    /// (every limiter then answers "now"): a first-index tie-break would put every heap on the
-    /// first interface exactly when the host is busiest.
-    fn least_loaded(&self, now: Instant) -> usize {
-        let n = self.ifaces.len();
-        if n == 1 {
-            return 0;
-        }
-        // Probe each limiter's next start without committing (clones are cheap).
-        (1..=n)
-            .map(|k| (self.last_iface + k) % n)
-            .min_by_key(|&i| {
-                let mut probe = self.ifaces[i].limiter.clone();
-                probe.reserve(now, 0)
-            })
-            .unwrap_or(0)
-    }
-
-    /// Send heaps together on the least-loaded interface.
+    /// Send heaps together on the least-loaded interface (another if it fails; counted as
+    /// lost if none is up).
     pub fn send_heaps(
         &mut self,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
     ) -> Result<(), SendError> {
-        let now = Instant::now();
-        let iface = self.least_loaded(now);
-        self.last_iface = iface;
-        self.send_on(iface, heaps, mode, now)
+        let iface = self.balancer.pick(Instant::now());
+        self.send_on(iface, heaps, mode)
     }
 
-    /// Send heaps on the first interface (descriptors, stop heaps).
+    /// Send heaps on the first live interface (descriptors, stop heaps).
     pub fn send_heaps_first(
         &mut self,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
     ) -> Result<(), SendError> {
-        self.send_on(0, heaps, mode, Instant::now())
+        let iface = self.balancer.first_live(Instant::now());
+        self.send_on(iface, heaps, mode)
     }
 
+    /// Send on `iface`, or count the heaps as lost when it is `None` or when every interface
+    /// fails on the way.
     fn send_on(
+        &mut self,
+        iface: Option<usize>,
+        heaps: &[HeapRef<'_, '_>],
+        mode: SendMode,
+    ) -> Result<(), SendError> {
+        let result = match iface {
+            Some(i) => self.send_all(i, heaps, mode),
+            None => Err(SendError::NoInterface),
+        };
+        match result {
+            Ok(()) => {
+                self.counters.heaps += heaps.len() as u64;
+                Ok(())
+            }
+            Err(SendError::NoInterface) => {
+                self.counters.lost_heaps += heaps.len() as u64;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn send_all(
         &mut self,
         iface: usize,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
-        now: Instant,
     ) -> Result<(), SendError> {
         let n_dest = self.destinations();
         let mut gens = Vec::with_capacity(heaps.len());
@@ -278,9 +307,9 @@ impl<S: PacketSender> SendStream<S> {
                 h,
             ));
         }
-        self.ifaces[iface].limiter.wake(now);
+        self.current = iface;
         let mut batch = std::mem::take(&mut self.spare).reuse();
-        let result = self.send_generated(&mut batch, iface, &mut gens, mode, heaps);
+        let result = self.send_generated(&mut batch, &mut gens, mode, heaps);
         batch.clear();
         self.spare = batch.reuse();
         result
@@ -289,7 +318,6 @@ impl<S: PacketSender> SendStream<S> {
     fn send_generated<'h>(
         &mut self,
         batch: &mut SendBatch<'h>,
-        iface: usize,
         gens: &mut [(PacketGenerator<'h, '_>, &HeapRef<'_, '_>)],
         mode: SendMode,
         heaps: &[HeapRef<'_, '_>],
@@ -299,15 +327,14 @@ impl<S: PacketSender> SendStream<S> {
             SendMode::Serial => {
                 for (g, h) in gens.iter_mut() {
                     if h.unpaced == paced {
-                        self.flush(batch, iface, paced)?;
+                        self.flush(batch, paced)?;
                         paced = !h.unpaced;
                     }
                     while push_packet(batch, g, h.substream) {
                         if batch.bytes() >= self.config.burst_size {
-                            self.flush(batch, iface, paced)?;
+                            self.flush(batch, paced)?;
                         }
                     }
-                    self.counters.heaps += 1;
                 }
             }
             SendMode::RoundRobin => {
@@ -318,35 +345,49 @@ impl<S: PacketSender> SendStream<S> {
                         if push_packet(batch, g, h.substream) {
                             live += 1;
                             if batch.bytes() >= self.config.burst_size {
-                                self.flush(batch, iface, paced)?;
+                                self.flush(batch, paced)?;
                             }
                         }
                     }
                 }
-                self.counters.heaps += gens.len() as u64;
             }
         }
-        self.flush(batch, iface, paced)
+        self.flush(batch, paced)
     }
 
-    fn flush(
-        &mut self,
-        batch: &mut SendBatch<'_>,
-        iface: usize,
-        paced: bool,
-    ) -> Result<(), SendError> {
+    /// Send the batch on the current interface, paced; on a link error, mark it down and
+    /// send the batch again on the least-loaded of the others, until one takes it or none is
+    /// left ([`SendError::NoInterface`]). Each burst tries at most as many sends as there are
+    /// interfaces, so a short retry interval cannot make it spin while every link is down.
+    fn flush(&mut self, batch: &mut SendBatch<'_>, paced: bool) -> Result<(), SendError> {
         if batch.is_empty() {
             return Ok(());
         }
         let bytes = batch.bytes();
         let flag = &self.hurry;
         let hurry = || flag.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
-        if paced && !hurry() {
-            let at = self.ifaces[iface].limiter.reserve(Instant::now(), bytes);
-            sleep_until_or(at, hurry);
+        for tries in 1.. {
+            let iface = self.current;
+            if paced && !hurry() {
+                let at = self.balancer.reserve(iface, Instant::now(), bytes);
+                sleep_until_or(at, hurry);
+            }
+            match self.txs[iface].send_batch(batch) {
+                Ok(()) => {
+                    self.balancer.sent(iface, batch.len(), bytes);
+                    break;
+                }
+                Err(e) if is_link_error(&e) => {
+                    let now = Instant::now();
+                    self.balancer.failed(iface, now, &e);
+                    if tries >= self.txs.len() {
+                        return Err(SendError::NoInterface);
+                    }
+                    self.current = self.balancer.pick(now).ok_or(SendError::NoInterface)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        let i = &mut self.ifaces[iface];
-        i.tx.send_batch(batch)?;
         self.counters.packets += batch.len() as u64;
         self.counters.bytes += bytes as u64;
         batch.clear();
@@ -397,211 +438,5 @@ pub fn sleep_until_or(at: Instant, stop: impl Fn() -> bool) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::net::mem;
-    use crate::net::{PacketReceiver, Received, RecvBatch};
-    use crate::spead::recv::{HeapStream, HeapStreamConfig};
-
-    fn drain(rx: &mut mem::MemReceiver) -> Vec<Vec<u8>> {
-        let mut b = RecvBatch::new(64, 9200);
-        let mut v = Vec::new();
-        while let Ok(Received::Packets(_)) = rx.recv_batch(&mut b) {
-            v.extend(b.iter().map(|p| p.to_vec()));
-        }
-        v
-    }
-
-    #[test]
-    fn round_robin_interleaves_and_cnt_sequence_steps() {
-        let (tx, mut rx) = mem::channel(1000, 2);
-        let mut s = SendStream::new(
-            SendStreamConfig {
-                cnt_first: 5,
-                cnt_step: 3,
-                ..Default::default()
-            },
-            vec![tx],
-        )
-        .unwrap();
-        let data = vec![1u8; 3000];
-        let mut a = Heap::new();
-        a.add_bytes(0x1000, &data[..]);
-        let heaps = [HeapRef::new(&a, 0), HeapRef::new(&a, 1)];
-        s.send_heaps(&heaps, SendMode::RoundRobin).unwrap();
-        drop(s);
-        let pkts = drain(&mut rx);
-        let cnts: Vec<u64> = pkts
-            .iter()
-            .map(|p| {
-                crate::spead::wire::ParsedPacket::parse(p)
-                    .unwrap()
-                    .repr
-                    .heap_cnt
-            })
-            .collect();
-        assert_eq!(cnts, [5, 8, 5, 8, 5, 8]);
-    }
-
-    /// A raised hurry flag ends pacing at once: a heap paced to take 1000 s goes out whole
-    /// within seconds of the flag (a stopping engine used to wait for the pace).
-    #[test]
-    fn hurry_stops_pacing_and_sends_everything() {
-        let (tx, mut rx) = mem::channel(1000, 1);
-        let mut s = SendStream::new(
-            SendStreamConfig {
-                rate: 100.0,
-                burst_size: 1500,
-                ..Default::default()
-            },
-            vec![tx],
-        )
-        .unwrap();
-        let flag = Arc::new(AtomicBool::new(false));
-        s.set_hurry(Arc::clone(&flag));
-        let raise = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            flag.store(true, Ordering::Relaxed);
-        });
-        let data = vec![7u8; 100_000];
-        let mut a = Heap::new();
-        a.add_bytes(0x1000, &data[..]);
-        let started = Instant::now();
-        s.send_heaps(&[HeapRef::new(&a, 0)], SendMode::Serial)
-            .unwrap();
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{:?}",
-            started.elapsed()
-        );
-        raise.join().unwrap();
-        let bytes: usize = drain(&mut rx).iter().map(Vec::len).sum();
-        assert!(
-            bytes > data.len(),
-            "{bytes} bytes sent of a {}-byte heap",
-            data.len()
-        );
-    }
-
-    #[test]
-    fn serial_heaps_reassemble() {
-        let (tx, mut rx) = mem::channel(1000, 1);
-        let mut s = SendStream::new(SendStreamConfig::default(), vec![tx]).unwrap();
-        let data: Vec<u8> = (0..5000).map(|i| i as u8).collect();
-        let mut a = Heap::new();
-        a.add_immediate(0x1600, 99).add_bytes(0x1000, &data[..]);
-        a.repeat_pointers = true;
-        s.send_heaps(
-            &[HeapRef::new(&a, 0), HeapRef::new(&a, 0)],
-            SendMode::Serial,
-        )
-        .unwrap();
-        assert!(matches!(
-            s.send_heaps(&[HeapRef::new(&a, 1)], SendMode::Serial),
-            Err(SendError::Substream(1, 1))
-        ));
-        drop(s);
-        let mut hs = HeapStream::new(HeapStreamConfig::default());
-        let mut out = Vec::new();
-        for p in drain(&mut rx) {
-            hs.add_packet(&p, &mut out);
-        }
-        assert_eq!(out.len(), 2);
-        assert!(out
-            .iter()
-            .all(|h| h.complete
-                && h.item(0x1000) == Some(crate::spead::items::ItemValue::Bytes(&data))));
-        assert_eq!(out[1].cnt, 2);
-    }
-
-    #[test]
-    fn heaps_spread_over_interfaces_descriptors_on_the_first() {
-        let (tx0, mut rx0) = mem::channel(10_000, 1);
-        let (tx1, mut rx1) = mem::channel(10_000, 1);
-        // 40 MB/s over two interfaces: each paced at 20 MB/s; 64 heaps of 8 KiB.
-        let cfg = SendStreamConfig {
-            rate: 40e6,
-            max_packet_size: 9000,
-            burst_size: 8192,
-            ..Default::default()
-        };
-        let mut s = SendStream::new(cfg, vec![tx0, tx1]).unwrap();
-        let data = vec![3u8; 8192];
-        let mut h = Heap::new();
-        h.add_bytes(0x4300, &data[..]);
-        let mut d = Heap::new();
-        d.add_descriptor(
-            &crate::spead::items::Descriptor::with_format(
-                0x1600,
-                "timestamp",
-                "",
-                &[],
-                &[(b'u', 48)],
-            ),
-            Flavour::SPEAD_64_48,
-        );
-        for _ in 0..4 {
-            s.send_heaps_first(
-                &[HeapRef {
-                    heap: &d,
-                    cnt: None,
-                    substream: 0,
-                    unpaced: true,
-                }],
-                SendMode::Serial,
-            )
-            .unwrap();
-        }
-        for _ in 0..64 {
-            s.send_heaps(&[HeapRef::new(&h, 0)], SendMode::Serial)
-                .unwrap();
-        }
-        drop(s);
-        let (p0, p1) = (drain(&mut rx0), drain(&mut rx1));
-        let descriptors = |v: &[Vec<u8>]| v.iter().filter(|p| p.len() < 1000).count();
-        assert_eq!((descriptors(&p0), descriptors(&p1)), (4, 0));
-        // Least-loaded assignment alternates between equally paced interfaces.
-        assert_eq!((p0.len() - 4, p1.len()), (32, 32));
-    }
-
-    #[test]
-    fn interfaces_that_tie_take_turns() {
-        // Unlimited rate: every limiter answers "now" for every heap, as they all do on a host
-        // that runs behind its rate; the heaps must still spread evenly.
-        let (tx0, rx0) = mem::channel(10_000, 1);
-        let (tx1, rx1) = mem::channel(10_000, 1);
-        let (tx2, rx2) = mem::channel(10_000, 1);
-        let mut s = SendStream::new(SendStreamConfig::default(), vec![tx0, tx1, tx2]).unwrap();
-        let mut h = Heap::new();
-        h.add_bytes(0x4300, &[1u8; 100][..]);
-        for _ in 0..30 {
-            s.send_heaps(&[HeapRef::new(&h, 0)], SendMode::Serial)
-                .unwrap();
-        }
-        drop(s);
-        let counts = [rx0, rx1, rx2].map(|mut rx| drain(&mut rx).len());
-        assert_eq!(counts, [10, 10, 10]);
-    }
-
-    #[test]
-    fn unusable_configurations_are_refused() {
-        let bad = |c: SendStreamConfig| c.validate().is_err();
-        let d = SendStreamConfig::default();
-        assert!(d.validate().is_ok());
-        assert!(bad(SendStreamConfig {
-            max_packet_size: 40,
-            ..d
-        }));
-        assert!(bad(SendStreamConfig {
-            rate: f64::NAN,
-            ..d
-        }));
-        assert!(bad(SendStreamConfig { rate: -1.0, ..d }));
-        assert!(bad(SendStreamConfig { burst_size: 0, ..d }));
-        assert!(bad(SendStreamConfig {
-            burst_rate_ratio: 0.5,
-            ..d
-        }));
-        assert!(bad(SendStreamConfig { cnt_step: 0, ..d }));
-    }
-}
+#[path = "stream_tests.rs"]
+mod tests;

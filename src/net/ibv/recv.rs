@@ -1,0 +1,209 @@
+//! Receiving through a raw-packet queue pair (see the module doc of `net::ibv`).
+
+use std::io;
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant};
+
+use ibverbs_sys as ffi;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::verbs::{fill_recv, Channel, Context, Cq, Flow, FlowRule, Mr, Pd, Qp};
+use super::{slots_for, CompMode, IbvError};
+use crate::net::frame::{self, FrameDrops, UdpChecksum, HEADERS_LEN};
+use crate::net::{PacketReceiver, Received, RecvBatch};
+
+/// How long a receive call waits for frames before it returns [`Received::Idle`] (as the UDP
+/// transport's poll interval).
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Frames per completion poll.
+const POLL_BATCH: usize = 64;
+
+/// A receiver for `endpoints` on one interface. Fields drop in order: the steering rules,
+/// then the queue pair, its completion queue and channel, the memory, the domain, the device.
+pub struct IbvReceiver {
+    _flows: Vec<Flow>,
+    qp: Qp,
+    cq: Cq,
+    _channel: Option<Channel>,
+    mr: Mr,
+    _pd: Pd,
+    _ctx: Context,
+    /// Joins the multicast groups (IGMP), so that the switch forwards them to this port.
+    _join: Socket,
+    slot_len: usize,
+    wrs: Vec<ffi::ibv_recv_wr>,
+    sges: Vec<ffi::ibv_sge>,
+    wcs: Vec<ffi::ibv_wc>,
+    mode: CompMode,
+    drops: FrameDrops,
+    failed_completions: u64,
+}
+
+// SAFETY: the raw pointers inside the work requests point only into this receiver's own
+// heap allocations (its request and SGE vectors and registered memory), which move with it;
+// the verbs objects may be used from any thread, one at a time (`verbs`).
+unsafe impl Send for IbvReceiver {}
+
+impl IbvReceiver {
+    /// Steer `endpoints` arriving on `interface` (a name or an address) into a ring of
+    /// `buffer` bytes of frames of up to `max_packet` UDP payload bytes; completions per
+    /// `comp_vector` (katgpucbf's `--recv-comp-vector`: ≥ 0 interrupts, < 0 polling).
+    pub fn open(
+        endpoints: &[SocketAddrV4],
+        interface: &str,
+        buffer: usize,
+        max_packet: usize,
+        comp_vector: i32,
+    ) -> Result<IbvReceiver, IbvError> {
+        if endpoints.is_empty() {
+            return Err(IbvError::Config("no endpoints to receive".into()));
+        }
+        let dev = super::find(interface)?;
+        let slot_len = (HEADERS_LEN + max_packet).next_multiple_of(64);
+        let slots = slots_for(buffer, slot_len);
+        let mode = CompMode::from_vector(comp_vector);
+        let ctx = Context::open(&dev.device)?;
+        let pd = Pd::new(&ctx)?;
+        let channel = match mode {
+            CompMode::Interrupt(_) => Some(Channel::new(&ctx)?),
+            CompMode::Polling => None,
+        };
+        let vector = match mode {
+            CompMode::Interrupt(v) => v % ctx.comp_vectors(),
+            CompMode::Polling => 0,
+        };
+        let cq = Cq::new(&ctx, slots, channel.as_ref().map(|c| (c, vector)))?;
+        let qp = Qp::raw_packet(&pd, &cq, dev.port, 0, slots)?;
+        let mr = Mr::new(&pd, slots * slot_len)?;
+        let flows = endpoints
+            .iter()
+            .map(|ep| {
+                let mac = frame::multicast_mac(*ep.ip()).unwrap_or(dev.mac);
+                qp.flow(&mut FlowRule::udp(dev.port, mac, *ep))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let join =
+            Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).map_err(IbvError::Verbs)?;
+        for ep in endpoints.iter().filter(|e| e.ip().is_multicast()) {
+            join.join_multicast_v4(ep.ip(), &dev.addr)
+                .map_err(IbvError::Verbs)?;
+        }
+        let mut r = IbvReceiver {
+            _flows: flows,
+            qp,
+            cq,
+            _channel: channel,
+            mr,
+            _pd: pd,
+            _ctx: ctx,
+            _join: join,
+            slot_len,
+            wrs: vec![ffi::ibv_recv_wr::default(); slots],
+            sges: vec![ffi::ibv_sge::default(); slots],
+            // SAFETY: ibv_wc is plain data; zero is a valid (unused) completion.
+            wcs: vec![unsafe { std::mem::zeroed() }; POLL_BATCH],
+            mode,
+            drops: FrameDrops::default(),
+            failed_completions: 0,
+        };
+        r.post(0..slots)?;
+        tracing::info!(interface, device = %dev.device, port = dev.port, slots, mode = %mode, "ibverbs receiver");
+        Ok(r)
+    }
+
+    /// Hand slots back to the NIC, as one chain.
+    fn post(&mut self, slots: impl Iterator<Item = usize>) -> io::Result<()> {
+        let (base, lkey) = (self.mr.addr(), self.mr.lkey());
+        let mut first: Option<usize> = None;
+        let mut prev: Option<usize> = None;
+        for s in slots {
+            fill_recv(
+                &mut self.wrs[s],
+                &mut self.sges[s],
+                base,
+                s,
+                self.slot_len,
+                lkey,
+            );
+            let this: *mut ffi::ibv_recv_wr = &mut self.wrs[s];
+            match prev {
+                Some(p) => self.wrs[p].next = this,
+                None => first = Some(s),
+            }
+            prev = Some(s);
+        }
+        match first {
+            // SAFETY: the chain was just built over this receiver's slots, which the NIC owns
+            // until their completions come back through recv_batch.
+            Some(f) => unsafe { self.qp.post_recv(&mut self.wrs[f]) },
+            None => Ok(()),
+        }
+    }
+
+    /// Frames refused, by cause.
+    pub fn drops(&self) -> FrameDrops {
+        self.drops
+    }
+
+    /// Wait for completions as the mode says, up to [`POLL_INTERVAL`]; how many arrived.
+    fn poll(&mut self, cap: usize) -> io::Result<usize> {
+        let start = Instant::now();
+        loop {
+            let n = self.cq.poll(&mut self.wcs[..cap])?;
+            if n > 0 || start.elapsed() >= POLL_INTERVAL {
+                return Ok(n);
+            }
+            match self.mode {
+                CompMode::Polling => std::hint::spin_loop(),
+                CompMode::Interrupt(_) => {
+                    self.cq.wait(POLL_INTERVAL.as_millis() as i32)?;
+                    return self.cq.poll(&mut self.wcs[..cap]);
+                }
+            }
+        }
+    }
+}
+
+impl PacketReceiver for IbvReceiver {
+    fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
+        batch.clear();
+        let cap = batch.capacity().min(self.wcs.len());
+        let n = self.poll(cap)?;
+        let mut done = Vec::with_capacity(n);
+        for k in 0..n {
+            let wc = self.wcs[k];
+            let slot = wc.wr_id() as usize;
+            if slot >= self.wrs.len() {
+                continue;
+            }
+            done.push(slot);
+            if !wc.is_valid() {
+                if self.failed_completions == 0 {
+                    tracing::warn!(status = ?wc.error(), "ibverbs receive completion failed");
+                }
+                self.failed_completions += 1;
+                continue;
+            }
+            let start = slot * self.slot_len;
+            let frame = &self.mr.bytes()[start..start + wc.len().min(self.slot_len)];
+            match frame::parse(frame, UdpChecksum::Skip) {
+                Ok(d) => {
+                    batch.push(d.payload);
+                }
+                Err(cause) => {
+                    if self.drops.get(cause) == 0 {
+                        tracing::warn!(%cause, "ibverbs: frame dropped (logged once per cause)");
+                    }
+                    self.drops.add(cause);
+                }
+            }
+        }
+        self.post(done.into_iter())?;
+        Ok(if batch.is_empty() {
+            Received::Idle
+        } else {
+            Received::Packets(batch.len())
+        })
+    }
+}
