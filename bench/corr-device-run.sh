@@ -2,7 +2,8 @@
 # One device call for the correlator's figures (bench/RESULTS.md "CUDA correlator"): the GPU
 # self-test (figures count only if it passes), cbf-corr-bench, a cuBLAS int8 GEMM through
 # torch, and the TCC peer. Set up on the development machine: build
-# `cargo build --release --bin cbf --bin cbf-corr-bench`, copy both binaries (stripped), this
+# `cargo build --release --no-default-features --bin cbf --bin cbf-corr-bench` (the device may
+# lack libhwloc), copy both binaries (stripped), this
 # script, bench/corr_cublas_int8.py (as cublas_int8.py) and ../shared/peers/tcc_bench into one
 # git-ignored folder of the checkout that travels (e.g. .dev-corr), and run
 # `bash .dev-corr/run.sh` on the device with that folder carried. Logs go to $OUT.

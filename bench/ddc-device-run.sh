@@ -2,7 +2,8 @@
 # One device call for the narrowband DDC kernel (issue 16; bench/RESULTS.md "DDC kernel"): the GPU
 # self-test (figures count only if it passes), then cbf-ddc-bench (the kernel against the copy
 # bandwidth and the fp32 FMA ceiling measured in the same run, over a grid of mappings).
-# Binaries from `cargo build --release` stripped into .dev/.
+# Binaries from `cargo build --release --no-default-features` (the device may lack libhwloc)
+# stripped into .dev/
 # Usage: bench/ddc-device-run.sh [--quick]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What one device call runs (bench/RESULTS.md quotes its output): the GPU self-test, then, only
 # if it passed, the kernel and whole-path benchmarks and the end-to-end engine over loopback
-# (dsim → fengine --backend cuda → capture). Binaries come from `cargo build --release` on
+# (dsim → fengine --backend cuda → capture). Binaries come from `cargo build --release
+# --no-default-features` (the device may lack libhwloc) on
 # the development machine, stripped into .dev/ (ignored by git, carried to the device).
 # Usage: bench/device-run.sh [--quick] [--skip-bench] [--skip-e2e]; logs go to $OUT if set.
 # Environment: CBF_E2E_RATES, CBF_E2E_ANTS (antenna counts to try), CBF_E2E_SECS,

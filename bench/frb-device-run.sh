@@ -2,7 +2,8 @@
 # One device call for the FRB beamformer's figures (bench/RESULTS.md "FRB beamformer"): the GPU
 # self-test (figures count only if it passes), cbf-frb-bench, and CHORD's kernel (the peer) in
 # the same call. Set up on the development machine: build
-# `cargo build --release --bin cbf --bin cbf-frb-bench`, copy both binaries (stripped), this
+# `cargo build --release --no-default-features --bin cbf --bin cbf-frb-bench` (the device may
+# lack libhwloc), copy both binaries (stripped), this
 # script (as run.sh) and ../shared/peers/chord_frb_bench into one git-ignored folder of the
 # checkout that travels (e.g. .dev-frb), and run `bash .dev-frb/run.sh` on the device with that
 # folder carried. Logs go to $OUT.

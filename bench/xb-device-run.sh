@@ -8,7 +8,8 @@
 # then the same input at 2 % of the rate into `--backend cpu` (the 64-heap corrprod only), whose
 # complete X dumps must carry the bytes of the CUDA run's (crc32 of xeng_raw; fsim's katgpucbf
 # payload repeats every batch, so every complete dump of an output is the same).
-# Binaries from `cargo build --release` stripped into .dev/.
+# Binaries from `cargo build --release --no-default-features` (the device may lack libhwloc)
+# stripped into .dev/
 # Usage: bench/xb-device-run.sh [--quick] [--skip-bench] [--skip-e2e]; logs go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
