@@ -290,36 +290,13 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
         .collect();
     let seed = sh.dither.then(|| rng.random::<u64>());
     let gains_of = |h: usize| if h == 2 { &gains_b } else { &gains_a };
-    let inputs: Vec<BackEndInput> = (0..sh.heaps)
-        .map(|h| BackEndInput {
-            gains: [&gains_of(h)[0], &gains_of(h)[1]],
-            // Gains change for heap 2 and back for heap 3.
-            gains_version: h.min(3).saturating_sub(1) as u64,
-            delays: [
-                &delays[0][h * hs..(h + 1) * hs],
-                &delays[1][h * hs..(h + 1) * hs],
-            ],
-            timestamps: &ts[h],
-            dither: seed,
-        })
-        .collect();
+    let inputs = heap_inputs([&gains_a, &gains_b], &delays, &ts, hs, seed);
     let chunk = ChunkInput {
         id: 0,
         data: &c.data,
         next: Some(&c.next),
     };
-    let results = [
-        drive(&mut gb, chunk, &inputs, &st, hs)?,
-        drive(&mut cb, chunk, &inputs, &st, hs)?,
-    ];
-    if results[0].len() != sh.heaps || results[1].len() != sh.heaps {
-        return Err(GpuError::Backend(format!(
-            "heaps back: GPU {}, CPU {}, of {}",
-            results[0].len(),
-            results[1].len(),
-            sh.heaps
-        )));
-    }
+    let results = drive_both(&mut gb, &mut cb, chunk, &inputs, &st, hs)?;
     let w = pfb_weights(step, sh.taps, out.w_cutoff, out.window);
     let (mut worst, mut off, mut count, mut signed) = (0, 0, 0, 0i64);
     let (mut clips_ok, mut power_ok) = (true, true);
@@ -433,6 +410,57 @@ pub(super) fn drive(
     }
     b.release()?;
     while take(&mut *b, &mut got)? {}
+    Ok(got)
+}
+
+/// Every heap's back-end input: gains `gains[0]`, except heap 2, which has `gains[1]` (a change
+/// for one heap and back: each heap of a batch has its own), the heap's delays and timestamps.
+pub(super) fn heap_inputs<'a>(
+    gains: [&'a [Vec<Complex32>; 2]; 2],
+    delays: &'a [Vec<SpectrumDelay>; 2],
+    ts: &'a [Vec<i64>],
+    hs: usize,
+    dither: Option<u64>,
+) -> Vec<BackEndInput<'a>> {
+    (0..ts.len())
+        .map(|h| {
+            let g = gains[usize::from(h == 2)];
+            BackEndInput {
+                gains: [&g[0], &g[1]],
+                gains_version: h.min(3).saturating_sub(1) as u64,
+                delays: [
+                    &delays[0][h * hs..(h + 1) * hs],
+                    &delays[1][h * hs..(h + 1) * hs],
+                ],
+                timestamps: &ts[h],
+                dither,
+            }
+        })
+        .collect()
+}
+
+/// The same chunk and heaps through the GPU and the CPU backend ([`drive`]); every heap must
+/// come back from both.
+pub(super) fn drive_both(
+    gpu_b: &mut dyn Backend,
+    cpu_b: &mut dyn Backend,
+    chunk: ChunkInput<'_>,
+    inputs: &[BackEndInput<'_>],
+    st: &[Vec<usize>; 2],
+    hs: usize,
+) -> Result<[Vec<Heap>; 2], GpuError> {
+    let got = [
+        drive(gpu_b, chunk, inputs, st, hs)?,
+        drive(cpu_b, chunk, inputs, st, hs)?,
+    ];
+    if got.iter().any(|g| g.len() != inputs.len()) {
+        return Err(GpuError::Backend(format!(
+            "heaps back: GPU {}, CPU {}, of {}",
+            got[0].len(),
+            got[1].len(),
+            inputs.len()
+        )));
+    }
     Ok(got)
 }
 

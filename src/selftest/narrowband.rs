@@ -17,11 +17,11 @@ use num_complex::Complex32;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::fengine::{chunks, drive, values};
+use super::fengine::{chunks, drive_both, heap_inputs, values};
 use super::Check;
 use crate::dsp::pfb::Window;
 use crate::dsp::postproc::{OutputBits, SpectrumDelay};
-use crate::fengine::backend::{BackEndInput, ChunkInput};
+use crate::fengine::backend::ChunkInput;
 use crate::fengine::cuda::{GpuBackend, GpuConfig};
 use crate::fengine::narrowband::{NarrowbandBackend, NarrowbandSizes};
 use crate::fengine::narrowband_output::NarrowbandOutput;
@@ -135,33 +135,13 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, c: &Case) -> Result<Check, GpuError
         })
         .collect();
     let seed = c.dither.then(|| rng.random::<u64>());
-    let gains_of = |h: usize| if h == 2 { &gains_b } else { &gains_a };
-    let inputs: Vec<BackEndInput> = (0..heaps)
-        .map(|h| BackEndInput {
-            gains: [&gains_of(h)[0], &gains_of(h)[1]],
-            gains_version: h.min(3).saturating_sub(1) as u64,
-            delays: [
-                &delays[0][h * hs..(h + 1) * hs],
-                &delays[1][h * hs..(h + 1) * hs],
-            ],
-            timestamps: &ts[h],
-            dither: seed,
-        })
-        .collect();
+    let inputs = heap_inputs([&gains_a, &gains_b], &delays, &ts, hs, seed);
     let chunk = ChunkInput {
         id: 0,
         data: &ch.data,
         next: Some(&ch.next),
     };
-    let got = drive(&mut gb, chunk, &inputs, &st, hs)?;
-    let want = drive(&mut cb, chunk, &inputs, &st, hs)?;
-    if got.len() != heaps || want.len() != heaps {
-        return Err(GpuError::Backend(format!(
-            "heaps back: GPU {}, CPU {}, of {heaps}",
-            got.len(),
-            want.len()
-        )));
-    }
+    let [got, want] = drive_both(&mut gb, &mut cb, chunk, &inputs, &st, hs)?;
     let (mut worst, mut off, mut count, mut signed) = (0, 0usize, 0usize, 0i64);
     let (mut clips_g, mut clips_c, mut sq) = ([0u64; 2], [0u64; 2], 0f64);
     for (g, w) in got.iter().zip(&want) {
