@@ -2,6 +2,7 @@
 //! inputs, one module per engine or op family. It sits above both `gpu` and the engines (it
 //! drives an engine's CUDA backend beside its CPU backend), so `gpu` itself knows no engine.
 
+pub mod backends;
 pub mod beamform;
 pub mod correlate;
 pub mod ddc;

@@ -17,7 +17,8 @@ use num_complex::Complex32;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::fengine::{chunks, drive_both, heap_inputs, values};
+use super::backends::{drive_both, heap_inputs, values};
+use super::fengine::chunks;
 use super::Check;
 use crate::dsp::pfb::Window;
 use crate::dsp::postproc::{OutputBits, SpectrumDelay};
