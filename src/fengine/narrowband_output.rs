@@ -28,6 +28,11 @@ pub const MAX_DECIMATION: usize = 256;
 /// taps, 4 s for 4096 in a debug build), and katgpucbf's default, 16 × subsampling, reaches
 /// 8192 at the largest decimation without discard.
 pub const MAX_DDC_TAPS: usize = 8192;
+/// Most DDC taps per subsampled sample (per phase of the filter): pm-remez did not finish in
+/// minutes for longer filters of a small subsampling factor (1000 taps at S = 2, 4096 at
+/// S = 64, measured 2026-11-26), which would stall start-up; designs up to 32·S finished within
+/// seconds or failed at once. katgpucbf's default is 16·S.
+pub const MAX_DDC_TAPS_PER_PHASE: usize = 32;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NarrowbandOutput {
@@ -107,6 +112,12 @@ impl NarrowbandOutput {
         if ddc_taps == 0 || ddc_taps > MAX_DDC_TAPS {
             return Err(format!(
                 "ddc_taps={ddc_taps} must be from 1 to {MAX_DDC_TAPS}"
+            ));
+        }
+        if ddc_taps > MAX_DDC_TAPS_PER_PHASE * subsampling {
+            return Err(format!(
+                "ddc_taps={ddc_taps} must be at most {MAX_DDC_TAPS_PER_PHASE} × the subsampling \
+                 factor ({subsampling}): longer filters make the Remez design run for minutes"
             ));
         }
         Ok(NarrowbandOutput {
@@ -270,6 +281,8 @@ mod tests {
             ("decimation=7", "decimation="),
             ("decimation=8,ddc_taps=0", "ddc_taps="),
             ("decimation=8,ddc_taps=100000", "ddc_taps="),
+            ("decimation=2,ddc_taps=1000", "ddc_taps="),
+            ("decimation=64,ddc_taps=4096", "ddc_taps="),
             ("decimation=8,ddc_taps=-3", "ddc_taps="),
             ("decimation=8,weight_pass=0", "weight_pass="),
             ("decimation=8,weight_pass=nan", "weight_pass="),
