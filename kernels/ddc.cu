@@ -25,7 +25,6 @@
 // Row padding: element m of a row is stored at m + m/32, which makes the stride-C reads of a
 // warp conflict-free for C = 1, 2, 4, 8.
 
-typedef unsigned char u8;
 typedef long long i64;
 
 #define W (PB * NPB)
@@ -36,19 +35,7 @@ typedef long long i64;
 // rows) spread over the banks.
 #define ROW_STRIDE ((ROW_LEN + ROW_LEN / 32 + 1) | 1)
 
-// The sample whose first bit is bit `sh` (0..7) of byte p[0], sign-extended (seed 000 §Decode),
-// as `kernels/pfb.cu` decodes it. The buffer carries a padding byte after each polarisation.
-__device__ __forceinline__ int decode_at(const u8 *__restrict__ p, int sh)
-{
-#if SAMPLE_BITS == 8
-    return (int)(signed char)p[0];
-#elif SAMPLE_BITS == 2 || SAMPLE_BITS == 4
-    return ((int)(signed char)(u8)((unsigned int)p[0] << sh)) >> (8 - SAMPLE_BITS);
-#else
-    const unsigned int v = ((unsigned int)p[0] << 8) | p[1];
-    return ((int)(short)(unsigned short)(v << sh)) >> (16 - SAMPLE_BITS);
-#endif
-}
+// decode_at: kernels/decode.cuh, which `gpu::compile` puts before this file.
 
 __device__ __forceinline__ int padded(int m)
 {

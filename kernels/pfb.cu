@@ -23,7 +23,6 @@
 #define STEP (2 * CHANNELS)
 #define SUBLEN (CHANNELS / UNZIP)
 
-typedef unsigned char u8;
 typedef long long i64;
 typedef unsigned long long u64;
 
@@ -33,20 +32,7 @@ typedef unsigned long long u64;
 #define ROW_BYTES (ROW_BITS / 8)
 #define WHOLE_ROWS (ROW_BITS % 8 == 0)
 
-// The sample whose first bit is bit `sh` (0..7) of byte p[0], sign-extended (seed 000
-// §Decode: two bytes, shift left to the top, arithmetic shift right). The buffer carries a
-// padding byte so that the second byte of the last sample is always readable.
-__device__ __forceinline__ int decode_at(const u8 *__restrict__ p, int sh)
-{
-#if SAMPLE_BITS == 8
-    return (int)(signed char)p[0];
-#elif SAMPLE_BITS == 2 || SAMPLE_BITS == 4
-    return ((int)(signed char)(u8)((unsigned int)p[0] << sh)) >> (8 - SAMPLE_BITS);
-#else
-    const unsigned int v = ((unsigned int)p[0] << 8) | p[1];
-    return ((int)(short)(unsigned short)(v << sh)) >> (16 - SAMPLE_BITS);
-#endif
-}
+// decode_at: kernels/decode.cuh, which `gpu::compile` puts before this file.
 
 // Staged path (every block a full 256 columns of whole-byte rows, so that every row of a block
 // starts at the same offset from a 16-byte boundary): the block first copies the rows its

@@ -114,6 +114,42 @@ __device__ __forceinline__ void put(int *word, int pol, int re, int im)
 #endif
 }
 
+// The front end's power sums of the launch's heaps, moved into the stats (done by one block).
+__device__ __forceinline__ void move_power(u64 *__restrict__ stats, u64 *__restrict__ power, int t)
+{
+    for (int h = t; h < 2 * (SPECTRA / HEAP_SPECTRA); h += THREADS)
+    {
+        stats[(h / 2) * 4 + 2 + h % 2] = power[h];
+        power[h] = 0;
+    }
+}
+
+// One (channel, spectrum) tile word (both pols) to its place in its heap: (channel, spectrum,
+// pol, re/im).
+__device__ __forceinline__ void store_word(unsigned char *__restrict__ out, int ch, int sp, int word)
+{
+    const int hp = sp / HEAP_SPECTRA;
+    const i64 at = (i64)hp * CHANNELS * HEAP_SPECTRA + (i64)ch * HEAP_SPECTRA + sp % HEAP_SPECTRA;
+#if OUT_BITS == 8
+    reinterpret_cast<int *>(out)[at] = word;
+#else
+    reinterpret_cast<unsigned short *>(out)[at] = (unsigned short)word;
+#endif
+}
+
+// Clip counts: per spectrum in shared memory, then one atomic per spectrum and pol into its
+// heap's counter (threads 0 .. 2·TILE − 1, after a barrier).
+__device__ __forceinline__ void flush_clips(u64 *__restrict__ stats, const unsigned int (*sclip)[2], int sp0, int t)
+{
+    if (t < 2 * TILE)
+    {
+        const int r = t >> 1, pol = t & 1;
+        const int sp = sp0 + r;
+        if (sp < SPECTRA && sclip[r][pol])
+            atomicAdd(stats + (sp / HEAP_SPECTRA) * 4 + pol, (u64)sclip[r][pol]);
+    }
+}
+
 // The batch's delay terms and first timestamps, moved from mapped host memory into device
 // memory once per launch. Read by every block straight from the host, they cost a PCIe round
 // trip per block and, for a large batch (17 × 1024 blocks at 4096 channels), megabytes of
@@ -168,11 +204,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
         if (t >= 3 * TILE && t < 5 * TILE)
             sclip[t % TILE][(t / TILE) & 1] = 0;
         if (blockIdx.x == 0 && blockIdx.y == 0)
-            for (int h = t; h < 2 * (SPECTRA / HEAP_SPECTRA); h += THREADS)
-            {
-                stats[(h / 2) * 4 + 2 + h % 2] = power[h];
-                power[h] = 0;
-            }
+            move_power(stats, power, t);
     }
     __syncthreads();
     const int lin = threadIdx.x, lane = lin & 31, warp = lin >> 5;
@@ -303,26 +335,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
         }
         const int sp = sp0 + lane;
         if (sp < SPECTRA)
-        {
-            const int hp = sp / HEAP_SPECTRA;
-            const i64 at = (i64)hp * CHANNELS * HEAP_SPECTRA + (i64)ch * HEAP_SPECTRA + sp % HEAP_SPECTRA;
-#if OUT_BITS == 8
-            reinterpret_cast<int *>(out)[at] = tile[h][sr][lane];
-#else
-            reinterpret_cast<unsigned short *>(out)[at] = (unsigned short)tile[h][sr][lane];
-#endif
-        }
+            store_word(out, ch, sp, tile[h][sr][lane]);
     }
-    // Clip counts: per spectrum in shared memory, then one atomic per spectrum and pol into its
-    // heap's counter.
     __syncthreads();
-    if (lin < 2 * TILE)
-    {
-        const int j = lin >> 1, pol = lin & 1;
-        const int sp = sp0 + j;
-        if (sp < SPECTRA && sclip[j][pol])
-            atomicAdd(stats + (sp / HEAP_SPECTRA) * 4 + pol, (u64)sclip[j][pol]);
-    }
+    flush_clips(stats, sclip, sp0, lin);
 }
 
 #ifdef FFT_LEN
@@ -353,11 +369,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc_nb(
     if (t < 2 * TILE)
         sclip[t >> 1][t & 1] = 0;
     if (blockIdx.x == 0 && blockIdx.y == 0)
-        for (int h = t; h < 2 * (SPECTRA / HEAP_SPECTRA); h += THREADS)
-        {
-            stats[(h / 2) * 4 + 2 + h % 2] = power[h];
-            power[h] = 0;
-        }
+        move_power(stats, power, t);
     __syncthreads();
     if (j < CHANNELS)
     {
@@ -401,23 +413,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc_nb(
         const int ch = blockIdx.x * TILE + c;
         const int sp = sp0 + lane;
         if (ch < CHANNELS && sp < SPECTRA)
-        {
-            const int hp = sp / HEAP_SPECTRA;
-            const i64 at = (i64)hp * CHANNELS * HEAP_SPECTRA + (i64)ch * HEAP_SPECTRA + sp % HEAP_SPECTRA;
-#if OUT_BITS == 8
-            reinterpret_cast<int *>(out)[at] = tile[c][lane];
-#else
-            reinterpret_cast<unsigned short *>(out)[at] = (unsigned short)tile[c][lane];
-#endif
-        }
+            store_word(out, ch, sp, tile[c][lane]);
     }
     __syncthreads();
-    if (t < 2 * TILE)
-    {
-        const int r = t >> 1, pol = t & 1;
-        const int sp = sp0 + r;
-        if (sp < SPECTRA && sclip[r][pol])
-            atomicAdd(stats + (sp / HEAP_SPECTRA) * 4 + pol, (u64)sclip[r][pol]);
-    }
+    flush_clips(stats, sclip, sp0, t);
 }
 #endif

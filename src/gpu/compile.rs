@@ -94,7 +94,10 @@ impl Kernel {
 
     fn source(self) -> &'static str {
         match self {
-            Kernel::Pfb => include_str!("../../kernels/pfb.cu"),
+            Kernel::Pfb => concat!(
+                include_str!("../../kernels/decode.cuh"),
+                include_str!("../../kernels/pfb.cu")
+            ),
             Kernel::Postproc => include_str!("../../kernels/postproc.cu"),
             Kernel::Copy => include_str!("../../kernels/copy.cu"),
             Kernel::CorrTurn => include_str!("../../kernels/correlate_turn.cu"),
@@ -104,7 +107,10 @@ impl Kernel {
             Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
             Kernel::Beamform => include_str!("../../kernels/beamform.cu"),
             Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
-            Kernel::Ddc => include_str!("../../kernels/ddc.cu"),
+            Kernel::Ddc => concat!(
+                include_str!("../../kernels/decode.cuh"),
+                include_str!("../../kernels/ddc.cu")
+            ),
             Kernel::PfbComplex => include_str!("../../kernels/pfb_complex.cu"),
             Kernel::FmaPeak => include_str!("../../kernels/fma_peak.cu"),
         }

@@ -35,6 +35,9 @@ pub struct IbvReceiver {
     wrs: Vec<ffi::ibv_recv_wr>,
     sges: Vec<ffi::ibv_sge>,
     wcs: Vec<ffi::ibv_wc>,
+    /// The slots a receive call completed, to post again (kept, so that receiving does not
+    /// allocate).
+    done: Vec<usize>,
     mode: CompMode,
     drops: FrameDrops,
     failed_completions: u64,
@@ -103,6 +106,7 @@ impl IbvReceiver {
             sges: vec![ffi::ibv_sge::default(); slots],
             // SAFETY: ibv_wc is plain data; zero is a valid (unused) completion.
             wcs: vec![unsafe { std::mem::zeroed() }; POLL_BATCH],
+            done: Vec::with_capacity(POLL_BATCH),
             mode,
             drops: FrameDrops::default(),
             failed_completions: 0,
@@ -170,7 +174,8 @@ impl PacketReceiver for IbvReceiver {
         batch.clear();
         let cap = batch.capacity().min(self.wcs.len());
         let n = self.poll(cap)?;
-        let mut done = Vec::with_capacity(n);
+        let mut done = std::mem::take(&mut self.done);
+        done.clear();
         for k in 0..n {
             let wc = self.wcs[k];
             let slot = wc.wr_id() as usize;
@@ -199,7 +204,8 @@ impl PacketReceiver for IbvReceiver {
                 }
             }
         }
-        self.post(done.into_iter())?;
+        self.post(done.iter().copied())?;
+        self.done = done;
         Ok(if batch.is_empty() {
             Received::Idle
         } else {
