@@ -35,7 +35,7 @@ pub fn run(args: SelftestArgs) -> Result<(), CliError> {
             .map_or(1, |d| d.as_nanos() as u64)
     });
     println!("selftest on {} ({}), seed {seed}", gpu.name, gpu.arch);
-    let checks = selftest::run(&gpu, seed).map_err(|e| CliError::Run(e.to_string()))?;
+    let checks = selftest::run(&gpu, seed);
     println!(
         "{:<48} {:>10} {:>8}  {:<4}  note",
         "check", "error", "limit", ""

@@ -241,6 +241,14 @@ pub struct SendThread {
     pub core: Option<usize>,
 }
 
+/// A sink's buffers: how many, bytes each, and what to do to each before use (an error stops
+/// the start with its message).
+pub type BufferPool<'a> = (
+    usize,
+    usize,
+    &'a mut dyn FnMut(&mut [u8]) -> Result<(), String>,
+);
+
 /// A send thread and its buffer pool.
 pub struct HeapSink<M> {
     heaps: Sender<(Vec<u8>, M)>,
@@ -255,19 +263,40 @@ impl<M: Send + 'static> HeapSink<M> {
     /// promptly however low `--send-rate-factor` is.
     pub fn spawn<F: HeapFormat<Meta = M>>(
         thread: SendThread,
-        mut stream: SendStream<NetSender>,
+        stream: SendStream<NetSender>,
         format: F,
         descriptors: DescriptorSchedule,
         buffers: usize,
         buffer_bytes: usize,
         shutdown: &Shutdown,
     ) -> std::io::Result<HeapSink<M>> {
+        let mut nothing = |_: &mut [u8]| Ok(());
+        let pool: BufferPool<'_> = (buffers, buffer_bytes, &mut nothing);
+        Self::spawn_with(thread, stream, format, descriptors, pool, shutdown)
+    }
+
+    /// [`HeapSink::spawn`] with `pool` = (buffers, bytes each, `prepare`): every buffer is
+    /// allocated (zeroed) and handed to `prepare` before the thread starts (the
+    /// XB-engine page-locks its X heap buffers there, so that the GPU writes into them). The
+    /// buffers keep their memory for the sink's life.
+    pub fn spawn_with<F: HeapFormat<Meta = M>>(
+        thread: SendThread,
+        mut stream: SendStream<NetSender>,
+        format: F,
+        descriptors: DescriptorSchedule,
+        pool: BufferPool<'_>,
+        shutdown: &Shutdown,
+    ) -> std::io::Result<HeapSink<M>> {
+        let (buffers, buffer_bytes, prepare) = pool;
         stream.set_hurry(shutdown.flag());
         let (heaps, rx) = crossbeam_channel::bounded::<(Vec<u8>, M)>(buffers);
         let (give, free) = crossbeam_channel::bounded(buffers);
         for _ in 0..buffers {
+            let mut b = vec![0u8; buffer_bytes];
+            prepare(&mut b).map_err(std::io::Error::other)?;
+            b.clear();
             // Cannot fail: the channel has room for every buffer.
-            let _ = give.send(Vec::with_capacity(buffer_bytes));
+            let _ = give.send(b);
         }
         let counters = Arc::new(SinkCounters::for_stream(&stream));
         let c = Arc::clone(&counters);

@@ -28,12 +28,16 @@ pub fn mapped<T: DeviceRepr + ValidAsZeroBits>(
 /// Host buffers page-locked in place (`cuMemHostRegister`), so that copies from them run as
 /// DMA straight from the buffer, asynchronously, at the link's rate: a copy from pageable
 /// memory is staged through a driver buffer and returns only when done. Engines register their
-/// receive chunks once, before any receiver writes into them; everything is unlocked on drop,
-/// after the device has finished with it.
+/// receive chunks (and the XB-engine its X heap buffers) once, before any receiver writes into
+/// them; everything is unlocked on drop, after the device has finished with it. Nothing else is
+/// ever registered: a registration outliving its memory would leave the driver DMA-ing to pages
+/// the process no longer maps at that address (and a later copy from a new buffer there fails
+/// with CUDA_ERROR_INVALID_VALUE), so registration is only for memory whose owner promises to
+/// keep it.
 pub struct HostRegistrations {
     gpu: std::sync::Arc<Gpu>,
-    /// Start addresses, handed back to the driver on drop.
-    starts: Vec<usize>,
+    /// (start address, length) of each buffer; the starts are handed back to the driver on drop.
+    regions: Vec<(usize, usize)>,
 }
 
 // SAFETY: the raw addresses are only handed back to the driver on drop.
@@ -45,7 +49,7 @@ impl HostRegistrations {
     pub fn new(gpu: std::sync::Arc<Gpu>) -> HostRegistrations {
         HostRegistrations {
             gpu,
-            starts: Vec::new(),
+            regions: Vec::new(),
         }
     }
 
@@ -64,33 +68,43 @@ impl HostRegistrations {
             cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
         )
         .result()?;
-        self.starts.push(buffer.as_mut_ptr() as usize);
+        self.regions
+            .push((buffer.as_mut_ptr() as usize, buffer.len()));
         Ok(())
+    }
+
+    /// Whether `buffer` lies wholly inside one locked buffer, so that the device may copy
+    /// into it asynchronously.
+    pub fn covers(&self, buffer: &[u8]) -> bool {
+        let (p, n) = (buffer.as_ptr() as usize, buffer.len());
+        self.regions
+            .iter()
+            .any(|&(s, len)| s <= p && p + n <= s + len)
     }
 
     /// How many buffers are locked.
     pub fn len(&self) -> usize {
-        self.starts.len()
+        self.regions.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.starts.is_empty()
+        self.regions.is_empty()
     }
 }
 
 impl Drop for HostRegistrations {
     fn drop(&mut self) {
-        if self.starts.is_empty() {
+        if self.regions.is_empty() {
             return;
         }
         // Nothing may still read the buffers: wait for every stream before unlocking them.
         let _ = self.gpu.ctx.synchronize();
-        for &p in &self.starts {
+        for &(p, _) in &self.regions {
             // SAFETY: `p` was registered by `register`, whose contract keeps its buffer alive
             // until now.
             let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };
             if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-                tracing::warn!(?r, "could not unlock a receive chunk");
+                tracing::warn!(?r, "could not unlock a page-locked buffer");
             }
         }
     }

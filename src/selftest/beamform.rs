@@ -31,7 +31,9 @@ fn draw_beams(rng: &mut SmallRng, cfg: &BeamformConfig) -> Vec<Beam> {
     let scale = 2.0 / (cfg.n_ants as f64).sqrt();
     (0..cfg.beams)
         .map(|b| Beam {
-            pol: (b / 3) % 2,
+            // Runs of three beams per polarisation, starting on either (with the channel
+            // count): uneven splits, tiles of padding, and a case of polarisation 1 only.
+            pol: (b / 3 + cfg.channels) % 2,
             weights: (0..cfg.n_ants)
                 .map(|_| {
                     Complex64::from_polar(rng.random_range(0.0..scale), rng.random_range(-3.2..3.2))

@@ -25,15 +25,40 @@ pub struct Check {
     pub note: String,
 }
 
-/// Run every check on `gpu` with inputs drawn from `seed`.
-pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
-    let mut checks = fengine::run(gpu, seed)?;
-    checks.extend(ddc::run(gpu, seed)?);
-    checks.extend(narrowband::run(gpu, seed)?);
-    checks.extend(correlate::run(gpu, seed)?);
-    checks.extend(beamform::run(gpu, seed)?);
-    checks.extend(frb::run(gpu, seed)?);
-    checks.extend(xbengine::run(gpu, seed)?);
-    checks.extend(xbengine_frb::run(gpu, seed)?);
-    Ok(checks)
+/// A family of checks: its name and its runner.
+type Family = (
+    &'static str,
+    fn(&Arc<Gpu>, u64) -> Result<Vec<Check>, GpuError>,
+);
+
+const FAMILIES: [Family; 8] = [
+    ("fengine", fengine::run),
+    ("ddc", ddc::run),
+    ("narrowband", narrowband::run),
+    ("correlate", correlate::run),
+    ("beamform", beamform::run),
+    ("frb", frb::run),
+    ("xbengine", xbengine::run),
+    ("xbengine_frb", xbengine_frb::run),
+];
+
+/// Run every check on `gpu` with inputs drawn from `seed`. A family whose run fails with an
+/// error (a CUDA call refused, a kernel that does not build) is reported as one failed check
+/// naming the family and the error, and the families after it still run (an error that leaves
+/// the context unusable fails them too, each saying so).
+pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for (name, family) in FAMILIES {
+        match family(gpu, seed) {
+            Ok(c) => checks.extend(c),
+            Err(e) => checks.push(Check {
+                name: format!("{name}: did not run"),
+                measured: f64::NAN,
+                limit: f64::NAN,
+                pass: false,
+                note: e.to_string(),
+            }),
+        }
+    }
+    checks
 }

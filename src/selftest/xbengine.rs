@@ -19,7 +19,7 @@ use super::Check;
 use crate::dsp::beamform::{self, Beam, BeamShape};
 use crate::dsp::correlate::unpack_4bit;
 use crate::gpu::{Gpu, GpuError};
-use crate::xbengine::backend::{BeamChunk, CpuBackend, XbBackend, XbShape};
+use crate::xbengine::backend::{BackendError, BeamChunk, CpuBackend, XbBackend, XbShape};
 use crate::xbengine::cuda::CudaBackend;
 
 #[derive(Clone, Copy)]
@@ -95,8 +95,8 @@ fn compare_beams(
     case: &Case,
 ) -> Result<(u32, usize, i64, usize, bool), GpuError> {
     let present = &formed.present;
-    let g = gpu_b.beams(formed.slots.0)?;
-    let c = cpu_b.beams(formed.slots.1)?;
+    let g = gpu_b.beams(formed.slots.0).map_err(step("beams (cuda)"))?;
+    let c = cpu_b.beams(formed.slots.1).map_err(step("beams (cpu)"))?;
     let per_beam = case.channels * case.spectra * 2;
     let (mut worst, mut off, mut signed, mut count, mut clips_ok) = (0, 0, 0i64, 0, true);
     for batch in 0..case.batches {
@@ -122,6 +122,11 @@ fn compare_beams(
         }
     }
     Ok((worst, off, signed, count, clips_ok))
+}
+
+/// An error of backend call `what`, saying which call it was.
+fn step(what: &'static str) -> impl FnOnce(BackendError) -> GpuError {
+    move |e| GpuError::Backend(format!("{what}: {}", e.0))
 }
 
 /// Timestamp step between spectra in the check's chunks.
@@ -191,7 +196,8 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
         threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
     };
     let mut cpu = CpuBackend::new(shape, case.batches);
-    let mut cuda = CudaBackend::new(Arc::clone(gpu), shape, case.batches, case.beams)?;
+    let mut cuda = CudaBackend::new(Arc::clone(gpu), shape, case.batches, case.beams)
+        .map_err(|e| GpuError::Backend(format!("building the CUDA backend: {e}")))?;
     let chunk_bytes = shape.batch_bytes() * case.batches;
     let dither: Vec<Option<u64>> = (0..case.beams)
         .map(|b| (b % 3 != 2).then(|| rng.random()))
@@ -214,7 +220,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
         let beams = draw_beams(rng, &case);
         let mut slots = (0, 0);
         for b in [&mut cuda as &mut dyn XbBackend, &mut cpu] {
-            b.load(&chunk)?;
+            b.load(&chunk).map_err(step("load"))?;
         }
         // Output 0 dumps mid-chunk in chunk 0 and at the end of chunk 1; output 1 at the end.
         let ranges = if chunk_no == 0 {
@@ -225,12 +231,13 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
         for (k, &(start, end)) in ranges.iter().enumerate() {
             let mut outs = Vec::new();
             for b in [&mut cuda as &mut dyn XbBackend, &mut cpu] {
-                b.correlate(0, start..end)?;
+                b.correlate(0, start..end).map_err(step("correlate"))?;
                 if chunk_no == 0 && k == 0 {
                     let dump_present: Vec<bool> = (0..case.n_ants).map(|a| a % 5 != 3).collect();
                     // A buffer with stale bytes: the dump must overwrite all of it.
-                    b.dump(0, &dump_present, vec![0x5a; 7])?;
-                    outs.push(b.dumped(0)?);
+                    b.dump(0, &dump_present, vec![0x5a; 7])
+                        .map_err(step("dump"))?;
+                    outs.push(b.dumped(0).map_err(step("dumped"))?);
                 }
             }
             if let [g, c] = &outs[..] {
@@ -239,7 +246,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
             }
         }
         for b in [&mut cuda as &mut dyn XbBackend, &mut cpu] {
-            b.correlate(1, 0..case.batches)?;
+            b.correlate(1, 0..case.batches).map_err(step("correlate"))?;
         }
         let first = (chunk_no * 1_000_000 + 12_345) as i64;
         let input = BeamChunk {
@@ -251,8 +258,8 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
             spectrum_step: SPECTRUM_STEP,
             present: &present,
         };
-        slots.0 = cuda.beamform(&input)?;
-        slots.1 = cpu.beamform(&input)?;
+        slots.0 = cuda.beamform(&input).map_err(step("beamform (cuda)"))?;
+        slots.1 = cpu.beamform(&input).map_err(step("beamform (cpu)"))?;
         if let Some(f) = pending.take() {
             let r = compare_beams(&mut cuda, &mut cpu, &f, &case)?;
             worst = worst.max(r.0);
@@ -268,7 +275,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
             first,
         });
         for b in [&mut cuda as &mut dyn XbBackend, &mut cpu] {
-            b.release()?;
+            b.release().map_err(step("release"))?;
         }
     }
     if let Some(f) = pending {
@@ -280,8 +287,9 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: Case) -> Result<Check, GpuErr
     for output in 0..2 {
         let mut outs = Vec::new();
         for b in [&mut cuda as &mut dyn XbBackend, &mut cpu] {
-            b.dump(output, &present_all, Vec::new())?;
-            outs.push(b.dumped(output)?);
+            b.dump(output, &present_all, Vec::new())
+                .map_err(step("dump"))?;
+            outs.push(b.dumped(output).map_err(step("dumped"))?);
         }
         x_equal &= outs[0] == outs[1];
         dumps += 1;

@@ -106,7 +106,8 @@ pub trait XbBackend: Send {
     /// Start reducing output `output`'s accumulator (flagging baselines of antennas not
     /// `present`) into `out` (the X heap's buffer, resized to `vis_len` × 4 bytes and kept by
     /// the backend until [`XbBackend::dumped`] gives it back) and zero the accumulator. One
-    /// dump per output is outstanding at a time.
+    /// dump per output is outstanding at a time. A buffer inside memory given to
+    /// [`XbBackend::pin`] is written by the device directly; any other through staging.
     fn dump(&mut self, output: usize, present: &[bool], out: Vec<u8>) -> Result<(), BackendError>;
     /// Output `output`'s outstanding dump, waiting for it: the buffer, filled with int32
     /// little-endian (channel, baseline, product, re/im), and the saturated value count.
@@ -136,9 +137,10 @@ pub trait XbBackend: Send {
             "no FRB intensities of output {output} are outstanding"
         )))
     }
-    /// Page-lock `buffer` (a receive chunk that outlives the backend's use of it) so that
-    /// copies from it run at full speed; the CPU backend has nothing to do. The backend
-    /// unlocks it when dropped, so it must be dropped before the buffer is freed.
+    /// Page-lock `buffer` (a receive chunk, or an X heap buffer that will be given to `dump`)
+    /// so that copies from and to it run at full speed; the CPU backend has nothing to do. The
+    /// backend unlocks it when dropped, so it must be dropped before the buffer is freed (or
+    /// moved: the buffer's memory must stay where it is).
     fn pin(&mut self, _buffer: &mut [u8]) -> Result<(), BackendError> {
         Ok(())
     }

@@ -51,13 +51,10 @@ struct OutDump {
     buffer: Option<Vec<u8>>,
     clips: PinnedHostSlice<u64>,
     done: CudaEvent,
+    /// The device copies straight into the buffer (it lies in memory given to `pin`), not
+    /// through [`CudaBackend`]'s bounce buffer.
+    in_place: bool,
 }
-
-/// Heap buffers at least this large are page-locked in place and filled by the device
-/// directly (no host copy: at 1024 antennas a dump is 537 MB, whose copy on the engine thread
-/// stalled the input). They come from their own `mmap`, so no two share a page; smaller ones
-/// go through a pinned bounce buffer.
-const PIN_IN_PLACE: usize = 1 << 20;
 
 /// Device input slots: a chunk is copied into one while the other is correlated.
 const INPUT_SLOTS: usize = 2;
@@ -89,23 +86,17 @@ pub struct CudaBackend {
     /// Per output: the outstanding dump (the heap buffer being filled, its clip count in
     /// pinned memory, and the event after its copy-out).
     dumps: Vec<OutDump>,
-    /// Pinned staging for heap buffers below [`PIN_IN_PLACE`].
-    bounce: PinnedHostSlice<i32>,
+    /// Pinned staging for heap buffers not given to `pin` (allocated at the first such dump).
+    bounce: Option<PinnedHostSlice<i32>>,
     beamformer: Option<Beamformer>,
     beam_slots: Vec<BeamSlot>,
     next_beam_slot: usize,
-    /// Host buffers page-locked by [`XbBackend::pin`], unlocked on drop.
+    /// Host buffers page-locked by [`XbBackend::pin`] (receive chunks, X heap buffers),
+    /// unlocked on drop.
     pinned: HostRegistrations,
-    /// Heap buffers page-locked by `dump` (address, length), unlocked when their memory is
-    /// registered again for another buffer, or on drop.
-    heap_pins: Vec<(usize, usize)>,
     /// The `--frb-beam` outputs ([`super::cuda_frb`]).
     frb: Vec<CudaFrb>,
 }
-
-// SAFETY: the raw addresses in `heap_pins` are only handed back to the driver; every other
-// field is Send.
-unsafe impl Send for CudaBackend {}
 
 impl CudaBackend {
     /// A backend for chunks of `batches` batches of `shape` and `beams` beams (0: no
@@ -176,20 +167,14 @@ impl CudaBackend {
             host_present: host(&gpu, shape.n_ants)?,
             vis: st.alloc_zeros(vis_len)?,
             clips: st.alloc_zeros(1)?,
-            bounce: host(
-                &gpu,
-                if vis_len * 4 < PIN_IN_PLACE {
-                    vis_len
-                } else {
-                    1
-                },
-            )?,
+            bounce: None,
             dumps: (0..shape.outputs)
                 .map(|_| {
                     Ok(OutDump {
                         buffer: None,
                         clips: host(&gpu, 1)?,
                         done: gpu.ctx.new_event(None)?,
+                        in_place: false,
                     })
                 })
                 .collect::<Result<Vec<_>, GpuError>>()?,
@@ -197,7 +182,6 @@ impl CudaBackend {
             beam_slots,
             next_beam_slot: 0,
             pinned: HostRegistrations::new(Arc::clone(&gpu)),
-            heap_pins: Vec::new(),
             input_bytes: cfg.input_bytes(),
             frb: Vec::new(),
             gpu,
@@ -298,48 +282,25 @@ impl XbBackend for CudaBackend {
         let dump = &mut self.dumps[output];
         d2h.memcpy_dtoh(&self.clips, &mut dump.clips)
             .map_err(gpu_error)?;
-        if out.len() >= PIN_IN_PLACE {
-            let (ptr, len) = (out.as_mut_ptr() as usize, out.len());
-            if !self.heap_pins.iter().any(|&(p, l)| p == ptr && l >= len) {
-                // Once per heap buffer in the engine (the send pool's buffers come back and
-                // never move). A registration overlapping this buffer belonged to a heap
-                // buffer since freed, whose memory this one now is: unlock it first (the
-                // driver refuses overlapping registrations).
-                self.gpu.ctx.bind_to_thread().map_err(gpu_error)?;
-                let (stale, kept): (Vec<_>, Vec<_>) = self
-                    .heap_pins
-                    .iter()
-                    .partition(|&&(p, l)| p < ptr + len && ptr < p + l);
-                self.heap_pins = kept;
-                for (p, _) in stale {
-                    // SAFETY: `p` was registered below; unregistering only unlocks pages.
-                    let _ = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };
-                }
-                // SAFETY: `out` is live memory of its length, not written by the host until
-                // `dumped` has waited for the copy into it; a registration that outlives it is
-                // dropped above when its memory comes back, or on drop.
-                unsafe {
-                    cudarc::driver::sys::cuMemHostRegister_v2(
-                        out.as_mut_ptr().cast(),
-                        len,
-                        cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
-                    )
-                    .result()
-                    .map_err(gpu_error)?;
-                }
-                self.heap_pins.push((ptr, len));
-            }
+        dump.in_place = self.pinned.covers(&out);
+        if dump.in_place {
             let (src, _read) = self.vis.device_ptr(d2h);
-            // SAFETY: `out` holds exactly the visibilities' bytes and is page-locked; it is not
-            // touched until `dumped` has waited for `done`. `device_ptr` made d2h wait for the
-            // reduce and records the read, so the next reduce waits for this copy.
+            // SAFETY: `out` holds exactly the visibilities' bytes and lies in memory page-locked
+            // by `pin`, whose caller keeps it alive and unmoved while this backend lives; it is
+            // not touched until `dumped` has waited for `done`. `device_ptr` made d2h wait for
+            // the reduce and records the read, so the next reduce waits for this copy.
             unsafe {
                 cudarc::driver::result::memcpy_dtoh_async(&mut out[..], src, d2h.cu_stream())
                     .map_err(gpu_error)?;
             }
         } else {
-            d2h.memcpy_dtoh(&self.vis, &mut self.bounce)
-                .map_err(gpu_error)?;
+            let bounce = match &mut self.bounce {
+                Some(b) => b,
+                None => self
+                    .bounce
+                    .insert(host(&self.gpu, self.vis.len()).map_err(gpu_error)?),
+            };
+            d2h.memcpy_dtoh(&self.vis, bounce).map_err(gpu_error)?;
         }
         dump.done.record(d2h).map_err(gpu_error)?;
         dump.buffer = Some(out);
@@ -353,12 +314,14 @@ impl XbBackend for CudaBackend {
             .take()
             .ok_or_else(|| BackendError(format!("no dump of output {output} is outstanding")))?;
         dump.done.synchronize().map_err(gpu_error)?;
-        if out.len() < PIN_IN_PLACE {
+        if !dump.in_place {
+            let bounce = self
+                .bounce
+                .as_ref()
+                .ok_or_else(|| BackendError("a staged dump without its bounce buffer".into()))?;
             // int32 little-endian on the wire is the host's own order (checked at compile
             // time above).
-            out.copy_from_slice(bytemuck::cast_slice(
-                self.bounce.as_slice().map_err(gpu_error)?,
-            ));
+            out.copy_from_slice(bytemuck::cast_slice(bounce.as_slice().map_err(gpu_error)?));
         }
         let count = dump.clips.as_slice().map_err(gpu_error)?[0];
         Ok((out, count))
@@ -430,18 +393,5 @@ impl XbBackend for CudaBackend {
         // SAFETY: the caller keeps `buffer` alive and unmoved until this backend is dropped
         // (the contract of `XbBackend::pin`), and with it the registrations.
         unsafe { self.pinned.register(buffer) }.map_err(gpu_error)
-    }
-}
-
-impl Drop for CudaBackend {
-    fn drop(&mut self) {
-        // Nothing may still read the heap buffers: wait for every stream before unlocking
-        // them (the receive chunks are unlocked by `pinned`'s own drop).
-        let _ = self.gpu.ctx.synchronize();
-        for &(p, _) in &self.heap_pins {
-            // SAFETY: `p` was registered by `dump`; unregistering only unlocks pages (the
-            // buffer may be gone: then the call fails, harmlessly).
-            let _ = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };
-        }
     }
 }

@@ -186,7 +186,7 @@ impl Engine {
             .corrprods
             .iter()
             .enumerate()
-            .map(|(i, c)| x_output(&config, &plan, i, c, &shutdown))
+            .map(|(i, c)| x_output(&config, &plan, i, c, backend.as_mut(), &shutdown))
             .collect::<Result<Vec<_>, _>>()?;
         let beams = if config.beams.is_empty() {
             None

@@ -114,14 +114,14 @@ pub(super) fn frb_outputs(
             let r = rate(config, heap_bytes, FRB_PREAMBLE, chunk_s);
             let stream = stream_spec(config, vec![f.dst], FRB_PREAMBLE, r).open()?;
             tracing::info!(output = %f.name, beams = f.beams.len(), t_ds = f.t_ds, rate_gbps = r * 8e-9, "FRB beams");
+            let mut nothing = |_: &mut [u8]| Ok(());
             let sink = spawn_sink(
                 config,
                 first + j,
                 &f.name,
                 stream,
                 format,
-                2,
-                heap_bytes,
+                (2, heap_bytes, &mut nothing),
                 shutdown,
             )?;
             Ok(FrbOutput {

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::accum::Accumulator;
+use super::backend::XbBackend;
 use super::beams::{Band, Steering};
 use super::config::{Plan, XbengineConfig};
 use super::heaps::{BeamHeapFormat, BeamMeta, XHeapFormat};
@@ -12,7 +13,9 @@ use super::metrics::{BTotals, XTotals};
 use super::output::CorrprodOutput;
 use crate::dsp::beamform::Beam;
 use crate::dsp::correlate::n_baselines;
-use crate::engine::send::{DescriptorSchedule, HeapFormat, HeapSink, SendThread, StreamSpec};
+use crate::engine::send::{
+    BufferPool, DescriptorSchedule, HeapFormat, HeapSink, SendThread, StreamSpec,
+};
 use crate::engine::{EngineError, Shutdown};
 use crate::net::NetSender;
 use crate::spead::send::{SendStream, SendStreamConfig};
@@ -26,16 +29,14 @@ const B_PREAMBLE: usize = 72;
 /// Send thread `index` (corrprods first, then the beams, then the FRB beams), for output
 /// `name`: named `xbengine-tx{index}` (Linux keeps 15 bytes of a name, too few for output names),
 /// bound to its `--send-affinity` core, descriptors every [`DESCRIPTOR_PERIOD`] from one period
-/// after start, `buffers` heap buffers of `buffer_bytes`.
-#[allow(clippy::too_many_arguments)]
+/// after start, the heap buffers of `pool`.
 pub(super) fn spawn_sink<M: Send + 'static, F: HeapFormat<Meta = M> + Send + 'static>(
     config: &XbengineConfig,
     index: usize,
     name: &str,
     stream: SendStream<NetSender>,
     format: F,
-    buffers: usize,
-    buffer_bytes: usize,
+    pool: BufferPool<'_>,
     shutdown: &Shutdown,
 ) -> std::io::Result<HeapSink<M>> {
     let thread = SendThread {
@@ -43,7 +44,7 @@ pub(super) fn spawn_sink<M: Send + 'static, F: HeapFormat<Meta = M> + Send + 'st
         core: config.affinity.send_core(index),
     };
     tracing::info!(output = name, thread = %thread.name, core = ?thread.core, "send thread");
-    HeapSink::spawn(
+    HeapSink::spawn_with(
         thread,
         stream,
         format,
@@ -51,8 +52,7 @@ pub(super) fn spawn_sink<M: Send + 'static, F: HeapFormat<Meta = M> + Send + 'st
             first: Instant::now() + DESCRIPTOR_PERIOD,
             period: DESCRIPTOR_PERIOD,
         },
-        buffers,
-        buffer_bytes,
+        pool,
         shutdown,
     )
 }
@@ -142,6 +142,7 @@ pub(super) fn x_output(
     plan: &Plan,
     index: usize,
     c: &CorrprodOutput,
+    backend: &mut dyn XbBackend,
     shutdown: &Shutdown,
 ) -> Result<XOutput, EngineError> {
     let format = XHeapFormat {
@@ -160,8 +161,16 @@ pub(super) fn x_output(
     let r = rate(config, heap_bytes, X_PREAMBLE, dump_s);
     let stream = stream_spec(config, vec![c.dst], X_PREAMBLE, r).open()?;
     tracing::info!(output = %c.name, dump_s, heap_mib = heap_bytes as f64 / (1 << 20) as f64, rate_gbps = r * 8e-9, "correlation products");
+    // The backend's dump writes straight into these (page-locked on the CUDA backend).
+    let mut pin = |b: &mut [u8]| backend.pin(b).map_err(|e| format!("X heap buffer: {e}"));
     let sink = spawn_sink(
-        config, index, &c.name, stream, format, 2, heap_bytes, shutdown,
+        config,
+        index,
+        &c.name,
+        stream,
+        format,
+        (2, heap_bytes, &mut pin),
+        shutdown,
     )?;
     Ok(XOutput {
         name: c.name.clone(),
@@ -197,8 +206,15 @@ pub(super) fn beam_outputs(
     tracing::info!(beams = config.beams.len(), rate_gbps = r * 8e-9, "beams");
     // The send thread after the corrprods'.
     let index = config.corrprods.len();
+    let mut nothing = |_: &mut [u8]| Ok(());
     let sink = spawn_sink(
-        config, index, "beams", stream, format, buffers, per_buffer, shutdown,
+        config,
+        index,
+        "beams",
+        stream,
+        format,
+        (buffers, per_buffer, &mut nothing),
+        shutdown,
     )?;
     let mut beams = BeamOutputs {
         names: config.beams.iter().map(|b| b.name.clone()).collect(),
