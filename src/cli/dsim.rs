@@ -88,6 +88,10 @@ pub struct DsimArgs {
     pub unsupported: DsimUnsupported,
     #[command(flatten)]
     pub ibv: DsimIbvFlags,
+    #[command(flatten)]
+    pub send_transport: super::dpdk::SendTransportArgs,
+    #[command(flatten)]
+    pub dpdk: super::dpdk::DpdkArgs,
 }
 
 impl DsimArgs {
@@ -115,7 +119,9 @@ impl DsimArgs {
             interfaces: self.interface.clone(),
             ttl: self.ttl,
             send_buffer: self.send_buffer,
-            send_transport: self.ibv.send()?,
+            send_transport: self
+                .send_transport
+                .transport(self.ibv.send()?, "--ibv", &self.dpdk)?,
             send_stop: self.send_stop,
             send_threads: self.send_threads,
             affinity: self.cores()?,

@@ -47,6 +47,8 @@ pub struct FengineArgs {
     pub recv_transport: RecvTransport,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
+    #[command(flatten)]
+    pub send_transport: super::dpdk::SendTransportArgs,
     /// ADC sample rate in Hz.
     #[arg(long)]
     pub adc_sample_rate: f64,
@@ -156,7 +158,9 @@ impl FengineArgs {
         self.unsupported.refuse()?;
         let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
         let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
-        let send_transport = self.ibv.send()?;
+        let send_transport =
+            self.send_transport
+                .transport(self.ibv.send()?, "--send-ibv", &self.dpdk)?;
         let gpu_direct = "GPU-direct receive and send are not implemented (the chunks are page-locked host memory)";
         if self.use_vkgdr {
             return Err(CliError::flag(

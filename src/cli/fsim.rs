@@ -92,6 +92,10 @@ pub struct FsimArgs {
     /// One destination per X-engine, in channel order: A.B.C.D[+N]:port[,...].
     #[arg(required = true)]
     pub dest: Vec<String>,
+    #[command(flatten)]
+    pub send_transport: super::dpdk::SendTransportArgs,
+    #[command(flatten)]
+    pub dpdk: super::dpdk::DpdkArgs,
 }
 
 impl FsimArgs {
@@ -127,6 +131,11 @@ impl FsimArgs {
             send_rate_factor: self.send_rate_factor,
             send_packet_payload: self.send_packet_payload,
             send_interfaces: self.send_interface.clone(),
+            send_transport: self.send_transport.transport(
+                crate::engine::send::SendTransport::Udp,
+                "--send-transport",
+                &self.dpdk,
+            )?,
             send_ttl: self.send_ttl,
             max_heaps: self.max_heaps,
             duration: self.duration,

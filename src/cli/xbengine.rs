@@ -99,6 +99,8 @@ pub struct XbengineArgs {
     pub recv_transport: RecvTransport,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
+    #[command(flatten)]
+    pub send_transport: super::dpdk::SendTransportArgs,
     /// Interface(s) to send from (name or address; comma-separated for several NICs).
     #[arg(long, value_delimiter = ',')]
     pub send_interface: Vec<String>,
@@ -144,7 +146,9 @@ impl XbengineArgs {
         self.unsupported.refuse()?;
         let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
         let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
-        let send_transport = self.ibv.send()?;
+        let send_transport =
+            self.send_transport
+                .transport(self.ibv.send()?, "--send-ibv", &self.dpdk)?;
         let corrprods = self
             .corrprod
             .iter()

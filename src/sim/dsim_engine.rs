@@ -195,8 +195,8 @@ pub fn open_senders(plan: &DsimPlan, config: &DsimConfig) -> Result<Vec<NetSende
         config.ttl,
         config.send_buffer,
         plan.send_config(0).max_packet_size,
-        config.send_transport,
-        ("--interface", "--ibv"),
+        &config.send_transport,
+        crate::engine::send::SendFlags::DSIM,
     )
 }
 
