@@ -50,7 +50,8 @@ pub struct DsimArgs {
     /// Send at this multiple of the ADC rate (0 = as fast as possible).
     #[arg(long, default_value_t = 1.0)]
     pub send_rate_factor: f64,
-    /// Sending interfaces (names or addresses, comma-separated); heaps go to the least loaded.
+    /// Sending interfaces (names or addresses, comma-separated; DPDK ports with
+    /// --send-transport dpdk); heaps go to the least loaded.
     #[arg(long, value_delimiter = ',')]
     pub interface: Vec<String>,
     /// Multicast TTL.

@@ -90,7 +90,7 @@ pub struct FengineArgs {
     #[arg(long, default_value_t = 8192)]
     pub send_packet_payload: usize,
     /// Interface(s) to send from (names or addresses, comma-separated: the output rate is
-    /// shared between them).
+    /// shared between them; DPDK ports with --send-transport dpdk).
     #[arg(long)]
     pub send_interface: Option<String>,
     /// Socket send buffer in bytes.

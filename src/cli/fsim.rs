@@ -49,7 +49,8 @@ pub struct FsimArgs {
     /// Payload bytes per packet.
     #[arg(long, default_value_t = 8192)]
     pub send_packet_payload: usize,
-    /// Sending interfaces (names or addresses, comma-separated).
+    /// Sending interfaces (names or addresses, comma-separated; DPDK ports with
+    /// --send-transport dpdk).
     #[arg(long, value_delimiter = ',')]
     pub send_interface: Vec<String>,
     /// Multicast TTL.

@@ -101,7 +101,8 @@ pub struct XbengineArgs {
     pub dpdk: super::dpdk::DpdkArgs,
     #[command(flatten)]
     pub send_transport: super::dpdk::SendTransportArgs,
-    /// Interface(s) to send from (name or address; comma-separated for several NICs).
+    /// Interface(s) to send from (name or address; comma-separated for several NICs; DPDK
+    /// ports with --send-transport dpdk).
     #[arg(long, value_delimiter = ',')]
     pub send_interface: Vec<String>,
     /// Multicast TTL of the outputs.
