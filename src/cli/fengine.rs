@@ -45,6 +45,11 @@ pub struct FengineArgs {
     /// provided-buffer ring; Linux 6.0) or `dpdk` (a DPDK port: --dpdk-args, --dpdk-port).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
     pub recv_transport: RecvTransport,
+    /// Busy-poll the receive sockets for this many µs (1–10000) before sleeping:
+    /// SO_BUSY_POLL with `udp`, io_uring NAPI busy polling with `uring` (Linux 6.9); refused
+    /// with `dpdk` and `ibv`, whose receive loops poll already.
+    #[arg(long, value_name = "µs")]
+    pub recv_busy_poll: Option<u32>,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
     #[command(flatten)]
@@ -212,6 +217,7 @@ impl FengineArgs {
                 threads: recv_threads,
                 transport: recv_transport,
                 dpdk: self.dpdk.config(),
+                busy_poll: self.recv_busy_poll,
                 comp_vectors,
             },
             adc_sample_rate: self.adc_sample_rate,

@@ -97,6 +97,11 @@ pub struct XbengineArgs {
     /// provided-buffer ring; Linux 6.0) or `dpdk` (a DPDK port: --dpdk-args, --dpdk-port).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
     pub recv_transport: RecvTransport,
+    /// Busy-poll the receive sockets for this many µs (1–10000) before sleeping:
+    /// SO_BUSY_POLL with `udp`, io_uring NAPI busy polling with `uring` (Linux 6.9); refused
+    /// with `dpdk` and `ibv`, whose receive loops poll already.
+    #[arg(long, value_name = "µs")]
+    pub recv_busy_poll: Option<u32>,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
     #[command(flatten)]
@@ -173,6 +178,7 @@ impl XbengineArgs {
                 threads: recv_threads,
                 transport: recv_transport,
                 dpdk: self.dpdk.config(),
+                busy_poll: self.recv_busy_poll,
                 comp_vectors,
             },
             array_size: self.array_size,

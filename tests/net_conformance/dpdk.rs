@@ -283,6 +283,7 @@ fn engine_send_and_receive_share_the_eal(ring: &DpdkConfig, va: &str, src: Socke
         threads: 1,
         transport: RecvTransport::Dpdk,
         comp_vectors: vec![],
+        busy_poll: None,
         dpdk: Some(ring.clone()),
     })
     .unwrap()
