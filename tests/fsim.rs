@@ -38,6 +38,7 @@ fn config(ports: [u16; 2], payload: Payload, bits: u32) -> FsimConfig {
         send_rate_factor: 1.0,
         send_packet_payload: 8192,
         send_interfaces: vec![],
+        send_transport: cbf::engine::send::SendTransport::Udp,
         send_ttl: 1,
         max_heaps: None,
         duration: None,

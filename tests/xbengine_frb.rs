@@ -71,6 +71,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
             transport: RecvTransport::Udp,
             dpdk: None,
             comp_vectors: vec![],
+            busy_poll: None,
         },
         array_size: ANTS,
         channels: CHANNELS,

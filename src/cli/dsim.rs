@@ -50,7 +50,8 @@ pub struct DsimArgs {
     /// Send at this multiple of the ADC rate (0 = as fast as possible).
     #[arg(long, default_value_t = 1.0)]
     pub send_rate_factor: f64,
-    /// Sending interfaces (names or addresses, comma-separated); heaps go to the least loaded.
+    /// Sending interfaces (names or addresses, comma-separated; DPDK ports with
+    /// --send-transport dpdk); heaps go to the least loaded.
     #[arg(long, value_delimiter = ',')]
     pub interface: Vec<String>,
     /// Multicast TTL.
@@ -88,6 +89,10 @@ pub struct DsimArgs {
     pub unsupported: DsimUnsupported,
     #[command(flatten)]
     pub ibv: DsimIbvFlags,
+    #[command(flatten)]
+    pub send_transport: super::dpdk::SendTransportArgs,
+    #[command(flatten)]
+    pub dpdk: super::dpdk::DpdkArgs,
 }
 
 impl DsimArgs {
@@ -115,7 +120,9 @@ impl DsimArgs {
             interfaces: self.interface.clone(),
             ttl: self.ttl,
             send_buffer: self.send_buffer,
-            send_transport: self.ibv.send()?,
+            send_transport: self
+                .send_transport
+                .transport(self.ibv.send()?, "--ibv", &self.dpdk)?,
             send_stop: self.send_stop,
             send_threads: self.send_threads,
             affinity: self.cores()?,

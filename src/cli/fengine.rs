@@ -45,8 +45,15 @@ pub struct FengineArgs {
     /// provided-buffer ring; Linux 6.0) or `dpdk` (a DPDK port: --dpdk-args, --dpdk-port).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
     pub recv_transport: RecvTransport,
+    /// Busy-poll the receive sockets for this many µs (1–10000) before sleeping:
+    /// SO_BUSY_POLL with `udp`, io_uring NAPI busy polling with `uring` (Linux 6.9); refused
+    /// with `dpdk` and `ibv`, whose receive loops poll already.
+    #[arg(long, value_name = "µs")]
+    pub recv_busy_poll: Option<u32>,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
+    #[command(flatten)]
+    pub send_transport: super::dpdk::SendTransportArgs,
     /// ADC sample rate in Hz.
     #[arg(long)]
     pub adc_sample_rate: f64,
@@ -88,7 +95,7 @@ pub struct FengineArgs {
     #[arg(long, default_value_t = 8192)]
     pub send_packet_payload: usize,
     /// Interface(s) to send from (names or addresses, comma-separated: the output rate is
-    /// shared between them).
+    /// shared between them; DPDK ports with --send-transport dpdk).
     #[arg(long)]
     pub send_interface: Option<String>,
     /// Socket send buffer in bytes.
@@ -156,7 +163,9 @@ impl FengineArgs {
         self.unsupported.refuse()?;
         let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
         let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
-        let send_transport = self.ibv.send()?;
+        let send_transport =
+            self.send_transport
+                .transport(self.ibv.send()?, "--send-ibv", &self.dpdk)?;
         let gpu_direct = "GPU-direct receive and send are not implemented (the chunks are page-locked host memory)";
         if self.use_vkgdr {
             return Err(CliError::flag(
@@ -208,6 +217,7 @@ impl FengineArgs {
                 threads: recv_threads,
                 transport: recv_transport,
                 dpdk: self.dpdk.config(),
+                busy_poll: self.recv_busy_poll,
                 comp_vectors,
             },
             adc_sample_rate: self.adc_sample_rate,

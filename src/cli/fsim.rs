@@ -49,7 +49,8 @@ pub struct FsimArgs {
     /// Payload bytes per packet.
     #[arg(long, default_value_t = 8192)]
     pub send_packet_payload: usize,
-    /// Sending interfaces (names or addresses, comma-separated).
+    /// Sending interfaces (names or addresses, comma-separated; DPDK ports with
+    /// --send-transport dpdk).
     #[arg(long, value_delimiter = ',')]
     pub send_interface: Vec<String>,
     /// Multicast TTL.
@@ -92,6 +93,10 @@ pub struct FsimArgs {
     /// One destination per X-engine, in channel order: A.B.C.D[+N]:port[,...].
     #[arg(required = true)]
     pub dest: Vec<String>,
+    #[command(flatten)]
+    pub send_transport: super::dpdk::SendTransportArgs,
+    #[command(flatten)]
+    pub dpdk: super::dpdk::DpdkArgs,
 }
 
 impl FsimArgs {
@@ -127,6 +132,11 @@ impl FsimArgs {
             send_rate_factor: self.send_rate_factor,
             send_packet_payload: self.send_packet_payload,
             send_interfaces: self.send_interface.clone(),
+            send_transport: self.send_transport.transport(
+                crate::engine::send::SendTransport::Udp,
+                "--send-transport",
+                &self.dpdk,
+            )?,
             send_ttl: self.send_ttl,
             max_heaps: self.max_heaps,
             duration: self.duration,

@@ -97,9 +97,17 @@ pub struct XbengineArgs {
     /// provided-buffer ring; Linux 6.0) or `dpdk` (a DPDK port: --dpdk-args, --dpdk-port).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
     pub recv_transport: RecvTransport,
+    /// Busy-poll the receive sockets for this many µs (1–10000) before sleeping:
+    /// SO_BUSY_POLL with `udp`, io_uring NAPI busy polling with `uring` (Linux 6.9); refused
+    /// with `dpdk` and `ibv`, whose receive loops poll already.
+    #[arg(long, value_name = "µs")]
+    pub recv_busy_poll: Option<u32>,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
-    /// Interface(s) to send from (name or address; comma-separated for several NICs).
+    #[command(flatten)]
+    pub send_transport: super::dpdk::SendTransportArgs,
+    /// Interface(s) to send from (name or address; comma-separated for several NICs; DPDK
+    /// ports with --send-transport dpdk).
     #[arg(long, value_delimiter = ',')]
     pub send_interface: Vec<String>,
     /// Multicast TTL of the outputs.
@@ -144,7 +152,9 @@ impl XbengineArgs {
         self.unsupported.refuse()?;
         let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
         let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
-        let send_transport = self.ibv.send()?;
+        let send_transport =
+            self.send_transport
+                .transport(self.ibv.send()?, "--send-ibv", &self.dpdk)?;
         let corrprods = self
             .corrprod
             .iter()
@@ -168,6 +178,7 @@ impl XbengineArgs {
                 threads: recv_threads,
                 transport: recv_transport,
                 dpdk: self.dpdk.config(),
+                busy_poll: self.recv_busy_poll,
                 comp_vectors,
             },
             array_size: self.array_size,

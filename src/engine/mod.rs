@@ -11,6 +11,7 @@ pub mod health;
 pub mod metrics;
 pub mod recv;
 pub mod send;
+mod send_dpdk;
 mod shutdown;
 
 pub use shutdown::{terminate, Shutdown};

@@ -56,6 +56,48 @@ pub struct SourceConfig {
     pub comp_vectors: Vec<i32>,
     /// The EAL and port for [`RecvTransport::Dpdk`] (`--dpdk-args`, `--dpdk-port`).
     pub dpdk: Option<DpdkConfig>,
+    /// Busy-poll the receive sockets for this many µs (`--recv-busy-poll`): SO_BUSY_POLL on
+    /// the UDP path, io_uring's NAPI busy polling on the uring path (what each does and does
+    /// not do: `UdpReceiver::set_busy_poll`, `UringReceiver::set_busy_poll`). The DPDK and
+    /// ibverbs transports have no socket: their receive loops poll the queue already (DPDK
+    /// spins on empty bursts, napping 20 µs once idle; ibverbs polls its completion queue
+    /// with `--recv-comp-vector -1`), so the flag is refused there rather than ignored.
+    pub busy_poll: Option<u32>,
+}
+
+/// Longest `--recv-busy-poll` accepted, in µs: the receive loops wake every 20 ms
+/// (`net::udp::POLL_INTERVAL`), and a busy poll of that order would spin the whole interval.
+pub const MAX_BUSY_POLL_US: u32 = 10_000;
+
+/// Apply `--recv-busy-poll` to a receiver just bound, naming the flag when the kernel refuses.
+fn busy_poll(
+    micros: Option<u32>,
+    set: impl FnOnce(u32) -> std::io::Result<u32>,
+) -> Result<(), ConfigError> {
+    if let Some(us) = micros {
+        let held = set(us).map_err(|e| ConfigError::new("--recv-busy-poll", e))?;
+        tracing::info!(busy_poll_us = held, "receive sockets busy-poll");
+    }
+    Ok(())
+}
+
+/// Refuse `--recv-busy-poll` where it cannot apply, or out of bounds.
+fn check_busy_poll(cfg: &SourceConfig, pcap: bool) -> Result<(), ConfigError> {
+    let Some(us) = cfg.busy_poll else {
+        return Ok(());
+    };
+    let why = match cfg.transport {
+        _ if pcap => "a pcap file is read, not polled",
+        RecvTransport::Dpdk => "the DPDK receiver polls its queue already (no socket to busy-poll)",
+        RecvTransport::Ibv => {
+            "ibverbs has no socket to busy-poll; --recv-comp-vector -1 polls its completion queue"
+        }
+        RecvTransport::Udp | RecvTransport::Uring if (1..=MAX_BUSY_POLL_US).contains(&us) => {
+            return Ok(())
+        }
+        _ => "must be between 1 and 10000 µs",
+    };
+    Err(ConfigError::new("--recv-busy-poll", why))
 }
 
 /// The flag a DPDK failure is the fault of.
@@ -92,6 +134,7 @@ pub fn open_dpdk(
 /// with the endpoints dealt round-robin between them (each thread its own sockets and groups,
 /// as katgpucbf gives each stream-group member a share of the multicast groups).
 pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, ConfigError> {
+    check_busy_poll(cfg, Path::new(&cfg.src).is_file())?;
     if Path::new(&cfg.src).is_file() {
         if cfg.threads != 1 {
             return Err(ConfigError::new(
@@ -134,12 +177,18 @@ pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, 
                 all[t % all.len()]
             });
             match cfg.transport {
-                RecvTransport::Udp => UdpReceiver::bind(&mine, iface, cfg.buffer)
-                    .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
-                    .map_err(|e| ConfigError::new("--src", e)),
-                RecvTransport::Uring => UringReceiver::bind(&mine, iface, cfg.buffer, MAX_PACKET)
-                    .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
-                    .map_err(|e| ConfigError::new("--recv-transport", e)),
+                RecvTransport::Udp => {
+                    let mut r = UdpReceiver::bind(&mine, iface, cfg.buffer)
+                        .map_err(|e| ConfigError::new("--src", e))?;
+                    busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
+                    Ok(Box::new(r) as Box<dyn PacketReceiver>)
+                }
+                RecvTransport::Uring => {
+                    let mut r = UringReceiver::bind(&mine, iface, cfg.buffer, MAX_PACKET)
+                        .map_err(|e| ConfigError::new("--recv-transport", e))?;
+                    busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
+                    Ok(Box::new(r) as Box<dyn PacketReceiver>)
+                }
                 RecvTransport::Dpdk => open_dpdk(cfg.dpdk.as_ref(), &mine),
                 RecvTransport::Ibv => {
                     let cv = &cfg.comp_vectors;
@@ -339,6 +388,7 @@ mod tests {
             transport: RecvTransport::Dpdk,
             dpdk: None,
             comp_vectors: vec![],
+            busy_poll: None,
         };
         let flag = |c: &SourceConfig| open_sources(c).err().map(|e| e.flag);
         assert_eq!(flag(&cfg(2)), Some("--recv-threads"));
@@ -365,11 +415,54 @@ mod tests {
             transport: RecvTransport::Ibv,
             dpdk: None,
             comp_vectors: vec![-1, 3],
+            busy_poll: None,
         };
         let Err(e) = open_sources(&cfg) else {
             panic!("opened an ibverbs receiver without RDMA")
         };
         assert_ibv_refusal(&e, "--recv-ibv");
+    }
+
+    /// `--recv-busy-poll` is applied on the socket transports, refused by name where there is
+    /// no socket or out of bounds, and a kernel's refusal is reported naming the flag and the
+    /// errno (made here by a seccomp filter: Linux 6.18 no longer checks CAP_NET_ADMIN).
+    #[test]
+    fn busy_poll_is_applied_or_refused_naming_the_flag() {
+        let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let src = free.local_addr().unwrap().to_string();
+        drop(free);
+        let cfg = move |transport, busy_poll| SourceConfig {
+            src: src.clone(),
+            interface: None,
+            buffer: 1 << 16,
+            threads: 1,
+            transport,
+            dpdk: None,
+            comp_vectors: vec![],
+            busy_poll,
+        };
+        for t in [RecvTransport::Udp, RecvTransport::Uring] {
+            assert_eq!(open_sources(&cfg(t, Some(50))).map(|v| v.len()), Ok(1));
+            for us in [0, MAX_BUSY_POLL_US + 1] {
+                let e = open_sources(&cfg(t, Some(us))).err().unwrap();
+                assert_eq!(e.flag, "--recv-busy-poll", "{e}");
+            }
+        }
+        for t in [RecvTransport::Dpdk, RecvTransport::Ibv] {
+            let e = open_sources(&cfg(t, Some(50))).err().unwrap();
+            assert_eq!(e.flag, "--recv-busy-poll", "{e}");
+            assert!(e.message.contains("poll"), "{e}");
+        }
+        let so_busy_poll = vec![(1, libc::SOL_SOCKET as u32), (2, libc::SO_BUSY_POLL as u32)];
+        let refused = crate::net::recv_socket::with_syscall_refused(
+            libc::SYS_setsockopt,
+            so_busy_poll,
+            libc::EPERM as u16,
+            move || open_sources(&cfg(RecvTransport::Udp, Some(50))).err(),
+        )
+        .expect("a refused SO_BUSY_POLL refuses the flag");
+        assert_eq!(refused.flag, "--recv-busy-poll");
+        assert!(refused.message.contains("EPERM"), "{}", refused.message);
     }
 
     #[test]

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::affinity::pin_current_thread;
+use super::send_dpdk::open_dpdk_senders;
+pub use super::send_dpdk::DpdkSend;
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::udp::UdpSender;
 use crate::net::{NetSender, PacketSender};
@@ -34,8 +36,9 @@ pub trait HeapFormat: Send + 'static {
     fn descriptors(&self, substream: usize) -> Heap<'static>;
 }
 
-/// How an output's packets leave the host (`--send-ibv`, `--send-comp-vector`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How an output's packets leave the host (`--send-transport`, `--send-ibv`,
+/// `--send-comp-vector`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum SendTransport {
     /// Kernel UDP sockets (`net::udp`).
     #[default]
@@ -43,21 +46,48 @@ pub enum SendTransport {
     /// ibverbs raw-packet queue pairs (`net::ibv`, cargo feature `ibv`), one per interface,
     /// completions on `comp_vector` (negative: polling).
     Ibv { comp_vector: i32 },
+    /// DPDK ports polled from user space (`net::dpdk`, cargo feature `dpdk`), one per
+    /// interface; see [`super::send_dpdk`].
+    Dpdk(DpdkSend),
 }
 
-/// The flags an error of [`open_senders`] names: the interface list and the ibverbs switch
-/// (`--send-interface`/`--send-ibv` for the engines, `--interface`/`--ibv` for dsim).
-pub type SendFlags = (&'static str, &'static str);
+/// The flags an error of [`open_senders`] names, which differ between the engines and dsim
+/// (katgpucbf dsim's send flags carry no `send-` prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendFlags {
+    /// The interface list.
+    pub interface: &'static str,
+    /// The ibverbs switch.
+    pub ibv: &'static str,
+    /// The multicast TTL.
+    pub ttl: &'static str,
+}
+
+impl SendFlags {
+    /// fengine's, xbengine's and fsim's names.
+    pub const ENGINE: SendFlags = SendFlags {
+        interface: "--send-interface",
+        ibv: "--send-ibv",
+        ttl: "--send-ttl",
+    };
+    /// dsim's names.
+    pub const DSIM: SendFlags = SendFlags {
+        interface: "--interface",
+        ibv: "--ibv",
+        ttl: "--ttl",
+    };
+}
 
 /// One sender per interface (one on the default route when none is named), each knowing
-/// every destination of `dst`, over `transport`. ibverbs needs named interfaces.
+/// every destination of `dst`, over `transport`. ibverbs needs named interfaces; DPDK takes
+/// its ports from them (or `--dpdk-port`).
 pub fn open_senders(
     dst: &[SocketAddrV4],
     interfaces: &[String],
     ttl: u32,
     buffer: usize,
     max_packet: usize,
-    transport: SendTransport,
+    transport: &SendTransport,
     flags: SendFlags,
 ) -> Result<Vec<NetSender>, ConfigError> {
     match transport {
@@ -71,11 +101,18 @@ pub fn open_senders(
                 .into_iter()
                 .map(|i| UdpSender::new(dst, i, ttl, buffer).map(|s| Box::new(s) as NetSender))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ConfigError::new(flags.0, e))
+                .map_err(|e| ConfigError::new(flags.interface, e))
         }
-        SendTransport::Ibv { comp_vector } => {
-            open_ibv(dst, interfaces, ttl, buffer, max_packet, comp_vector, flags)
-        }
+        SendTransport::Ibv { comp_vector } => open_ibv(
+            dst,
+            interfaces,
+            ttl,
+            buffer,
+            max_packet,
+            *comp_vector,
+            flags,
+        ),
+        SendTransport::Dpdk(cfg) => open_dpdk_senders(dst, interfaces, ttl, max_packet, cfg, flags),
     }
 }
 
@@ -87,8 +124,9 @@ fn open_ibv(
     buffer: usize,
     max_packet: usize,
     comp_vector: i32,
-    (iface_flag, ibv_flag): SendFlags,
+    flags: SendFlags,
 ) -> Result<Vec<NetSender>, ConfigError> {
+    let (iface_flag, ibv_flag) = (flags.interface, flags.ibv);
     use crate::net::ibv::{rdma_devices, IbvSender};
     // First whether this host has RDMA at all, so that the refusal says so.
     rdma_devices().map_err(|e| ConfigError::new(ibv_flag, e))?;
@@ -116,9 +154,9 @@ fn open_ibv(
     _: usize,
     _: usize,
     _: i32,
-    (_, ibv_flag): SendFlags,
+    flags: SendFlags,
 ) -> Result<Vec<NetSender>, ConfigError> {
-    Err(ConfigError::new(ibv_flag, crate::net::IBV_NOT_BUILT))
+    Err(ConfigError::new(flags.ibv, crate::net::IBV_NOT_BUILT))
 }
 
 /// The wire side of one output: destinations, interface, TTL and the send stream's settings.
@@ -143,11 +181,11 @@ impl StreamSpec {
             self.ttl,
             self.buffer,
             self.config.max_packet_size,
-            self.transport,
-            ("--send-interface", "--send-ibv"),
+            &self.transport,
+            SendFlags::ENGINE,
         )?;
         let mut stream = SendStream::new(self.config, senders)
-            .map_err(|e| ConfigError::new("--send-interface", e))?;
+            .map_err(|e| ConfigError::new(SendFlags::ENGINE.interface, e))?;
         stream.set_interface_names(&self.interfaces);
         Ok(stream)
     }
@@ -411,12 +449,12 @@ mod tests {
             return;
         }
         let dst = ["239.10.10.10:7148".parse().unwrap()];
-        for flags in [("--send-interface", "--send-ibv"), ("--interface", "--ibv")] {
+        for flags in [SendFlags::ENGINE, SendFlags::DSIM] {
             let ibv = SendTransport::Ibv { comp_vector: 0 };
-            let Err(e) = open_senders(&dst, &["lo".into()], 4, 1 << 20, 8264, ibv, flags) else {
+            let Err(e) = open_senders(&dst, &["lo".into()], 4, 1 << 20, 8264, &ibv, flags) else {
                 panic!("opened an ibverbs sender without RDMA")
             };
-            assert_ibv_refusal(&e, flags.1);
+            assert_ibv_refusal(&e, flags.ibv);
         }
     }
 }

@@ -228,7 +228,7 @@ impl Engine {
             interfaces: cfg.send_interfaces.clone(),
             ttl: cfg.send_ttl,
             buffer: cfg.send_buffer,
-            transport: cfg.send_transport,
+            transport: cfg.send_transport.clone(),
             config: SendStreamConfig {
                 max_packet_size: cfg.send_packet_payload + 72,
                 rate,

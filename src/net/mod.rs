@@ -16,7 +16,7 @@ pub mod frame;
 pub mod ibv;
 pub mod mem;
 pub mod pcap;
-mod recv_socket;
+pub(crate) mod recv_socket;
 pub mod udp;
 pub mod uring;
 

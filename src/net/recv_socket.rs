@@ -1,6 +1,6 @@
 //! Receive sockets as both UDP receivers open them ([`super::udp`]'s `recvmmsg` one and
 //! [`super::uring`]'s): binding and multicast joins, SO_RCVBUF, UDP GRO, the kernel's drop
-//! count (`SO_RXQ_OVFL`) and the control data that carries it. socket2 covers the common
+//! count (`SO_RXQ_OVFL`) and the control data that carries it, busy polling (`SO_BUSY_POLL`). socket2 covers the common
 //! options; the rest are integer `setsockopt` calls through `libc`.
 
 use std::io;
@@ -106,6 +106,127 @@ impl DropCount {
         self.total += u64::from(seen.wrapping_sub(self.last));
         self.last = seen;
     }
+}
+
+/// The errno's name where a busy-poll refusal is likely to carry one (the message names it for
+/// the operator: EPERM means CAP_NET_ADMIN is missing).
+pub(crate) fn errno_name(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => "EPERM",
+        Some(libc::EINVAL) => "EINVAL",
+        Some(libc::EACCES) => "EACCES",
+        Some(libc::ENOPROTOOPT) => "ENOPROTOOPT",
+        Some(libc::EOPNOTSUPP) => "EOPNOTSUPP",
+        _ => "error",
+    }
+}
+
+/// Set SO_BUSY_POLL to `micros` on every socket and read it back (`getsockopt`): the value the
+/// kernel holds, or its refusal with the errno named. Raising it above `net.core.busy_read`
+/// (0 by default) needs CAP_NET_ADMIN (EPERM otherwise). What it does is in
+/// [`super::udp::UdpReceiver::set_busy_poll`].
+pub(crate) fn set_busy_poll(sockets: &[Socket], micros: u32) -> io::Result<u32> {
+    let v = libc::c_int::try_from(micros).unwrap_or(libc::c_int::MAX);
+    let mut applied = u32::MAX;
+    for socket in sockets {
+        // SAFETY: setsockopt reads an int from a valid pointer for the given length.
+        let r = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_BUSY_POLL,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            let hint = if e.raw_os_error() == Some(libc::EPERM) {
+                " (needs CAP_NET_ADMIN)"
+            } else {
+                ""
+            };
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "SO_BUSY_POLL {micros} µs refused: {} {e}{hint}",
+                    errno_name(&e)
+                ),
+            ));
+        }
+        applied = applied.min(busy_poll_of(socket)?);
+    }
+    Ok(applied)
+}
+
+/// A socket's SO_BUSY_POLL in µs.
+pub(crate) fn busy_poll_of(socket: &Socket) -> io::Result<u32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into a valid int.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_BUSY_POLL,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u32::try_from(v).unwrap_or(0))
+}
+
+/// Run `f` on a thread whose system call `nr` fails with `errno` whenever its arguments match
+/// `args` (argument index, low 32 bits), through a seccomp filter on that thread alone: how a
+/// test sees the refusal of a kernel that refuses (SO_BUSY_POLL without CAP_NET_ADMIN on kernels
+/// that check it, IORING_REGISTER_NAPI before Linux 6.9) on a kernel that does not.
+#[cfg(test)]
+pub(crate) fn with_syscall_refused<T: Send + 'static>(
+    nr: libc::c_long,
+    args: Vec<(u32, u32)>,
+    errno: u16,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    // Classic BPF over `struct seccomp_data` (nr at 0, args[i] at 16 + 8i, little-endian).
+    const LD_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const MODE_FILTER: libc::c_ulong = 2;
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    std::thread::spawn(move || {
+        // Every check jumps to the final ALLOW when it fails.
+        let checks = 1 + args.len();
+        let mut prog = vec![
+            op(LD_ABS, 0, 0, 0),
+            op(JEQ_K, 0, (2 * checks - 1) as u8, nr as u32),
+        ];
+        for (k, &(index, value)) in args.iter().enumerate() {
+            let left = (2 * (checks - 2 - k) + 1) as u8;
+            prog.push(op(LD_ABS, 0, 0, 16 + 8 * index));
+            prog.push(op(JEQ_K, 0, left, value));
+        }
+        prog.push(op(RET_K, 0, 0, RET_ERRNO | u32::from(errno)));
+        prog.push(op(RET_K, 0, 0, RET_ALLOW));
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        // SAFETY: no_new_privs and a seccomp filter bind only this thread, which ends with `f`;
+        // the program is valid for the call and copied by the kernel.
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            let r = libc::prctl(libc::PR_SET_SECCOMP, MODE_FILTER, &fprog as *const _);
+            assert_eq!(r, 0, "seccomp: {}", io::Error::last_os_error());
+        }
+        f()
+    })
+    .join()
+    .unwrap()
 }
 
 /// The batch slot for datagrams of up to `max_packet` bytes: 64 KiB where the sockets coalesce

@@ -21,7 +21,8 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::recv_socket::{
-    control_data, enable_gro, first_local_addr, open_recv_sockets, slot_for, DropCount,
+    control_data, enable_gro, first_local_addr, open_recv_sockets, set_busy_poll, slot_for,
+    DropCount,
 };
 use super::{PacketReceiver, PacketSender, Received, RecvBatch, SendBatch};
 
@@ -150,6 +151,23 @@ impl UdpReceiver {
     /// The local address of the first socket (useful when binding port 0 in tests).
     pub fn local_addr(&self) -> io::Result<SocketAddrV4> {
         first_local_addr(&self.sockets)
+    }
+
+    /// Busy-poll for `micros` µs (`--recv-busy-poll`, SO_BUSY_POLL on every socket); the value
+    /// the kernel holds (read back), or its refusal naming the errno (EPERM without
+    /// CAP_NET_ADMIN).
+    ///
+    /// What it does: when a blocking receive finds the socket empty, the kernel polls the
+    /// receiving device's NAPI context (its RX queue) for up to `micros` before it sleeps, so
+    /// that a datagram arriving meanwhile is taken without an interrupt and a wake-up. That
+    /// is this receiver's one-socket path (a blocking `recvmmsg`). What it does not do: with
+    /// several sockets (endpoints on several ports) the receiver waits in `poll()`, which
+    /// busy-polls only when the sysctl `net.core.busy_poll` is set (for its duration, not this
+    /// one); a device without NAPI (loopback, a veth without XDP or GRO) has nothing to poll,
+    /// so there the option is held but changes nothing; and it is no kernel bypass: each
+    /// datagram still crosses the stack.
+    pub fn set_busy_poll(&mut self, micros: u32) -> io::Result<u32> {
+        set_busy_poll(&self.sockets, micros)
     }
 
     fn recvmmsg(
@@ -441,5 +459,47 @@ impl PacketSender for UdpSender {
             done += self.counts[..r as usize].iter().sum::<usize>();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::recv_socket::{busy_poll_of, with_syscall_refused};
+
+    fn receiver() -> UdpReceiver {
+        UdpReceiver::bind(&["127.0.0.1:0".parse().unwrap()], None, 1 << 16).unwrap()
+    }
+
+    /// `--recv-busy-poll`: SO_BUSY_POLL is on every socket afterwards (read back here with
+    /// `getsockopt`).
+    #[test]
+    fn busy_poll_is_applied_to_every_socket() {
+        let mut r = receiver();
+        assert_eq!(r.set_busy_poll(50).unwrap(), 50);
+        for s in &r.sockets {
+            assert_eq!(busy_poll_of(s).unwrap(), 50);
+        }
+    }
+
+    /// A kernel that refuses SO_BUSY_POLL (EPERM without CAP_NET_ADMIN where it checks that;
+    /// Linux 6.18 does not, so the refusal is made by a seccomp filter) is reported with the
+    /// errno named.
+    #[test]
+    fn a_refused_busy_poll_names_the_errno() {
+        let so_busy_poll = vec![(1, libc::SOL_SOCKET as u32), (2, libc::SO_BUSY_POLL as u32)];
+        let refused = with_syscall_refused(
+            libc::SYS_setsockopt,
+            so_busy_poll,
+            libc::EPERM as u16,
+            || receiver().set_busy_poll(50),
+        );
+        let e = refused.expect_err("SO_BUSY_POLL refused by the filter");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("EPERM") && text.contains("CAP_NET_ADMIN"),
+            "{text}"
+        );
     }
 }

@@ -52,13 +52,8 @@ impl Dsim {
     /// Validate `config`, render the pattern and start the sockets and control servers.
     pub fn new(config: DsimConfig, shutdown: Shutdown) -> Result<Dsim, EngineError> {
         let plan = config.validate()?;
-        tracing::info!(
-            signals = %plan.signals.iter().map(ToString::to_string).collect::<String>(),
-            dither_seed = plan.config.dither_seed,
-            period = plan.config.period,
-            "rendering the signal pattern"
-        );
-        let heaps = Arc::new(DigitiserHeaps::new(plan.config.clone(), &plan.signals));
+        // The senders first: a transport refused at start-up (a DPDK flag, an interface) is
+        // reported before seconds of rendering a long pattern.
         let streams = (0..plan.send_cores.len())
             .map(|t| {
                 let senders = open_senders(&plan, &config)?;
@@ -68,6 +63,13 @@ impl Dsim {
                 Ok(stream)
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
+        tracing::info!(
+            signals = %plan.signals.iter().map(ToString::to_string).collect::<String>(),
+            dither_seed = plan.config.dither_seed,
+            period = plan.config.period,
+            "rendering the signal pattern"
+        );
+        let heaps = Arc::new(DigitiserHeaps::new(plan.config.clone(), &plan.signals));
         let (changes_tx, changes) = crossbeam_channel::bounded(1);
         let sensors = Arc::new(Sensors::default());
         let control = Arc::new(DsimControl::new(
@@ -195,8 +197,8 @@ pub fn open_senders(plan: &DsimPlan, config: &DsimConfig) -> Result<Vec<NetSende
         config.ttl,
         config.send_buffer,
         plan.send_config(0).max_packet_size,
-        config.send_transport,
-        ("--interface", "--ibv"),
+        &config.send_transport,
+        crate::engine::send::SendFlags::DSIM,
     )
 }
 

@@ -42,6 +42,8 @@ pub struct FsimConfig {
     /// Payload bytes per packet.
     pub send_packet_payload: usize,
     pub send_interfaces: Vec<String>,
+    /// UDP sockets or DPDK ports (`--send-transport`).
+    pub send_transport: SendTransport,
     pub send_ttl: u32,
     /// Stop after this many heaps per F-engine and destination (batches).
     pub max_heaps: Option<u64>,
@@ -276,7 +278,7 @@ impl FsimPlan {
             interfaces: self.config.send_interfaces.clone(),
             ttl: self.config.send_ttl,
             buffer: 4 << 20,
-            transport: SendTransport::Udp,
+            transport: self.config.send_transport.clone(),
             config: SendStreamConfig {
                 flavour: Flavour::SPEAD_64_48,
                 max_packet_size: self.config.send_packet_payload + PREAMBLE,
@@ -305,6 +307,7 @@ mod tests {
             send_rate_factor: 1.0,
             send_packet_payload: 8192,
             send_interfaces: vec![],
+            send_transport: SendTransport::Udp,
             send_ttl: 4,
             max_heaps: None,
             duration: None,

@@ -449,6 +449,7 @@ mod tests {
             send_rate_factor: 1.0,
             send_packet_payload: 256,
             send_interfaces: vec![],
+            send_transport: crate::engine::send::SendTransport::Udp,
             send_ttl: 1,
             max_heaps: None,
             duration: None,

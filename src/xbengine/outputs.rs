@@ -124,7 +124,7 @@ pub(super) fn stream_spec(
         interfaces: config.send_interfaces.clone(),
         ttl: config.send_ttl,
         buffer: config.send_buffer,
-        transport: config.send_transport,
+        transport: config.send_transport.clone(),
         config: SendStreamConfig {
             max_packet_size: config.send_packet_payload + preamble,
             rate,

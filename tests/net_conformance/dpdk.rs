@@ -9,10 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
+use cbf::engine::recv::{open_sources, RecvTransport, SourceConfig};
+use cbf::engine::send::{open_senders, DpdkSend, SendFlags, SendTransport};
 use cbf::net::dpdk::{DpdkConfig, DpdkReceiver, DpdkSendConfig, DpdkSender};
 use cbf::net::frame::{FrameDrop, FrameHeaders, HEADERS_LEN};
 use cbf::net::udp::UdpReceiver;
 use cbf::net::{PacketReceiver, PacketSender, Received, RecvBatch, SendBatch};
+use cbf::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
 
 use super::{conform, receive, Case, MAX_PACKET};
 
@@ -241,4 +244,99 @@ fn dpdk_conforms() {
         got.extend(batch.iter().map(<[u8]>::to_vec));
     }
     assert_eq!(got, packets, "the kernel received what DPDK sent");
+    drop(dtx);
+
+    // The engines' way in (`engine::recv`, `engine::send`, from one set of EAL arguments):
+    // a DPDK receiver and DPDK senders in one process, on one port (net_ring0 receives what its
+    // own TX queue sends) and on two (net_af_packet0 out to the kernel), a send stream
+    // balancing heaps over both ports as over UDP sockets.
+    engine_send_and_receive_share_the_eal(&ring, &va, src_cfg.src);
+}
+
+/// SPEAD-64-48 item `id` of a packet, read by hand (8-byte header with the item count in its
+/// last two bytes, then 8-byte pointers: immediate flag, 15-bit id, 48-bit value).
+fn spead_item(packet: &[u8], id: u64) -> Option<u64> {
+    let n = usize::from(u16::from_be_bytes([packet[6], packet[7]]));
+    (0..n)
+        .map(|k| u64::from_be_bytes(packet[8 + 8 * k..16 + 8 * k].try_into().unwrap()))
+        .find(|p| (p >> 48) & 0x7fff == id)
+        .map(|p| p & ((1 << 48) - 1))
+}
+
+/// Every packet `rx` has until it goes idle.
+fn drain(rx: &mut dyn PacketReceiver) -> Vec<Vec<u8>> {
+    let mut batch = RecvBatch::new(64, rx.slot_size(MAX_PACKET));
+    let mut got = Vec::new();
+    while let Received::Packets(_) = rx.recv_batch(&mut batch).unwrap() {
+        got.extend(batch.iter().map(<[u8]>::to_vec));
+    }
+    got
+}
+
+fn engine_send_and_receive_share_the_eal(ring: &DpdkConfig, va: &str, src: SocketAddrV4) {
+    const HEAPS: u64 = 200;
+    let group: SocketAddrV4 = "239.77.0.3:7151".parse().unwrap();
+    let mut ring_rx = open_sources(&SourceConfig {
+        src: group.to_string(),
+        interface: None,
+        buffer: 1 << 20,
+        threads: 1,
+        transport: RecvTransport::Dpdk,
+        comp_vectors: vec![],
+        busy_poll: None,
+        dpdk: Some(ring.clone()),
+    })
+    .unwrap()
+    .pop()
+    .unwrap();
+    let mut kernel_rx = UdpReceiver::bind(&[group], Some(va), 8 << 20).unwrap();
+    let transport = SendTransport::Dpdk(DpdkSend {
+        eal: ring.clone(),
+        src: vec![src],
+        dst_mac: None,
+    });
+    let ports = ["net_ring0".to_string(), "net_af_packet0".to_string()];
+    let senders = open_senders(
+        &[group],
+        &ports,
+        4,
+        1 << 20,
+        8264,
+        &transport,
+        SendFlags::ENGINE,
+    )
+    .unwrap();
+    let config = SendStreamConfig {
+        max_packet_size: 8264,
+        rate: 100e6,
+        ..Default::default()
+    };
+    let mut stream = SendStream::new(config, senders).unwrap();
+    for i in 0..HEAPS {
+        let payload = vec![i as u8; 6000];
+        let mut heap = Heap::new();
+        heap.add_immediate(0x1600, i).add_bytes(0x4000, payload);
+        stream
+            .send_heaps(&[HeapRef::new(&heap, 0)], SendMode::RoundRobin)
+            .unwrap();
+    }
+    let by_port = [drain(&mut *ring_rx), drain(&mut kernel_rx)];
+    let mut seen: Vec<u64> = Vec::new();
+    for (name, packets) in ports.iter().zip(&by_port) {
+        let share = packets.len() as f64 / HEAPS as f64;
+        assert!(
+            (0.45..=0.55).contains(&share),
+            "{name} carried {share:.2} of the heaps"
+        );
+        for p in packets {
+            let ts = spead_item(p, 0x1600).expect("a timestamp");
+            assert!(p.ends_with(&[ts as u8; 6000]), "heap {ts} arrived intact");
+            seen.push(ts);
+        }
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..HEAPS).collect::<Vec<_>>(), "every heap, once");
+    let bytes: Vec<u64> = stream.interfaces().map(|(_, c)| c.bytes).collect();
+    let (lo, hi) = (bytes[0].min(bytes[1]) as f64, bytes[0].max(bytes[1]) as f64);
+    assert!(hi / lo < 1.05, "bytes per port {bytes:?}");
 }

@@ -1,13 +1,18 @@
 //! The process's one DPDK environment (EAL) and its started ports. DPDK allows `rte_eal_init`
 //! once per process, so the first caller's arguments win: a later caller with the same
-//! arguments shares the EAL, one with others is refused. A port is configured and started once,
-//! with one RX and one TX queue; a receiver takes the RX queue and a sender the TX queue, each
-//! until it is dropped, so a receiver and a sender can share a port (`net_ring`'s loopback).
+//! arguments shares the EAL (an engine's receive and send both come from `--dpdk-args`), one
+//! with others is refused. A port is configured and started once, with one RX and one TX queue.
+//! A receiver takes the RX queue until it is dropped (one reader per queue). The TX queue is
+//! shared: every sender on the port (an engine's outputs, dsim's send threads) sends its bursts
+//! under the port's TX lock, since `rte_eth_tx_burst` on one queue is not thread-safe. The lock
+//! is taken once per burst of up to 32 frames, uncontended when one sender uses the port; one
+//! TX queue per sender is not done because virtual PMDs tie queue counts to their devargs
+//! (`net_af_packet`'s `qpairs`, `net_ring`'s paired rings, where TX queue k feeds RX queue k).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::ffi;
 use super::{DpdkConfig, DpdkError};
@@ -66,7 +71,15 @@ pub(super) struct Port {
     pub mac: Mac,
     pub pool: Pool,
     rx_taken: AtomicBool,
-    tx_taken: AtomicBool,
+    /// Held while a burst goes into the shared TX queue.
+    tx_lock: Mutex<()>,
+}
+
+impl Port {
+    /// The TX queue, for one burst.
+    pub fn tx_queue(&self) -> MutexGuard<'_, ()> {
+        self.tx_lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The port's mempool: DPDK's pools are safe to use from any thread.
@@ -84,7 +97,7 @@ pub(super) enum Queue {
     Tx,
 }
 
-/// A port's queue, held until dropped.
+/// A port's queue, held until dropped: the RX queue alone, the TX queue shared.
 pub(super) struct QueueLease {
     pub port: Arc<Port>,
     queue: Queue,
@@ -92,16 +105,14 @@ pub(super) struct QueueLease {
 
 impl Drop for QueueLease {
     fn drop(&mut self) {
-        let flag = match self.queue {
-            Queue::Rx => &self.port.rx_taken,
-            Queue::Tx => &self.port.tx_taken,
-        };
-        flag.store(false, Ordering::Release);
+        if self.queue == Queue::Rx {
+            self.port.rx_taken.store(false, Ordering::Release);
+        }
     }
 }
 
 /// The port `cfg.port` names (an index or a device name such as `net_ring0`), started on first
-/// use, with `queue` leased to the caller.
+/// use, with `queue` leased to the caller (the RX queue to one caller at a time).
 pub(super) fn lease(cfg: &DpdkConfig, queue: Queue) -> Result<QueueLease, DpdkError> {
     init(&cfg.eal_args)?;
     let id = port_id(&cfg.port)?;
@@ -115,17 +126,9 @@ pub(super) fn lease(cfg: &DpdkConfig, queue: Queue) -> Result<QueueLease, DpdkEr
             p
         }
     };
-    let flag = match queue {
-        Queue::Rx => &port.rx_taken,
-        Queue::Tx => &port.tx_taken,
-    };
-    if flag.swap(true, Ordering::AcqRel) {
+    if queue == Queue::Rx && port.rx_taken.swap(true, Ordering::AcqRel) {
         return Err(DpdkError::QueueTaken {
             port: cfg.port.clone(),
-            queue: match queue {
-                Queue::Rx => "receive",
-                Queue::Tx => "send",
-            },
         });
     }
     Ok(QueueLease { port, queue })
@@ -199,7 +202,7 @@ fn start(id: u16, name: &str) -> Result<Port, DpdkError> {
         mac: info.mac,
         pool: Pool(pool),
         rx_taken: AtomicBool::new(false),
-        tx_taken: AtomicBool::new(false),
+        tx_lock: Mutex::new(()),
     })
 }
 

@@ -6,9 +6,11 @@
 //!
 //! - The EAL is initialised once per process from `--dpdk-args` (whitespace-separated EAL
 //!   arguments, e.g. `-l 0 --no-huge --no-pci -m 256 --vdev=net_ring0`); a second,
-//!   different set of arguments is refused. The port (`--dpdk-port`: an index or a device
-//!   name) is started once with one RX and one TX queue; a receiver holds the RX queue and a
-//!   sender the TX queue, so one process can loop frames back through `net_ring`.
+//!   different set of arguments is refused, so an engine's DPDK receive and DPDK send share it.
+//!   A port (an index or a device name) is started once with one RX and one TX queue; one
+//!   receiver holds the RX queue, and every sender on the port shares the TX queue under a
+//!   lock taken per burst (see `eal`), so one process can receive and send on one port
+//!   (`net_ring` loops frames back) or on several.
 //! - Receive: RX bursts; each frame is parsed by [`crate::net::frame`] and kept only if it is a
 //!   datagram to one of the receiver's endpoints (others are counted as `not_ours`, malformed
 //!   ones by cause); the payload is copied into the caller's [`RecvBatch`](crate::net::RecvBatch).
@@ -17,7 +19,9 @@
 //!   `rx_nombuf` are reported as the transport's drops; `ierrors` with the port's counters.
 //! - Send: each packet is copied once into an mbuf behind the headers [`crate::net::frame`]
 //!   builds for its destination (multicast MACs mapped; unicast needs `--dpdk-dst-mac`), from
-//!   the port's MAC and `--dpdk-src`.
+//!   the port's MAC and `--dpdk-src`. The engines reach it through `--send-transport dpdk`
+//!   (`engine::send`), above which the rate limit and multi-port balancing are the UDP path's;
+//!   a TX queue that stays full for a second is reported as the link being down (ENETDOWN).
 //!
 //! The C side is `ffi/dpdk_shim.c`, compiled by `build.rs` only with cargo feature `dpdk`
 //! (DPDK's burst calls are inline functions in its headers). Without the feature the opening
@@ -81,8 +85,8 @@ pub enum DpdkError {
     NoPort { port: String, count: u16 },
     #[error("DPDK port {port}: {error}")]
     Port { port: String, error: String },
-    #[error("DPDK port {port}: its {queue} queue is already in use (one receiver and one sender per port)")]
-    QueueTaken { port: String, queue: &'static str },
+    #[error("DPDK port {port}: its receive queue is already in use (one receiver per port)")]
+    QueueTaken { port: String },
     #[error(transparent)]
     Frame(#[from] FrameError),
 }

@@ -16,7 +16,7 @@ use crate::net::{PacketSender, SendBatch};
 const BURST: usize = 32;
 /// How long the sender waits for mbufs or for room in the TX queue before it gives up on a
 /// batch: a port whose queue never drains (a ring nobody reads, a link down) must not hang the
-/// send thread.
+/// send thread. A full TX queue is then reported as the link being down (ENETDOWN).
 const STALL: Duration = Duration::from_secs(1);
 
 /// A sender on a DPDK port's TX queue.
@@ -91,35 +91,32 @@ impl DpdkSender {
         }
     }
 
-    /// Send the `n` filled mbufs, waiting up to [`STALL`] without progress; what is left then
-    /// is freed and reported.
+    /// Send the `n` filled mbufs under the port's TX lock (the queue is shared by every sender
+    /// on the port), waiting up to [`STALL`] without progress; what is left then is freed and
+    /// reported.
     fn transmit(&mut self, n: usize) -> io::Result<()> {
+        let port = &self.lease.port;
+        let mbufs = &mut self.mbufs;
+        let _queue = port.tx_queue();
         let mut sent = 0;
         let mut last = Instant::now();
         while sent < n {
             // SAFETY: mbufs[sent..n] are filled mbufs owned by this sender; the PMD takes
-            // ownership of those it accepts.
+            // ownership of those it accepts; the TX lock makes this the queue's only caller.
             let k = unsafe {
-                ffi::cbf_dpdk_tx(
-                    self.lease.port.id,
-                    0,
-                    self.mbufs[sent..].as_mut_ptr(),
-                    (n - sent) as u16,
-                )
+                ffi::cbf_dpdk_tx(port.id, 0, mbufs[sent..].as_mut_ptr(), (n - sent) as u16)
             };
             if k > 0 {
                 sent += usize::from(k);
                 last = Instant::now();
             } else if last.elapsed() > STALL {
                 // SAFETY: the unsent mbufs are still ours; each is freed once.
-                unsafe { ffi::cbf_dpdk_free(self.mbufs[sent..].as_mut_ptr(), (n - sent) as u16) };
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "DPDK port {}: TX queue full for {STALL:?}",
-                        self.lease.port.name
-                    ),
-                ));
+                unsafe { ffi::cbf_dpdk_free(mbufs[sent..].as_mut_ptr(), (n - sent) as u16) };
+                // A queue that does not drain is a link that does not carry: reported as one
+                // (ENETDOWN), so that a send stream moves this port's share to its others, as it
+                // does for a socket whose interface went down (spead::send::balance).
+                tracing::warn!(port = %port.name, "DPDK TX queue full for {STALL:?}: link down");
+                return Err(io::Error::from_raw_os_error(libc::ENETDOWN));
             } else {
                 std::thread::yield_now();
             }
