@@ -10,7 +10,9 @@ pub mod backend;
 pub mod config;
 pub mod control;
 pub mod cuda;
+mod cuda_back;
 mod cuda_front;
+pub mod cuda_input;
 pub mod cuda_shape;
 mod cuda_slot;
 pub mod engine;
@@ -20,6 +22,7 @@ pub mod narrowband;
 pub mod narrowband_output;
 pub mod output;
 pub mod pipeline;
+mod pipelines;
 pub mod place;
 
 pub use config::{BackendKind, FengineConfig};
