@@ -279,10 +279,18 @@ impl GpuBackend {
     /// Time every copy and launch from now on (for benchmarks); the handle summarises them.
     /// The shared input's copies land in it too.
     pub fn record_timeline(&mut self) -> Timeline {
-        self.timeline.enable();
-        self.back.timeline = self.timeline.clone();
-        self.input.record_timeline(self.timeline.clone());
-        self.timeline.clone()
+        let mut timeline = Timeline::default();
+        timeline.enable();
+        self.record_into(&timeline);
+        timeline
+    }
+
+    /// Time every copy and launch from now on into `timeline` (enabled), which other
+    /// outputs sharing the input may record into as well.
+    pub fn record_into(&mut self, timeline: &Timeline) {
+        self.timeline = timeline.clone();
+        self.back.timeline = timeline.clone();
+        self.input.record_timeline(timeline.clone());
     }
 
     /// An event recorded now on the compute stream, with timing (for benchmarks).

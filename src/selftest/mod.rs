@@ -9,6 +9,7 @@ pub mod ddc;
 pub mod fengine;
 pub mod frb;
 pub mod narrowband;
+pub mod outputs;
 pub mod xbengine;
 pub mod xbengine_frb;
 
@@ -30,6 +31,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     let mut checks = fengine::run(gpu, seed)?;
     checks.extend(ddc::run(gpu, seed)?);
     checks.extend(narrowband::run(gpu, seed)?);
+    checks.extend(outputs::run(gpu, seed)?);
     checks.extend(correlate::run(gpu, seed)?);
     checks.extend(beamform::run(gpu, seed)?);
     checks.extend(frb::run(gpu, seed)?);
