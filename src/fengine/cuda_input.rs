@@ -91,13 +91,7 @@ pub struct SharedInput {
 struct Uploads {
     gpu: Arc<Gpu>,
     slots: Vec<Arc<DeviceChunk>>,
-    /// The slot whose chunk (body and tail) was uploaded last, and that chunk.
-    current: Option<(usize, u64)>,
-    /// The slot holding the next chunk's body (no tail yet), and that chunk.
-    prefetched: Option<(usize, u64)>,
-    /// Slot uses in order, to pick the least recently used free one.
-    used: [u64; SLOTS],
-    clock: u64,
+    book: SlotBook,
     pol_bytes: usize,
     tail_bytes: usize,
     pol_stride: usize,
@@ -128,10 +122,7 @@ impl SharedInput {
         let uploads = Uploads {
             gpu: Arc::clone(gpu),
             slots: (0..SLOTS).map(|_| slot()).collect::<Result<_, _>>()?,
-            current: None,
-            prefetched: None,
-            used: [0; SLOTS],
-            clock: 0,
+            book: SlotBook::default(),
             pol_bytes,
             tail_bytes,
             pol_stride,
@@ -172,9 +163,26 @@ impl SharedInput {
     /// compute stream waits for its copies.
     pub fn acquire(&self, chunk: ChunkInput<'_>) -> Result<InputHold, GpuError> {
         let mut u = self.lock();
-        let slot = match u.current {
-            Some((slot, id)) if id == chunk.id => slot,
-            _ => u.upload(chunk)?,
+        let held = std::array::from_fn(|i| Arc::strong_count(&u.slots[i]) > 1);
+        let slot = match u.book.plan(chunk.id, chunk.next.is_some(), held) {
+            Some(Plan::Share(slot)) => slot,
+            Some(Plan::Upload {
+                slot,
+                prefetched,
+                next,
+            }) => {
+                let copied = u.upload(chunk, slot, prefetched, next);
+                if copied.is_err() {
+                    u.book = SlotBook::default();
+                }
+                copied?;
+                slot
+            }
+            None => {
+                return Err(GpuError::Backend(format!(
+                    "every one of the {SLOTS} input slots is held"
+                )))
+            }
         };
         let chunk = Arc::clone(&u.slots[slot]);
         u.gpu.compute.wait(&chunk.uploaded)?;
@@ -193,18 +201,84 @@ impl SharedInput {
     }
 }
 
-impl Uploads {
-    /// A slot no output holds, other than `except`: the least recently used.
-    fn free_slot(&self, except: Option<usize>) -> Option<usize> {
+/// Which slot holds what, apart from the copies: a pure state machine, so that its choices
+/// are tested without a device.
+#[derive(Debug, Default)]
+struct SlotBook {
+    /// The slot whose chunk (body and tail) was uploaded last, and that chunk.
+    current: Option<(usize, u64)>,
+    /// The slot holding the next chunk's body (no tail yet), and that chunk.
+    prefetched: Option<(usize, u64)>,
+    /// When each slot was last chosen, to pick the least recently used free one.
+    used: [u64; SLOTS],
+    clock: u64,
+}
+
+/// What loading a chunk takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// The chunk is resident in this slot: nothing to copy.
+    Share(usize),
+    /// Upload the chunk into `slot` (its body too unless `prefetched`) with its tail, and the
+    /// next chunk's head and then the rest of its body into `next`; without `next` (no next
+    /// chunk, or no free slot) the tail comes from the host or is zeros.
+    Upload {
+        slot: usize,
+        prefetched: bool,
+        next: Option<usize>,
+    },
+}
+
+impl SlotBook {
+    /// The plan for chunk `id` (followed by a chunk if `has_next`) while outputs hold the
+    /// slots marked in `held`; `None` if every slot it needs is held.
+    fn plan(&mut self, id: u64, has_next: bool, held: [bool; SLOTS]) -> Option<Plan> {
+        if let Some((slot, _)) = self.current.filter(|&(_, cur)| cur == id) {
+            return Some(Plan::Share(slot));
+        }
+        let pre = self
+            .prefetched
+            .take()
+            .filter(|&(s, p)| p == id && !held[s])
+            .map(|(s, _)| s);
+        let slot = match pre {
+            Some(s) => s,
+            None => self.free(held, None)?,
+        };
+        self.touch(slot);
+        let next = if has_next {
+            self.free(held, Some(slot))
+        } else {
+            None
+        };
+        if let Some(n) = next {
+            self.touch(n);
+        }
+        self.current = Some((slot, id));
+        self.prefetched = next.map(|n| (n, id.wrapping_add(1)));
+        Some(Plan::Upload {
+            slot,
+            prefetched: pre.is_some(),
+            next,
+        })
+    }
+
+    /// The least recently used slot not held, other than `except`.
+    fn free(&self, held: [bool; SLOTS], except: Option<usize>) -> Option<usize> {
         (0..SLOTS)
-            .filter(|&i| Some(i) != except && Arc::strong_count(&self.slots[i]) == 1)
+            .filter(|&i| Some(i) != except && !held[i])
             .min_by_key(|&i| self.used[i])
     }
 
+    fn touch(&mut self, slot: usize) {
+        self.clock += 1;
+        self.used[slot] = self.clock;
+    }
+}
+
+impl Uploads {
     /// The slot `i` for writing on the host-to-device stream, after every read of it.
     fn writable(&mut self, i: usize) -> Result<&mut DeviceChunk, GpuError> {
-        self.clock += 1;
-        self.used[i] = self.clock;
         let s = Arc::get_mut(&mut self.slots[i]).ok_or_else(|| {
             GpuError::Backend("an input slot still held was to be written".into())
         })?;
@@ -230,37 +304,27 @@ impl Uploads {
         Ok(())
     }
 
-    /// Upload `chunk` (its body unless prefetched, its tail) and prefetch the next one; the
-    /// slot it went to.
-    fn upload(&mut self, chunk: ChunkInput<'_>) -> Result<usize, GpuError> {
+    /// The copies of a [`Plan::Upload`]: `chunk` into slot `cur` (its body unless
+    /// `prefetched`, its tail) and the next chunk into slot `next`.
+    fn upload(
+        &mut self,
+        chunk: ChunkInput<'_>,
+        cur: usize,
+        prefetched: bool,
+        next: Option<usize>,
+    ) -> Result<(), GpuError> {
         let gpu = Arc::clone(&self.gpu);
         let h2d = &gpu.h2d;
         let (pb, tb, stride) = (self.pol_bytes, self.tail_bytes, self.pol_stride);
-        let prefetched = self
-            .prefetched
-            .take()
-            .filter(|&(_, id)| id == chunk.id)
-            .map(|(slot, _)| slot);
-        let cur = match prefetched {
-            Some(slot) => slot,
-            None => {
-                let slot = self.free_slot(None).ok_or_else(|| {
-                    GpuError::Backend(format!("every one of the {SLOTS} input slots is held"))
-                })?;
-                let t = self.timeline.start(&gpu, h2d)?;
-                self.copy_body(slot, chunk.data, 0, pb)?;
-                self.timeline.end(&gpu, h2d, "h2d body", t)?;
-                slot
-            }
-        };
+        if !prefetched {
+            let t = self.timeline.start(&gpu, h2d)?;
+            self.copy_body(cur, chunk.data, 0, pb)?;
+            self.timeline.end(&gpu, h2d, "h2d body", t)?;
+        }
         // Every copy that reads this chunk's host memory (a prefetch came earlier on the
         // same stream) is before this mark.
         self.copied.record(h2d)?;
-        self.current = None;
-        let next = match chunk.next {
-            Some(next) => self.free_slot(Some(cur)).map(|slot| (slot, next)),
-            None => None,
-        };
+        let next = next.zip(chunk.next);
         let t = self.timeline.start(&gpu, h2d)?;
         match next {
             Some((to, next)) => {
@@ -291,14 +355,126 @@ impl Uploads {
         }
         self.slots[cur].uploaded.record(h2d)?;
         self.timeline.end(&gpu, h2d, "h2d tail", t)?;
-        self.current = Some((cur, chunk.id));
         if let Some((to, next)) = next {
             // The rest of the next chunk's body, overlapping this chunk's compute.
             let t = self.timeline.start(&gpu, h2d)?;
             self.copy_body(to, next, tb, pb)?;
             self.timeline.end(&gpu, h2d, "h2d prefetch", t)?;
-            self.prefetched = Some((to, chunk.id.wrapping_add(1)));
         }
-        Ok(cur)
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slots as the copies of each plan would leave them, checked against what every load
+    /// expects, with the holds of outputs that have loaded and not yet released.
+    #[derive(Default)]
+    struct Device {
+        book: SlotBook,
+        /// Per slot: the chunk whose body it holds, and whether its tail is there too.
+        body: [Option<u64>; SLOTS],
+        tail: [bool; SLOTS],
+        held: [usize; SLOTS],
+        /// Bodies copied from the host: whole at once, or as a prefetch (head, then the rest).
+        bodies: usize,
+        prefetches: usize,
+        uploads: usize,
+        shares: usize,
+    }
+
+    impl Device {
+        /// An output loads chunk `id`: the slot it holds (the chunk's body and tail there).
+        fn load(&mut self, id: u64, has_next: bool) -> Option<usize> {
+            let held = self.held.map(|n| n > 0);
+            let slot = match self.book.plan(id, has_next, held)? {
+                Plan::Share(slot) => {
+                    self.shares += 1;
+                    slot
+                }
+                Plan::Upload {
+                    slot,
+                    prefetched,
+                    next,
+                } => {
+                    self.uploads += 1;
+                    assert!(!held[slot], "chunk {id} into held slot {slot}");
+                    if prefetched {
+                        assert_eq!(self.body[slot], Some(id), "prefetch of {id} lost");
+                    } else {
+                        self.bodies += 1;
+                        self.body[slot] = Some(id);
+                    }
+                    self.tail[slot] = true;
+                    if let Some(n) = next {
+                        assert!(has_next && n != slot && !held[n], "next of {id} into {n}");
+                        self.prefetches += 1;
+                        self.body[n] = Some(id + 1);
+                        self.tail[n] = false;
+                    }
+                    slot
+                }
+            };
+            assert_eq!((self.body[slot], self.tail[slot]), (Some(id), true));
+            self.held[slot] += 1;
+            Some(slot)
+        }
+
+        fn release(&mut self, slot: usize) {
+            self.held[slot] -= 1;
+        }
+    }
+
+    /// Three outputs over 50 chunks, as the engine runs them: each chunk's samples cross to
+    /// the device once (the first chunk's body, then every next chunk as a prefetch), the first
+    /// output to load a chunk uploads it and the other two share it.
+    #[test]
+    fn outputs_in_step_upload_each_chunk_once() {
+        let mut d = Device::default();
+        let chunks = 50;
+        for id in 0..chunks {
+            for _ in 0..3 {
+                let slot = d.load(id, id + 1 < chunks).expect("a free slot");
+                d.release(slot);
+            }
+        }
+        assert_eq!((d.uploads, d.shares), (50, 100));
+        assert_eq!((d.bodies, d.prefetches), (1, 49));
+    }
+
+    /// A gap (no next chunk: no prefetch; the chunk after the gap uploaded whole), a chunk
+    /// whose prefetch went unused, and an output that lags a chunk behind the others all find
+    /// their chunk in its slot, and no held slot is written.
+    #[test]
+    fn gaps_and_a_lagging_output_still_find_their_chunk() {
+        let mut d = Device::default();
+        for (id, has_next) in [(0, true), (1, true), (2, false), (9, true), (10, true)] {
+            for _ in 0..2 {
+                let slot = d.load(id, has_next).unwrap();
+                d.release(slot);
+            }
+        }
+        assert_eq!((d.bodies, d.prefetches), (2, 4));
+        // The prefetch of chunk 11 is not used: chunk 20 comes instead.
+        let slot = d.load(20, true).unwrap();
+        d.release(slot);
+        assert_eq!(d.bodies, 3);
+        // A lags one chunk behind B: while A holds chunk 21, B loads 22, 23 and 24.
+        let a = d.load(21, true).unwrap();
+        for id in 22..25 {
+            let b = d.load(id, true).unwrap();
+            assert_ne!(a, b);
+            d.release(b);
+        }
+        d.release(a);
+        // Every slot held (three outputs three chunks apart): the fourth load is refused.
+        let held: Vec<usize> = (30..33).map(|id| d.load(id, false).unwrap()).collect();
+        assert_eq!(d.load(40, false), None);
+        for s in held {
+            d.release(s);
+        }
+        assert!(d.load(40, false).is_some());
     }
 }
