@@ -92,23 +92,6 @@ fn time_shape(
     Ok(Some(Measured { tuning, seconds }))
 }
 
-/// The mappings tried beside the default (seed 002 §Performance tuning).
-fn grid() -> Vec<DdcTuning> {
-    let mut v = Vec::new();
-    for coarsen in [2, 4, 8] {
-        for groups in [32, 64, 128] {
-            for subgroup in [1, 2, 4] {
-                v.push(DdcTuning {
-                    coarsen,
-                    groups,
-                    subgroup,
-                });
-            }
-        }
-    }
-    v
-}
-
 fn main() -> Result<(), GpuError> {
     let quick = std::env::args().any(|a| a == "--quick");
     let gpu = Gpu::open(0)?;
@@ -151,7 +134,7 @@ fn main() -> Result<(), GpuError> {
         let tunings = if quick || !GRID_SHAPES.contains(&(bits, s)) {
             vec![default]
         } else {
-            let mut g = grid();
+            let mut g = DdcTuning::grid();
             if !g.contains(&default) {
                 g.push(default);
             }

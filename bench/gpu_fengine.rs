@@ -3,10 +3,13 @@
 //! alone and both ways at once (at the engine's 1.25 B in : 1 B out per sample), the PFB and
 //! post-processing kernels in bytes moved per second (katgpucbf's byte formulas,
 //! h100_measured.md), cuFFT between them, and the whole path from pinned chunks to 8-bit heaps
-//! in pinned memory through the engine's own `Pipeline` in input samples per second.
+//! in pinned memory through the engine's own `Pipeline` in input samples per second: one
+//! wideband output, then one wideband and two narrowband outputs sharing each chunk's upload
+//! (`outputs`, against the PCIe bounds measured just before).
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-gpu-bench [--quick] [--scan] [--timeline] [--kernels-only CHANNELS]`.
+//! Usage: `cbf-gpu-bench [--quick] [--scan] [--timeline] [--kernels-only CHANNELS]
+//! [--outputs-only]` (`--outputs-only`: the ceilings and the three-output case alone).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,10 +22,13 @@ use cbf::fengine::output::WidebandOutput;
 use cbf::fengine::pipeline::{ChunkView, Pipeline, PipelineConfig};
 use cbf::fengine::place::InputLayout;
 use cbf::gpu::memory::HostRegistrations;
+use cbf::gpu::timeline::Timeline;
 use cbf::gpu::{Gpu, GpuError};
 use cudarc::driver::PinnedHostSlice;
 use num_complex::Complex32;
 
+#[path = "gpu_fengine_outputs.rs"]
+mod outputs;
 #[path = "timing.rs"]
 mod timing;
 use timing::{copy_ceiling, median};
@@ -359,19 +365,25 @@ fn whole_path(
     drop(pipeline);
     drop(pins);
     if let Some(tl) = tl {
-        let (window, labels) = tl.summarise()?;
-        println!("  timeline over {window:.1} ms:");
-        for l in labels {
-            println!(
-                "    {:<22} {:>5} spans, busy {:>7.1} ms ({:>3.0}%), mean {:.3} ms, max {:.3} ms; idle between {:>7.1} ms, largest gap {:.3} ms",
-                l.label, l.count, l.busy_ms, 100.0 * l.busy_ms / window, l.mean_ms, l.max_ms, l.idle_ms, l.max_gap_ms
-            );
-        }
-        for (label, n, ms) in tl.host_waits() {
-            println!("    {label:<32} {n:>5} times, {ms:>7.1} ms in all");
-        }
+        print_timeline(&tl)?;
     }
     Ok(((chunks as u64 * 2 * layout.chunk_samples) as f64 / t, heaps))
+}
+
+/// Every label's spans and the host's waits, after the run.
+fn print_timeline(tl: &Timeline) -> Result<(), GpuError> {
+    let (window, labels) = tl.summarise()?;
+    println!("  timeline over {window:.1} ms:");
+    for l in labels {
+        println!(
+            "    {:<22} {:>5} spans, busy {:>7.1} ms ({:>3.0}%), mean {:.3} ms, max {:.3} ms; idle between {:>7.1} ms, largest gap {:.3} ms",
+            l.label, l.count, l.busy_ms, 100.0 * l.busy_ms / window, l.mean_ms, l.max_ms, l.idle_ms, l.max_gap_ms
+        );
+    }
+    for (label, n, ms) in tl.host_waits() {
+        println!("    {label:<32} {n:>5} times, {ms:>7.1} ms in all");
+    }
+    Ok(())
 }
 
 fn main() -> Result<(), GpuError> {
@@ -387,6 +399,10 @@ fn main() -> Result<(), GpuError> {
         "PCIe bound for 10-bit in, 8-bit out: {:.1} GS/s",
         (c.both_h2d / 1.25).min(c.both_d2h)
     );
+    let timeline = std::env::args().any(|a| a == "--timeline");
+    if std::env::args().any(|a| a == "--outputs-only") {
+        return outputs::report(&gpu, quick, timeline);
+    }
     let sections: &[usize] = if quick {
         &[32, 64, 128]
     } else {
@@ -416,7 +432,6 @@ fn main() -> Result<(), GpuError> {
     }
     // The PCIe bound is re-measured right before each whole-path run: the machine's link is
     // shared and has been seen to vary between runs.
-    let timeline = std::env::args().any(|a| a == "--timeline");
     for channels in [4096, 32768] {
         let batch = default_batch((1 << 20) / channels);
         for slots in [(8 / batch).max(2), 4] {
@@ -436,6 +451,7 @@ fn main() -> Result<(), GpuError> {
             );
         }
     }
+    outputs::report(&gpu, quick, timeline)?;
     // Where the whole path falls short of the bound: the same path over other shapes (the
     // tail a chunk carries is taps × 2·channels samples), and the kernels at the engine's
     // heap size (2^20 values: one call per heap).

@@ -304,3 +304,29 @@ fn a_ptxas_warning_fails_the_compile() {
     assert!(check_log(info).is_ok());
     assert!(check_log("").is_ok());
 }
+
+/// Every mapping the start-up DDC tuner times (`gpu::ddc_tune::candidates`) compiles without
+/// spills for MeerKAT's narrowband shapes (10-bit, discard S = 8 to 64 and no-discard S = 16,
+/// 16 × S taps): a candidate that failed would cost the search a compile for nothing.
+#[test]
+fn every_ddc_tuning_candidate_compiles() {
+    use cbf::gpu::ddc_tune::candidates;
+    let start = std::time::Instant::now();
+    let mut compiled = 0;
+    for s in [8, 16, 32, 64] {
+        let shape = DdcShape {
+            sample_bits: 10,
+            subsampling: s,
+            taps: 16 * s,
+        };
+        for t in candidates(shape) {
+            let p = DdcPlan::new(shape, t).unwrap_or_else(|e| panic!("{t:?}: {e}"));
+            compile(Kernel::Ddc, &p.defines(), "sm_90").unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            compiled += 1;
+        }
+    }
+    eprintln!(
+        "{compiled} DDC candidates compiled in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+}

@@ -180,6 +180,7 @@ pub fn run(
                 recv_chunk_samples: chunk,
                 backend: BackendKind::Cpu,
                 gpu_device: 0,
+                tuning_cache: None,
                 jones_per_batch: spectra * channels,
                 max_delay_diff: 0,
                 send_rate_factor: 1.1,

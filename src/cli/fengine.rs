@@ -79,6 +79,12 @@ pub struct FengineArgs {
     /// CUDA device ordinal (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     pub gpu_device: usize,
+    /// File in which the DDC kernel's mappings, tuned at the first start on a device for each
+    /// narrowband filter shape, are kept for later starts (with --backend cuda) [default:
+    /// $XDG_CACHE_HOME/cbf/ddc-tuning.json, else ~/.cache/cbf/ddc-tuning.json]. A path that
+    /// cannot be written is warned about: the mappings are then tuned at each start.
+    #[arg(long, value_name = "PATH")]
+    pub tuning_cache: Option<std::path::PathBuf>,
     /// Complex values (channels × spectra) per output heap batch.
     #[arg(long, default_value_t = 1 << 20)]
     pub jones_per_batch: usize,
@@ -228,6 +234,7 @@ impl FengineArgs {
             recv_chunk_samples: self.recv_chunk_samples,
             backend: self.backend,
             gpu_device: self.gpu_device,
+            tuning_cache: self.tuning_cache.clone(),
             jones_per_batch: self.jones_per_batch,
             max_delay_diff: self.max_delay_diff,
             send_rate_factor: self.send_rate_factor,

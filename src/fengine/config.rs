@@ -38,6 +38,9 @@ pub struct FengineConfig {
     pub recv_chunk_samples: usize,
     pub backend: BackendKind,
     pub gpu_device: usize,
+    /// Where the DDC kernel's tuned mappings are kept (`--tuning-cache`; `None`: the default
+    /// place, `gpu::ddc_tune::TuningCache::default_path`).
+    pub tuning_cache: Option<std::path::PathBuf>,
     pub jones_per_batch: usize,
     pub max_delay_diff: usize,
     pub send_rate_factor: f64,

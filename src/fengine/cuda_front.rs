@@ -22,6 +22,10 @@ use crate::gpu::pfb::{Pfb, PfbRun, PfbShape};
 use crate::gpu::pfb_complex::{ComplexPfb, ComplexPfbRun};
 use crate::gpu::{Gpu, GpuError};
 
+/// How a narrowband front end picks its DDC kernel's mapping for a shape on a device: the
+/// default ([`DdcTuning::default_for`]) or a tuned one (`gpu::ddc_tune::TuningCache::tuning`).
+pub type DdcChoice<'a> = dyn FnMut(&Gpu, DdcShape) -> DdcTuning + 'a;
+
 /// Spectra per thread of the complex PFB: its grid has M/256 columns, so a few spectra per
 /// thread still leave enough blocks for a heap of 256 spectra.
 const NARROWBAND_SECTION: usize = 8;
@@ -107,6 +111,7 @@ impl Front {
         cfg: &GpuConfig,
         adc_sample_rate: f64,
         spectra: usize,
+        tuning: &mut DdcChoice<'_>,
     ) -> Result<Front, GpuError> {
         let s = output.subsampling();
         let m = output.internal_channels();
@@ -118,7 +123,7 @@ impl Front {
             subsampling: s,
             taps: h.len(),
         };
-        let plan = DdcPlan::new(shape, DdcTuning::default_for(shape))?;
+        let plan = DdcPlan::new(shape, tuning(gpu, shape))?;
         let mixer = mixer_step(output.mixer_frequency(adc_sample_rate));
         let n_in = cfg.body + cfg.tail;
         let n_sub = n_in.saturating_sub(h.len()) / s + 1;

@@ -8,15 +8,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::backend::Backend;
 use super::config::{BackendKind, FengineConfig, Plan};
 use super::control::{EngineControl, OutputState};
-use super::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
 use super::heaps::FHeapFormat;
 use super::metrics::{self, InputTotals, OutputTotals};
-use super::narrowband::{NarrowbandBackend, NarrowbandSizes};
 use super::output::OutputSpec;
-use super::pipeline::{OutputHeap, Pipeline, PipelineConfig};
+use super::pipeline::{OutputHeap, Pipeline};
+use super::pipelines::{make_pipeline, open_gpu, pipeline_config, CudaShared};
 use super::place::{InputLayout, ITEMS, REJECT_REASONS};
 use crate::control::katcp::{Sensors, Status};
 use crate::engine::affinity::on_cores;
@@ -27,7 +25,6 @@ use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
 use crate::engine::send::{DescriptorSchedule, HeapSink, SendThread, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::gpu::memory::HostRegistrations;
-use crate::gpu::Gpu;
 use crate::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, PlaceInput, StatsSnapshot};
 use crate::spead::send::SendStreamConfig;
 
@@ -186,10 +183,20 @@ impl Engine {
         for (o, _) in &outputs {
             metrics.touch_all("output_", &[o.name()]);
         }
+        let mut cuda = match &gpu {
+            Some(g) => Some(CudaShared::new(&config, layout, &outputs, g)?),
+            None => None,
+        };
         let mut built = Vec::new();
         for (i, (o, sph)) in outputs.into_iter().enumerate() {
             built.push(Self::output(
-                &config, layout, &mut gpu, i, o, sph, &shutdown,
+                &config,
+                layout,
+                cuda.as_mut(),
+                i,
+                o,
+                sph,
+                &shutdown,
             )?);
         }
         Ok(Engine {
@@ -210,7 +217,7 @@ impl Engine {
     fn output(
         cfg: &FengineConfig,
         layout: InputLayout,
-        gpu: &mut Option<Arc<Gpu>>,
+        cuda: Option<&mut CudaShared>,
         index: usize,
         o: OutputSpec,
         sph: usize,
@@ -266,17 +273,9 @@ impl Engine {
             channels * sph * value_bytes,
             shutdown,
         )?;
-        let pcfg = PipelineConfig {
-            layout,
-            sample_bits: cfg.dig_sample_bits,
-            spectra_per_heap: sph,
-            max_delay_diff: cfg.max_delay_diff,
-            gain: cfg.gain,
-            dither_seed: cfg.dither_seed,
-            out_bits: cfg.out_bits(),
-        };
+        let pcfg = pipeline_config(cfg, layout, sph);
         Ok(Output {
-            pipeline: make_pipeline(cfg, gpu, o, pcfg)?,
+            pipeline: make_pipeline(cfg, cuda, o, pcfg)?,
             sink,
             gains_version: 0,
             capture: true,
@@ -487,97 +486,4 @@ fn emit(sink: &mut HeapSink<u64>, totals: &mut OutputTotals, capture: bool, h: &
     };
     buf.extend_from_slice(h.data);
     sink.send(buf, h.timestamp);
-}
-
-/// The engine's GPU, opened on first use.
-fn open_gpu(cfg: &FengineConfig, gpu: &mut Option<Arc<Gpu>>) -> Result<Arc<Gpu>, EngineError> {
-    if let Some(g) = gpu {
-        return Ok(Arc::clone(g));
-    }
-    let g = Gpu::open(cfg.gpu_device).map_err(|e| ConfigError::new("--backend", e))?;
-    tracing::info!(device = %g.name, arch = %g.arch, "CUDA backend");
-    Ok(gpu.insert(g).clone())
-}
-
-/// The output's pipeline on the chosen backend (one GPU context shared by every output).
-fn make_pipeline(
-    cfg: &FengineConfig,
-    gpu: &mut Option<Arc<Gpu>>,
-    output: OutputSpec,
-    pcfg: PipelineConfig,
-) -> Result<Pipeline, EngineError> {
-    let output = match output {
-        OutputSpec::Narrowband(o) => {
-            let backend: Box<dyn Backend> = match cfg.backend {
-                BackendKind::Cpu => {
-                    let sizes = NarrowbandSizes {
-                        adc_sample_rate: cfg.adc_sample_rate,
-                        sample_bits: pcfg.sample_bits,
-                        body: pcfg.layout.chunk_samples as usize,
-                        tail: pcfg.tail(o.shape()),
-                        spectra_per_heap: pcfg.spectra_per_heap,
-                        out_bits: pcfg.out_bits,
-                    };
-                    let b = NarrowbandBackend::new(&o, sizes).map_err(|e| {
-                        ConfigError::new(
-                            "--narrowband",
-                            format!(
-                                "output {}: DDC filter (ddc_taps={}): {e}",
-                                o.name, o.ddc_taps
-                            ),
-                        )
-                    })?;
-                    Box::new(b)
-                }
-                BackendKind::Cuda => {
-                    let gpu = open_gpu(cfg, gpu)?;
-                    let gcfg = gpu_config(&pcfg, pcfg.tail(o.shape()), 1);
-                    let b = GpuBackend::narrowband(gpu, &o, gcfg, cfg.adc_sample_rate).map_err(
-                        |e| ConfigError::new("--narrowband", format!("output {}: {e}", o.name)),
-                    )?;
-                    Box::new(b)
-                }
-            };
-            return Ok(Pipeline::with_backend(
-                OutputSpec::Narrowband(o),
-                pcfg,
-                backend,
-            ));
-        }
-        OutputSpec::Wideband(o) => o,
-    };
-    match cfg.backend {
-        BackendKind::Cpu => Ok(Pipeline::new(output, pcfg)),
-        BackendKind::Cuda => {
-            let gpu = open_gpu(cfg, gpu)?;
-            let gcfg = gpu_config(
-                &pcfg,
-                pcfg.tail(output.shape()),
-                default_unzip(output.channels),
-            );
-            let backend = GpuBackend::new(gpu, &output, gcfg)
-                .map_err(|e| ConfigError::new("--backend", e))?;
-            Ok(Pipeline::with_backend(
-                output.into(),
-                pcfg,
-                Box::new(backend),
-            ))
-        }
-    }
-}
-
-/// The CUDA backend's shape for an output of `pcfg` (`unzip`: wideband only).
-fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize) -> GpuConfig {
-    GpuConfig {
-        sample_bits: pcfg.sample_bits,
-        body: pcfg.layout.chunk_samples as usize,
-        tail,
-        spectra_per_heap: pcfg.spectra_per_heap,
-        out_bits: pcfg.out_bits,
-        unzip,
-        batch: default_batch(pcfg.spectra_per_heap),
-        // About 8 heaps in flight kept the copies busy in every run (bench/RESULTS.md), in at
-        // least two slots.
-        depth: (8 / default_batch(pcfg.spectra_per_heap)).max(2),
-    }
 }

@@ -1,16 +1,19 @@
 //! The F-engine (seed 000): digitiser heaps in, channelised F heaps out, wideband and
 //! narrowband. [`config`] validates fgpu's flags, [`place`] puts digitiser heaps into chunks,
 //! [`output`] parses `--wideband` and [`narrowband_output`] `--narrowband`, [`pipeline`] turns
-//! chunks into output heaps on a [`backend`] (CPU or CUDA wideband; [`narrowband`] is the CPU
-//! narrowband one), [`heaps`] builds the F heaps on the wire, [`control`] serves katcp,
-//! [`metrics`] names the Prometheus counters, and [`engine`] wires them to the shared receive
-//! and send threads, every output reading the same received chunks.
+//! chunks into output heaps on a [`backend`] (CPU or CUDA, wideband or narrowband; [`narrowband`]
+//! is the CPU narrowband one, [`cuda`] the CUDA one of either kind, whose outputs share one
+//! upload of each chunk through [`cuda_input`]), [`heaps`] builds the F heaps on the wire,
+//! [`control`] serves katcp, [`metrics`] names the Prometheus counters, and [`engine`] wires
+//! them to the shared receive and send threads, every output reading the same received chunks.
 
 pub mod backend;
 pub mod config;
 pub mod control;
 pub mod cuda;
+mod cuda_back;
 mod cuda_front;
+pub mod cuda_input;
 pub mod cuda_shape;
 mod cuda_slot;
 pub mod engine;
@@ -20,6 +23,7 @@ pub mod narrowband;
 pub mod narrowband_output;
 pub mod output;
 pub mod pipeline;
+mod pipelines;
 pub mod place;
 
 pub use config::{BackendKind, FengineConfig};

@@ -92,6 +92,12 @@ impl Kernel {
         }
     }
 
+    /// A checksum of the source (CRC-32): a cached result measured on one version of a kernel
+    /// (`super::ddc_tune`) is not reused for another.
+    pub fn fingerprint(self) -> u32 {
+        crc32fast::hash(self.source().as_bytes())
+    }
+
     fn source(self) -> &'static str {
         match self {
             Kernel::Pfb => concat!(
@@ -124,6 +130,17 @@ pub type Defines = Vec<(&'static str, i64)>;
 pub fn nvrtc_present() -> bool {
     // SAFETY: only tries to dlopen the library.
     unsafe { sys::is_culib_present() }
+}
+
+/// NVRTC's (major, minor) version, or `None` where it cannot be loaded.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    if !nvrtc_present() {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present; the call writes two ints.
+    let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+    (r == sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
 
 /// Compile `kernel` with `defines` for `arch` (`sm_90`, `sm_90a`, ...) to a cubin.

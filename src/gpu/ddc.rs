@@ -30,7 +30,7 @@ pub struct DdcShape {
 
 /// How the work is mapped (seed 002 §Performance tuning): outputs per thread, threads per
 /// phase (a multiple of 32), phases in parallel per block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DdcTuning {
     pub coarsen: usize,
     pub groups: usize,
@@ -38,6 +38,25 @@ pub struct DdcTuning {
 }
 
 impl DdcTuning {
+    /// The grid of mappings seed 002 §Performance tuning calls for: coarsening 2, 4 or 8 outputs
+    /// per thread, 32, 64 or 128 threads per phase, 1, 2 or 4 phases in parallel.
+    /// `cbf-ddc-bench` times all of it; the start-up tuner a few (`ddc_tune::candidates`).
+    pub fn grid() -> Vec<DdcTuning> {
+        let mut v = Vec::new();
+        for coarsen in [2, 4, 8] {
+            for groups in [32, 64, 128] {
+                for subgroup in [1, 2, 4] {
+                    v.push(DdcTuning {
+                        coarsen,
+                        groups,
+                        subgroup,
+                    });
+                }
+            }
+        }
+        v
+    }
+
     /// The first of a few mappings, largest first, whose plan fits (4 outputs per thread, up
     /// to 4 phases in parallel, blocks of at most 256 threads, the decoded span kept near
     /// 32 KiB where the shape allows). Blocks of 512 made ptxas spill for some filters of two

@@ -11,6 +11,7 @@ pub mod beamform;
 pub mod compile;
 pub mod correlate;
 pub mod ddc;
+pub mod ddc_tune;
 pub mod fft;
 pub mod frb;
 pub mod frb_resample;
@@ -109,6 +110,14 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             ctx,
         }))
+    }
+
+    /// The CUDA version the driver supports (`cuDriverGetVersion`: 1000·major + 10·minor).
+    pub fn driver_version(&self) -> Result<i32, GpuError> {
+        let mut v = 0;
+        // SAFETY: the driver is loaded (a context exists); the call writes one int.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }.result()?;
+        Ok(v)
     }
 
     /// Streaming multiprocessors on the device.

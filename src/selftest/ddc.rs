@@ -3,7 +3,8 @@
 //! 2·10⁻⁵·2^bits and the RMS error below 2·10⁻⁶·2^bits. The cases cover every sample width,
 //! odd tap counts and filters shorter than one phase, subsampling factors that are not powers
 //! of two, the largest factor the F-engine accepts (512), filters longer than one register
-//! block, each mapping the kernel takes (coarsening 1–8, 1–8 phases in parallel), and absolute
+//! block, each mapping the kernel takes (coarsening 1–8, 1–8 phases in parallel) and every one
+//! the start-up tuner may pick for decimation 8 and 16, and absolute
 //! timestamps past 2³² with a different one per polarisation (the fixed-point mixer).
 
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use super::Check;
 use crate::dsp::ddc::{ddc, mixer_step};
 use crate::dsp::samples::{pack, packed_len};
 use crate::gpu::ddc::{Ddc, DdcPlan, DdcRun, DdcShape, DdcTuning};
+use crate::gpu::ddc_tune::candidates;
 use crate::gpu::{Gpu, GpuError};
 
 /// katgpucbf's DDC tolerances, in units of 2^bits.
@@ -153,6 +155,20 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(10, 16, 256, 2000, t(4, 256, 4)),
         c(12, 12, 200, 1000, t(8, 128, 3)),
     ]);
+    // Every mapping the start-up tuner may pick (`gpu::ddc_tune::candidates`) for MeerKAT's
+    // discard shapes at decimation 8 and 16.
+    for s in [8, 16] {
+        let shape = DdcShape {
+            sample_bits: 10,
+            subsampling: s,
+            taps: 16 * s,
+        };
+        cases.extend(
+            candidates(shape)
+                .into_iter()
+                .map(|t| c(10, s, 16 * s, 1500, Some(t))),
+        );
+    }
     cases
         .iter()
         .map(|case| check(gpu, &mut rng, case))

@@ -9,6 +9,7 @@ pub mod ddc;
 pub mod fengine;
 pub mod frb;
 pub mod narrowband;
+pub mod outputs;
 pub mod xbengine;
 pub mod xbengine_frb;
 
@@ -31,10 +32,11 @@ type Family = (
     fn(&Arc<Gpu>, u64) -> Result<Vec<Check>, GpuError>,
 );
 
-const FAMILIES: [Family; 8] = [
+const FAMILIES: [Family; 9] = [
     ("fengine", fengine::run),
     ("ddc", ddc::run),
     ("narrowband", narrowband::run),
+    ("outputs", outputs::run),
     ("correlate", correlate::run),
     ("beamform", beamform::run),
     ("frb", frb::run),

@@ -1,0 +1,289 @@
+//! The back end of the F-engine's CUDA backend ([`super::cuda::GpuBackend`]): heaps of
+//! spectra through the batched C2C cuFFT (in place) and the post-processing, `batch` heaps per
+//! launch on the compute stream, then each launch's heaps and their clip and power counters to
+//! pinned host memory on the device-to-host stream. `depth` output slots circulate, so heap
+//! h's copy-out overlaps heap h+1's compute. The per-heap delay terms are written into mapped
+//! host memory rather than copied (seed 000 §Postprocessing: small copies queue behind the
+//! sample transfers), and moved into device memory once per launch by the post-processing op.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+
+use super::backend::{BackEndInput, Finished};
+use super::cuda_shape::GpuConfig;
+use super::cuda_slot::OutSlot;
+use crate::dsp::postproc::{OutputBits, PhaseConvention};
+use crate::gpu::fft::BatchedFft;
+use crate::gpu::postproc::{Postproc, PostprocShape};
+use crate::gpu::timeline::Timeline;
+use crate::gpu::{Gpu, GpuError};
+
+pub struct BackEnd {
+    gpu: Arc<Gpu>,
+    post: Postproc,
+    fft: BatchedFft,
+    /// Output channels, and the phase convention of their delay terms.
+    channels: usize,
+    convention: PhaseConvention,
+    /// Digitiser samples from one spectrum to the next.
+    step: usize,
+    /// Spectra per heap, and per launch (`batch` heaps).
+    heap_spectra: usize,
+    spectra: usize,
+    batch: usize,
+    /// Per heap of a batch: [pol][channel] complex gains.
+    gains: CudaSlice<f32>,
+    /// The latest gains on the device, their version (the pipeline's), and the version each
+    /// batch position holds.
+    gains_master: CudaSlice<f32>,
+    gains_version: Option<u64>,
+    gains_at: Vec<Option<u64>>,
+    slots: Vec<OutSlot>,
+    /// The slot being filled, and how many heaps it holds so far (not yet launched).
+    fill: usize,
+    pending: usize,
+    /// (slot, heap in the slot) of every heap submitted and not yet taken.
+    in_flight: VecDeque<(usize, usize)>,
+    out_bytes: usize,
+    /// The dither seed of the heaps being batched.
+    dither: Option<u64>,
+    pub(super) timeline: Timeline,
+}
+
+impl BackEnd {
+    pub fn new(
+        gpu: Arc<Gpu>,
+        fft: BatchedFft,
+        post: PostprocShape,
+        convention: PhaseConvention,
+        step: usize,
+        cfg: &GpuConfig,
+    ) -> Result<BackEnd, GpuError> {
+        let channels = post.channels;
+        let hs = cfg.spectra_per_heap;
+        let batch = cfg.batch.max(1);
+        let s = hs * batch;
+        let post = Postproc::new(&gpu, post)?;
+        let out_bytes = channels
+            * hs
+            * if cfg.out_bits == OutputBits::Four {
+                2
+            } else {
+                4
+            };
+        let slots = (0..cfg.depth.max(1))
+            .map(|_| OutSlot::new(&gpu, s, batch, out_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let st = &gpu.compute;
+        Ok(BackEnd {
+            post,
+            fft,
+            channels,
+            convention,
+            step,
+            heap_spectra: hs,
+            spectra: s,
+            batch,
+            gains: st.alloc_zeros(4 * channels * batch)?,
+            gains_master: st.alloc_zeros(4 * channels)?,
+            gains_version: None,
+            gains_at: vec![None; batch],
+            slots,
+            fill: 0,
+            pending: 0,
+            in_flight: VecDeque::with_capacity(cfg.depth * batch),
+            out_bytes,
+            dither: None,
+            timeline: Timeline::default(),
+            gpu,
+        })
+    }
+
+    /// The heap of the batch being filled (its position in the frames and power counters).
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// The batched C2C FFT of every frame, in place.
+    pub fn fft(&mut self, frames: &mut CudaSlice<f32>) -> Result<(), GpuError> {
+        self.fft.forward(frames)
+    }
+
+    /// Write heap `pending`'s delay terms and first timestamp into the filling slot, uploading
+    /// the gains first if they changed (after launching the heaps that used the old ones).
+    pub fn stage(&mut self, input: &BackEndInput<'_>) -> Result<(), GpuError> {
+        let (hs, s, n) = (self.heap_spectra, self.spectra, self.channels);
+        assert_eq!(
+            input.timestamps.len(),
+            hs,
+            "a heap has spectra_per_heap spectra"
+        );
+        // The kernel keys the dither on timestamps[0] + spectrum·step: a heap's spectra are
+        // consecutive (the pipeline starts a new heap at any skip).
+        debug_assert!(input
+            .timestamps
+            .windows(2)
+            .all(|w| w[1] - w[0] == self.step as i64));
+        // Gains: each heap of a batch has its own copy, so a change (rarely: a katcp request)
+        // takes effect at its heap. Uploaded once per change, then copied on the device into
+        // each position as it is next used.
+        let b = self.pending;
+        let version = Some(input.gains_version);
+        if self.gains_version != version {
+            for p in 0..2 {
+                let flat: &[f32] = bytemuck::cast_slice(input.gains[p]);
+                self.gpu.compute.memcpy_htod(
+                    flat,
+                    &mut self.gains_master.slice_mut(p * 2 * n..(p + 1) * 2 * n),
+                )?;
+            }
+            self.gains_version = version;
+        }
+        if self.gains_at[b] != self.gains_version {
+            let len = 4 * n;
+            self.gpu.compute.memcpy_dtod(
+                &self.gains_master,
+                &mut self.gains.slice_mut(b * len..(b + 1) * len),
+            )?;
+            self.gains_at[b] = self.gains_version;
+        }
+        let slot = &mut self.slots[self.fill];
+        // θ_k/π = x·k + y per pol and spectrum (fengine_delay_convention.md §3; the kernel
+        // evaluates it with sincospi): with the convention's slope delay δ′ and fixed phase
+        // φ′ (wideband δ and φ + (π/2)(c mod 4); narrowband δ/decimation and φ),
+        // x = −δ′/N, y = δ′/2 + φ′/π, reduced mod 2 in f64 before rounding to f32.
+        let ph = slot.phase_host.as_mut_slice()?;
+        for p in 0..2 {
+            for (j, d) in input.delays[p].iter().enumerate() {
+                let (fine, fixed) = self.convention.terms(d);
+                let y = fine / 2.0 + fixed / std::f64::consts::PI;
+                let at = 2 * (p * s + b * hs + j);
+                ph[at] = (-fine / n as f64) as f32;
+                ph[at + 1] = y.rem_euclid(2.0) as f32;
+            }
+        }
+        slot.ts0_host.as_mut_slice()?[b] = input.timestamps[0];
+        Ok(())
+    }
+
+    /// The post-processing kernel over the filling slot's batch (device memory only).
+    pub fn postproc(
+        &mut self,
+        frames: &CudaSlice<f32>,
+        power: &mut CudaSlice<u64>,
+        seed: Option<u64>,
+    ) -> Result<(), GpuError> {
+        let slot = &mut self.slots[self.fill];
+        self.post.launch(
+            &self.gpu.compute,
+            &mut slot.out,
+            frames,
+            &self.gains,
+            slot.phase_dev,
+            slot.ts0_dev,
+            seed.unwrap_or(0),
+            power,
+            &mut slot.stats,
+        )
+    }
+
+    /// FFT and post-process the filling slot's heaps (all of the batch, however many were
+    /// submitted: the rest are ignored), copy them out, and move on to the next slot.
+    fn launch_batch(
+        &mut self,
+        frames: &mut CudaSlice<f32>,
+        power: &mut CudaSlice<u64>,
+    ) -> Result<(), GpuError> {
+        let t = self.timeline.start(&self.gpu, &self.gpu.compute)?;
+        self.fft(frames)?;
+        self.postproc(frames, power, self.dither)?;
+        self.timeline
+            .end(&self.gpu, &self.gpu.compute, "compute fft+postproc", t)?;
+        let d2h = &self.gpu.d2h;
+        let t = self.timeline.start(&self.gpu, d2h)?;
+        let slot = &mut self.slots[self.fill];
+        d2h.memcpy_dtoh(&slot.out, &mut slot.out_host)?;
+        d2h.memcpy_dtoh(&slot.stats, &mut slot.stats_host)?;
+        slot.done.record(d2h)?;
+        self.timeline.end(&self.gpu, d2h, "d2h batch", t)?;
+        self.fill = (self.fill + 1) % self.slots.len();
+        self.pending = 0;
+        Ok(())
+    }
+
+    /// Queue the heap whose spectra are in the frames at position `pending`, launching the
+    /// batch once it is full.
+    pub fn submit(
+        &mut self,
+        frames: &mut CudaSlice<f32>,
+        power: &mut CudaSlice<u64>,
+        input: &BackEndInput<'_>,
+    ) -> Result<(), GpuError> {
+        self.dither = input.dither;
+        self.stage(input)?;
+        self.slots[self.fill].unemitted += 1;
+        self.in_flight.push_back((self.fill, self.pending));
+        self.pending += 1;
+        if self.pending == self.batch {
+            self.launch_batch(frames, power)?;
+        }
+        Ok(())
+    }
+
+    /// The filling slot has room; a slot starts a new batch only once every heap of its
+    /// previous one has been taken (its host buffers are about to be rewritten).
+    pub fn ready(&self) -> bool {
+        self.pending > 0 || self.slots[self.fill].unemitted == 0
+    }
+
+    /// The oldest heap in flight, once done (waiting for it if `wait`, which also launches a
+    /// partly filled batch holding it).
+    pub fn finished(
+        &mut self,
+        wait: bool,
+        frames: &mut CudaSlice<f32>,
+        power: &mut CudaSlice<u64>,
+    ) -> Result<Option<Finished<'_>>, GpuError> {
+        let Some(&(idx, b)) = self.in_flight.front() else {
+            return Ok(None);
+        };
+        if idx == self.fill && self.pending > 0 {
+            // The oldest heap is in the batch still filling.
+            if !wait {
+                return Ok(None);
+            }
+            self.launch_batch(frames, power)?;
+        }
+        let slot = &self.slots[idx];
+        if wait {
+            self.timeline
+                .wait("host waits for a heap", || slot.done.synchronize())?;
+        } else if !slot.done.is_complete() {
+            return Ok(None);
+        }
+        self.in_flight.pop_front();
+        let ob = self.out_bytes;
+        let slot = &mut self.slots[idx];
+        let stats = slot.stats_host.as_slice()?;
+        let clips = [
+            stats[4 * b] - slot.clips_base[b][0],
+            stats[4 * b + 1] - slot.clips_base[b][1],
+        ];
+        let power = [stats[4 * b + 2] as i64, stats[4 * b + 3] as i64];
+        slot.unemitted -= 1;
+        if slot.unemitted == 0 {
+            // Every position's counters, the unused ones of a partial batch included, are the
+            // base for the slot's next launch.
+            for (base, st) in slot.clips_base.iter_mut().zip(stats.chunks_exact(4)) {
+                *base = [st[0], st[1]];
+            }
+        }
+        Ok(Some(Finished {
+            data: &slot.out_host.as_slice()?[b * ob..(b + 1) * ob],
+            clips,
+            power,
+        }))
+    }
+}
