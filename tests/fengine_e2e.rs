@@ -784,8 +784,10 @@ fn gains_leakage_and_capture_control() {
                 &katcp_port.to_string(),
                 "--katcp-host",
                 "127.0.0.1",
+                // Past the test's own end (the guard kills it then): the test's katcp calls
+                // each start a Python client, seconds apiece on a loaded machine.
                 "--duration",
-                "12",
+                "40",
             ])
             .args(["--prometheus-port", &metrics_port.to_string()])
             .args([
@@ -806,7 +808,7 @@ fn gains_leakage_and_capture_control() {
                 "--period",
                 "65536",
                 "--duration",
-                "10",
+                "40",
                 "--katcp-port",
                 "0",
             ])
