@@ -74,9 +74,9 @@ impl HostRegistrations {
     }
 
     /// Whether `buffer` lies wholly inside one locked buffer, so that the device may copy
-    /// into it asynchronously.
+    /// into it asynchronously (an empty one: whether its address lies inside one).
     pub fn covers(&self, buffer: &[u8]) -> bool {
-        let (p, n) = (buffer.as_ptr() as usize, buffer.len());
+        let (p, n) = (buffer.as_ptr() as usize, buffer.len().max(1));
         self.regions
             .iter()
             .any(|&(s, len)| s <= p && p + n <= s + len)

@@ -277,7 +277,15 @@ impl XbBackend for CudaBackend {
                 true,
             )
             .map_err(gpu_error)?;
-        out.resize(self.vis.len() * 4, 0);
+        let need = self.vis.len() * 4;
+        if out.capacity() < need && self.pinned.covers(&out[..0]) {
+            // Growing it would free page-locked memory the backend still has registered.
+            return Err(BackendError(format!(
+                "an X heap buffer given to pin holds {} bytes, a dump takes {need}",
+                out.capacity()
+            )));
+        }
+        out.resize(need, 0);
         let d2h = &self.gpu.d2h;
         let dump = &mut self.dumps[output];
         d2h.memcpy_dtoh(&self.clips, &mut dump.clips)
