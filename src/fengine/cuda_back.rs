@@ -202,7 +202,11 @@ impl BackEnd {
         self.timeline
             .end(&self.gpu, &self.gpu.compute, "compute fft+postproc", t)?;
         let d2h = &self.gpu.d2h;
-        let t = self.timeline.start(&self.gpu, d2h)?;
+        // The copy waits for this post-processing: the span starts after it, so it times the
+        // copy alone.
+        let t = self
+            .timeline
+            .start_after(&self.gpu, d2h, &self.gpu.compute)?;
         let slot = &mut self.slots[self.fill];
         d2h.memcpy_dtoh(&slot.out, &mut slot.out_host)?;
         d2h.memcpy_dtoh(&slot.stats, &mut slot.stats_host)?;

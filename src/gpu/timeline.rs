@@ -89,6 +89,23 @@ impl Timeline {
         Ok(Some(e))
     }
 
+    /// A timing event recorded on `stream` once its work so far and `after`'s have finished,
+    /// if recording: `stream` is made to wait for `after` first (it would wait for some of
+    /// that work anyway, at its next dependent call), so the span times `stream`'s own work
+    /// only, not that wait.
+    pub fn start_after(
+        &self,
+        gpu: &Arc<Gpu>,
+        stream: &CudaStream,
+        after: &CudaStream,
+    ) -> Result<Option<CudaEvent>, GpuError> {
+        if self.spans.is_none() {
+            return Ok(None);
+        }
+        stream.join(after)?;
+        self.start(gpu, stream)
+    }
+
     /// Close the span `start` opened, under `label`.
     pub fn end(
         &self,
