@@ -316,7 +316,7 @@ fn whole_path(
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
-            batch: default_batch(sph, channels * sph * 4),
+            batch: default_batch(sph),
             depth: slots,
         },
     )?;
@@ -433,7 +433,7 @@ fn main() -> Result<(), GpuError> {
     // The PCIe bound is re-measured right before each whole-path run: the machine's link is
     // shared and has been seen to vary between runs.
     for channels in [4096, 32768] {
-        let batch = default_batch((1 << 20) / channels, 4 << 20);
+        let batch = default_batch((1 << 20) / channels);
         for slots in [(8 / batch).max(2), 4] {
             let bound = pcie_bound(&gpu)?;
             let (rate, heaps) = whole_path(
@@ -458,8 +458,7 @@ fn main() -> Result<(), GpuError> {
     if std::env::args().any(|a| a == "--scan") {
         for channels in [4096, 16384, 32768] {
             let sph = (1 << 20) / channels;
-            let launch = sph * default_batch(sph, channels * sph * 4);
-            for (what, spectra) in [("heap", sph), ("launch", launch)] {
+            for (what, spectra) in [("heap", sph), ("launch", sph * default_batch(sph))] {
                 for f in kernels_at(&gpu, channels, spectra, true, &[32, 64])? {
                     println!(
                         "{what}-size kernels {:>5} ch, {spectra:>4} spectra, section {:>2}: pfb {:>5.0} GB/s, fft {:>5.0} GB/s, postproc {:>5.0} GB/s, chain {:>4.0} GS/s",
@@ -476,7 +475,7 @@ fn main() -> Result<(), GpuError> {
             (4096, 24, 16),
         ] {
             let bound = pcie_bound(&gpu)?;
-            let batch = default_batch((1 << 20) / shape.0, 4 << 20);
+            let batch = default_batch((1 << 20) / shape.0);
             let (rate, _) = whole_path(&gpu, shape, 100, (8 / batch).max(2), false)?;
             println!(
                 "scan {:>5} ch, 2^{} samples per chunk, {:>2} taps: {:.1} GS/s = {:.0}% of {:.1}",

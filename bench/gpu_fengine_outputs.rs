@@ -153,8 +153,8 @@ pub fn whole_path_outputs(
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(o.channels()),
-            batch: default_batch(sph, o.channels() * sph * 4),
-            depth: (8 / default_batch(sph, o.channels() * sph * 4)).max(2),
+            batch: default_batch(sph),
+            depth: (8 / default_batch(sph)).max(2),
         };
         let mut backend = match &o {
             OutputSpec::Wideband(w) => GpuBackend::wideband(&input, w, gcfg)?,

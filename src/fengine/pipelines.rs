@@ -13,7 +13,6 @@ use super::narrowband::{NarrowbandBackend, NarrowbandSizes};
 use super::output::OutputSpec;
 use super::pipeline::{Pipeline, PipelineConfig};
 use super::place::InputLayout;
-use crate::dsp::postproc::OutputBits;
 use crate::engine::{ConfigError, EngineError};
 use crate::gpu::ddc_tune::TuningCache;
 use crate::gpu::Gpu;
@@ -138,13 +137,13 @@ pub(super) fn make_pipeline(
             Box::new(b)
         }
         (OutputSpec::Wideband(o), Some(shared)) => {
-            let gcfg = gpu_config(&pcfg, tail, default_unzip(o.channels), o.channels);
+            let gcfg = gpu_config(&pcfg, tail, default_unzip(o.channels));
             let b = GpuBackend::wideband(&shared.input, o, gcfg)
                 .map_err(|e| ConfigError::new("--backend", e))?;
             Box::new(b)
         }
         (OutputSpec::Narrowband(o), Some(shared)) => {
-            let gcfg = gpu_config(&pcfg, tail, 1, o.channels);
+            let gcfg = gpu_config(&pcfg, tail, 1);
             let input = shared.input.clone();
             let cache = shared.tuning(cfg);
             let b = GpuBackend::narrowband_on(
@@ -161,16 +160,8 @@ pub(super) fn make_pipeline(
     Ok(Pipeline::with_backend(output, pcfg, backend))
 }
 
-/// The CUDA backend's shape for an output of `pcfg` with `channels` channels (`unzip`:
-/// wideband only).
-fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize, channels: usize) -> GpuConfig {
-    // Both pols' (re, im) per channel and spectrum: int8, or 4-bit packed.
-    let value_bytes = match pcfg.out_bits {
-        OutputBits::Eight => 4,
-        OutputBits::Four => 2,
-    };
-    let heap_bytes = channels * pcfg.spectra_per_heap * value_bytes;
-    let batch = default_batch(pcfg.spectra_per_heap, heap_bytes);
+/// The CUDA backend's shape for an output of `pcfg` (`unzip`: wideband only).
+fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize) -> GpuConfig {
     GpuConfig {
         sample_bits: pcfg.sample_bits,
         body: pcfg.layout.chunk_samples as usize,
@@ -178,9 +169,9 @@ fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize, channels: usize)
         spectra_per_heap: pcfg.spectra_per_heap,
         out_bits: pcfg.out_bits,
         unzip,
-        batch,
+        batch: default_batch(pcfg.spectra_per_heap),
         // About 8 heaps in flight kept the copies busy in every run (bench/RESULTS.md), in at
         // least two slots.
-        depth: (8 / batch).max(2),
+        depth: (8 / default_batch(pcfg.spectra_per_heap)).max(2),
     }
 }
