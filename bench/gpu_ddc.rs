@@ -10,9 +10,9 @@
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
 //! Usage: `cbf-ddc-bench [--quick]` (`--quick`: three shapes, the default mapping only).
 
-use cbf::dsp::ddc::mixer_step;
 use cbf::gpu::compile::Kernel;
-use cbf::gpu::ddc::{Ddc, DdcPlan, DdcRun, DdcShape, DdcTuning};
+use cbf::gpu::ddc::{DdcPlan, DdcShape, DdcTuning};
+use cbf::gpu::ddc_tune::time_mapping;
 use cbf::gpu::{Gpu, GpuError};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -52,43 +52,18 @@ struct Measured {
     seconds: f64,
 }
 
-/// The median time of one launch over `n_in` samples of each polarisation.
+/// The median time of one launch over `n_in` samples of each polarisation (`None`: the
+/// mapping does not fit this shape).
 fn time_shape(
     gpu: &Gpu,
     shape: DdcShape,
     tuning: DdcTuning,
     n_in: usize,
 ) -> Result<Option<Measured>, GpuError> {
-    let Ok(plan) = DdcPlan::new(shape, tuning) else {
+    if DdcPlan::new(shape, tuning).is_err() {
         return Ok(None);
-    };
-    let op = Ddc::new(gpu, plan)?;
-    let s = shape.subsampling;
-    // Any taps time the same; a remez design of the longest filters takes minutes.
-    let h: Vec<f32> = (0..shape.taps)
-        .map(|k| ((k * 7919) % 1000) as f32 * 1e-4 - 0.05)
-        .collect();
-    let step = mixer_step(0.1234);
-    let z = gpu.compute.clone_htod(&plan.mixed_weights(&h, step))?;
-    let pol_stride = n_in * shape.sample_bits as usize / 8 + 16;
-    let bytes: Vec<u8> = (0..2 * pol_stride)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8)
-        .collect();
-    let input = gpu.compute.clone_htod(&bytes)?;
-    let n_out = (n_in - shape.taps) / s + 1;
-    let mut out = gpu.compute.alloc_zeros::<f32>(4 * n_out)?;
-    let run = DdcRun {
-        pols: 2,
-        n_in,
-        pol_stride,
-        n_out,
-        out_stride: n_out,
-        t_first: [1 << 40, 1 << 40],
-        step,
-    };
-    let seconds = timed::<GpuError>(gpu, 10, &mut || {
-        op.launch(&gpu.compute, &mut out, &input, &z, run)
-    })?;
+    }
+    let seconds = time_mapping(gpu, shape, tuning, n_in, 10)?;
     Ok(Some(Measured { tuning, seconds }))
 }
 

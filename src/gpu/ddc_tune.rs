@@ -112,53 +112,13 @@ pub struct Search {
     pub best: Option<DdcTuning>,
 }
 
-/// Time every candidate for `shape` on the compute stream over arbitrary samples and taps
-/// (the kernel's speed depends on neither).
+/// Time every candidate for `shape` on the compute stream ([`time_mapping`] over
+/// [`TUNE_SAMPLES`] samples).
 pub fn search(gpu: &Gpu, shape: DdcShape) -> Result<Search, GpuError> {
-    let s = shape.subsampling;
     let n_in = TUNE_SAMPLES.max(4 * shape.taps);
-    let pol_stride = (n_in * shape.sample_bits as usize).div_ceil(8) + 16;
-    let bytes: Vec<u8> = (0..2 * pol_stride)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
-        .collect();
-    let st = &gpu.compute;
-    let input = st.clone_htod(&bytes)?;
-    let n_out = (n_in - shape.taps) / s + 1;
-    let mut out = st.alloc_zeros::<f32>(4 * n_out)?;
-    let h: Vec<f32> = (0..shape.taps)
-        .map(|k| ((k * 7919) % 1000) as f32 * 1e-4 - 0.05)
-        .collect();
-    let run = DdcRun {
-        pols: 2,
-        n_in,
-        pol_stride,
-        n_out,
-        out_stride: n_out,
-        t_first: [1 << 40, 1 << 40],
-        step: 0x1234_5678,
-    };
     let mut timings = Vec::new();
     for t in candidates(shape) {
-        let time = (|| -> Result<f64, GpuError> {
-            let plan = DdcPlan::new(shape, t)?;
-            let op = Ddc::new(gpu, plan)?;
-            let z = st.clone_htod(&plan.mixed_weights(&h, run.step))?;
-            let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-            let mut v = Vec::with_capacity(TUNE_REPS);
-            for rep in 0..=TUNE_REPS {
-                let (a, b) = (gpu.ctx.new_event(timing)?, gpu.ctx.new_event(timing)?);
-                a.record(st)?;
-                op.launch(st, &mut out, &input, &z, run)?;
-                b.record(st)?;
-                b.synchronize()?;
-                if rep > 0 {
-                    v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
-                }
-            }
-            v.sort_by(f64::total_cmp);
-            Ok(v[v.len() / 2])
-        })();
-        match time {
+        match time_mapping(gpu, shape, t, n_in, TUNE_REPS) {
             Ok(seconds) => timings.push((t, Some(seconds))),
             Err(e) => {
                 tracing::debug!(?t, error = %e, "DDC mapping left out of the search");
@@ -172,6 +132,56 @@ pub fn search(gpu: &Gpu, shape: DdcShape) -> Result<Search, GpuError> {
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(t, _)| t);
     Ok(Search { timings, best })
+}
+
+/// The median seconds of one launch of the DDC with mapping `tuning` over `n_in` samples of
+/// each polarisation, after one unmeasured launch: arbitrary samples and taps, as the kernel's
+/// speed depends on neither. An error if the mapping does not compile without spills or does
+/// not launch. (The start-up search and `cbf-ddc-bench` both time through this.)
+pub fn time_mapping(
+    gpu: &Gpu,
+    shape: DdcShape,
+    tuning: DdcTuning,
+    n_in: usize,
+    reps: usize,
+) -> Result<f64, GpuError> {
+    let plan = DdcPlan::new(shape, tuning)?;
+    let op = Ddc::new(gpu, plan)?;
+    let pol_stride = (n_in * shape.sample_bits as usize).div_ceil(8) + 16;
+    let bytes: Vec<u8> = (0..2 * pol_stride)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+        .collect();
+    let st = &gpu.compute;
+    let input = st.clone_htod(&bytes)?;
+    let n_out = (n_in - shape.taps) / shape.subsampling + 1;
+    let mut out = st.alloc_zeros::<f32>(4 * n_out)?;
+    let h: Vec<f32> = (0..shape.taps)
+        .map(|k| ((k * 7919) % 1000) as f32 * 1e-4 - 0.05)
+        .collect();
+    let run = DdcRun {
+        pols: 2,
+        n_in,
+        pol_stride,
+        n_out,
+        out_stride: n_out,
+        t_first: [1 << 40, 1 << 40],
+        step: 0x1234_5678,
+    };
+    let z = st.clone_htod(&plan.mixed_weights(&h, run.step))?;
+    let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let mut v = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        let (a, b) = (gpu.ctx.new_event(timing)?, gpu.ctx.new_event(timing)?);
+        a.record(st)?;
+        op.launch(st, &mut out, &input, &z, run)?;
+        b.record(st)?;
+        b.synchronize()?;
+        if rep > 0 {
+            v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
+        }
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
 }
 
 /// The cache file's contents: key text → mapping.
