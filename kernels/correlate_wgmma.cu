@@ -10,13 +10,17 @@
 //
 // Work: an item is one (batch group, channel, column tile of 128 antenna-pols, pair of row
 // tiles of 64 antenna-pols). A cluster of two blocks takes an item, block r of the cluster the
-// row tile 2p + r, so both multiply the same column tile: each block loads half of the column
-// tile's 256 planar rows and multicasts it to both (cp.async.bulk … .multicast::cluster), which
+// row tile 2p + r (on the diagonal, two of its four row chunks: row_chunks), so both multiply
+// the same column tile: each block loads half of the column tile's 256 planar rows and multicasts it to both (cp.async.bulk … .multicast::cluster), which
 // halves the L2 → SM traffic of the column operand (48 KB → 32 KB staged per block per step; at
 // ~1,000 useful TOPS v6 pulled ≈ 6 TB/s out of L2, bench/correlator-notes.md). The grid is
-// persistent: as many clusters as fit at once, each walking items cluster, cluster + clusters, …
-// so that one item's epilogue overlaps the next item's loads, and the blocks never drain and
-// refill the pipeline per tile as v6's one-tile blocks did.
+// persistent: as many clusters as fit at once, each taking the next item from a counter of the
+// launch's (block 0's producer takes it and passes it to the rest of the cluster through a ring
+// in shared memory), so that one item's epilogue overlaps the next item's loads, the blocks
+// never drain and refill the pipeline per tile as v6's one-tile blocks did, items of unequal
+// cost (the diagonal's) balance out, and the clusters at work at once stay on neighbouring
+// items, which share their rows in L2 (dealt statically instead, the clusters drifted apart by
+// up to 200 channels and lost that sharing: bench/correlator-notes.md v9).
 //
 // Block: two consumer warpgroups and one producer warp. The producer's lane 0 stages each step
 // with two bulk copies (the corner turn stored a step of a tile's rows contiguously, already in
@@ -30,7 +34,11 @@
 // while the next step's are issued. The epilogue adds the item's sums into the int64
 // accumulators with bulk asynchronous reduce-adds from a shared staging area of its own (not
 // the stages, which the producer is already refilling), a quarter of the column antennas at a
-// time. Not taken (yet): trimming N on diagonal tiles, fusing the corner turn into the staging.
+// time. On the diagonal (a column tile against its own antenna-pols) each warpgroup multiplies
+// only the columns at or after its row chunk, with a narrower wgmma (row_chunks), so a
+// diagonal item costs 5/8 of a full one (the work below the diagonal was a tenth of the issued
+// work at N = 576, a fifth at 256, half at 64). Not taken (yet): fusing the corner turn into
+// the staging.
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "correlate_wgmma.cu needs sm_90a (wgmma)"
@@ -42,13 +50,14 @@
 #define A_ROWS 128                // planar rows of a block's row tile (64 antenna-pols)
 #define B_ROWS 256                // planar rows of the column tile (128 antenna-pols)
 #define A_BYTES (A_ROWS * KSTEP)
+#define CHUNK_BYTES (A_BYTES / 2) // a warpgroup's row chunk: 64 planar rows
 #define B_BYTES (B_ROWS * KSTEP)
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 #define COL_TILES (NP / 128)
 #define PAIRS (COL_TILES * (COL_TILES + 1) / 2)
 #define N_BASELINES (N_ANTS * (N_ANTS + 1) / 2)
-#define STAGE_A1 32 // antennas of a row tile
 #define STAGE_A2 64 // antennas of a column tile
+#define RING 4      // slots of the cluster's item ring
 
 typedef long long i64;
 typedef unsigned int u32;
@@ -67,38 +76,66 @@ __device__ __forceinline__ u64 desc(u32 smem_addr)
     return d;
 }
 
-// One m64n256k32 s8 warpgroup MMA from two shared-memory descriptors into the 128 int32
-// accumulators of this thread; `scale_d` = 0 starts the sum afresh, 1 adds to it.
-__device__ __forceinline__ void wgmma_m64n256k32(int (&d)[128], u64 a_desc, u64 b_desc, int scale_d)
+// The accumulator registers an m64nNk32 wgmma names, a quarter (64 column planar rows, 32
+// accumulators) at a time. A trimmed MMA (N = 256 − 64·J0, its B operand starting at the
+// column tile's planar row 64·J0) writes accumulators 0 .. N/2 − 1, so accumulator i holds
+// column chunk i / 4 + 8·J0. Every shape starts at accumulator 0: with the trimmed ones writing
+// the full one's last registers instead (the same columns in the same registers), ptxas
+// serialised every wgmma for want of registers (C7511).
+#define WG_REGS_0 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_REGS_1 \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
+    "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_REGS_2 \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, " \
+    "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define WG_REGS_3 \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
+    "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, " \
+    "%125, %126, %127"
+#define WG_OUTS \
+    "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), \
+    "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), \
+    "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), \
+    "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), \
+    "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), \
+    "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), \
+    "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), \
+    "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), \
+    "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]), \
+    "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), \
+    "+r"(d[71]), "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), \
+    "+r"(d[78]), "+r"(d[79]), "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), \
+    "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), \
+    "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]), "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), \
+    "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]), "+r"(d[104]), \
+    "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), \
+    "+r"(d[111]), "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), \
+    "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), \
+    "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+#define WGMMA_S8(N, REGS)                                                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                   \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 {" REGS "}, %128, %129, p;\n}\n" \
+                 : WG_OUTS                                                                        \
+                 : "l"(a_desc), "l"(b_desc), "r"(scale_d))
+
+// One m64nNk32 s8 warpgroup MMA (N = 256 − 64·J0) from two shared-memory descriptors into this
+// thread's int32 accumulators 0 .. 127 − 32·J0; `scale_d` = 0 starts the sum afresh, 1 adds to it.
+// The trimmed shapes serve the diagonal items, where a row chunk needs only the columns at or
+// after it (see corr_wgmma).
+template <int J0>
+__device__ __forceinline__ void wgmma_s8(int (&d)[128], u64 a_desc, u64 b_desc, int scale_d)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, %128, %129, p;\n}\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-                 "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-                 "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-                 "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-                 "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-                 "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-                 "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-                 "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
-                 "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
-                 "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
-                 "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
-                 "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
-                 "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
-                 "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
-                 "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
-                 "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
-                 : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+    if constexpr (J0 == 0)
+        WGMMA_S8(256, WG_REGS_0 ", " WG_REGS_1 ", " WG_REGS_2 ", " WG_REGS_3);
+    else if constexpr (J0 == 1)
+        WGMMA_S8(192, WG_REGS_0 ", " WG_REGS_1 ", " WG_REGS_2);
+    else if constexpr (J0 == 2)
+        WGMMA_S8(128, WG_REGS_0 ", " WG_REGS_1);
+    else
+        WGMMA_S8(64, WG_REGS_0);
 }
 
 // Wait until at most N wgmma groups are in flight. The accumulators are named as operands so
@@ -113,26 +150,46 @@ __device__ __forceinline__ void wgmma_wait(int (&d)[128])
         asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// Pair index → column tile ct (of 128 antenna-pols) and pair pp of its row tiles: column tile ct
-// holds row tiles 0 .. 2·ct + 1 (ct + 1 pairs), so the pairs before it number ct·(ct + 1)/2.
-__device__ __forceinline__ void pair_of(int k, int &ct, int &pp)
+// Item → (batch group and channel `cb`, column tile ct, pair pp of its row tiles), pairs inner:
+// column tile ct holds row tiles 0 .. 2·ct + 1, i.e. ct + 1 pairs (the last on the diagonal),
+// so the pairs before it number ct·(ct + 1)/2. Items are handed out in this order (next_item),
+// so the clusters at work at once share a few channels' rows in L2.
+__device__ __forceinline__ void item_parts(int it, int &cb, int &ct, int &pp)
 {
+    const int k = it % PAIRS;
+    cb = it / PAIRS;
     ct = 0;
     while ((ct + 1) * (ct + 2) / 2 <= k)
         ++ct;
     pp = k - ct * (ct + 1) / 2;
 }
 
-__device__ __forceinline__ u32 special(int which)
+// The row chunks (32 antenna-pols: 64 planar rows, 8 KB of a step) that warpgroups 0 and 1 of
+// block `rank` multiply in pair pp of column tile ct. Off the diagonal (pp < ct) the block takes
+// row tile 2·pp + rank whole. On it (pp = ct, the row tiles that are the column tile itself)
+// row chunk j of the tile needs only the columns from its own first antenna-pol on, N = 256 −
+// 64·j planar rows, so the four chunks cost 4 : 3 : 2 : 1 tensor time; block 0 takes chunks 0
+// and 3, block 1 chunks 1 and 2, which balances the two blocks (5 : 5) that share each stage
+// through the multicast, and the diagonal item costs 5/8 of a full one.
+__device__ __forceinline__ void row_chunks(int ct, int pp, int rank, int &r0, int &r1)
+{
+    if (pp < ct)
+    {
+        r0 = 2 * (2 * pp + rank);
+        r1 = r0 + 1;
+    }
+    else
+    {
+        r0 = 4 * ct + rank;
+        r1 = 4 * ct + 3 - rank;
+    }
+}
+
+__device__ __forceinline__ int cluster_rank()
 {
     u32 v;
-    if (which == 0)
-        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(v));
-    else if (which == 1)
-        asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(v));
-    else
-        asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(v));
-    return v;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(v));
+    return (int)v;
 }
 
 __device__ __forceinline__ void mbar_init(u32 bar, int count)
@@ -147,6 +204,37 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity)
                  "@!p bra WAIT;\n}\n" ::"r"(bar),
                  "r"(parity)
                  : "memory");
+}
+
+// The same wait with cluster-scope acquire: for the item ring, whose slots the peer block's
+// producer writes.
+__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity)
+{
+    asm volatile("{\n.reg .pred p;\nWAITC:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAITC;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+// Arrive with cluster-scope release on the mbarrier at shared offset `bar` of block `rank`.
+__device__ __forceinline__ void mbar_arrive_at(u32 bar, u32 rank)
+{
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
+// The item of sequence number `seq` from the cluster's ring (next_item), read by one lane of
+// every consumer warp and by block 1's producer; the reader's arrival on block 0's "taken"
+// mbarrier lets block 0's producer reuse the slot.
+__device__ __forceinline__ int take_item(u32 seq, u32 ring_full, u32 ring_taken, const volatile int *ring)
+{
+    const u32 q = seq % RING;
+    mbar_wait_cluster(ring_full + 8 * q, (seq / RING) & 1);
+    const int item = ring[q];
+    mbar_arrive_at(ring_taken + 8 * q, 0);
+    return item;
 }
 
 // Arrive on the mbarrier at shared offset `bar` in both blocks of the cluster. The arrival
@@ -186,24 +274,100 @@ __device__ __forceinline__ void bulk_load_multicast(u32 dst, const void *src, u3
                  : "memory");
 }
 
+// One item's steps for a consumer warpgroup: wait for each stage, issue its KSTEP / 32 MMAs of
+// the warpgroup's row chunk (A: 64 planar rows at the stage's offset wg · 64 rows) against
+// column planar rows 64·J0 .. 255 (B), keep one step's group in flight while the next is
+// issued, and release each stage to both blocks' producers once its MMAs have completed.
+template <int J0>
+__device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, u32 full, u32 empty, int nsteps, u32 &g)
+{
+    const int lane = threadIdx.x % 32;
+    for (int k = 0; k < nsteps; ++k, ++g)
+    {
+        const u32 s = g % STAGES;
+        mbar_wait(full + 8 * s, (g / STAGES) & 1);
+        const u32 st = sbase + s * STAGE_BYTES;
+        const u32 a_tile = st + wg * CHUNK_BYTES;
+        const u32 b_tile = st + A_BYTES + J0 * 64 * KSTEP;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < KSTEP / 32; ++kk)
+            wgmma_s8<J0>(d, desc(a_tile + kk * 32), desc(b_tile + kk * 32), 1);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        // The previous step's wgmma are done: its stage is free (this step's stay in flight).
+        if (k > 0)
+        {
+            wgmma_wait<1>(d);
+            __syncwarp();
+            if (lane == 0)
+                mbar_arrive_cluster(empty + 8 * ((g - 1) % STAGES));
+        }
+    }
+    wgmma_wait<0>(d);
+    __syncwarp();
+    if (lane == 0)
+        mbar_arrive_cluster(empty + 8 * ((g - 1) % STAGES));
+}
+
+// Block `rank`'s copies of one item's steps (the producer's lane 0): each stage waits for its
+// "empty" mbarrier, then its row chunks (row_chunks) and its half of the column tile, multicast
+// to both blocks, arrive on its "full" one.
+__device__ __forceinline__ void stage_item(int it, int rank, const signed char *planar, u32 sbase, u32 full, u32 empty,
+                                           int step0, int nsteps, u32 &g)
+{
+    int cb, ct, pp;
+    item_parts(it, cb, ct, pp);
+    const signed char *chan = planar + (i64)cb * (i64)(2 * NP) * TPAD;
+    int r0, r1;
+    row_chunks(ct, pp, rank, r0, r1);
+    for (int k = 0; k < nsteps; ++k, ++g)
+    {
+        const u32 s = g % STAGES;
+        if (g >= STAGES)
+            mbar_wait(empty + 8 * s, ((g / STAGES) & 1) ^ 1);
+        const u32 st = sbase + s * STAGE_BYTES;
+        const signed char *step = chan + (i64)(step0 + k) * (2 * NP) * KSTEP;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s), "r"(STAGE_BYTES)
+                     : "memory");
+        if (r1 == r0 + 1)
+            bulk_load(st, step + (i64)r0 * CHUNK_BYTES, A_BYTES, full + 8 * s);
+        else
+        {
+            bulk_load(st, step + (i64)r0 * CHUNK_BYTES, CHUNK_BYTES, full + 8 * s);
+            bulk_load(st + CHUNK_BYTES, step + (i64)r1 * CHUNK_BYTES, CHUNK_BYTES, full + 8 * s);
+        }
+        bulk_load_multicast(st + A_BYTES + rank * (B_BYTES / 2), step + (i64)ct * B_BYTES + rank * (B_BYTES / 2),
+                            B_BYTES / 2, full + 8 * s, 3);
+    }
+}
+
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
-    corr_wgmma(const signed char *__restrict__ planar, i64 *__restrict__ acc, int step0, int nsteps, int items)
+    corr_wgmma(const signed char *__restrict__ planar, i64 *__restrict__ acc, int step0, int nsteps, int items,
+               unsigned int *__restrict__ next_item)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    __shared__ __align__(8) u64 bars[2 * STAGES]; // full[s], then empty[s]
+    // Stages' full[s] and empty[s], then the item ring's full[q] and taken[q].
+    __shared__ __align__(8) u64 bars[2 * STAGES + 2 * RING];
+    __shared__ int ring[RING];
     const int warp_all = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int rank = (int)special(0), cluster = (int)special(1), clusters = (int)special(2);
+    const int rank = cluster_rank();
     // Dynamic shared memory is only 16-byte aligned by contract: round up to 1024 (the same
     // offset in both blocks, which the multicast copies rely on).
     const u32 sbase = ((u32)__cvta_generic_to_shared(smem) + 1023) & ~1023u;
     const u32 staging = sbase + STAGES * STAGE_BYTES;
     const u32 full = (u32)__cvta_generic_to_shared(bars), empty = full + 8 * STAGES;
+    const u32 ring_full = empty + 8 * STAGES, ring_taken = ring_full + 8 * RING;
     if (threadIdx.x == 0)
     {
         for (int s = 0; s < STAGES; ++s)
         {
             mbar_init(full + 8 * s, 1);
             mbar_init(empty + 8 * s, 2 * CONSUMERS / 32);
+        }
+        for (int q = 0; q < RING; ++q)
+        {
+            mbar_init(ring_full + 8 * q, 1);
+            mbar_init(ring_taken + 8 * q, 2 * CONSUMERS / 32 + 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -212,30 +376,46 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
 
     if (threadIdx.x >= CONSUMERS)
     {
-        // The producer warp: lane 0 issues every copy.
+        // The producer warp: lane 0 issues every copy. Block 0's takes the cluster's items from
+        // the launch's counter, in order (next_item), and publishes each into both blocks' ring
+        // (−1 when none are left) before staging it; block 1's reads them from its ring.
         if (lane == 0)
         {
             u32 g = 0;
-            for (int it = cluster; it < items; it += clusters)
+            if (rank == 0)
             {
-                int ct, pp;
-                pair_of(it % PAIRS, ct, pp);
-                const int c = (it / PAIRS) % CHANNELS, b = it / (PAIRS * CHANNELS);
-                const signed char *chan = planar + ((i64)b * CHANNELS + c) * (i64)(2 * NP) * TPAD;
-                const int rt = 2 * pp + rank;
-                for (int k = 0; k < nsteps; ++k, ++g)
+                const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
+                int next = (int)atomicAdd(next_item, 1u);
+                for (u32 seq = 0;; ++seq)
                 {
-                    const u32 s = g % STAGES;
-                    if (g >= STAGES)
-                        mbar_wait(empty + 8 * s, ((g / STAGES) & 1) ^ 1);
-                    const u32 st = sbase + s * STAGE_BYTES;
-                    const signed char *step = chan + (i64)(step0 + k) * (2 * NP) * KSTEP;
-                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s),
-                                 "r"(STAGE_BYTES)
-                                 : "memory");
-                    bulk_load(st, step + (i64)rt * A_BYTES, A_BYTES, full + 8 * s);
-                    bulk_load_multicast(st + A_BYTES + rank * (B_BYTES / 2), step + (i64)ct * B_BYTES + rank * (B_BYTES / 2),
-                                        B_BYTES / 2, full + 8 * s, 3);
+                    const int it = next < items ? next : -1;
+                    const u32 q = seq % RING;
+                    if (seq >= RING)
+                        mbar_wait_cluster(ring_taken + 8 * q, ((seq / RING) & 1) ^ 1);
+#pragma unroll
+                    for (u32 r = 0; r < 2; ++r)
+                    {
+                        u32 slot;
+                        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(slot) : "r"(ring0 + 4 * q), "r"(r));
+                        asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(slot), "r"(it) : "memory");
+                        mbar_arrive_at(ring_full + 8 * q, r);
+                    }
+                    if (it < 0)
+                        break;
+                    // Taken now, used at the next publication: the atomic's round trip
+                    // overlaps this item's copies.
+                    next = (int)atomicAdd(next_item, 1u);
+                    stage_item(it, rank, planar, sbase, full, empty, step0, nsteps, g);
+                }
+            }
+            else
+            {
+                for (u32 seq = 0;; ++seq)
+                {
+                    const int it = take_item(seq, ring_full, ring_taken, ring);
+                    if (it < 0)
+                        break;
+                    stage_item(it, rank, planar, sbase, full, empty, step0, nsteps, g);
                 }
             }
         }
@@ -247,51 +427,43 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
     // The consumers.
     const int wg = threadIdx.x / 128, warp = warp_all % 4;
     const int gid = lane >> 2, q = lane & 3;
-    const int p1 = gid & 1; // the pol of this thread's row antenna-pol (wg·4 + warp)·8 + gid
+    const int p1 = gid & 1; // the pol of this thread's row antenna-pol 32·rc + 8·warp + gid
     longlong2 *staged = reinterpret_cast<longlong2 *>(smem + (staging - (u32)__cvta_generic_to_shared(smem)));
     u32 g = 0;
-    for (int it = cluster; it < items; it += clusters)
+    for (u32 seq = 0;; ++seq)
     {
-        int ct, pp;
-        pair_of(it % PAIRS, ct, pp);
-        const int c = (it / PAIRS) % CHANNELS, b = it / (PAIRS * CHANNELS);
-        const int rt = 2 * pp + rank;
+        int it = 0;
+        if (lane == 0)
+            it = take_item(seq, ring_full, ring_taken, ring);
+        it = __shfl_sync(0xffffffffu, it, 0);
+        if (it < 0)
+            break;
+        int cb, ct, pp;
+        item_parts(it, cb, ct, pp);
+        int r0, r1;
+        row_chunks(ct, pp, rank, r0, r1);
+        const int rc = wg == 0 ? r0 : r1; // this warpgroup's row chunk
+        const int j0 = pp == ct ? rc - 4 * ct : 0;
         int d[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i)
             d[i] = 0;
-        for (int k = 0; k < nsteps; ++k, ++g)
-        {
-            const u32 s = g % STAGES;
-            mbar_wait(full + 8 * s, (g / STAGES) & 1);
-            const u32 st = sbase + s * STAGE_BYTES;
-            const u32 a_tile = st + wg * 64 * KSTEP;
-            const u32 b_tile = st + A_BYTES;
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int kk = 0; kk < KSTEP / 32; ++kk)
-                wgmma_m64n256k32(d, desc(a_tile + kk * 32), desc(b_tile + kk * 32), 1);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            // The previous step's wgmma are done: its stage is free (this step's stay in flight).
-            if (k > 0)
-            {
-                wgmma_wait<1>(d);
-                __syncwarp();
-                if (lane == 0)
-                    mbar_arrive_cluster(empty + 8 * ((g - 1) % STAGES));
-            }
-        }
-        wgmma_wait<0>(d);
-        __syncwarp();
-        if (lane == 0)
-            mbar_arrive_cluster(empty + 8 * ((g - 1) % STAGES));
+        // j0 is uniform over the warpgroup, as wgmma requires.
+        if (j0 == 0)
+            multiply<0>(d, sbase, wg, full, empty, nsteps, g);
+        else if (j0 == 1)
+            multiply<1>(d, sbase, wg, full, empty, nsteps, g);
+        else if (j0 == 2)
+            multiply<2>(d, sbase, wg, full, empty, nsteps, g);
+        else
+            multiply<3>(d, sbase, wg, full, empty, nsteps, g);
 
         // Epilogue, one warp at a time (no block barrier: waiting for the slowest warp at two
         // barriers per round was a third of the consumers' stalls in v7's first form). Warp
         // `warp` of warpgroup `wg` holds planar rows gid (Re) and gid + 8 (Im) of antenna-pol
-        // group 4·wg + warp of the row tile, i.e. row antennas 4·(4·wg + warp) + 0 .. 3 (both
-        // pols); n8 chunk j covers column rows 8j .. 8j + 7 (Re of group j/2 for even j, Im for
-        // odd), columns 2q, 2q + 1. A round takes 8 column antennas: the sums go to the warp's
+        // group `warp` of the warpgroup's row chunk rc, i.e. row antennas 16·rc + 4·warp + 0 .. 3
+        // (both pols); n8 chunk j covers column rows 8j .. 8j + 7 (Re of group j/2 for even j,
+        // Im for odd), columns 2q, 2q + 1. A round takes 8 column antennas: the sums go to the warp's
         // staging buffer in the accumulators' own order, (column antenna, row antenna, product,
         // re/im), contiguous over the warp's 4 row antennas (256 bytes) for each column antenna;
         // then lane a (< 8) adds column antenna a's run into the int64 accumulators with one bulk
@@ -301,10 +473,16 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
         // reduce-add of two rounds back to have read its buffer before that buffer is written
         // again, so the reads drain while the next round is staged, or the next item multiplied.
         const int wslot = wg * 4 + warp;
-        const int a1w = rt * STAGE_A1 + wslot * 4; // the warp's first row antenna
+        const int a1w = rc * 16 + warp * 4; // the warp's first row antenna
 #pragma unroll
         for (int round = 0; round < STAGE_A2 / 8; ++round)
         {
+            // A trimmed MMA summed column planar rows 64·j0 on into accumulators 0 on, so
+            // this round's accumulators hold column round `cr`; the 2·j0 rounds it did not sum
+            // are the last ones, and skipping an even number keeps the buffers' alternation.
+            const int cr = round + 2 * j0;
+            if (cr >= STAGE_A2 / 8)
+                continue;
             const u32 buf = staging + wslot * 4096 + (round & 1) * 2048;
             longlong2 *out = staged + (buf - staging) / 16;
             if (lane < 8)
@@ -324,11 +502,11 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
             __syncwarp();
             if (lane < 8)
             {
-                const int a2 = ct * STAGE_A2 + round * 8 + lane;
+                const int a2 = ct * STAGE_A2 + cr * 8 + lane;
                 const int a1hi = min(a1w + 3, a2);
                 if (a2 < N_ANTS && a1hi >= a1w)
                 {
-                    i64 *dst = acc + (((i64)b * CHANNELS + c) * N_BASELINES + a2 * (a2 + 1) / 2 + a1w) * 8;
+                    i64 *dst = acc + ((i64)cb * N_BASELINES + a2 * (a2 + 1) / 2 + a1w) * 8;
                     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(dst),
                                  "r"(buf + lane * 256), "r"((a1hi - a1w + 1) * 64)
                                  : "memory");

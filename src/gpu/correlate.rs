@@ -21,7 +21,8 @@
 //! 8-bit input, padded to whole tiles; read and written, 2 bytes moved per input byte), then
 //! the correlator adds its tiles into the accumulators: on an
 //! sm_90 device (H100, H200) the warpgroup-MMA kernel (`kernels/correlate_wgmma.cu`, compiled
-//! for sm_90a: a persistent grid of two-block clusters, the planar rows in a tiled,
+//! for sm_90a: a persistent grid of two-block clusters taking items from a counter, the
+//! diagonal's lower triangle not computed, the planar rows in a tiled,
 //! pre-swizzled order staged by bulk asynchronous copies, the column tile multicast to both
 //! blocks), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`, any
 //! sm_80 and later device). [`CorrPath::best_for`] picks it from the device.
@@ -219,6 +220,9 @@ pub struct Correlator {
     planar: CudaSlice<i8>,
     /// Clusters of the persistent `wgmma` grid (0 for the mma path).
     clusters: u32,
+    /// The `wgmma` grid's item counter: zeroed before each launch, the clusters take their
+    /// next item from it.
+    next_item: CudaSlice<u32>,
 }
 
 impl Correlator {
@@ -260,8 +264,8 @@ impl Correlator {
                     WGMMA_SMEM as i32,
                 )?;
                 // The grid is persistent: exactly the clusters (of two blocks, the kernel's
-                // __cluster_dims__) that are resident at once; more would run after the others
-                // had finished, each with a full share of the items.
+                // __cluster_dims__) that are resident at once, each taking items from the
+                // launch's counter until none are left; more would only wait for a place.
                 let probe = LaunchConfig {
                     grid_dim: (2, 1, 1),
                     block_dim: (WGMMA_THREADS, 1, 1),
@@ -289,6 +293,7 @@ impl Correlator {
             reduce: gpu.function(Kernel::CorrReduce, &reduce_defs)?,
             planar: gpu.compute.alloc_zeros(cfg.planar_bytes())?,
             clusters,
+            next_item: gpu.compute.alloc_zeros(1)?,
             gpu,
             cfg,
         })
@@ -431,17 +436,20 @@ impl Correlator {
                 let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
                 for step0 in (0..steps).step_by(per as usize) {
                     let k = per.min(steps - step0);
+                    st.memset_zeros(&mut self.next_item)?;
                     let mut b = st.launch_builder(&self.corr);
                     b.arg(&self.planar)
                         .arg(&mut *acc)
                         .arg(&step0)
                         .arg(&k)
-                        .arg(&items);
+                        .arg(&items)
+                        .arg(&mut self.next_item);
                     // SAFETY: `planar` holds the corner turn's (tiled) output for n batches and
                     // `acc` n accumulators (the callers check); the kernel takes items below
                     // `items` only, each adding into its own baselines; steps [step0, step0 +
                     // k) lie inside the planar rows' TPAD times, and launches on one stream run
-                    // in order, so their read-modify-writes of `acc` never overlap.
+                    // in order, so their read-modify-writes of `acc` never overlap (nor their
+                    // uses of the item counter, zeroed on the same stream before each).
                     unsafe { b.launch(cfg) }?;
                 }
             }
