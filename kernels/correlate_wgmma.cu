@@ -458,22 +458,23 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
         else
             multiply<3>(d, sbase, wg, full, empty, nsteps, g);
 
-        // Epilogue, one warp at a time (no block barrier: waiting for the slowest warp at two
-        // barriers per round was a third of the consumers' stalls in v7's first form). Warp
-        // `warp` of warpgroup `wg` holds planar rows gid (Re) and gid + 8 (Im) of antenna-pol
-        // group `warp` of the warpgroup's row chunk rc, i.e. row antennas 16·rc + 4·warp + 0 .. 3
-        // (both pols); n8 chunk j covers column rows 8j .. 8j + 7 (Re of group j/2 for even j,
-        // Im for odd), columns 2q, 2q + 1. A round takes 8 column antennas: the sums go to the warp's
-        // staging buffer in the accumulators' own order, (column antenna, row antenna, product,
-        // re/im), contiguous over the warp's 4 row antennas (256 bytes) for each column antenna;
-        // then lane a (< 8) adds column antenna a's run into the int64 accumulators with one bulk
-        // asynchronous reduce-add (two's-complement addition is the same for signed values; added
-        // one baseline at a time, each thread's read-modify-writes waited a DRAM round trip each,
-        // bench/correlator-notes.md). The warp's two buffers alternate, and a lane waits for its
-        // reduce-add of two rounds back to have read its buffer before that buffer is written
-        // again, so the reads drain while the next round is staged, or the next item multiplied.
-        const int wslot = wg * 4 + warp;
-        const int a1w = rc * 16 + warp * 4; // the warp's first row antenna
+        // Epilogue, by warpgroup. Warp `warp` of warpgroup `wg` holds planar rows gid (Re) and
+        // gid + 8 (Im) of antenna-pol group `warp` of the warpgroup's row chunk rc, i.e. row
+        // antennas 16·rc + 4·warp + 0 .. 3 (both pols); n8 chunk j covers column rows 8j .. 8j + 7
+        // (Re of group j/2 for even j, Im for odd), columns 2q, 2q + 1. A round takes 8 column
+        // antennas: the warpgroup's sums go to its staging buffer in the accumulators' own
+        // order, (column antenna, row antenna, product, re/im), contiguous over its 16 row
+        // antennas (1 KB) for each column antenna; then lane a (< 8) of its first warp adds column
+        // antenna a's run into the int64 accumulators with one bulk asynchronous reduce-add
+        // (two's-complement addition is the same for signed values; added one baseline at a
+        // time, each thread's read-modify-writes waited a DRAM round trip each,
+        // bench/correlator-notes.md). Runs of a warp's 4 row antennas (v7) took four times as
+        // many reduce-adds, 512 per block and item. The two buffers alternate: before a round's
+        // barrier the adding lanes wait for the previous round's adds to have read their
+        // buffer, which the next round writes.
+        const u32 wbase = staging + wg * 16384;
+        const int a1g = rc * 16; // the warpgroup's first row antenna
+        const bool adder = warp == 0 && lane < 8;
 #pragma unroll
         for (int round = 0; round < STAGE_A2 / 8; ++round)
         {
@@ -483,11 +484,8 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
             const int cr = round + 2 * j0;
             if (cr >= STAGE_A2 / 8)
                 continue;
-            const u32 buf = staging + wslot * 4096 + (round & 1) * 2048;
+            const u32 buf = wbase + (round & 1) * 8192;
             longlong2 *out = staged + (buf - staging) / 16;
-            if (lane < 8)
-                asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
-            __syncwarp();
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -496,28 +494,29 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
                     const int h = round * 2 + hh;
                     const int a2r = 4 * hh + q, p2 = e; // column antenna-pol h·8 + 2q + e
                     const i64 rr = d[8 * h + e], ir = d[8 * h + 2 + e], ri = d[8 * h + 4 + e], ii = d[8 * h + 6 + e];
-                    out[(a2r * 4 + (gid >> 1)) * 4 + p1 + 2 * p2] = make_longlong2(rr + ii, ir - ri);
+                    out[(a2r * 16 + warp * 4 + (gid >> 1)) * 4 + p1 + 2 * p2] = make_longlong2(rr + ii, ir - ri);
                 }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            __syncwarp();
-            if (lane < 8)
+            if (adder)
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+            if (adder)
             {
                 const int a2 = ct * STAGE_A2 + cr * 8 + lane;
-                const int a1hi = min(a1w + 3, a2);
-                if (a2 < N_ANTS && a1hi >= a1w)
+                const int a1hi = min(a1g + 15, a2);
+                if (a2 < N_ANTS && a1hi >= a1g)
                 {
-                    i64 *dst = acc + ((i64)cb * N_BASELINES + a2 * (a2 + 1) / 2 + a1w) * 8;
+                    i64 *dst = acc + ((i64)cb * N_BASELINES + a2 * (a2 + 1) / 2 + a1g) * 8;
                     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(dst),
-                                 "r"(buf + lane * 256), "r"((a1hi - a1w + 1) * 64)
+                                 "r"(buf + lane * 1024), "r"((a1hi - a1g + 1) * 64)
                                  : "memory");
                 }
-                // A group every round, empty or not, so that "all but the last" is two rounds back.
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             }
         }
     }
     // The staging buffers must outlive their last reads.
-    if (lane < 8)
+    if (warp == 0 && lane < 8)
         asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     cluster_sync();
 }
