@@ -12,7 +12,8 @@ use cbf::dsp::correlate::{correlate_accumulate, reduce, CorrShape};
 use cbf::dsp::correlate_fast::{self, Correlator};
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
 use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
-use cbf::dsp::frb_fast::{FrbBeamformer, FrbBeams, FrbChunkShape};
+use cbf::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
+use cbf::dsp::frb_resample::FrbBeams;
 use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
 use cbf::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
 use cbf::dsp::samples::{pack, packed_len, unpack};
@@ -297,7 +298,7 @@ fn xb(c: &mut Criterion) {
         .map(|i| (i % 23) as i8 - 11)
         .collect();
     let present = vec![1u8; 64];
-    let weights = vec![Complex32::new(1.0, 0.0); 64];
+    let weights = vec![Complex32::new(1.0, 0.0); 16 * 64 * 2];
     g.throughput(Throughput::Elements((shape.input_len() / 2) as u64));
     let list = FrbBeams::List(
         (0..256)

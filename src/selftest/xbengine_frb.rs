@@ -2,13 +2,16 @@
 //! through the [`XbBackend`] trait the engine drives: two chunks of fresh random input with a
 //! missing heap zeroed (as the engine zeroes them), the dish weights changed between the chunks
 //! (a new version), the first set below and the second far above the GPU first stage's fp16
-//! range limit (so the backend's power-of-two weight scaling is exercised both ways), a partly
-//! filled grid, and both beam-set forms (a Cartesian product and a list).
+//! range limit (so the backend's power-of-two weight scaling is exercised both ways), weights
+//! that differ per (channel, dish, pol) with channels 64× apart in magnitude (each channel
+//! scaled on its own), a partly filled grid, and both beam-set forms (a Cartesian product and a
+//! list). Errors are taken relative to each channel's peak, so a weak channel is judged as
+//! strictly as a strong one.
 //!
 //! This is a wiring check — heap layout, weights, scaling, versioning — not the numeric one:
 //! each GPU stage is checked against its derived error bound by [`super::frb`]. Their errors
 //! (≤ 3.1·2⁻¹¹ of the field per value in stage 1, float32 in stage 2, float16 encoding 2⁻¹¹) are
-//! far below the limit used here, 1 % of the heap's largest value, which any layout, weight or
+//! far below the limit used here, 1 % of the channel's largest value, which any layout, weight or
 //! scale mistake exceeds by orders of magnitude.
 
 use std::sync::Arc;
@@ -20,14 +23,15 @@ use rand::{Rng, SeedableRng};
 
 use super::Check;
 use crate::dsp::frb::DishGrid;
-use crate::dsp::frb_fast::{FrbBeamformer, FrbBeams, FrbChunkShape};
+use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
+use crate::dsp::frb_resample::FrbBeams;
 use crate::gpu::frb::FrbConfig;
 use crate::gpu::{Gpu, GpuError};
 use crate::xbengine::backend::{CpuBackend, FrbChunk, XbBackend, XbShape};
 use crate::xbengine::cuda::CudaBackend;
 use crate::xbengine::cuda_frb::CudaFrbSpec;
 
-/// Relative to the heap's largest value.
+/// Relative to each channel's largest value.
 const LIMIT: f64 = 1e-2;
 
 fn decode(bytes: &[u8]) -> Vec<f64> {
@@ -94,10 +98,12 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
         present[n_ants + 3] = 0;
         let at = (n_ants + 3) * heap_bytes / n_ants;
         chunk[at..at + heap_bytes / n_ants].fill(0);
-        let weights: Vec<Complex32> = (0..n_ants)
-            .map(|_| {
+        // (channel, dish, pol), channel c at 4^−(c mod 4) of the set's magnitude.
+        let weights: Vec<Complex32> = (0..channels * n_ants * 2)
+            .map(|k| {
+                let level = 0.25f32.powi((k / (2 * n_ants) % 4) as i32);
                 Complex32::from_polar(
-                    magnitude * rng.random_range(0.2..1.0f32),
+                    magnitude * level * rng.random_range(0.2..1.0f32),
                     rng.random_range(-3.2..3.2),
                 )
             })
@@ -122,9 +128,12 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
                 c.len()
             )));
         }
-        let peak = c.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        for (a, b) in g.iter().zip(c) {
-            worst = worst.max((a - b).abs() / peak);
+        let per_channel = g.len() / channels;
+        for (gc, cc) in g.chunks_exact(per_channel).zip(c.chunks_exact(per_channel)) {
+            let peak = cc.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (a, b) in gc.iter().zip(cc) {
+                worst = worst.max((a - b).abs() / peak);
+            }
         }
         values += g.len();
     }
@@ -135,7 +144,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
         limit: LIMIT,
         pass: worst <= LIMIT,
         note: format!(
-            "2 chunks (weights below and above the fp16 limit, a missing heap): worst |cuda − cpu| / heap peak over {values} values"
+            "2 chunks (weights per channel, dish and pol, below and above the fp16 limit; a missing heap): worst |cuda − cpu| / channel peak over {values} values"
         ),
     })
 }

@@ -78,7 +78,8 @@ pub struct FrbChunk<'a> {
     /// The version of `weights` (bumped by every `?frb-weights`): a backend that keeps them
     /// uploads them only when it changes.
     pub version: u64,
-    /// Per dish (= antenna): its complex weight.
+    /// (channel, dish, pol): dish (= antenna) d's complex weight in channel c for
+    /// polarisation π is `weights[(c·D + d)·2 + π]` ([`super::frb_weights`]).
     pub weights: &'a [Complex32],
     /// Batches × antennas, non-zero where the antenna's heap is present (absent: zero).
     pub present: &'a [u8],
@@ -332,6 +333,14 @@ impl XbBackend for CpuBackend {
             .frb
             .get_mut(output)
             .ok_or_else(|| BackendError(format!("no FRB output {output}")))?;
+        let shape = f.former.shape();
+        if input.weights.len() != shape.channels * shape.n_ants * 2 {
+            return Err(BackendError(format!(
+                "FRB weights: {} given, expected channels × dishes × 2 = {}",
+                input.weights.len(),
+                shape.channels * shape.n_ants * 2
+            )));
+        }
         f.former.form(
             &self.chunk,
             input.present,

@@ -4,11 +4,12 @@
 //! beams, on the compute stream after the chunk's beams; the beams are copied back and encoded
 //! to float16 on the host as the CPU backend encodes its own.
 //!
-//! - **Weights**: `?frb-weights` gives one complex weight per dish; the first stage takes them
-//!   per (channel, dish, pol), so each is repeated. Intensities are linear in |W|², so the
-//!   weights are scaled by a power of two s that puts the largest just below the first stage's
-//!   fp16 range limit ([`FrbStage1::set_weights`]) and the output by 1/s² (exact), so no
-//!   finite weight is refused and small weights keep their precision.
+//! - **Weights**: per (channel, dish, pol) (`?frb-weights`, [`super::frb_weights`]), the first
+//!   stage's own layout, uploaded only when their version changes. A channel's intensities are
+//!   linear in its |W|², so each channel's weights are scaled by a power of two s_c that puts
+//!   the channel's largest just below the first stage's fp16 range limit
+//!   ([`FrbStage1::set_weights`]) and that channel's output by 1/s_c² (exact), so no finite
+//!   weight is refused and a channel of small weights keeps its precision beside one of large.
 //! - **Missing antennas**: the engine zeroes missing heaps before the chunk is loaded, so they
 //!   add nothing; the presence flags are not needed here.
 //! - **Slow samples**: the configuration makes `t_ds` divide a chunk's spectra, so every call
@@ -24,7 +25,8 @@ use num_complex::Complex32;
 
 use super::backend::{BackendError, FrbChunk};
 use crate::dsp::frb::DishGrid;
-use crate::dsp::frb_fast::{encode_f16, FrbBeams};
+use crate::dsp::frb_fast::encode_f16;
+use crate::dsp::frb_resample::FrbBeams;
 use crate::gpu::frb::{FrbConfig, FrbStage1};
 use crate::gpu::frb_resample::FrbResampler;
 use crate::gpu::{Gpu, GpuError};
@@ -50,8 +52,8 @@ pub(super) struct CudaFrb {
     host: Vec<f32>,
     config: FrbConfig,
     scale: f32,
-    /// 1/s² for the weights last uploaded, and their version.
-    weight_scale: f32,
+    /// Per channel: 1/s_c² for the weights last uploaded; and their version.
+    weight_scales: Vec<f32>,
     version: Option<u64>,
     formed: Option<(Vec<u8>, u64)>,
 }
@@ -81,7 +83,7 @@ impl CudaFrb {
             resampler,
             config: cfg,
             scale: spec.scale,
-            weight_scale: 1.0,
+            weight_scales: vec![1.0; cfg.channels],
             version: None,
             formed: None,
         })
@@ -97,30 +99,29 @@ impl CudaFrb {
         let cfg = self.config;
         let err = |e: GpuError| BackendError(e.to_string());
         if self.version != Some(input.version) {
-            if input.weights.len() != cfg.dishes {
+            let per_channel = cfg.dishes * 2;
+            if input.weights.len() != cfg.channels * per_channel {
                 return Err(BackendError(format!(
-                    "FRB weights: {} given for {} dishes",
+                    "FRB weights: {} given, expected channels × dishes × 2 = {}",
                     input.weights.len(),
-                    cfg.dishes
+                    cfg.channels * per_channel
                 )));
             }
             // A little below the first stage's limit, which it refuses to reach.
-            let s = weight_scale(input.weights, 0.98 * cfg.max_weight());
-            let per_pol: Vec<Complex32> = input
+            let limit = 0.98 * cfg.max_weight();
+            let mut scaled = Vec::with_capacity(input.weights.len());
+            for (row, inverse) in input
                 .weights
-                .iter()
-                .flat_map(|&w| {
-                    let w = w * s as f32;
-                    [w, w]
-                })
-                .collect();
-            let all: Vec<Complex32> = (0..cfg.channels)
-                .flat_map(|_| per_pol.iter().copied())
-                .collect();
-            self.stage1.set_weights(&all).map_err(err)?;
-            // Beyond float32 (weights near its own limits) this is 0 or ∞, and the encoding
-            // underflows or saturates, as those intensities would anyway.
-            self.weight_scale = (1.0 / (s * s)) as f32;
+                .chunks_exact(per_channel)
+                .zip(&mut self.weight_scales)
+            {
+                let s = weight_scale(row, limit);
+                scaled.extend(row.iter().map(|&w| w * s as f32));
+                // Beyond float32 (weights near its own limits) this is 0 or ∞, and the
+                // encoding underflows or saturates, as those intensities would anyway.
+                *inverse = (1.0 / (s * s)) as f32;
+            }
+            self.stage1.set_weights(&scaled).map_err(err)?;
             self.version = Some(input.version);
         }
         let rows = self.stage1.run(chunk, &mut self.intensities).map_err(err)?;
@@ -143,7 +144,14 @@ impl CudaFrb {
             .memcpy_dtoh(&self.beams, &mut self.host)
             .map_err(|e| err(e.into()))?;
         out.resize(2 * self.host.len(), 0);
-        let clips = encode_f16(&self.host, self.scale * self.weight_scale, &mut out);
+        let per_channel = self.host.len() / cfg.channels;
+        let clips = self
+            .host
+            .chunks_exact(per_channel)
+            .zip(out.chunks_exact_mut(2 * per_channel))
+            .zip(&self.weight_scales)
+            .map(|((j, o), &inverse)| encode_f16(j, self.scale * inverse, o))
+            .sum();
         self.formed = Some((out, clips));
         Ok(())
     }
