@@ -279,6 +279,8 @@ fn resampled_beams_equal_direct_beamforming() {
         let (name, t) = &report.frb[i];
         assert_eq!(name, ["fa", "fb", "fc"][i]);
         assert!(t.heaps >= 2 && t.clipped == 0, "{t:?}");
+        // Every chunk's heap goes out, the last one (collected a chunk late) at the end.
+        assert_eq!(t.heaps, report.input.chunks, "{t:?} {:?}", report.input);
         assert_eq!(t.bytes, t.heaps * (CPS * slow[i] * beams[i] * 2) as u64);
     }
     assert!(report.input.missing >= 1);
