@@ -12,7 +12,8 @@ use cbf::dsp::correlate::{correlate_accumulate, reduce, CorrShape};
 use cbf::dsp::correlate_fast::{self, Correlator};
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
 use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
-use cbf::dsp::frb_fast::{FrbBeamformer, FrbBeams, FrbChunkShape};
+use cbf::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
+use cbf::dsp::frb_resample::{resample, FrbBeams, Resample};
 use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
 use cbf::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
 use cbf::dsp::samples::{pack, packed_len, unpack};
@@ -165,6 +166,75 @@ fn xb_wall(c: &mut Criterion) {
 fn xb_cpu(c: &mut Criterion<CpuTime>) {
     correlation(c, "xbengine_cpu");
     beamforming(c, "xbengine_cpu");
+    frb_case5(c);
+}
+
+/// The CPU FRB beamformer (`dsp::frb_fast`, one thread) at seed 004 Table 3's case 5 (full
+/// CHORD: 512 dishes on the 24×24 grid, T_ds 40, t_s = 27.3 µs upchannelised), scaled down to
+/// one channel (of the case's 256 per GPU) and one chunk of 80 fast spectra (two slow times):
+/// stage 1 alone (`FrbBeamformer::intensities`: gridding, 2-D FFTs, |Ẽ|² sums) and stage 2
+/// alone (`frb_resample::resample` on 16 slow times of intensities) for Table 4's beam sets,
+/// the 96×96 grid (factorisable, §5.3) and 10·MN = 5,760 listed beams (§5.2). In process CPU
+/// time; % of real time per core = time ÷ the data's span (stage 1: 80 × 27.3 µs = 2.18 ms;
+/// stage 2: 16 × T_ds × t_s = 17.5 ms), per channel.
+fn frb_case5(c: &mut Criterion<CpuTime>) {
+    let mut g = c.benchmark_group("frb_cpu");
+    g.sample_size(10);
+    let (m, n, dishes) = (24usize, 24usize, 512usize);
+    // The first 512 cells of the 24×24 grid, row by row (64 cells empty).
+    let positions: Vec<(usize, usize)> = (0..dishes).map(|c| (c / n, c % n)).collect();
+    let grid = DishGrid::new(m, n, &positions).unwrap();
+    let shape = FrbChunkShape {
+        n_ants: dishes,
+        channels: 1,
+        spectra: 80,
+        batches: 1,
+        t_ds: 40,
+    };
+    let x: Vec<i8> = (0..shape.input_len())
+        .map(|i| ((i.wrapping_mul(2654435761) >> 9) % 255) as i8 - 127)
+        .collect();
+    let present = vec![1u8; dishes];
+    let weights: Vec<Complex32> = (0..dishes * 2)
+        .map(|i| Complex32::from_polar(1.0, i as f32 * 0.1))
+        .collect();
+    // Complex dish samples (dish × channel × spectrum × pol).
+    g.throughput(Throughput::Elements((shape.input_len() / 2) as u64));
+    let mut former = FrbBeamformer::new(shape, &grid, &FrbBeams::even(m, n, 96, 96), 1);
+    let mut i = vec![0f32; former.intensities_len()];
+    g.bench_function("stage1_case5_512dishes_24x24_80spectra", |b| {
+        b.iter(|| former.intensities(&x, &present, &weights, &mut i))
+    });
+    let slow = 16;
+    let intensity: Vec<f32> = (0..slow * 4 * m * n)
+        .map(|k| (k % 1013) as f32 * 0.37)
+        .collect();
+    let list = FrbBeams::List(
+        (0..10 * m * n)
+            .map(|k| {
+                (
+                    k as f64 * 0.0131 % 24.0 - 12.0,
+                    k as f64 * 0.0077 % 24.0 - 12.0,
+                )
+            })
+            .collect(),
+    );
+    g.throughput(Throughput::Elements(slow as u64));
+    for (name, beams) in [
+        (
+            "stage2_case5_96x96grid_16slow",
+            FrbBeams::even(m, n, 96, 96),
+        ),
+        ("stage2_case5_5760listbeams_16slow", list),
+    ] {
+        let table = Resample::new(m, n, &beams);
+        let mut v = vec![0f32; 96 * 2 * n];
+        let mut out = vec![0f32; slow * beams.len()];
+        g.bench_function(name, |b| {
+            b.iter(|| resample(&table, n, &intensity, &mut v, &mut out))
+        });
+    }
+    g.finish();
 }
 
 /// Process CPU time (all threads), in nanoseconds, as a criterion measurement.
@@ -297,7 +367,7 @@ fn xb(c: &mut Criterion) {
         .map(|i| (i % 23) as i8 - 11)
         .collect();
     let present = vec![1u8; 64];
-    let weights = vec![Complex32::new(1.0, 0.0); 64];
+    let weights = vec![Complex32::new(1.0, 0.0); 16 * 64 * 2];
     g.throughput(Throughput::Elements((shape.input_len() / 2) as u64));
     let list = FrbBeams::List(
         (0..256)

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use cbf::dsp::frb::DishGrid;
-use cbf::dsp::frb_fast::FrbBeams;
+use cbf::dsp::frb_resample::FrbBeams;
 use cbf::gpu::frb::{FrbConfig, FrbStage1};
 use cbf::gpu::frb_resample::FrbResampler;
 use cbf::gpu::{Gpu, GpuError};

@@ -1,6 +1,7 @@
 //! The XB-engine's `--frb-beam` outputs end to end (issue 17), in-process over loopback,
 //! against spead2 and numpy (`tests/reference/frb_peer.py`): spead2 plays every F-engine
-//! (int8, one heap withheld), aiokatcp sets complex dish weights with `?frb-weights`, spead2
+//! (int8, one heap withheld), aiokatcp sets complex dish weights with `?frb-weights` (one per
+//! dish, one per input, and a channel's own), spead2
 //! receives the FRB heaps, and numpy's **direct** beamforming (seed 004 eq. 2–3 with weights,
 //! both polarisations, complex128, no FFT) of the very data sent is the reference: by the main
 //! theorem the engine's FFT-and-resample intensities must equal it, for a partly filled grid,
@@ -12,7 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use cbf::dsp::frb::DishGrid;
-use cbf::dsp::frb_fast::FrbBeams;
+use cbf::dsp::frb_resample::FrbBeams;
 use cbf::engine::control::ControlConfig;
 use cbf::engine::recv::{RecvTransport, SourceConfig};
 use cbf::engine::Shutdown;
@@ -152,14 +153,24 @@ fn run(
     (verdict, report, metrics)
 }
 
-/// Python-style complex weights for `?frb-weights`.
-fn weights(seed: u64) -> Vec<String> {
-    (0..ANTS as u64)
+/// Python-style complex weights for `?frb-weights`, `n` of them.
+fn weights(seed: u64, n: usize) -> Vec<String> {
+    (0..n as u64)
         .map(|a| {
             let u = |k: u64| ((seed * 31 + a * 7 + k * 13) % 17) as f64 / 17.0 - 0.5;
             format!("{}{:+}j", 0.5 + u(1), u(2))
         })
         .collect()
+}
+
+/// The peer's weight table (channel, dish, pol) for per-input `inputs` (2 per dish) in every
+/// channel but those of `own` (local channel, its per-input weights).
+fn table(inputs: &[String], own: &[(usize, Vec<String>)]) -> Value {
+    let per_channel = |c: usize| -> Value {
+        let w = own.iter().find(|o| o.0 == c).map_or(inputs, |o| &o.1[..]);
+        json!(w.chunks(2).collect::<Vec<_>>())
+    };
+    json!((0..CPS).map(per_channel).collect::<Vec<_>>())
 }
 
 #[test]
@@ -199,22 +210,36 @@ fn resampled_beams_equal_direct_beamforming() {
     assert_eq!(outputs[0].grid, DishGrid::new(3, 4, &DISHES).unwrap());
     assert!(matches!(outputs[0].beams, FrbBeams::Product { .. }));
     let in_port = common::free_udp_port();
-    let mut requests = vec![];
-    for (i, name) in ["fa", "fb", "fc"].iter().enumerate() {
+    // fa: one weight per dish (both pols, every channel); fb: one per input; fc: one per
+    // dish, then channels C0 + 1 and C0 + 3 each their own per input.
+    let request = |name: &str, channel: Option<usize>, w: &[String]| {
         let mut r = vec![json!("frb-weights"), json!(name)];
-        r.extend(weights(i as u64).iter().map(|w| json!(w)));
-        requests.push(json!(r));
-    }
+        r.extend(channel.map(|c| json!(format!("channel={}", C0 as usize + c))));
+        r.extend(w.iter().map(|w| json!(w)));
+        json!(r)
+    };
+    let own: Vec<(usize, Vec<String>)> = [1, 3]
+        .iter()
+        .map(|&c| (c, weights(10 + c as u64, 2 * ANTS)))
+        .collect();
+    let mut requests = vec![
+        request("fa", None, &weights(0, ANTS)),
+        request("fb", None, &weights(1, 2 * ANTS)),
+        request("fc", None, &weights(2, ANTS)),
+    ];
+    requests.extend(own.iter().map(|(c, w)| request("fc", Some(*c), w)));
     // Refused: one weight too few, a bad number, a stream that is no FRB output.
     requests.push(json!(["frb-weights", "fa", "1", "1"]));
     let mut bad = vec![json!("frb-weights"), json!("fb")];
     bad.extend((0..ANTS).map(|i| json!(if i == 3 { "1+xj" } else { "1" })));
     requests.push(json!(bad));
     requests.push(json!(["frb-weights", "nope", "1"]));
+    let both_pols =
+        |w: Vec<String>| -> Vec<String> { w.iter().flat_map(|v| [v.clone(), v.clone()]).collect() };
     let peer_outputs = json!([
-        {"port": ports[0], "weights": weights(0), "t_ds": 3, "grid": [5, 6]},
-        {"port": ports[1], "weights": weights(1), "t_ds": 40, "list": list40},
-        {"port": ports[2], "weights": weights(2), "t_ds": 1, "list": list1, "scale": 0.002},
+        {"port": ports[0], "weights": table(&both_pols(weights(0, ANTS)), &[]), "t_ds": 3, "grid": [5, 6]},
+        {"port": ports[1], "weights": table(&weights(1, 2 * ANTS), &[]), "t_ds": 40, "list": list40},
+        {"port": ports[2], "weights": table(&both_pols(weights(2, ANTS)), &own), "t_ds": 1, "list": list1, "scale": 0.002},
     ]);
     let (v, report, _) = run(
         config(in_port, outputs),
@@ -225,16 +250,16 @@ fn resampled_beams_equal_direct_beamforming() {
         json!({"seed": 17, "mode": "random", "lim": 50, "missing": [[5, 3]], "descriptor": true}),
     );
     let replies = v["katcp"].as_array().unwrap();
-    for r in &replies[..3] {
+    for r in &replies[..5] {
         assert_eq!(r[0], "ok", "{r}");
     }
-    for r in &replies[3..] {
+    for r in &replies[5..] {
         assert_eq!(r[0], "fail", "{r}");
     }
     assert!(
-        replies[3][1].as_str().unwrap().contains("expected 7"),
+        replies[5][1].as_str().unwrap().contains("expected 7 or 14"),
         "{}",
-        replies[3]
+        replies[5]
     );
     let beams = [30, 5, 4];
     let slow = [40, 3, 120];
@@ -254,6 +279,8 @@ fn resampled_beams_equal_direct_beamforming() {
         let (name, t) = &report.frb[i];
         assert_eq!(name, ["fa", "fb", "fc"][i]);
         assert!(t.heaps >= 2 && t.clipped == 0, "{t:?}");
+        // Every chunk's heap goes out, the last one (collected a chunk late) at the end.
+        assert_eq!(t.heaps, report.input.chunks, "{t:?} {:?}", report.input);
         assert_eq!(t.bytes, t.heaps * (CPS * slow[i] * beams[i] * 2) as u64);
     }
     assert!(report.input.missing >= 1);
@@ -268,13 +295,13 @@ fn a_point_source_peaks_in_its_beam() {
     // beam i = 4, j = 1: (0.5, −1.5).
     let spec = format!("name=fp,dst=127.0.0.1:{port},grid=3x4,dish_map={map},t_ds=3,beams=6x8");
     let in_port = common::free_udp_port();
-    let ones: Vec<String> = vec!["1".into(); ANTS];
+    let ones: Vec<String> = vec!["1".into(); 2 * ANTS];
     let mut cfg = config(in_port, vec![frb(&spec)]);
     cfg.control.prometheus_port = Some(common::free_tcp_port());
     let (v, report, metrics) = run(
         cfg,
         in_port,
-        json!([{"port": port, "weights": ones, "t_ds": 3, "grid": [6, 8]}]),
+        json!([{"port": port, "weights": table(&ones, &[]), "t_ds": 3, "grid": [6, 8]}]),
         json!([]),
         json!({"seed": 3, "mode": "point", "amplitude": 20.0, "source": [0.5, -1.5],
                "source_beam": 4 * 8 + 1, "missing": [], "descriptor": false}),

@@ -1,8 +1,8 @@
 //! Fuzz katcp request lines through the server's parser and dispatch (`answer_line`) with each
 //! engine's own handler (the F-engine's `?gain`, `?gain-all`, `?delays`, `?capture-*`; the
-//! XB-engine's `?beam-weights`, `?beam-delays`, `?beam-quant-gains`, `?capture-*`) and the
-//! standard requests. The input is split into lines as the server splits them. Every reply
-//! must format and parse back to itself. Seeds: fuzz/seeds/katcp_line.
+//! XB-engine's `?beam-weights`, `?beam-delays`, `?beam-quant-gains`, `?frb-weights`,
+//! `?capture-*`) and the standard requests. The input is split into lines as the server splits
+//! them. Every reply must format and parse back to itself. Seeds: fuzz/seeds/katcp_line.
 #![no_main]
 
 use std::sync::Arc;

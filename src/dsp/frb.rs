@@ -89,6 +89,19 @@ impl DishGrid {
         &self.cells
     }
 
+    /// Per-(dish, pol) weights, `per_dish_pol[d·2 + π]`, as [`intensities`] takes them: on the
+    /// grid (pol, m, n), zero at empty cells (seed 004 eq. 51's W_{πmn}).
+    pub fn grid_weights(&self, per_dish_pol: &[Complex64]) -> Vec<Complex64> {
+        assert_eq!(per_dish_pol.len(), 2 * self.dishes());
+        let mn = self.rows * self.cols;
+        let mut out = vec![Complex64::default(); 2 * mn];
+        for (w, &cell) in per_dish_pol.chunks_exact(2).zip(&self.cells) {
+            out[cell] = w[0];
+            out[mn + cell] = w[1];
+        }
+        out
+    }
+
     /// Scatter per-dish values onto the grid (`out`: rows·cols, zeroed first).
     pub fn grid(&self, per_dish: &[Complex64], out: &mut [Complex64]) {
         out.fill(Complex64::new(0.0, 0.0));
@@ -391,6 +404,49 @@ mod tests {
             prop_assert_eq!(fast.len(), shape.times / t_ds * beams.len());
             for (a, b) in fast.iter().zip(&slow) {
                 prop_assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} vs {}", a, b);
+            }
+        }
+    }
+
+    /// Per-polarisation dish weights: the FFT path (weights gridded by
+    /// [`DishGrid::grid_weights`]) against eq. 2–3 summed straight from each dish's (m, n) and
+    /// its own (dish, pol) weight, with the two polarisations' weights unrelated.
+    #[test]
+    fn per_polarisation_weights_follow_eq_2_and_3() {
+        let (m, n) = (3, 5);
+        let positions = [(2, 4), (0, 0), (1, 3), (0, 2), (2, 1), (1, 0)];
+        let grid = DishGrid::new(m, n, &positions).unwrap();
+        let d = positions.len();
+        let shape = FrbShape { times: 6, t_ds: 2 };
+        let e = random_c(shape.times * 2 * d, 21);
+        let w = random_c(2 * d, 22);
+        let beams = [(0.37, -1.2), (2.5, 4.75), (-3.1, 0.0)];
+        let fast = resample(
+            &intensities(&grid, shape, &e, &grid.grid_weights(&w)),
+            m,
+            n,
+            &beams,
+        );
+        for (k, &(th, th2)) in beams.iter().enumerate() {
+            for slow in 0..shape.times / shape.t_ds {
+                let mut want = 0.0;
+                for t in slow * shape.t_ds..(slow + 1) * shape.t_ds {
+                    for pol in 0..2 {
+                        let sum: Complex64 = positions
+                            .iter()
+                            .enumerate()
+                            .map(|(dish, &(r, c))| {
+                                let phase = 2.0 * PI * (r as f64 * th / 3.0 + c as f64 * th2 / 5.0);
+                                w[dish * 2 + pol]
+                                    * e[(t * 2 + pol) * d + dish]
+                                    * Complex64::from_polar(1.0, phase)
+                            })
+                            .sum();
+                        want += sum.norm_sqr();
+                    }
+                }
+                let got = fast[slow * beams.len() + k];
+                assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
             }
         }
     }

@@ -4,7 +4,8 @@
 //! Input is the chunk the correlator reads: **(batch, antenna, channel, spectrum, pol, re/im)**
 //! int8, with per batch and antenna a presence flag (absent antennas contribute zero). Dish d
 //! is antenna d, placed on the M×N grid by a [`DishGrid`] and multiplied by its complex weight
-//! w_d (both polarisations). Output is **(channel, slow time, beam)** f32, overwritten: slow
+//! for the channel and polarisation, **(channel, dish, pol)** (seed 004 eq. 51's W_{fπmn}, f the
+//! channel). Output is **(channel, slow time, beam)** f32, overwritten: slow
 //! time s sums the chunk's fast spectra s·T_ds … (s+1)·T_ds − 1 (counted across batches), so
 //! T_ds must divide the chunk's spectra.
 //!
@@ -16,7 +17,7 @@
 //! Cartesian product of beam coordinates (§5.3, eq. 141–144) as V = Uᵀ I then J = V U′ per
 //! slow time; for arbitrary beams (§5.2, eq. 138–140) as J = I · W over blocks of
 //! [`SLOW_BLOCK`] slow times, so each row of W is read once per block. U, U′ and W are
-//! computed once (in f64 by eq. 7, then rounded to f32).
+//! computed once (in f64 by eq. 7, then rounded to f32) by [`super::frb_resample`].
 //!
 //! Threads take contiguous ranges of channels under `std::thread::scope`, each with its own
 //! scratch; every buffer is allocated at construction, a call allocates nothing but the
@@ -30,72 +31,11 @@ use std::sync::Arc;
 use num_complex::Complex32;
 use rustfft::{Fft, FftPlanner};
 
-use super::frb::{u_sum, DishGrid};
+use super::frb::DishGrid;
+use super::frb_resample::{resample, FrbBeams, Resample};
 
 /// Slow times resampled together in the non-factorisable stage 2.
 pub const SLOW_BLOCK: usize = 16;
-
-/// The beam centres of an FRB output, in the normalised sky coordinates of seed 004 eq. 1
-/// (θ = M n̂·σ/λ, θ′ = N n̂·σ′/λ; J is periodic in θ with period M and in θ′ with period N).
-#[derive(Debug, Clone, PartialEq)]
-pub enum FrbBeams {
-    /// The Cartesian product {θ_i} × {θ′_j} (factorisable, §5.3); beam β = i·Q + j.
-    Product { thetas: Vec<f64>, thetas2: Vec<f64> },
-    /// Arbitrary (θ, θ′) pairs (non-factorisable, §5.2), in beam order.
-    List(Vec<(f64, f64)>),
-}
-
-/// "P×Q beam grid" or "B listed beams", for reports.
-impl std::fmt::Display for FrbBeams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FrbBeams::List(b) => write!(f, "{} listed beams", b.len()),
-            FrbBeams::Product { thetas, thetas2 } => {
-                write!(f, "{}×{} beam grid", thetas.len(), thetas2.len())
-            }
-        }
-    }
-}
-
-impl FrbBeams {
-    /// P × Q beams evenly spaced over one period of the field of an M×N grid:
-    /// θ_i = M·(i − ⌊P/2⌋)/P for i < P, θ′_j = N·(j − ⌊Q/2⌋)/Q for j < Q. The set covers
-    /// [−M/2, M/2) × [−N/2, N/2) with zenith (0, 0) among the beams; P = 2M, Q = 2N gives the
-    /// half-integer grid of stage 1 itself.
-    pub fn even(rows: usize, cols: usize, p: usize, q: usize) -> FrbBeams {
-        let axis = |side: usize, k: usize| -> Vec<f64> {
-            (0..k)
-                .map(|i| side as f64 * (i as f64 - (k / 2) as f64) / k as f64)
-                .collect()
-        };
-        FrbBeams::Product {
-            thetas: axis(rows, p),
-            thetas2: axis(cols, q),
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        match self {
-            FrbBeams::Product { thetas, thetas2 } => thetas.len() * thetas2.len(),
-            FrbBeams::List(l) => l.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// (θ, θ′) of every beam, in beam order.
-    pub fn positions(&self) -> Vec<(f64, f64)> {
-        match self {
-            FrbBeams::Product { thetas, thetas2 } => thetas
-                .iter()
-                .flat_map(|&a| thetas2.iter().map(move |&b| (a, b)))
-                .collect(),
-            FrbBeams::List(l) => l.clone(),
-        }
-    }
-}
 
 /// The chunk an FRB beamformer reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,59 +61,20 @@ impl FrbChunkShape {
     }
 }
 
-/// Stage 2's matrices (seed 004 §5), from U evaluated in f64 by `dsp::frb::u_sum` and rounded
-/// to f32 once; the GPU's second stage (`gpu::frb_resample`) uploads the same tables.
-#[derive(Debug)]
-pub enum Resample {
-    /// U (2M × P) and U′ (2N × Q), row-major.
-    Product {
-        u: Vec<f32>,
-        u2: Vec<f32>,
-        p: usize,
-        q: usize,
-    },
-    /// W ((2M·2N) × B), row-major.
-    General { w: Vec<f32>, beams: usize },
-}
-
-impl Resample {
-    /// The tables for `beams` of an `m` × `n` dish grid.
-    pub fn new(m: usize, n: usize, beams: &FrbBeams) -> Resample {
-        let (pm, pn) = (2 * m, 2 * n);
-        let u = |side: usize, thetas: &[f64]| -> Vec<f32> {
-            (0..2 * side)
-                .flat_map(|p| thetas.iter().map(move |&t| u_sum(p, side, t) as f32))
-                .collect()
-        };
-        match beams {
-            FrbBeams::Product { thetas, thetas2 } => Resample::Product {
-                u: u(m, thetas),
-                u2: u(n, thetas2),
-                p: thetas.len(),
-                q: thetas2.len(),
-            },
-            FrbBeams::List(list) => Resample::General {
-                w: (0..pm * pn)
-                    .flat_map(|r| {
-                        let (p, q) = (r / pn, r % pn);
-                        list.iter()
-                            .map(move |&(a, b)| (u_sum(p, m, a) * u_sum(q, n, b)) as f32)
-                    })
-                    .collect(),
-                beams: list.len(),
-            },
-        }
-    }
-}
-
-/// One thread's buffers.
+/// One thread's transform buffers.
 #[derive(Debug, Default)]
-struct Scratch {
+struct FieldScratch {
     /// The weighted grid, transposed and padded: (n < N, m < 2M).
     grid: Vec<Complex32>,
     /// After the first FFT and the transpose: (p < 2M, q < 2N).
     field: Vec<Complex32>,
     fft: Vec<Complex32>,
+}
+
+/// One thread's buffers.
+#[derive(Debug, Default)]
+struct Scratch {
+    field: FieldScratch,
     /// I of up to [`SLOW_BLOCK`] slow times: (slow, p, q).
     intensity: Vec<f32>,
     /// V = Uᵀ I of one slow time: (P, 2N).
@@ -198,6 +99,15 @@ struct Plan {
     resample: Resample,
     fft_rows: Arc<dyn Fft<f32>>,
     fft_cols: Arc<dyn Fft<f32>>,
+}
+
+/// What a call computes per channel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stages {
+    /// Stage 1 only: I (slow, p, q).
+    Intensities,
+    /// Both stages: J (slow, beam).
+    Beams,
 }
 
 impl FrbBeamformer {
@@ -228,9 +138,11 @@ impl FrbBeamformer {
         let scratch = parts
             .iter()
             .map(|_| Scratch {
-                grid: vec![Complex32::default(); n * pm],
-                field: vec![Complex32::default(); pm * pn],
-                fft: vec![Complex32::default(); fft_len],
+                field: FieldScratch {
+                    grid: vec![Complex32::default(); n * pm],
+                    field: vec![Complex32::default(); pm * pn],
+                    fft: vec![Complex32::default(); fft_len],
+                },
                 intensity: vec![0.0; SLOW_BLOCK * pm * pn],
                 v: vec![0.0; p_rows * pn],
             })
@@ -264,20 +176,53 @@ impl FrbBeamformer {
         self.plan.shape.channels * self.plan.shape.slow() * self.plan.beams
     }
 
+    /// f32 values of one chunk's intensities ([`FrbBeamformer::intensities`]).
+    pub fn intensities_len(&self) -> usize {
+        self.plan.shape.channels * self.plan.shape.slow() * 4 * self.plan.rows * self.plan.cols
+    }
+
     /// Form every beam of chunk `x` into `out` (channel, slow time, beam). `present` is
-    /// (batch, antenna), non-zero where the antenna's heap arrived; `weights` one per dish.
+    /// (batch, antenna), non-zero where the antenna's heap arrived; `weights` is
+    /// (channel, dish, pol): dish d's weight in channel c for polarisation π is
+    /// `weights[(c·D + d)·2 + π]` (seed 004's W_{fπmn} at d's (m, n)).
     pub fn form(&mut self, x: &[i8], present: &[u8], weights: &[Complex32], out: &mut [f32]) {
+        assert_eq!(out.len(), self.output_len());
+        self.run(x, present, weights, out, Stages::Beams);
+    }
+
+    /// Stage 1 alone (for benchmarks and tests): the intensities on the half-integer grid,
+    /// `out` (channel, slow time, p < 2M, q < 2N), overwritten; inputs as for
+    /// [`FrbBeamformer::form`].
+    pub fn intensities(
+        &mut self,
+        x: &[i8],
+        present: &[u8],
+        weights: &[Complex32],
+        out: &mut [f32],
+    ) {
+        assert_eq!(out.len(), self.intensities_len());
+        self.run(x, present, weights, out, Stages::Intensities);
+    }
+
+    fn run(
+        &mut self,
+        x: &[i8],
+        present: &[u8],
+        weights: &[Complex32],
+        out: &mut [f32],
+        stages: Stages,
+    ) {
         let shape = self.plan.shape;
         assert_eq!(x.len(), shape.input_len());
         assert_eq!(present.len(), shape.batches * shape.n_ants);
-        assert_eq!(weights.len(), shape.n_ants);
-        assert_eq!(out.len(), self.output_len());
-        let per_channel = shape.slow() * self.plan.beams;
+        assert_eq!(weights.len(), shape.channels * shape.n_ants * 2);
+        let per_channel = out.len() / shape.channels.max(1);
         let job = Job {
             bf: &self.plan,
             x,
             present,
             weights,
+            stages,
         };
         let mut outs = Vec::with_capacity(self.parts.len());
         let mut rest = out;
@@ -309,47 +254,59 @@ struct Job<'a> {
     x: &'a [i8],
     present: &'a [u8],
     weights: &'a [Complex32],
+    stages: Stages,
 }
 
 impl Job<'_> {
-    /// Channels `part` into `out` (those channels' (slow, beam) rows).
+    /// Channels `part` into `out` (those channels' (slow, beam) or (slow, p, q) rows).
     fn channels(&self, part: Range<usize>, s: &mut Scratch, out: &mut [f32]) {
         let bf = self.bf;
         let shape = bf.shape;
         let slow = shape.slow();
         let cells = 4 * bf.rows * bf.cols;
         for (k, c) in part.enumerate() {
+            if self.stages == Stages::Intensities {
+                let out = &mut out[k * slow * cells..(k + 1) * slow * cells];
+                out.fill(0.0);
+                for (sl, acc) in out.chunks_exact_mut(cells).enumerate() {
+                    self.add_slow_time(c, sl, &mut s.field, acc);
+                }
+                continue;
+            }
             let out = &mut out[k * slow * bf.beams..(k + 1) * slow * bf.beams];
             for s0 in (0..slow).step_by(SLOW_BLOCK) {
                 let nb = SLOW_BLOCK.min(slow - s0);
-                s.intensity[..nb * cells].fill(0.0);
-                for sb in 0..nb {
-                    for g in (s0 + sb) * shape.t_ds..(s0 + sb + 1) * shape.t_ds {
-                        for pol in 0..2 {
-                            self.add_intensity(c, g, pol, s, sb * cells);
-                        }
-                    }
+                let block = &mut s.intensity[..nb * cells];
+                block.fill(0.0);
+                for (sb, acc) in block.chunks_exact_mut(cells).enumerate() {
+                    self.add_slow_time(c, s0 + sb, &mut s.field, acc);
                 }
                 let out = &mut out[s0 * bf.beams..(s0 + nb) * bf.beams];
-                resample(
-                    &bf.resample,
-                    bf.cols,
-                    &s.intensity[..nb * cells],
-                    &mut s.v,
-                    out,
-                );
+                resample(&bf.resample, bf.cols, block, &mut s.v, out);
+            }
+        }
+    }
+
+    /// Stage 1 for channel `c` and slow time `sl`: add Σ |Ẽ|² over its fast spectra and both
+    /// polarisations into `acc` (p, q).
+    fn add_slow_time(&self, c: usize, sl: usize, f: &mut FieldScratch, acc: &mut [f32]) {
+        let t_ds = self.bf.shape.t_ds;
+        for g in sl * t_ds..(sl + 1) * t_ds {
+            for pol in 0..2 {
+                self.add_intensity(c, g, pol, f, acc);
             }
         }
     }
 
     /// Stage 1 for channel `c`, fast spectrum `g` of the chunk and polarisation `pol`: add
-    /// |Ẽ|² into `s.intensity[at..]` (p, q).
-    fn add_intensity(&self, c: usize, g: usize, pol: usize, s: &mut Scratch, at: usize) {
+    /// |Ẽ|² into `acc` (p, q).
+    fn add_intensity(&self, c: usize, g: usize, pol: usize, f: &mut FieldScratch, acc: &mut [f32]) {
         let bf = self.bf;
         let sh = bf.shape;
         let (pm, pn, n) = (2 * bf.rows, 2 * bf.cols, bf.cols);
         let (batch, spectrum) = (g / sh.spectra, g % sh.spectra);
-        s.grid.fill(Complex32::default());
+        let weights = &self.weights[c * sh.n_ants * 2..(c + 1) * sh.n_ants * 2];
+        f.grid.fill(Complex32::default());
         for (d, &cell) in bf.cells.iter().enumerate() {
             if self.present[batch * sh.n_ants + d] == 0 {
                 continue;
@@ -358,68 +315,18 @@ impl Job<'_> {
                 + pol)
                 * 2;
             let e = Complex32::new(f32::from(self.x[i]), f32::from(self.x[i + 1]));
-            s.grid[cell] = self.weights[d] * e;
+            f.grid[cell] = weights[d * 2 + pol] * e;
         }
-        bf.fft_rows.process_with_scratch(&mut s.grid, &mut s.fft);
-        for (p, row) in s.field.chunks_exact_mut(pn).enumerate() {
+        bf.fft_rows.process_with_scratch(&mut f.grid, &mut f.fft);
+        for (p, row) in f.field.chunks_exact_mut(pn).enumerate() {
             for (q, v) in row[..n].iter_mut().enumerate() {
-                *v = s.grid[q * pm + p];
+                *v = f.grid[q * pm + p];
             }
             row[n..].fill(Complex32::default());
         }
-        bf.fft_cols.process_with_scratch(&mut s.field, &mut s.fft);
-        for (i, v) in s.intensity[at..at + pm * pn].iter_mut().zip(&s.field) {
+        bf.fft_cols.process_with_scratch(&mut f.field, &mut f.fft);
+        for (i, v) in acc.iter_mut().zip(&f.field) {
             *i += v.norm_sqr();
-        }
-    }
-}
-
-/// Stage 2 of a block of slow times: `intensity` (slow, p < 2M, q < 2N) → `out` (slow, beam).
-fn resample(r: &Resample, cols: usize, intensity: &[f32], v: &mut [f32], out: &mut [f32]) {
-    let pn = 2 * cols;
-    match r {
-        Resample::Product { u, u2, p, q } => {
-            let (gp, gq) = (*p, *q);
-            let cells = u.len() / gp.max(1) * pn;
-            for (i, j) in intensity
-                .chunks_exact(cells)
-                .zip(out.chunks_exact_mut(gp * gq))
-            {
-                // V (γ, q) = Σ_p U (p, γ) I (p, q)  (eq. 143)
-                v.fill(0.0);
-                for (irow, urow) in i.chunks_exact(pn).zip(u.chunks_exact(gp)) {
-                    for (vrow, &uw) in v.chunks_exact_mut(pn).zip(urow) {
-                        for (a, &b) in vrow.iter_mut().zip(irow) {
-                            *a += uw * b;
-                        }
-                    }
-                }
-                // J (γ, γ′) = Σ_q V (γ, q) U′ (q, γ′)  (eq. 144)
-                j.fill(0.0);
-                for (jrow, vrow) in j.chunks_exact_mut(gq).zip(v.chunks_exact(pn)) {
-                    for (&vq, u2row) in vrow.iter().zip(u2.chunks_exact(gq)) {
-                        for (a, &b) in jrow.iter_mut().zip(u2row) {
-                            *a += vq * b;
-                        }
-                    }
-                }
-            }
-        }
-        Resample::General { w, beams } => {
-            // J (slow, β) = Σ_ρ I (slow, ρ) W (ρ, β)  (eq. 140), each row of W once per block.
-            let cells = w.len() / (*beams).max(1);
-            out.fill(0.0);
-            for (rho, wrow) in w.chunks_exact(*beams).enumerate() {
-                for (i, j) in intensity
-                    .chunks_exact(cells)
-                    .zip(out.chunks_exact_mut(*beams))
-                {
-                    let x = i[rho];
-                    for (a, &b) in j.iter_mut().zip(wrow) {
-                        *a += x * b;
-                    }
-                }
-            }
         }
     }
 }
@@ -448,7 +355,7 @@ pub fn encode_f16(j: &[f32], scale: f32, out: &mut [u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dsp::frb::{direct, FrbShape};
+    use crate::dsp::frb::{direct, intensities, FrbShape};
     use crate::dsp::random::{mix, unit};
     use num_complex::Complex64;
 
@@ -462,7 +369,8 @@ mod tests {
         let present = (0..shape.batches * shape.n_ants)
             .map(|i| u8::from(i != 1))
             .collect();
-        let w = (0..shape.n_ants as u64)
+        // Per (channel, dish, pol), all different.
+        let w = (0..(shape.channels * shape.n_ants * 2) as u64)
             .map(|i| {
                 Complex32::new(
                     unit(mix(seed, 2, i)) as f32 - 0.5,
@@ -477,37 +385,89 @@ mod tests {
     fn oracle(
         grid: &DishGrid,
         shape: FrbChunkShape,
-        (x, present, w): &(Vec<i8>, Vec<u8>, Vec<Complex32>),
+        data: &(Vec<i8>, Vec<u8>, Vec<Complex32>),
         c: usize,
         beams: &[(f64, f64)],
     ) -> Vec<f64> {
+        let fs = FrbShape {
+            times: shape.batches * shape.spectra,
+            t_ds: shape.t_ds,
+        };
+        direct(
+            grid,
+            fs,
+            &field(shape, data, c),
+            &grid_weights(grid, &data.2, c),
+            beams,
+        )
+    }
+
+    /// Channel `c`'s weights on the grid, in f64.
+    fn grid_weights(grid: &DishGrid, w: &[Complex32], c: usize) -> Vec<Complex64> {
+        let per_dish_pol: Vec<Complex64> = w[c * 2 * grid.dishes()..(c + 1) * 2 * grid.dishes()]
+            .iter()
+            .map(|v| Complex64::new(v.re.into(), v.im.into()))
+            .collect();
+        grid.grid_weights(&per_dish_pol)
+    }
+
+    /// The chunk's field of channel `c` as `dsp::frb::intensities` takes it: (time, pol, dish).
+    fn field(
+        shape: FrbChunkShape,
+        (x, present, _): &(Vec<i8>, Vec<u8>, Vec<Complex32>),
+        c: usize,
+    ) -> Vec<Complex64> {
         let (d, times) = (shape.n_ants, shape.batches * shape.spectra);
         let mut e = vec![Complex64::default(); times * 2 * d];
         for t in 0..times {
             let (b, s) = (t / shape.spectra, t % shape.spectra);
             for pol in 0..2 {
-                for a in 0..d {
-                    if present[b * d + a] == 0 {
-                        continue;
-                    }
+                for a in (0..d).filter(|&a| present[b * d + a] != 0) {
                     let i =
                         ((((b * d + a) * shape.channels + c) * shape.spectra + s) * 2 + pol) * 2;
                     e[(t * 2 + pol) * d + a] = Complex64::new(x[i].into(), x[i + 1].into());
                 }
             }
         }
-        let mut weights = vec![Complex64::default(); 2 * grid.rows * grid.cols];
-        for (a, &cell) in grid.cells().iter().enumerate() {
-            for pol in 0..2 {
-                weights[pol * grid.rows * grid.cols + cell] =
-                    Complex64::new(w[a].re.into(), w[a].im.into());
+        e
+    }
+
+    /// Stage 1 alone against `dsp::frb::intensities` in f64, per (channel, dish, pol) weights.
+    #[test]
+    fn intensities_equal_the_oracle() {
+        let grid = partial_grid(3, 2, &[4]);
+        let shape = FrbChunkShape {
+            n_ants: grid.dishes(),
+            channels: 3,
+            spectra: 4,
+            batches: 2,
+            t_ds: 4,
+        };
+        let data = inputs(shape, 7);
+        let mut bf = FrbBeamformer::new(shape, &grid, &FrbBeams::even(3, 2, 2, 2), 2);
+        let mut out = vec![f32::NAN; bf.intensities_len()];
+        bf.intensities(&data.0, &data.1, &data.2, &mut out);
+        let cells = 4 * 3 * 2;
+        for c in 0..shape.channels {
+            let fs = FrbShape {
+                times: shape.batches * shape.spectra,
+                t_ds: shape.t_ds,
+            };
+            let want = intensities(
+                &grid,
+                fs,
+                &field(shape, &data, c),
+                &grid_weights(&grid, &data.2, c),
+            );
+            let got = &out[c * shape.slow() * cells..(c + 1) * shape.slow() * cells];
+            let top = want.iter().fold(0.0f64, |a, &v| a.max(v));
+            for (k, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 1e-5 * top,
+                    "channel {c} value {k}: {g} vs {w}"
+                );
             }
         }
-        let fs = FrbShape {
-            times,
-            t_ds: shape.t_ds,
-        };
-        direct(grid, fs, &e, &weights, beams)
     }
 
     fn check(grid: &DishGrid, shape: FrbChunkShape, beams: &FrbBeams, threads: usize) {
@@ -578,16 +538,6 @@ mod tests {
             };
             check(&grid, shape, &FrbBeams::even(2, 5, p, q), 3);
         }
-    }
-
-    #[test]
-    fn even_beams_cover_one_period_around_zenith() {
-        let FrbBeams::Product { thetas, thetas2 } = FrbBeams::even(4, 3, 8, 3) else {
-            panic!()
-        };
-        assert_eq!(thetas, [-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5]);
-        assert_eq!(thetas2, [-1.0, 0.0, 1.0]);
-        assert_eq!(FrbBeams::even(4, 3, 8, 3).positions()[4], (-1.5, 0.0));
     }
 
     #[test]

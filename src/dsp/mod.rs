@@ -11,6 +11,7 @@ pub mod ddc;
 pub mod delay;
 pub mod frb;
 pub mod frb_fast;
+pub mod frb_resample;
 pub mod pfb;
 pub mod postproc;
 pub mod presence;

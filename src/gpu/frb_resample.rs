@@ -10,7 +10,7 @@
 //!   batched GEMMs (V = Uᵀ I, then J = V U′) with U (2M × A), U′ (2N × B) shared by every row;
 //!   output (row, a, b).
 //!
-//! The tables are `dsp::frb_fast::Resample`'s (U evaluated in f64, rounded to float32 once),
+//! The tables are `dsp::frb_resample::Resample`'s (U evaluated in f64, rounded to float32 once),
 //! the CPU backend's own.
 //! **Error bound** (standard float32 GEMM bound, the self-test checks it value by value): a sum
 //! of k products in float32 is within (k + 2)·2⁻²⁴·Σ|terms| of the exact one (the +2 for the
@@ -24,7 +24,7 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, CudaView};
 
 use super::{Gpu, GpuError};
-use crate::dsp::frb_fast::{FrbBeams, Resample};
+use crate::dsp::frb_resample::{FrbBeams, Resample};
 
 /// Most beams one resampler forms per row (a beam list's W is 4MN × B floats).
 pub const MAX_BEAMS: usize = 1 << 16;
@@ -33,7 +33,7 @@ fn blas_err(e: cudarc::cublas::result::CublasError) -> GpuError {
     GpuError::Backend(format!("cuBLAS: {e:?}"))
 }
 
-/// The tables on the device (`dsp::frb_fast::Resample`'s).
+/// The tables on the device (`dsp::frb_resample::Resample`'s).
 enum Tables {
     /// W ((2M·2N) × B), row-major.
     General { w: CudaSlice<f32>, beams: usize },

@@ -18,7 +18,7 @@ use super::Check;
 use crate::dsp::frb::{
     intensities, resample, resample_factorised, u_sum, DishGrid, FieldTransform, FrbShape,
 };
-use crate::dsp::frb_fast::FrbBeams;
+use crate::dsp::frb_resample::FrbBeams;
 use crate::gpu::frb::{error_bound, FrbConfig, FrbStage1};
 use crate::gpu::frb_resample::FrbResampler;
 use crate::gpu::{Gpu, GpuError};

@@ -1,14 +1,20 @@
 //! The XB-engine's `--frb-beam` output on the CUDA backend against the CPU backend (issue 17),
-//! through the [`XbBackend`] trait the engine drives: two chunks of fresh random input with a
-//! missing heap zeroed (as the engine zeroes them), the dish weights changed between the chunks
-//! (a new version), the first set below and the second far above the GPU first stage's fp16
-//! range limit (so the backend's power-of-two weight scaling is exercised both ways), a partly
-//! filled grid, and both beam-set forms (a Cartesian product and a list).
+//! through the [`XbBackend`] trait as the engine drives it: three chunks of fresh random input
+//! with a missing heap zeroed (as the engine zeroes them), each chunk's heap collected after
+//! the next chunk is started (the asynchronous copy back) and the last one after the loop (the
+//! engine's flush at stop), the dish weights changed at every chunk (a new version, so a chunk
+//! collected late must keep its own weights' scaling), sets below and far above the GPU first
+//! stage's fp16 range limit (so the backend's power-of-two weight scaling is exercised both
+//! ways), weights
+//! that differ per (channel, dish, pol) with channels 64× apart in magnitude (each channel
+//! scaled on its own), a partly filled grid, and both beam-set forms (a Cartesian product and a
+//! list). Errors are taken relative to each channel's peak, so a weak channel is judged as
+//! strictly as a strong one.
 //!
 //! This is a wiring check — heap layout, weights, scaling, versioning — not the numeric one:
 //! each GPU stage is checked against its derived error bound by [`super::frb`]. Their errors
 //! (≤ 3.1·2⁻¹¹ of the field per value in stage 1, float32 in stage 2, float16 encoding 2⁻¹¹) are
-//! far below the limit used here, 1 % of the heap's largest value, which any layout, weight or
+//! far below the limit used here, 1 % of the channel's largest value, which any layout, weight or
 //! scale mistake exceeds by orders of magnitude.
 
 use std::sync::Arc;
@@ -20,14 +26,15 @@ use rand::{Rng, SeedableRng};
 
 use super::Check;
 use crate::dsp::frb::DishGrid;
-use crate::dsp::frb_fast::{FrbBeamformer, FrbBeams, FrbChunkShape};
+use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
+use crate::dsp::frb_resample::FrbBeams;
 use crate::gpu::frb::FrbConfig;
 use crate::gpu::{Gpu, GpuError};
 use crate::xbengine::backend::{CpuBackend, FrbChunk, XbBackend, XbShape};
 use crate::xbengine::cuda::CudaBackend;
 use crate::xbengine::cuda_frb::CudaFrbSpec;
 
-/// Relative to the heap's largest value.
+/// Relative to each channel's largest value.
 const LIMIT: f64 = 1e-2;
 
 fn decode(bytes: &[u8]) -> Vec<f64> {
@@ -87,17 +94,22 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
     let mut cuda = CudaBackend::new(Arc::clone(gpu), shape, batches, 0)?.with_frb(&[spec])?;
     let heap_bytes = n_ants * channels * spectra * 4;
     let (mut worst, mut values) = (0.0f64, 0usize);
-    for (version, magnitude) in [(1u64, 20.0f32), (2, w_max as f32)] {
+    // Per back end, the decoded heaps in chunk order.
+    let mut heaps: [Vec<Vec<f64>>; 2] = Default::default();
+    let sets = [(1u64, 20.0f32), (2, w_max as f32), (3, 100.0)];
+    for (k, &(version, magnitude)) in sets.iter().enumerate() {
         let mut chunk: Vec<u8> = (0..batches * heap_bytes).map(|_| rng.random()).collect();
         let mut present = vec![1u8; batches * n_ants];
         // Batch 1's heap of antenna 3 is missing: zero, as the engine leaves it.
         present[n_ants + 3] = 0;
         let at = (n_ants + 3) * heap_bytes / n_ants;
         chunk[at..at + heap_bytes / n_ants].fill(0);
-        let weights: Vec<Complex32> = (0..n_ants)
-            .map(|_| {
+        // (channel, dish, pol), channel c at 4^−(c mod 4) of the set's magnitude.
+        let weights: Vec<Complex32> = (0..channels * n_ants * 2)
+            .map(|k| {
+                let level = 0.25f32.powi((k / (2 * n_ants) % 4) as i32);
                 Complex32::from_polar(
-                    magnitude * rng.random_range(0.2..1.0f32),
+                    magnitude * level * rng.random_range(0.2..1.0f32),
                     rng.random_range(-3.2..3.2),
                 )
             })
@@ -107,14 +119,30 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
             weights: &weights,
             present: &present,
         };
-        let mut heaps = Vec::new();
-        for backend in [&mut cuda as &mut dyn XbBackend, &mut cpu] {
+        for (backend, got) in [&mut cuda as &mut dyn XbBackend, &mut cpu]
+            .into_iter()
+            .zip(&mut heaps)
+        {
             backend.load(&chunk)?;
             backend.frb(0, &input, Vec::new())?;
-            heaps.push(decode(&backend.frb_formed(0)?.0));
+            // One chunk late, as the engine collects them (after this chunk's weights).
+            if k > 0 {
+                got.push(decode(&backend.frb_formed(0)?.0));
+            }
             backend.release()?;
         }
-        let (g, c) = (&heaps[0], &heaps[1]);
+    }
+    // The last chunk, as the engine's flush collects it when the input stops.
+    for (backend, got) in [&mut cuda as &mut dyn XbBackend, &mut cpu]
+        .into_iter()
+        .zip(&mut heaps)
+    {
+        got.push(decode(&backend.frb_formed(0)?.0));
+    }
+    if heaps[0].len() != sets.len() || heaps[1].len() != sets.len() {
+        return Err(GpuError::Backend("FRB heaps missing".into()));
+    }
+    for (g, c) in heaps[0].iter().zip(&heaps[1]) {
         if g.len() != c.len() {
             return Err(GpuError::Backend(format!(
                 "FRB heaps of {} and {} values",
@@ -122,9 +150,12 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
                 c.len()
             )));
         }
-        let peak = c.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        for (a, b) in g.iter().zip(c) {
-            worst = worst.max((a - b).abs() / peak);
+        let per_channel = g.len() / channels;
+        for (gc, cc) in g.chunks_exact(per_channel).zip(c.chunks_exact(per_channel)) {
+            let peak = cc.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (a, b) in gc.iter().zip(cc) {
+                worst = worst.max((a - b).abs() / peak);
+            }
         }
         values += g.len();
     }
@@ -135,7 +166,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
         limit: LIMIT,
         pass: worst <= LIMIT,
         note: format!(
-            "2 chunks (weights below and above the fp16 limit, a missing heap): worst |cuda − cpu| / heap peak over {values} values"
+            "3 chunks collected one late, the last at the end (weights per channel, dish and pol, changed each chunk, below and above the fp16 limit; a missing heap): worst |cuda − cpu| / channel peak over {values} values"
         ),
     })
 }

@@ -4,6 +4,7 @@
 //! batch (seed 003) and the FFT beamformer per chunk (seed 004). The engine keeps the
 //! scheduling (dumps, presence, steering versions).
 
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use num_complex::Complex32;
@@ -78,11 +79,17 @@ pub struct FrbChunk<'a> {
     /// The version of `weights` (bumped by every `?frb-weights`): a backend that keeps them
     /// uploads them only when it changes.
     pub version: u64,
-    /// Per dish (= antenna): its complex weight.
+    /// (channel, dish, pol): dish (= antenna) d's complex weight in channel c for
+    /// polarisation π is `weights[(c·D + d)·2 + π]` ([`super::frb_weights`]).
     pub weights: &'a [Complex32],
     /// Batches × antennas, non-zero where the antenna's heap is present (absent: zero).
     pub present: &'a [u8],
 }
+
+/// FRB results a backend holds per `--frb-beam` output: the engine starts a chunk's FRB
+/// stages, then collects the previous chunk's (one chunk late, as the beams), so a GPU's FRB
+/// stages and their copy back overlap the next chunk instead of stopping the engine thread.
+pub const FRB_SLOTS: usize = 2;
 
 /// How many result slots a backend keeps: the engine reads a chunk's beams after it has
 /// started the next two chunks', so that copies and compute overlap (seed 001
@@ -119,9 +126,9 @@ pub trait XbBackend: Send {
     fn beams(&mut self, slot: usize) -> Result<BeamResult<'_>, BackendError>;
     /// Start forming FRB output `output`'s intensities over the loaded chunk into `out` (the
     /// heap's buffer, resized to float16 little-endian (channel, slow time, beam) scaled by the
-    /// output's scale, kept until [`XbBackend::frb_formed`] gives it back). One per output is
-    /// outstanding at a time. Backends without an FRB beamformer refuse; the engine's
-    /// configuration keeps `--frb-beam` off them.
+    /// output's scale, kept until [`XbBackend::frb_formed`] gives it back). At most
+    /// [`FRB_SLOTS`] per output are outstanding; a further call is refused. Backends without an
+    /// FRB beamformer refuse; the engine's configuration keeps `--frb-beam` off them.
     fn frb(
         &mut self,
         _output: usize,
@@ -130,8 +137,8 @@ pub trait XbBackend: Send {
     ) -> Result<(), BackendError> {
         Err(BackendError("this backend has no FRB beamformer".into()))
     }
-    /// FRB output `output`'s outstanding intensities, waiting for them: the buffer and the
-    /// count of values saturated to float16.
+    /// FRB output `output`'s oldest outstanding intensities, waiting for them: the buffer and
+    /// the count of values saturated to float16.
     fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
         Err(BackendError(format!(
             "no FRB intensities of output {output} are outstanding"
@@ -173,8 +180,8 @@ struct CpuFrb {
     scale: f32,
     /// The f32 intensities of the last chunk.
     intensities: Vec<f32>,
-    /// The outstanding result.
-    formed: Option<(Vec<u8>, u64)>,
+    /// The outstanding results, oldest first.
+    formed: VecDeque<(Vec<u8>, u64)>,
 }
 
 impl CpuBackend {
@@ -212,7 +219,7 @@ impl CpuBackend {
                 intensities: vec![0.0; former.output_len()],
                 former,
                 scale,
-                formed: None,
+                formed: VecDeque::with_capacity(FRB_SLOTS),
             })
             .collect();
         self
@@ -332,6 +339,19 @@ impl XbBackend for CpuBackend {
             .frb
             .get_mut(output)
             .ok_or_else(|| BackendError(format!("no FRB output {output}")))?;
+        if f.formed.len() >= FRB_SLOTS {
+            return Err(BackendError(format!(
+                "{FRB_SLOTS} FRB results of output {output} are already outstanding"
+            )));
+        }
+        let shape = f.former.shape();
+        if input.weights.len() != shape.channels * shape.n_ants * 2 {
+            return Err(BackendError(format!(
+                "FRB weights: {} given, expected channels × dishes × 2 = {}",
+                input.weights.len(),
+                shape.channels * shape.n_ants * 2
+            )));
+        }
         f.former.form(
             &self.chunk,
             input.present,
@@ -340,18 +360,71 @@ impl XbBackend for CpuBackend {
         );
         out.resize(2 * f.intensities.len(), 0);
         let clips = encode_f16(&f.intensities, f.scale, &mut out);
-        f.formed = Some((out, clips));
+        f.formed.push_back((out, clips));
         Ok(())
     }
 
     fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
         self.frb
             .get_mut(output)
-            .and_then(|f| f.formed.take())
+            .and_then(|f| f.formed.pop_front())
             .ok_or_else(|| {
                 BackendError(format!(
                     "no FRB intensities of output {output} are outstanding"
                 ))
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dsp::frb::DishGrid;
+    use crate::dsp::frb_fast::FrbChunkShape;
+    use crate::dsp::frb_resample::FrbBeams;
+
+    /// The CPU back end holds [`FRB_SLOTS`] FRB results per output, hands them back oldest
+    /// first, and refuses one more: the engine's one-chunk-late collection relies on it.
+    #[test]
+    fn frb_results_are_held_and_returned_oldest_first() {
+        let grid = DishGrid::new(1, 2, &[(0, 0), (0, 1)]).unwrap();
+        let shape = XbShape {
+            n_ants: 2,
+            channels: 1,
+            spectra: 2,
+            sample_bits: 8,
+            outputs: 0,
+            threads: 1,
+        };
+        let frb = FrbChunkShape {
+            n_ants: 2,
+            channels: 1,
+            spectra: 2,
+            batches: 1,
+            t_ds: 2,
+        };
+        let zenith = FrbBeams::List(vec![(0.0, 0.0)]);
+        let mut cpu = CpuBackend::new(shape, 1)
+            .with_frb(vec![(FrbBeamformer::new(frb, &grid, &zenith, 1), 1.0)]);
+        let (present, w) = ([1u8; 2], [Complex32::new(1.0, 0.0); 4]);
+        // Chunk a: antenna 0's first sample (pol 0) is a, the rest 0, so J = a² at zenith.
+        for a in 1..=FRB_SLOTS as u8 + 1 {
+            let mut chunk = vec![0u8; 16];
+            chunk[0] = a;
+            cpu.load(&chunk).unwrap();
+            let input = FrbChunk {
+                version: 1,
+                weights: &w,
+                present: &present,
+            };
+            let r = cpu.frb(0, &input, Vec::new());
+            assert_eq!(r.is_ok(), usize::from(a) <= FRB_SLOTS, "{r:?}");
+        }
+        for a in 1..=FRB_SLOTS {
+            let (heap, _) = cpu.frb_formed(0).unwrap();
+            let j = half::f16::from_le_bytes([heap[0], heap[1]]).to_f32();
+            assert!((j - (a * a) as f32).abs() < 1e-3, "chunk {a}: {j}");
+        }
+        assert!(cpu.frb_formed(0).is_err());
     }
 }

@@ -12,14 +12,12 @@
 //! with Δf = bandwidth / N the channel spacing and c0 = `--channel-offset-value`, so that the
 //! kernel's W_ab·e^{jπ·c·d_ab} at local channel c is the phase φ − 2πΔf(c0 + c − N/2)τ: a delay
 //! of τ lags the wave, lowering the phase at a fixed time. A version number changes with every
-//! request, so the coefficients are rebuilt only then (seed 003 §Data flow). `?frb-weights`
-//! (one complex weight per dish of an `--frb-beam`, seed 004 §4.1's W) is parsed here too. Pure.
+//! request, so the coefficients are rebuilt only then (seed 003 §Data flow). Pure.
 #![deny(unsafe_code)]
 
-use num_complex::{Complex32, Complex64};
+use num_complex::Complex64;
 
 use crate::dsp::beamform::Beam;
-use crate::fengine::control::parse_complex;
 
 /// Every beam's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,23 +90,6 @@ pub fn parse_weights(args: &[String], n_ants: usize) -> Result<Vec<f64>, String>
         .map(|a| match a.parse::<f64>() {
             Ok(v) if v.is_finite() => Ok(v),
             _ => Err(format!("weight {a:?} is not a finite number")),
-        })
-        .collect()
-}
-
-/// Parse `?frb-weights` values: one complex weight per dish (antenna), as katcp and Python
-/// write complex numbers (`1.5`, `0.5+0.25j`, `-2j`).
-pub fn parse_frb_weights(args: &[String], n_ants: usize) -> Result<Vec<Complex32>, String> {
-    if args.len() != n_ants {
-        return Err(format!(
-            "Incorrect number of weights (expected {n_ants}, received {})",
-            args.len()
-        ));
-    }
-    args.iter()
-        .map(|a| match parse_complex(a) {
-            Some(v) if v.re.is_finite() && v.im.is_finite() => Ok(v),
-            _ => Err(format!("weight {a:?} is not a finite complex number")),
         })
         .collect()
 }

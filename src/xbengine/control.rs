@@ -10,9 +10,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use num_complex::Complex32;
-
-use super::beams::{parse_delays, parse_frb_weights, parse_gain, parse_weights, Steering};
+use super::beams::{parse_delays, parse_gain, parse_weights, Steering};
+use super::frb_weights::{format_weight, parse_request, Channels, FrbWeights, FrbWeightsRequest};
 use crate::control::katcp::{Handler, Sensors, Status};
 
 /// The outputs' names, by kind.
@@ -21,13 +20,6 @@ pub struct OutputNames {
     pub corrprods: Vec<String>,
     pub beams: Vec<String>,
     pub frb: Vec<String>,
-}
-
-/// One `--frb-beam` output's per-dish weights and their version (bumped by every change).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FrbWeights {
-    pub version: u64,
-    pub weights: Vec<Complex32>,
 }
 
 /// Whether an output sends, and from which timestamp.
@@ -48,6 +40,8 @@ impl Capture {
 pub struct XbControl {
     pub sensors: Arc<Sensors>,
     n_ants: usize,
+    /// This engine's channels (`chan-range`).
+    channels: Channels,
     /// Output names: correlation products first, then beams, then FRB beams.
     corrprods: Vec<String>,
     beams: Vec<String>,
@@ -169,10 +163,11 @@ impl XbControl {
                 0,
             );
         }
-        let frb_weights = FrbWeights {
-            version: 1,
-            weights: vec![Complex32::new(1.0, 0.0); n_ants],
+        let channels = Channels {
+            first: chan_range.0,
+            count: (chan_range.1 - chan_range.0 + 1) as usize,
         };
+        let frb_weights = FrbWeights::ones(channels.count, n_ants);
         for name in &frb {
             sensors.add(
                 &format!("{name}.chan-range"),
@@ -186,7 +181,7 @@ impl XbControl {
                 "The complex weights applied to the dishes of this FRB beamformer",
                 "",
                 "string",
-                format_complex_weights(&frb_weights.weights),
+                frb_weights.describe(channels.count, name),
             );
             sensors.add(
                 &format!("{name}.frb-clip-cnt"),
@@ -207,6 +202,7 @@ impl XbControl {
         XbControl {
             sensors,
             n_ants,
+            channels,
             frb_weights: Mutex::new(vec![frb_weights; frb.len()]),
             corrprods,
             beams,
@@ -278,18 +274,6 @@ impl XbControl {
     }
 }
 
-/// `[re+imj, …]`, as the weights were understood.
-fn format_complex_weights(w: &[Complex32]) -> String {
-    let all: Vec<String> = w
-        .iter()
-        .map(|c| {
-            let sign = if c.im.is_sign_negative() { "" } else { "+" };
-            format!("{:?}{sign}{:?}j", c.re, c.im)
-        })
-        .collect();
-    format!("[{}]", all.join(", "))
-}
-
 fn format_delays(loadmcnt: u64, d: &[(f64, f64)]) -> String {
     let mut s = format!("({loadmcnt}");
     for (delay, phase) in d {
@@ -323,7 +307,8 @@ impl Handler for XbControl {
             ),
             (
                 "frb-weights",
-                "Set an FRB beamformer's complex dish weights: ?frb-weights stream w0 w1 ...",
+                "Set or read an FRB beamformer's complex dish weights: ?frb-weights stream \
+                 [channel=c] [w0 w1 ... (one per dish, or one per dish and pol)]",
             ),
         ]
     }
@@ -395,17 +380,28 @@ impl Handler for XbControl {
                     .iter()
                     .position(|n| n == name)
                     .ok_or_else(|| format!("no FRB beam output named {name:?}"))?;
-                let w = parse_frb_weights(&args[1..], self.n_ants)?;
-                let text = format_complex_weights(&w);
-                {
-                    let mut all = lock(&self.frb_weights);
-                    all[i].version += 1;
-                    all[i].weights = w;
+                let count = self.channels.count;
+                match parse_request(&args[1..], self.n_ants, self.channels)? {
+                    FrbWeightsRequest::Get { channel } => {
+                        let all = lock(&self.frb_weights);
+                        let w = all[i].get(count, channel).ok_or_else(|| {
+                            "the weights differ between channels: name one with channel=c"
+                                .to_string()
+                        })?;
+                        Ok(w.iter().map(format_weight).collect())
+                    }
+                    FrbWeightsRequest::Set { channel, weights } => {
+                        let text = {
+                            let mut all = lock(&self.frb_weights);
+                            all[i].set(count, channel, &weights);
+                            all[i].describe(count, name)
+                        };
+                        self.note_change();
+                        self.sensors
+                            .set(&format!("{}.weight", self.frb[i]), text, Status::Nominal);
+                        Ok(vec![])
+                    }
                 }
-                self.note_change();
-                self.sensors
-                    .set(&format!("{}.weight", self.frb[i]), text, Status::Nominal);
-                Ok(vec![])
             })(),
             _ => return None,
         })
@@ -415,6 +411,7 @@ impl Handler for XbControl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use num_complex::Complex32;
 
     fn control() -> XbControl {
         XbControl::new(
@@ -426,7 +423,7 @@ mod tests {
                 frb: vec!["f0".into()],
             },
             false,
-            (0, 1023),
+            (16, 19),
             42,
         )
     }
@@ -488,20 +485,19 @@ mod tests {
     #[test]
     fn frb_weights_are_checked_and_versioned() {
         let c = control();
+        let one = Complex32::new(1.0, 0.0);
         let v0 = c.frb_weights_if_changed(0, 0).unwrap();
-        assert_eq!(v0.weights, [Complex32::new(1.0, 0.0); 3]);
+        // (channel, dish, pol): 4 channels (16 … 19) of 3 dishes.
+        assert_eq!(v0.weights, [one; 4 * 3 * 2]);
         assert!(c.frb_weights_if_changed(0, v0.version).is_none());
         c.steady.store(8192, Ordering::Relaxed);
+        // The old form: one per dish, both pols, every channel.
         call(&c, "frb-weights", &["f0", "1", "0.5-2j", "-1j"]).unwrap();
         let w = c.frb_weights_if_changed(0, v0.version).unwrap();
-        assert_eq!(
-            w.weights,
-            [
-                Complex32::new(1.0, 0.0),
-                Complex32::new(0.5, -2.0),
-                Complex32::new(0.0, -1.0)
-            ]
-        );
+        let per_dish = [one, Complex32::new(0.5, -2.0), Complex32::new(0.0, -1.0)];
+        for (k, v) in w.weights.iter().enumerate() {
+            assert_eq!(*v, per_dish[k / 2 % 3], "value {k}");
+        }
         assert_eq!(
             c.sensors.get("f0.weight").unwrap().value,
             "[1.0+0.0j, 0.5-2.0j, 0.0-1.0j]"
@@ -510,11 +506,43 @@ mod tests {
             c.sensors.get("steady-state-timestamp").unwrap().value,
             "8192"
         );
+        // Per (dish, pol) in every channel, then channel 18's own.
+        call(&c, "frb-weights", &["f0", "1", "2", "3", "4", "5", "6"]).unwrap();
+        assert_eq!(
+            c.sensors.get("f0.weight").unwrap().value,
+            "[1.0+0.0j, 2.0+0.0j, 3.0+0.0j, 4.0+0.0j, 5.0+0.0j, 6.0+0.0j]"
+        );
+        call(
+            &c,
+            "frb-weights",
+            &["f0", "channel=18", "1j", "2j", "3j", "4j", "5j", "6j"],
+        )
+        .unwrap();
+        let w2 = c.frb_weights_if_changed(0, w.version).unwrap();
+        assert_eq!(w2.version, w.version + 2);
+        assert_eq!(w2.weights[(2 * 3 + 1) * 2 + 1], Complex32::new(0.0, 4.0));
+        assert_eq!(w2.weights[(3 * 3 + 1) * 2 + 1], Complex32::new(4.0, 0.0));
+        assert!(c
+            .sensors
+            .get("f0.weight")
+            .unwrap()
+            .value
+            .contains("channel=c"));
+        // Reads: a channel's, and every channel's only while they agree.
+        assert_eq!(
+            call(&c, "frb-weights", &["f0", "channel=19"]).unwrap(),
+            ["1.0+0.0j", "2.0+0.0j", "3.0+0.0j", "4.0+0.0j", "5.0+0.0j", "6.0+0.0j"]
+        );
+        assert!(call(&c, "frb-weights", &["f0"])
+            .unwrap_err()
+            .contains("differ between channels"));
         for bad in [
             &["f0", "1", "1"][..],
             &["f0", "1", "1", "1", "1"],
             &["f0", "1", "x", "1"],
             &["f0", "1", "nan", "1"],
+            &["f0", "channel=20", "1", "1", "1"],
+            &["f0", "channel=15"],
             &["b0", "1", "1", "1"],
             &[],
         ] {
@@ -522,8 +550,8 @@ mod tests {
         }
         assert!(call(&c, "frb-weights", &["f0", "1"])
             .unwrap_err()
-            .contains("expected 3"));
-        assert_eq!(c.frb_weights_if_changed(0, 0).unwrap().version, w.version);
+            .contains("expected 3 or 6"));
+        assert_eq!(c.frb_weights_if_changed(0, 0).unwrap().version, w2.version);
         call(&c, "capture-stop", &["f0"]).unwrap();
         assert!(!c.capture()[3].sends(0));
     }

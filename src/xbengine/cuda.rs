@@ -9,7 +9,8 @@
 //!   device, while the previous chunk may still be computing;
 //! - **compute**: the corner turn and correlation of a batch range into the output's per-batch
 //!   int64 accumulators, the reduce at a dump, the beamformer over every batch of the chunk;
-//! - **device-to-host**: the reduced visibilities and the beams into pinned host memory.
+//! - **device-to-host**: the reduced visibilities, the beams and the FRB beams into pinned
+//!   host memory.
 //!
 //! cudarc records an event after each use of a device buffer and makes the next stream that
 //! touches it wait for it; that is the event chain of seed 001 (copy → correlate → copy out),
@@ -200,7 +201,7 @@ impl CudaBackend {
 
 /// Pinned host memory the device writes and the host reads (not write-combined, which is
 /// cudarc's default and slow to read).
-fn host<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+pub(super) fn host<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     gpu: &Gpu,
     len: usize,
 ) -> Result<PinnedHostSlice<T>, GpuError> {
@@ -389,12 +390,13 @@ impl XbBackend for CudaBackend {
     fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
         self.frb
             .get_mut(output)
-            .and_then(CudaFrb::take)
+            .ok_or_else(|| BackendError(format!("no FRB output {output}")))?
+            .take()
             .ok_or_else(|| {
                 BackendError(format!(
                     "no FRB intensities of output {output} are outstanding"
                 ))
-            })
+            })?
     }
 
     fn pin(&mut self, buffer: &mut [u8]) -> Result<(), BackendError> {

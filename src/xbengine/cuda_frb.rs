@@ -2,29 +2,38 @@
 //! ([`FrbStage1`], the gridded fp16 tensor-core transform summed to intensities) over the
 //! device copy of the chunk, then the second stage ([`FrbResampler`], cuBLAS) to the output's
 //! beams, on the compute stream after the chunk's beams; the beams are copied back and encoded
-//! to float16 on the host as the CPU backend encodes its own.
+//! to float16 on the host as the CPU backend encodes its own, one chunk later.
 //!
-//! - **Weights**: `?frb-weights` gives one complex weight per dish; the first stage takes them
-//!   per (channel, dish, pol), so each is repeated. Intensities are linear in |W|², so the
-//!   weights are scaled by a power of two s that puts the largest just below the first stage's
-//!   fp16 range limit ([`FrbStage1::set_weights`]) and the output by 1/s² (exact), so no
-//!   finite weight is refused and small weights keep their precision.
+//! - **Weights**: per (channel, dish, pol) (`?frb-weights`, [`super::frb_weights`]), the first
+//!   stage's own layout, uploaded only when their version changes. A channel's intensities are
+//!   linear in its |W|², so each channel's weights are scaled by a power of two s_c that puts
+//!   the channel's largest just below the first stage's fp16 range limit
+//!   ([`FrbStage1::set_weights`]) and that channel's output by 1/s_c² (exact), so no finite
+//!   weight is refused and a channel of small weights keeps its precision beside one of large.
 //! - **Missing antennas**: the engine zeroes missing heaps before the chunk is loaded, so they
 //!   add nothing; the presence flags are not needed here.
 //! - **Slow samples**: the configuration makes `t_ds` divide a chunk's spectra, so every call
 //!   ends on a slow-sample boundary and returns all its rows (the op could carry partial sums
 //!   across calls; the heap format has a fixed number of rows per chunk).
-//! - The copy back is synchronous: an FRB output makes the engine thread wait for the chunk's
-//!   compute at `frb` (the beams and X dumps keep their overlap without FRB outputs).
+//! - **Copy back**, as the beams': [`CudaFrb::form`] queues the stages and a copy of the
+//!   float32 beams into one of [`FRB_SLOTS`] pinned host buffers on the device-to-host stream
+//!   and returns; cudarc's events order the copy after the second stage and the next chunk's
+//!   second stage after the copy. [`CudaFrb::take`], called by the engine after it has queued
+//!   the next chunk, waits for that copy only and encodes with the per-channel scales of the
+//!   weights the chunk was formed with (kept in its slot, so a weight change in between does
+//!   not reach the older chunk).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, PinnedHostSlice};
 use num_complex::Complex32;
 
-use super::backend::{BackendError, FrbChunk};
+use super::backend::{BackendError, FrbChunk, FRB_SLOTS};
+use super::cuda::host;
 use crate::dsp::frb::DishGrid;
-use crate::dsp::frb_fast::{encode_f16, FrbBeams};
+use crate::dsp::frb_fast::encode_f16;
+use crate::dsp::frb_resample::FrbBeams;
 use crate::gpu::frb::{FrbConfig, FrbStage1};
 use crate::gpu::frb_resample::FrbResampler;
 use crate::gpu::{Gpu, GpuError};
@@ -47,13 +56,22 @@ pub(super) struct CudaFrb {
     intensities: CudaSlice<f32>,
     /// Second stage's output, (channel, slow sample, beam).
     beams: CudaSlice<f32>,
-    host: Vec<f32>,
+    slots: Vec<FrbSlot>,
+    /// Chunks formed and not yet taken, oldest first: their slot and heap buffer.
+    pending: VecDeque<(usize, Vec<u8>)>,
     config: FrbConfig,
     scale: f32,
-    /// 1/s² for the weights last uploaded, and their version.
-    weight_scale: f32,
+    /// Per channel: 1/s_c² for the weights last uploaded; and their version.
+    weight_scales: Vec<f32>,
     version: Option<u64>,
-    formed: Option<(Vec<u8>, u64)>,
+}
+
+/// One chunk's beams on their way back.
+struct FrbSlot {
+    /// (channel, slow sample, beam) float32, written by the device-to-host stream.
+    host: PinnedHostSlice<f32>,
+    /// Per channel: the float16 encoding's scale for this chunk.
+    scales: Vec<f32>,
 }
 
 /// The power of two s that puts max |w| in (limit/2, limit] (1 for all-zero weights).
@@ -72,55 +90,69 @@ impl CudaFrb {
         let rows = cfg.channels * cfg.out_rows();
         let resampler = FrbResampler::new(gpu, cfg.rows, cfg.cols, &spec.beams, rows)?;
         let st = &gpu.compute;
+        let len = rows * resampler.beams();
+        let slots = (0..FRB_SLOTS)
+            .map(|_| {
+                Ok(FrbSlot {
+                    host: host(gpu, len)?,
+                    scales: vec![0.0; cfg.channels],
+                })
+            })
+            .collect::<Result<_, GpuError>>()?;
         Ok(CudaFrb {
             intensities: st.alloc_zeros(cfg.output_len())?,
-            beams: st.alloc_zeros(rows * resampler.beams())?,
-            host: vec![0.0; rows * resampler.beams()],
+            beams: st.alloc_zeros(len)?,
+            slots,
+            pending: VecDeque::with_capacity(FRB_SLOTS),
             gpu: Arc::clone(gpu),
             stage1,
             resampler,
             config: cfg,
             scale: spec.scale,
-            weight_scale: 1.0,
+            weight_scales: vec![1.0; cfg.channels],
             version: None,
-            formed: None,
         })
     }
 
-    /// Form the output's beams over `chunk` (the device copy of the loaded chunk) into `out`.
+    /// Queue the output's beams over `chunk` (the device copy of the loaded chunk) and their
+    /// copy back; [`CudaFrb::take`] returns them in `out`.
     pub(super) fn form(
         &mut self,
         chunk: &CudaView<u8>,
         input: &FrbChunk<'_>,
-        mut out: Vec<u8>,
+        out: Vec<u8>,
     ) -> Result<(), BackendError> {
         let cfg = self.config;
         let err = |e: GpuError| BackendError(e.to_string());
+        if self.pending.len() >= FRB_SLOTS {
+            return Err(BackendError(format!(
+                "{FRB_SLOTS} FRB results of this output are already outstanding"
+            )));
+        }
         if self.version != Some(input.version) {
-            if input.weights.len() != cfg.dishes {
+            let per_channel = cfg.dishes * 2;
+            if input.weights.len() != cfg.channels * per_channel {
                 return Err(BackendError(format!(
-                    "FRB weights: {} given for {} dishes",
+                    "FRB weights: {} given, expected channels × dishes × 2 = {}",
                     input.weights.len(),
-                    cfg.dishes
+                    cfg.channels * per_channel
                 )));
             }
             // A little below the first stage's limit, which it refuses to reach.
-            let s = weight_scale(input.weights, 0.98 * cfg.max_weight());
-            let per_pol: Vec<Complex32> = input
+            let limit = 0.98 * cfg.max_weight();
+            let mut scaled = Vec::with_capacity(input.weights.len());
+            for (row, inverse) in input
                 .weights
-                .iter()
-                .flat_map(|&w| {
-                    let w = w * s as f32;
-                    [w, w]
-                })
-                .collect();
-            let all: Vec<Complex32> = (0..cfg.channels)
-                .flat_map(|_| per_pol.iter().copied())
-                .collect();
-            self.stage1.set_weights(&all).map_err(err)?;
-            // Beyond float32 (weights near its own limits) this is 0 or ∞, and the encoding
-            // underflows or saturates, as those intensities would anyway.
-            self.weight_scale = (1.0 / (s * s)) as f32;
+                .chunks_exact(per_channel)
+                .zip(&mut self.weight_scales)
+            {
+                let s = weight_scale(row, limit);
+                scaled.extend(row.iter().map(|&w| w * s as f32));
+                // Beyond float32 (weights near its own limits) this is 0 or ∞, and the
+                // encoding underflows or saturates, as those intensities would anyway.
+                *inverse = (1.0 / (s * s)) as f32;
+            }
+            self.stage1.set_weights(&scaled).map_err(err)?;
             self.version = Some(input.version);
         }
         let rows = self.stage1.run(chunk, &mut self.intensities).map_err(err)?;
@@ -138,19 +170,43 @@ impl CudaFrb {
                 &mut self.beams,
             )
             .map_err(err)?;
+        // A slot no outstanding chunk holds (fewer than FRB_SLOTS are, checked above).
+        let s = (0..FRB_SLOTS)
+            .find(|s| self.pending.iter().all(|p| p.0 != *s))
+            .ok_or_else(|| BackendError("no free FRB result slot".into()))?;
+        let slot = &mut self.slots[s];
         self.gpu
-            .compute
-            .memcpy_dtoh(&self.beams, &mut self.host)
+            .d2h
+            .memcpy_dtoh(&self.beams, &mut slot.host)
             .map_err(|e| err(e.into()))?;
-        out.resize(2 * self.host.len(), 0);
-        let clips = encode_f16(&self.host, self.scale * self.weight_scale, &mut out);
-        self.formed = Some((out, clips));
+        for (scale, &inverse) in slot.scales.iter_mut().zip(&self.weight_scales) {
+            *scale = self.scale * inverse;
+        }
+        self.pending.push_back((s, out));
         Ok(())
     }
 
-    /// The outstanding result.
-    pub(super) fn take(&mut self) -> Option<(Vec<u8>, u64)> {
-        self.formed.take()
+    /// The oldest outstanding result (`None`: none), waiting for its copy: the heap buffer,
+    /// float16 (channel, slow sample, beam), and the count of values saturated.
+    pub(super) fn take(&mut self) -> Option<Result<(Vec<u8>, u64), BackendError>> {
+        let (s, mut out) = self.pending.pop_front()?;
+        let slot = &self.slots[s];
+        Some(
+            slot.host
+                .as_slice()
+                .map_err(|e| BackendError(GpuError::from(e).to_string()))
+                .map(|host| {
+                    out.resize(2 * host.len(), 0);
+                    let per_channel = host.len() / self.config.channels;
+                    let clips = host
+                        .chunks_exact(per_channel)
+                        .zip(out.chunks_exact_mut(2 * per_channel))
+                        .zip(&slot.scales)
+                        .map(|((j, o), &scale)| encode_f16(j, scale, o))
+                        .sum();
+                    (out, clips)
+                }),
+        )
     }
 }
 

@@ -408,16 +408,18 @@ impl Engine {
             metrics::x_output(&self.metrics, &x.name, &x.totals);
             crate::engine::metrics::send(&self.metrics, &x.name, &x.sink.counters());
         }
+        // The previous chunk's FRB heaps; this chunk's go out after the next is queued.
         frb::finish(
             &mut self.frb,
             self.backend.as_mut(),
             &self.control,
             &self.metrics,
             layout.chunk_step(),
+            Some(first),
         )
     }
 
-    /// Send every beam heap and dump still held for overlap.
+    /// Send every beam heap, dump and FRB heap still held for overlap.
     fn flush(&mut self) -> Result<(), EngineError> {
         while !self.pending.is_empty() {
             self.send_beams()?;
@@ -430,7 +432,14 @@ impl Engine {
         for d in dumps {
             self.send_dump(d)?;
         }
-        Ok(())
+        frb::finish(
+            &mut self.frb,
+            self.backend.as_mut(),
+            &self.control,
+            &self.metrics,
+            self.plan.layout.chunk_step(),
+            None,
+        )
     }
 
     /// Send (or drop, if not captured) a dump the backend has reduced.

@@ -1,12 +1,16 @@
 //! The XB-engine's `--frb-beam` outputs (seed 004): per output a send stream and thread
 //! (one substream, [`FrbHeapFormat`]), paced at one heap per chunk; the engine starts every
-//! captured output's FFT beamformer on a chunk after its beams ([`start`]) and sends the heaps
-//! once the chunk's other work is out ([`finish`]). `?frb-weights` reaches the backend at the
-//! next chunk.
+//! captured output's FFT beamformer on a chunk after its beams ([`start`]) and sends the
+//! previous chunk's heaps once this chunk's other work is queued ([`finish`]), so that a GPU's
+//! FRB stages and copy back run beside the next chunk (at most [`FRB_SLOTS`] per output are
+//! with the backend); when the input pauses or stops, the engine's flush sends the last.
+//! `?frb-weights` reaches the backend at the next chunk.
+
+use std::collections::VecDeque;
 
 use num_complex::Complex32;
 
-use super::backend::{FrbChunk, XbBackend};
+use super::backend::{FrbChunk, XbBackend, FRB_SLOTS};
 use super::config::{Plan, XbengineConfig};
 use super::control::{Capture, XbControl};
 use super::cuda_frb::CudaFrbSpec;
@@ -32,8 +36,8 @@ pub(super) struct FrbOutput {
     weights_version: u64,
     weights: Vec<Complex32>,
     pub(super) totals: FrbTotals,
-    /// The heap started on the backend for the current chunk.
-    started: Option<FrbMeta>,
+    /// The heaps started on the backend and not yet sent, oldest first.
+    started: VecDeque<FrbMeta>,
 }
 
 impl FrbOutput {
@@ -115,13 +119,14 @@ pub(super) fn frb_outputs(
             let stream = stream_spec(config, vec![f.dst], FRB_PREAMBLE, r).open()?;
             tracing::info!(output = %f.name, beams = f.beams.len(), t_ds = f.t_ds, rate_gbps = r * 8e-9, "FRB beams");
             let mut nothing = |_: &mut [u8]| Ok(());
+            // One heap with the backend per slot, one with the send thread.
             let sink = spawn_sink(
                 config,
                 first + j,
                 &f.name,
                 stream,
                 format,
-                (2, heap_bytes, &mut nothing),
+                (FRB_SLOTS + 1, heap_bytes, &mut nothing),
                 shutdown,
             )?;
             Ok(FrbOutput {
@@ -131,7 +136,7 @@ pub(super) fn frb_outputs(
                 weights_version: 0,
                 weights: Vec::new(),
                 totals: FrbTotals::default(),
-                started: None,
+                started: VecDeque::with_capacity(FRB_SLOTS),
             })
         })
         .collect()
@@ -174,7 +179,7 @@ pub(super) fn start(
         backend
             .frb(i, &input, buf)
             .map_err(|e| EngineError::Backend(e.to_string()))?;
-        f.started = Some(FrbMeta {
+        f.started.push_back(FrbMeta {
             timestamp: first,
             beam_ants,
         });
@@ -182,41 +187,61 @@ pub(super) fn start(
     Ok(())
 }
 
-/// Send the heaps [`start`] began; `chunk_step` is a chunk's span of timestamps.
+/// Send the heaps [`start`] began, except the one of the chunk at timestamp `keep` (the
+/// chunk just started, sent after the next; `None` sends every one); `chunk_step` is a
+/// chunk's span of timestamps.
 pub(super) fn finish(
     outputs: &mut [FrbOutput],
     backend: &mut dyn XbBackend,
     control: &XbControl,
     m: &Metrics,
     chunk_step: u64,
+    keep: Option<u64>,
 ) -> Result<(), EngineError> {
     for (i, f) in outputs.iter_mut().enumerate() {
-        let Some(meta) = f.started.take() else {
-            continue;
-        };
-        let (buf, clips) = backend
-            .frb_formed(i)
-            .map_err(|e| EngineError::Backend(e.to_string()))?;
-        let t = &mut f.totals;
-        t.heaps += 1;
-        t.bytes += f.heap_bytes as u64;
-        t.samples += (f.heap_bytes / 2) as u64;
-        t.clipped += clips;
-        let s = &control.sensors;
-        s.set(
-            &format!("{}.frb-clip-cnt", f.name),
-            t.clipped,
-            Status::Nominal,
-        );
-        s.set(
-            &format!("{}.tx.next-timestamp", f.name),
-            meta.timestamp + chunk_step,
-            Status::Nominal,
-        );
-        f.sink.send(buf, meta);
-        f.sink.check()?;
-        metrics::frb_output(m, &f.name, &f.totals);
-        crate::engine::metrics::send(m, &f.name, &f.sink.counters());
+        while let Some(&meta) = f.started.front() {
+            if Some(meta.timestamp) == keep {
+                break;
+            }
+            f.started.pop_front();
+            send(i, f, backend, control, m, chunk_step, meta)?;
+        }
     }
+    Ok(())
+}
+
+/// Collect output `i`'s oldest heap from the backend and send it.
+fn send(
+    i: usize,
+    f: &mut FrbOutput,
+    backend: &mut dyn XbBackend,
+    control: &XbControl,
+    m: &Metrics,
+    chunk_step: u64,
+    meta: FrbMeta,
+) -> Result<(), EngineError> {
+    let (buf, clips) = backend
+        .frb_formed(i)
+        .map_err(|e| EngineError::Backend(e.to_string()))?;
+    let t = &mut f.totals;
+    t.heaps += 1;
+    t.bytes += f.heap_bytes as u64;
+    t.samples += (f.heap_bytes / 2) as u64;
+    t.clipped += clips;
+    let s = &control.sensors;
+    s.set(
+        &format!("{}.frb-clip-cnt", f.name),
+        t.clipped,
+        Status::Nominal,
+    );
+    s.set(
+        &format!("{}.tx.next-timestamp", f.name),
+        meta.timestamp + chunk_step,
+        Status::Nominal,
+    );
+    f.sink.send(buf, meta);
+    f.sink.check()?;
+    metrics::frb_output(m, &f.name, &f.totals);
+    crate::engine::metrics::send(m, &f.name, &f.sink.counters());
     Ok(())
 }

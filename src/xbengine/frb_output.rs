@@ -24,7 +24,7 @@ use std::path::Path;
 
 use super::output::{one_endpoint, pairs, valid_name};
 use crate::dsp::frb::DishGrid;
-use crate::dsp::frb_fast::FrbBeams;
+use crate::dsp::frb_resample::FrbBeams;
 
 /// Largest side of the dish grid (seed 004's largest case is 24 × 24).
 pub const MAX_GRID_SIDE: usize = 64;

@@ -1,7 +1,7 @@
 //! The XB-engine (seed 001, seed 003, seed 004): F heaps in, baseline correlation products,
 //! coherent beams and FFT ("FRB") beam intensities out, with katgpucbf xbgpu's flags, wire
 //! formats, requests, sensors and metrics. [`config`] validates the flags, [`output`] parses
-//! `--corrprod` and `--beam`, [`frb_output`] `--frb-beam`, [`place`] puts F heaps into chunks,
+//! `--corrprod` and `--beam`, [`frb_output`] `--frb-beam` ([`frb_weights`] its `?frb-weights`), [`place`] puts F heaps into chunks,
 //! [`accum`] schedules correlation and dumps, [`beams`] turns katcp steering into beamformer
 //! coefficients, [`backend`] is the compute ([`cuda`] and [`cuda_frb`] its GPU side), [`heaps`] the X, beam and FRB heaps on the wire,
 //! `outputs` and `frb` their send streams, [`control`] serves katcp, [`metrics`] names the
@@ -17,6 +17,7 @@ pub mod cuda_frb;
 pub mod engine;
 mod frb;
 pub mod frb_output;
+pub mod frb_weights;
 pub mod heaps;
 pub mod metrics;
 pub mod output;

@@ -7,10 +7,10 @@ spead2, and compares them with the definition of the beamformed intensity (seed 
 with weights, both polarisations), computed here as a direct sum in complex128 over the very
 data it sent -- no FFT, no resampling:
 
-    E~[t, beam] = sum over dishes d of w_d E[d, t, pol] exp(2 pi i (m_d theta / M + n_d theta' / N))
+    E~[t, beam] = sum over dishes d of w[c, d, pol] E[d, t, pol] exp(2 pi i (m_d theta / M + n_d theta' / N))
     J[slow, beam] = sum over the slow time's T_ds spectra and both pols of |E~|^2
 
-Missing heaps contribute zero. A heap's frb_raw is float16 (channel, slow time, beam) of
+with w the weights per (channel c, dish, pol) the test set. Missing heaps contribute zero. A heap's frb_raw is float16 (channel, slow time, beam) of
 scale * J; beam centres of `beams=PxQ` are theta_i = M (i - P//2) / P, theta'_j = N (j - Q//2) / Q,
 beam i*Q + j (the README's definition, recomputed here).
 
@@ -63,14 +63,16 @@ def make_input(cfg, rng):
 
 
 def direct(cfg, e, weights, beams, t_ds):
-    """J (chan, slow, beam) of the chunk e (batches, ants, chans, spectra, pol), eq. 2-3."""
+    """J (chan, slow, beam) of the chunk e (batches, ants, chans, spectra, pol), eq. 2-3, with
+    weights (chan, ant, pol)."""
     rows, cols = cfg["grid"]
     m = np.array([d[0] for d in cfg["dishes"]], dtype=float)
     n = np.array([d[1] for d in cfg["dishes"]], dtype=float)
     th = np.array([b[0] for b in beams])
     th2 = np.array([b[1] for b in beams])
-    steer = weights[:, None] * np.exp(2j * np.pi * (np.outer(m, th) / rows + np.outer(n, th2) / cols))
-    et = np.einsum("bdcsp,dk->cbspk", e, steer)  # (chan, batch, spectrum, pol, beam)
+    phase = np.exp(2j * np.pi * (np.outer(m, th) / rows + np.outer(n, th2) / cols))  # (ant, beam)
+    steer = weights[:, :, :, None] * phase[None, :, None, :]  # (chan, ant, pol, beam)
+    et = np.einsum("bdcsp,cdpk->cbspk", e, steer)  # (chan, batch, spectrum, pol, beam)
     power = (np.abs(et) ** 2).sum(axis=3).reshape(e.shape[2], -1, len(beams))  # (chan, time, beam)
     return power.reshape(e.shape[2], -1, t_ds, len(beams)).sum(axis=2)
 
@@ -95,7 +97,7 @@ def run(cfg):
     for out, col in zip(cfg["outputs"], cols):
         heaps = col.wait(cfg["expect_heaps"], 20, "frb_raw" if cfg["descriptor"] else None)
         beams = beam_positions(out, rows, ncols)
-        weights = np.array([complex(w) for w in out["weights"]])
+        weights = np.array([[[complex(w) for w in pols] for pols in chan] for chan in out["weights"]])
         t_ds = out["t_ds"]
         scale = out.get("scale", 1.0 / (2 * t_ds * cfg["ants"]))
         v = {"heaps": 0, "checked": 0, "max_err": 0.0, "bad_ants": 0, "frequency_ok": True,
