@@ -69,8 +69,9 @@ pub struct SourceConfig {
 /// (`net::udp::POLL_INTERVAL`), and a busy poll of that order would spin the whole interval.
 pub const MAX_BUSY_POLL_US: u32 = 10_000;
 
-/// Apply `--recv-busy-poll` to a receiver just bound, naming the flag when the kernel refuses.
-fn busy_poll(
+/// Apply `--recv-busy-poll` to a receiver just bound, naming the flag when the kernel refuses
+/// (the engines' receive threads and `cbf capture`).
+pub fn apply_busy_poll(
     micros: Option<u32>,
     set: impl FnOnce(u32) -> std::io::Result<u32>,
 ) -> Result<(), ConfigError> {
@@ -81,12 +82,17 @@ fn busy_poll(
     Ok(())
 }
 
-/// Refuse `--recv-busy-poll` where it cannot apply, or out of bounds.
-fn check_busy_poll(cfg: &SourceConfig, pcap: bool) -> Result<(), ConfigError> {
-    let Some(us) = cfg.busy_poll else {
+/// Refuse `--recv-busy-poll` where it cannot apply (a pcap file, `transport` without a socket),
+/// or out of bounds (the engines' `--src` and `cbf capture`'s `SRC`).
+pub fn check_busy_poll(
+    busy_poll: Option<u32>,
+    transport: RecvTransport,
+    pcap: bool,
+) -> Result<(), ConfigError> {
+    let Some(us) = busy_poll else {
         return Ok(());
     };
-    let why = match cfg.transport {
+    let why = match transport {
         _ if pcap => "a pcap file is read, not polled",
         RecvTransport::Dpdk => "the DPDK receiver polls its queue already (no socket to busy-poll)",
         RecvTransport::Ibv => {
@@ -134,7 +140,7 @@ pub fn open_dpdk(
 /// with the endpoints dealt round-robin between them (each thread its own sockets and groups,
 /// as katgpucbf gives each stream-group member a share of the multicast groups).
 pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, ConfigError> {
-    check_busy_poll(cfg, Path::new(&cfg.src).is_file())?;
+    check_busy_poll(cfg.busy_poll, cfg.transport, Path::new(&cfg.src).is_file())?;
     if Path::new(&cfg.src).is_file() {
         if cfg.threads != 1 {
             return Err(ConfigError::new(
@@ -180,13 +186,13 @@ pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, 
                 RecvTransport::Udp => {
                     let mut r = UdpReceiver::bind(&mine, iface, cfg.buffer)
                         .map_err(|e| ConfigError::new("--src", e))?;
-                    busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
+                    apply_busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
                     Ok(Box::new(r) as Box<dyn PacketReceiver>)
                 }
                 RecvTransport::Uring => {
                     let mut r = UringReceiver::bind(&mine, iface, cfg.buffer, MAX_PACKET)
                         .map_err(|e| ConfigError::new("--recv-transport", e))?;
-                    busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
+                    apply_busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
                     Ok(Box::new(r) as Box<dyn PacketReceiver>)
                 }
                 RecvTransport::Dpdk => open_dpdk(cfg.dpdk.as_ref(), &mine),
