@@ -39,6 +39,7 @@ struct cbf_dpdk_port_info {
     uint8_t udp_cksum_offload;
     uint16_t mtu;
     uint16_t _pad;
+    int32_t socket; /* the device's NUMA node (rte_eth_dev_socket_id), -1 when unknown */
     char driver[32];
 };
 
@@ -113,6 +114,7 @@ int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
 
     memset(&conf, 0, sizeof(conf));
     memset(info, 0, sizeof(*info));
+    info->socket = rte_eth_dev_socket_id(port);
     if (dev.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM) {
         conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
         info->ip_cksum_offload = 1;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::affinity::pin_current_thread;
+use super::recv_numa;
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::dpdk::{self, DpdkConfig, DpdkError};
 use crate::net::pcap::PcapReceiver;
@@ -63,6 +64,9 @@ pub struct SourceConfig {
     /// spins on empty bursts, napping 20 µs once idle; ibverbs polls its completion queue
     /// with `--recv-comp-vector -1`), so the flag is refused there rather than ignored.
     pub busy_poll: Option<u32>,
+    /// The NUMA node for the receive memory (`--recv-numa-node`); `None`: the receiving NIC's
+    /// where known ([`super::recv_numa`]).
+    pub numa_node: Option<u32>,
 }
 
 /// Longest `--recv-busy-poll` accepted, in µs: the receive loops wake every 20 ms
@@ -138,9 +142,17 @@ pub fn open_dpdk(
 
 /// Open the transports: one reader for a pcap file; for endpoints, `threads` UDP receivers
 /// with the endpoints dealt round-robin between them (each thread its own sockets and groups,
-/// as katgpucbf gives each stream-group member a share of the multicast groups).
+/// as katgpucbf gives each stream-group member a share of the multicast groups). A
+/// transport's own receive ring is bound to the NUMA node of its NIC or `--recv-numa-node`.
 pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, ConfigError> {
     check_busy_poll(cfg.busy_poll, cfg.transport, Path::new(&cfg.src).is_file())?;
+    recv_numa::check_forced(cfg.numa_node)?;
+    let mut sources = open_unplaced(cfg)?;
+    recv_numa::bind_sources(cfg.numa_node, &mut sources)?;
+    Ok(sources)
+}
+
+fn open_unplaced(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, ConfigError> {
     if Path::new(&cfg.src).is_file() {
         if cfg.threads != 1 {
             return Err(ConfigError::new(
@@ -247,13 +259,15 @@ pub struct Receivers {
 impl Receivers {
     /// One thread per source, named `{name}-rx{i}` and bound to `cores[i]` where that is
     /// given (`--recv-affinity`), each feeding `group` through `place` until its source ends,
-    /// the group stops, or `shutdown` is raised.
+    /// the group stops, or `shutdown` is raised. Each thread's packet slots are bound to
+    /// `numa_node` (`--recv-numa-node`) or else its NIC's node.
     pub fn spawn(
         name: &str,
         group: &Arc<ChunkGroup>,
         place: Arc<PlaceFn>,
         sources: Vec<Box<dyn PacketReceiver>>,
         cores: &[Option<usize>],
+        numa_node: Option<u32>,
         shutdown: &Shutdown,
     ) -> std::io::Result<Receivers> {
         let mut threads = Vec::new();
@@ -275,6 +289,7 @@ impl Receivers {
                             .map(|e| format!("--recv-affinity: {e}"));
                         // After pinning: the slots are touched first on the receive core.
                         let mut batch = RecvBatch::new(BATCH, source.slot_size(MAX_PACKET));
+                        recv_numa::bind_batch(&batch, numa_node, &*source);
                         while failure.is_none() && !stream.is_stopped() && !shutdown.requested() {
                             match source.recv_batch(&mut batch) {
                                 Ok(Received::Packets(n)) => {
@@ -395,6 +410,7 @@ mod tests {
             dpdk: None,
             comp_vectors: vec![],
             busy_poll: None,
+            numa_node: None,
         };
         let flag = |c: &SourceConfig| open_sources(c).err().map(|e| e.flag);
         assert_eq!(flag(&cfg(2)), Some("--recv-threads"));
@@ -422,6 +438,7 @@ mod tests {
             dpdk: None,
             comp_vectors: vec![-1, 3],
             busy_poll: None,
+            numa_node: None,
         };
         let Err(e) = open_sources(&cfg) else {
             panic!("opened an ibverbs receiver without RDMA")
@@ -446,6 +463,7 @@ mod tests {
             dpdk: None,
             comp_vectors: vec![],
             busy_poll,
+            numa_node: None,
         };
         for t in [RecvTransport::Udp, RecvTransport::Uring] {
             assert_eq!(open_sources(&cfg(t, Some(50))).map(|v| v.len()), Ok(1));

@@ -22,6 +22,7 @@ use crate::engine::control::ControlAddrs;
 use crate::engine::health;
 use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
+use crate::engine::recv_numa::bind_chunks;
 use crate::engine::send::{DescriptorSchedule, HeapSink, SendThread, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::gpu::memory::HostRegistrations;
@@ -90,6 +91,8 @@ impl Engine {
             })
         })?
         .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
+        // On the NIC's NUMA node (or --recv-numa-node), before they are page-locked.
+        bind_chunks(&group, config.source.numa_node, &sources)?;
         let mut gpu = None;
         let pinned = match config.backend {
             BackendKind::Cpu => None,
@@ -115,6 +118,7 @@ impl Engine {
             place,
             sources,
             &config.affinity.recv,
+            config.source.numa_node,
             &shutdown,
         )?;
         let sensors = Arc::new(Sensors::default());

@@ -26,6 +26,7 @@ use crate::engine::control::ControlAddrs;
 use crate::engine::health;
 use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
+use crate::engine::recv_numa::bind_chunks;
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::fengine::BackendKind;
 use crate::gpu::Gpu;
@@ -128,6 +129,8 @@ impl Engine {
             })
         })?
         .map_err(|e| ConfigError::new("--heaps-per-fengine-per-chunk", e))?;
+        // On the NIC's NUMA node (or --recv-numa-node), before they are page-locked.
+        bind_chunks(&group, config.source.numa_node, &sources)?;
         // Before any receiver writes into them.
         group
             .for_each_buffer(|b| backend.pin(b))
@@ -139,6 +142,7 @@ impl Engine {
             place,
             sources,
             &config.affinity.recv,
+            config.source.numa_node,
             &shutdown,
         )?;
         let sensors = Arc::new(Sensors::default());

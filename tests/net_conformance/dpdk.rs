@@ -284,6 +284,7 @@ fn engine_send_and_receive_share_the_eal(ring: &DpdkConfig, va: &str, src: Socke
         transport: RecvTransport::Dpdk,
         comp_vectors: vec![],
         busy_poll: None,
+        numa_node: None,
         dpdk: Some(ring.clone()),
     })
     .unwrap()

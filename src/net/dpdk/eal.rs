@@ -69,6 +69,8 @@ pub(super) struct Port {
     pub id: u16,
     pub name: String,
     pub mac: Mac,
+    /// The device's NUMA node, where DPDK knows it (its mempool is allocated there).
+    pub numa_node: Option<u32>,
     pub pool: Pool,
     rx_taken: AtomicBool,
     /// Held while a burst goes into the shared TX queue.
@@ -192,6 +194,7 @@ fn start(id: u16, name: &str) -> Result<Port, DpdkError> {
         port = id,
         driver = %String::from_utf8_lossy(&driver),
         mtu = info.mtu,
+        numa_node = info.socket,
         ip_cksum_offload = info.ip_cksum_offload != 0,
         udp_cksum_offload = info.udp_cksum_offload != 0,
         "DPDK port started"
@@ -200,6 +203,7 @@ fn start(id: u16, name: &str) -> Result<Port, DpdkError> {
         id,
         name: name.to_string(),
         mac: info.mac,
+        numa_node: u32::try_from(info.socket).ok(),
         pool: Pool(pool),
         rx_taken: AtomicBool::new(false),
         tx_lock: Mutex::new(()),

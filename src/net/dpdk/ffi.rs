@@ -21,6 +21,8 @@ pub(super) struct PortInfo {
     pub udp_cksum_offload: u8,
     pub mtu: u16,
     pub _pad: u16,
+    /// The device's NUMA node, -1 when unknown.
+    pub socket: i32,
     pub driver: [c_char; 32],
 }
 
