@@ -115,9 +115,11 @@ pub fn dpdk_flag(e: &DpdkError) -> &'static str {
     match e {
         DpdkError::NotBuilt => "--recv-transport",
         DpdkError::Eal(_) | DpdkError::EalTwice { .. } => "--dpdk-args",
-        DpdkError::NoPort { .. } | DpdkError::Port { .. } | DpdkError::QueueTaken { .. } => {
-            "--dpdk-port"
-        }
+        DpdkError::NoPort { .. }
+        | DpdkError::Port { .. }
+        | DpdkError::QueueTaken { .. }
+        | DpdkError::TxQueues { .. }
+        | DpdkError::TxQueuesTaken { .. } => "--dpdk-port",
         DpdkError::Frame(_) => "--dpdk-dst-mac",
     }
 }

@@ -110,6 +110,16 @@ impl Engine {
                 )
             }
         };
+        // Before any DPDK port starts (a receiver on a send port starts it): a TX queue per
+        // output stream (each corrprod, the beams together, each FRB beam set).
+        let streams =
+            config.corrprods.len() + usize::from(!config.beams.is_empty()) + config.frb_beams.len();
+        config.send_transport.plan(
+            &config.send_interfaces,
+            streams,
+            crate::engine::send::SendFlags::ENGINE,
+            None,
+        )?;
         let sources = open_sources(&config.source)?;
         // Allocated and first touched on the receive cores, so that the chunks are on their
         // NUMA node (page-locking them below keeps them there).
