@@ -7,9 +7,20 @@
 //! sender's speed: packets/s per core = 1 / (CPU time per packet). Results go in
 //! `bench/RESULTS.md` with the on-paper 100 GbE budget.
 //!
-//! `cargo bench --bench net_transports [--features dpdk]` (root, for the DPDK EAL).
+//! spead2 beside cbf, on the same traffic: a socket is filled with [`PREFILL_HEAPS`] heaps
+//! first (a large SO_RCVBUFFORCE buffer holds them all), then drained by one receiver on core
+//! 1, timing its CPU until every packet is in: cbf's `udp` and `uring` into chunks, and spead2's
+//! C++ chunk receiver (`ChunkRingStream`, one worker thread on core 1) through its Python
+//! bindings (`bench/spead2_recv_chunks.py`, run with `$CBF_PYTHON`; skipped, saying so, without
+//! it). On loopback the kernel's delivery work runs in the sender's calls, before the receiver
+//! starts, so each figure is the receiver's own: system calls, copies, heap assembly, chunking.
+//!
+//! `CBF_PYTHON=… cargo bench --bench net_transports [--features dpdk]` (root, for the DPDK EAL
+//! and SO_RCVBUFFORCE).
 
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddrV4, UdpSocket};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -26,6 +37,11 @@ use cbf::spead::Flavour;
 const HEAP_BYTES: usize = 1 << 20;
 const HEAPS_PER_CHUNK: u64 = 8;
 const HEAPS: u64 = 200; // 200 MiB per run
+/// Heaps a socket is filled with before it is drained (64 MiB: within the socket buffer with
+/// the kernel's per-packet overhead).
+const PREFILL_HEAPS: u64 = 64;
+/// Socket buffer of the prefilled runs.
+const PREFILL_BUFFER: usize = 1 << 30;
 const MAX_PACKET: usize = 9200;
 
 fn place() -> Arc<PlaceFn> {
@@ -57,11 +73,11 @@ fn group() -> Arc<ChunkGroup> {
     .unwrap()
 }
 
-/// The packets of every heap, each at most `packet` bytes (SPEAD header included).
-fn packets(packet: usize) -> Vec<Vec<u8>> {
+/// The packets of `heaps` heaps, each at most `packet` bytes (SPEAD header included).
+fn packets(packet: usize, heaps: u64) -> Vec<Vec<u8>> {
     let data = vec![0x5a; HEAP_BYTES];
     let mut out = Vec::new();
-    for n in 0..HEAPS {
+    for n in 0..heaps {
         let mut h = Heap::new();
         h.add_immediate(0x1600, n).add_bytes(0x3300, data.clone());
         let mut g = PacketGenerator::new(&h, n + 1, Flavour::SPEAD_64_48, packet).unwrap();
@@ -218,6 +234,127 @@ fn drain_rounds(
     );
 }
 
+/// Send every packet to `dst` from a thread on core 0, and wait for it.
+fn fill(pk: &[Vec<u8>], dst: SocketAddrV4) {
+    let pk = Arc::new(pk.to_vec());
+    udp_sender(pk, dst, Arc::new(AtomicBool::new(false)))
+        .join()
+        .unwrap();
+}
+
+/// The receive core's figure of one prefilled run.
+fn report_prefilled(name: &str, packet: usize, sent: usize, heaps: u64, f: &Figures) {
+    let ns = f.cpu.as_nanos() as f64 / f.packets.max(1) as f64;
+    let payload = f.bytes as f64 / f.packets.max(1) as f64;
+    println!(
+        "{name:<16} {packet:>5} B  drained {:>7}/{sent:<7} heaps {heaps:>3}/{PREFILL_HEAPS} | receive core {ns:>6.0} ns/pkt = {:>6.0} kpkt/s = {:>6.1} Gb/s of payload per core",
+        f.packets,
+        1e6 / ns,
+        payload * 8.0 / ns,
+    );
+}
+
+/// cbf: fill `rx`'s socket (bound to `dst`), then drain it into chunks on core 1.
+fn cbf_prefilled(
+    name: &str,
+    packet: usize,
+    pk: &[Vec<u8>],
+    dst: SocketAddrV4,
+    rx: &mut dyn PacketReceiver,
+) {
+    fill(pk, dst);
+    pin(1);
+    let g = group();
+    let mut s = ChunkStream::new(Arc::clone(&g), place());
+    let mut batch = RecvBatch::new(64, rx.slot_size(MAX_PACKET));
+    let mut got = 0;
+    let t0 = Instant::now();
+    let cpu0 = thread_cpu();
+    while got < pk.len() {
+        match rx.recv_batch(&mut batch).unwrap() {
+            Received::Packets(n) => {
+                s.note_batch(n);
+                for p in batch.iter() {
+                    s.add_packet(p);
+                }
+                got += n;
+            }
+            _ => break, // the socket held fewer than were sent
+        }
+        s.release_old();
+        while let Ok(c) = g.ready().try_recv() {
+            g.free(c);
+        }
+    }
+    let (cpu, wall) = (thread_cpu() - cpu0, t0.elapsed());
+    let st = s.finish();
+    let f = Figures {
+        packets: st.packets,
+        bytes: st.bytes,
+        wall,
+        cpu,
+    };
+    let complete = st.heaps - st.incomplete_heaps_evicted - st.incomplete_heaps_flushed;
+    report_prefilled(name, packet, pk.len(), complete, &f);
+}
+
+/// spead2: the same, through `bench/spead2_recv_chunks.py` (see the module doc).
+fn spead2_prefilled(packet: usize, pk: &[Vec<u8>]) -> Result<(), String> {
+    let python = std::env::var("CBF_PYTHON").map_err(|_| "CBF_PYTHON is not set".to_string())?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/spead2_recv_chunks.py");
+    let mut child = Command::new(python)
+        .args([script, "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).map_err(|e| e.to_string())?;
+    let port: u16 = line
+        .trim()
+        .parse()
+        .map_err(|_| format!("no port: {line:?}"))?;
+    fill(pk, SocketAddrV4::new([127, 0, 0, 1].into(), port));
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", pk.len()).map_err(|e| e.to_string())?;
+    line.clear();
+    out.read_line(&mut line).map_err(|e| e.to_string())?;
+    child.wait().map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| format!("{e}: {line:?}"))?;
+    let packets = v["packets"].as_u64().unwrap_or(0);
+    // The payload of the packets counted (all of them, when every packet arrived).
+    let payload: u64 = pk
+        .iter()
+        .take(packets as usize)
+        .map(|p| spead_payload(p) as u64)
+        .sum();
+    let f = Figures {
+        packets,
+        bytes: payload,
+        wall: Duration::from_secs_f64(v["wall_s"].as_f64().unwrap_or(0.0)),
+        cpu: Duration::from_secs_f64(v["cpu_s"].as_f64().unwrap_or(0.0)),
+    };
+    let name = format!("spead2 {}", v["spead2"].as_str().unwrap_or("?"));
+    report_prefilled(
+        &name,
+        packet,
+        pk.len(),
+        v["heaps_complete"].as_u64().unwrap_or(0),
+        &f,
+    );
+    Ok(())
+}
+
+/// Payload bytes of a SPEAD packet (its `payload_length` item, 0x0004).
+fn spead_payload(p: &[u8]) -> usize {
+    let n = usize::from(u16::from_be_bytes([p[6], p[7]]));
+    (0..n)
+        .map(|k| u64::from_be_bytes(p[8 + 8 * k..16 + 8 * k].try_into().unwrap()))
+        .find(|v| (v >> 48) & 0x7fff == 0x0004)
+        .map_or(0, |v| (v & ((1 << 48) - 1)) as usize)
+}
+
 fn udp_sender(
     pk: Arc<Vec<Vec<u8>>>,
     dst: SocketAddrV4,
@@ -250,7 +387,7 @@ fn local() -> SocketAddrV4 {
 
 fn main() {
     for packet in [8256usize, 1472] {
-        let pk = Arc::new(packets(packet));
+        let pk = Arc::new(packets(packet, HEAPS));
         let n = pk.len();
         let f = receive(&mut mem::from_packets(pk.to_vec()), &AtomicBool::new(true));
         report("mem (chunking)", packet, n, &f);
@@ -276,7 +413,7 @@ fn main() {
     }
     println!("-- drained in rounds of {ROUND} on one pinned thread (no waiting counted)");
     for packet in [8256usize, 1472] {
-        let pk = packets(packet);
+        let pk = packets(packet, HEAPS);
         let mut rx = mem::channel(ROUND, 1);
         drain_rounds("mem (chunking)", packet, &pk, &mut rx.1, &mut rx.0);
         let dst = local();
@@ -293,6 +430,21 @@ fn main() {
             let mut rx = cbf::net::dpdk::DpdkReceiver::open(&cfg, &[dst]).unwrap();
             let mut tx = cbf::net::dpdk::DpdkSender::open(&cfg, &send, &[dst]).unwrap();
             drain_rounds("dpdk net_ring", packet, &pk, &mut rx, &mut tx);
+        }
+    }
+    println!(
+        "-- a socket filled with {PREFILL_HEAPS} heaps, then drained on core 1: cbf beside spead2"
+    );
+    for packet in [8256usize, 1472] {
+        let pk = packets(packet, PREFILL_HEAPS);
+        let dst = local();
+        let mut rx = UdpReceiver::bind(&[dst], None, PREFILL_BUFFER).unwrap();
+        cbf_prefilled("cbf udp", packet, &pk, dst, &mut rx);
+        let dst = local();
+        let mut rx = UringReceiver::bind(&[dst], None, PREFILL_BUFFER, MAX_PACKET).unwrap();
+        cbf_prefilled("cbf uring", packet, &pk, dst, &mut rx);
+        if let Err(e) = spead2_prefilled(packet, &pk) {
+            println!("spead2           {packet:>5} B  skipped: {e}");
         }
     }
 }

@@ -3,7 +3,7 @@
  *
  * DPDK's fast-path calls (rte_eth_rx_burst, rte_eth_tx_burst, rte_pktmbuf_*) are static inline
  * functions in its headers, so Rust cannot link to them: this file wraps each in a plain
- * function, and does port set-up (one RX and one TX queue, a mempool of whole-frame mbufs) in
+ * function, and does port set-up (one RX queue, a TX queue per sender, a mempool of whole-frame mbufs) in
  * one call so that the Rust side sees a handful of entry points with fixed-size structs.
  * Nothing here parses a frame or decides policy: that is src/net/frame.rs and src/net/dpdk.rs.
  *
@@ -30,6 +30,8 @@ struct cbf_dpdk_port_conf {
     uint32_t mbufs;     /* mbufs in the port's pool */
     uint16_t data_room; /* bytes of frame per mbuf (whole frames: no scatter) */
     uint16_t mtu;       /* requested MTU, clamped to the device's maximum */
+    uint16_t tx_queues; /* TX queues: one per sender of the process on this port */
+    uint16_t _pad;
 };
 
 /* Mirrors DpdkPortInfo in src/net/dpdk/ffi.rs. */
@@ -39,6 +41,7 @@ struct cbf_dpdk_port_info {
     uint8_t udp_cksum_offload;
     uint16_t mtu;
     uint16_t _pad;
+    int32_t socket; /* the device's NUMA node (rte_eth_dev_socket_id), -1 when unknown */
     char driver[32];
 };
 
@@ -84,7 +87,20 @@ int cbf_dpdk_port_by_name(const char *name, uint16_t *port)
     return rte_eth_dev_get_port_by_name(name, port);
 }
 
-/* Configure and start `port` with one RX and one TX queue; on success *pool is its mempool. */
+/* The most TX queues the port's driver allows (net_af_packet: its qpairs; net_ring: 16). */
+int cbf_dpdk_port_max_tx(uint16_t port, uint16_t *max)
+{
+    struct rte_eth_dev_info dev;
+    int r = rte_eth_dev_info_get(port, &dev);
+
+    if (r < 0)
+        return r;
+    *max = dev.max_tx_queues;
+    return 0;
+}
+
+/* Configure and start `port` with one RX queue and c->tx_queues TX queues; on success *pool is
+ * its mempool. */
 int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
                         struct cbf_dpdk_port_info *info, struct rte_mempool **pool)
 {
@@ -94,10 +110,13 @@ int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
     char name[RTE_MEMPOOL_NAMESIZE];
     uint16_t rx_desc = c->rx_desc, tx_desc = c->tx_desc;
     int socket = rte_eth_dev_socket_id(port);
+    uint16_t q;
     int r;
 
     if (!rte_eth_dev_is_valid_port(port))
         return -ENODEV;
+    if (c->tx_queues == 0)
+        return -EINVAL;
     if (socket < 0)
         socket = (int)rte_socket_id();
     r = rte_eth_dev_info_get(port, &dev);
@@ -113,6 +132,7 @@ int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
 
     memset(&conf, 0, sizeof(conf));
     memset(info, 0, sizeof(*info));
+    info->socket = rte_eth_dev_socket_id(port);
     if (dev.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM) {
         conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_IPV4_CKSUM;
         info->ip_cksum_offload = 1;
@@ -133,7 +153,7 @@ int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
         conf.rxmode.mtu = dev.min_mtu;
     info->mtu = (uint16_t)conf.rxmode.mtu;
 
-    r = rte_eth_dev_configure(port, 1, 1, &conf);
+    r = rte_eth_dev_configure(port, 1, c->tx_queues, &conf);
     if (r < 0)
         return r;
     r = rte_eth_dev_adjust_nb_rx_tx_desc(port, &rx_desc, &tx_desc);
@@ -142,9 +162,11 @@ int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
     r = rte_eth_rx_queue_setup(port, 0, rx_desc, (unsigned)socket, NULL, *pool);
     if (r < 0)
         return r;
-    r = rte_eth_tx_queue_setup(port, 0, tx_desc, (unsigned)socket, NULL);
-    if (r < 0)
-        return r;
+    for (q = 0; q < c->tx_queues; q++) {
+        r = rte_eth_tx_queue_setup(port, q, tx_desc, (unsigned)socket, NULL);
+        if (r < 0)
+            return r;
+    }
     r = rte_eth_dev_start(port);
     if (r < 0)
         return r;

@@ -5,8 +5,11 @@
 //! except the values of the two items that come from the clock (heap counter and timestamp,
 //! checked separately: the counters are dsim's 2, 4, 6, … in both runs, the timestamps
 //! consecutive). The oracle is the UDP path, not the DPDK code; the packets are read by a
-//! hand-written SPEAD pointer reader. Needs root (namespaces). Without the feature, and with
-//! it, the refusals of impossible combinations are checked by the flag they name.
+//! hand-written SPEAD pointer reader. Two send threads on one port (`--send-threads 2`, a TX
+//! queue each, `qpairs=2`) must deliver everything too, as two threads over UDP do. Needs root
+//! (namespaces). Without the feature, and with it, the refusals of impossible combinations are
+//! checked by the flag they name, among them more senders on a port than its driver has TX
+//! queues.
 
 use std::process::Command;
 
@@ -101,6 +104,43 @@ fn impossible_dpdk_send_combinations_are_refused_naming_the_flag() {
     );
 }
 
+/// A sender per TX queue: two send threads (dsim) or two outputs (fengine) on a port whose
+/// driver has one TX queue (`net_af_packet` without `qpairs`, on `lo`: nothing is sent) are
+/// refused at start-up, naming the flag that made them.
+#[cfg(feature = "dpdk")]
+#[test]
+fn more_senders_than_tx_queues_are_refused_naming_the_flag() {
+    let eal = format!(
+        "-l 0 --no-huge --no-pci -m 128 --no-shconf --file-prefix=cbftxq{} --log-level=error \
+         --vdev=net_af_packet0,iface=lo",
+        std::process::id()
+    );
+    let dpdk = [
+        "--send-transport",
+        "dpdk",
+        "--dpdk-args",
+        &eal,
+        "--dpdk-src",
+        "10.0.0.1",
+    ];
+    let two_outputs = ["--wideband", "name=w2,channels=64,dst=239.2.2.3:7148"];
+    for (args, flag) in [
+        (
+            [DSIM, &dpdk, &["--send-threads", "2", "239.3.3.3:7148"]].concat(),
+            "--send-threads",
+        ),
+        ([FENGINE, &dpdk, &two_outputs].concat(), "--dpdk-port"),
+    ] {
+        let err = refusal(&args);
+        assert!(
+            err.contains(&format!("error: {flag}:"))
+                && err.contains("2 senders need a TX queue each")
+                && err.contains("at most 1"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[cfg(feature = "dpdk")]
 mod wire {
     use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -137,14 +177,15 @@ mod wire {
     }
 
     impl Namespaces {
-        fn new() -> Namespaces {
+        /// `tag` tells apart the namespaces of tests running at once in this process.
+        fn new(tag: char) -> Namespaces {
             let id = std::process::id() % 100_000;
             let ns = Namespaces {
-                rx: format!("cbf-srx-{id}"),
-                tx: format!("cbf-stx-{id}"),
-                tx_dev: format!("cst{id}"),
+                rx: format!("cbf-srx{tag}-{id}"),
+                tx: format!("cbf-stx{tag}-{id}"),
+                tx_dev: format!("cst{tag}{id}"),
             };
-            let rx_dev = format!("csr{id}");
+            let rx_dev = format!("csr{tag}{id}");
             ip(&["netns", "add", &ns.rx]);
             ip(&["netns", "add", &ns.tx]);
             ip(&[
@@ -313,31 +354,57 @@ mod wire {
         }
     }
 
+    /// The EAL for `net_af_packet0` on the namespace's veth end, with `extra` devargs.
+    fn eal(ns: &Namespaces, extra: &str) -> String {
+        format!(
+            "-l 0 --no-huge --no-pci -m 256 --no-shconf --file-prefix=cbfsend{} \
+             --log-level=error --vdev=net_af_packet0,iface={},blocksz=36864,framesz=9216,framecnt=512{extra}",
+            ns.tx_dev,
+            ns.tx_dev
+        )
+    }
+
+    fn dpdk_flags(eal: &str) -> Vec<&str> {
+        vec![
+            "--send-transport",
+            "dpdk",
+            "--dpdk-args",
+            eal,
+            "--dpdk-port",
+            "net_af_packet0",
+            "--dpdk-src",
+            TX_NS_IP,
+        ]
+    }
+
     #[test]
     fn dsim_over_dpdk_delivers_what_it_delivers_over_udp() {
-        let ns = Namespaces::new();
-        let eal = format!(
-            "-l 0 --no-huge --no-pci -m 256 --no-shconf --file-prefix=cbfsend{} \
-             --log-level=error --vdev=net_af_packet0,iface={},blocksz=36864,framesz=9216,framecnt=512",
-            std::process::id(),
-            ns.tx_dev
-        );
+        let ns = Namespaces::new('a');
+        let eal = eal(&ns, "");
         let udp = dsim_run(&ns, &["--interface", TX_NS_IP]);
-        let dpdk = dsim_run(
-            &ns,
-            &[
-                "--send-transport",
-                "dpdk",
-                "--dpdk-args",
-                &eal,
-                "--dpdk-port",
-                "net_af_packet0",
-                "--dpdk-src",
-                TX_NS_IP,
-            ],
-        );
+        let dpdk = dsim_run(&ns, &dpdk_flags(&eal));
         assert_complete(&udp, "udp");
         assert_complete(&dpdk, "dpdk");
+        assert_eq!(
+            without_clock(&dpdk),
+            without_clock(&udp),
+            "DPDK and UDP delivered different packets"
+        );
+    }
+
+    /// Two send threads on one port, each with a TX queue of its own (the port started with
+    /// two: `qpairs=2` lets `net_af_packet` have them), deliver every heap between them
+    /// (thread 0 counts 2, 6, 10, …, thread 1 4, 8, 12, …), the same packets as two threads
+    /// over UDP sockets.
+    #[test]
+    fn two_send_threads_on_one_port_both_deliver_everything() {
+        let ns = Namespaces::new('b');
+        let eal = eal(&ns, ",qpairs=2");
+        let threads = ["--send-threads", "2"];
+        let udp = dsim_run(&ns, &[&["--interface", TX_NS_IP][..], &threads].concat());
+        let dpdk = dsim_run(&ns, &[dpdk_flags(&eal), threads.to_vec()].concat());
+        assert_complete(&udp, "udp, two threads");
+        assert_complete(&dpdk, "dpdk, two threads");
         assert_eq!(
             without_clock(&dpdk),
             without_clock(&udp),

@@ -43,6 +43,7 @@ fn config(in_port: u16, x_port: u16, beam_ports: [u16; 2], bits: u32) -> Xbengin
             dpdk: None,
             comp_vectors: vec![],
             busy_poll: None,
+            numa_node: None,
         },
         array_size: ANTS,
         channels: CHANNELS,

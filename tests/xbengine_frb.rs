@@ -73,6 +73,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
             dpdk: None,
             comp_vectors: vec![],
             busy_poll: None,
+            numa_node: None,
         },
         array_size: ANTS,
         channels: CHANNELS,

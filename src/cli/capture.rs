@@ -13,7 +13,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::CliError;
-use crate::engine::recv::{open_dpdk, RecvTransport};
+use crate::engine::recv::{apply_busy_poll, check_busy_poll, open_dpdk, RecvTransport};
 use crate::engine::{check_seconds, Shutdown};
 use crate::net::dpdk::DpdkConfig;
 use crate::net::frame::{FrameDrop, FrameDrops};
@@ -39,6 +39,11 @@ pub struct CaptureArgs {
     /// `dpdk` (a DPDK port: --dpdk-args, --dpdk-port).
     #[arg(long, value_enum, default_value_t = RecvTransport::Udp)]
     pub recv_transport: RecvTransport,
+    /// Busy-poll the receive sockets for this many µs (1–10000) before sleeping:
+    /// SO_BUSY_POLL with `udp`, io_uring NAPI busy polling with `uring` (Linux 6.9); refused
+    /// with `dpdk` and `ibv`, whose receive loops poll already.
+    #[arg(long, value_name = "µs")]
+    pub recv_busy_poll: Option<u32>,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
     /// Stop after this many heaps.
@@ -72,6 +77,20 @@ pub struct CaptureArgs {
     /// Seconds between redrawing the --plot pictures (they are also drawn at the end).
     #[arg(long, default_value_t = 5.0)]
     pub plot_every: f64,
+}
+
+impl CaptureArgs {
+    /// How `SRC` is read, from the flags (`dpdk`: the EAL and port from `--dpdk-args`).
+    fn source_options<'a>(&'a self, dpdk: Option<&'a DpdkConfig>) -> SourceOptions<'a> {
+        SourceOptions {
+            interface: self.interface.as_deref(),
+            buffer: self.buffer,
+            transport: self.recv_transport,
+            max_packet: self.packet_size,
+            busy_poll: self.recv_busy_poll,
+            dpdk,
+        }
+    }
 }
 
 /// Redraw the quick-look pictures and print the summary line.
@@ -172,16 +191,33 @@ fn stats_json(s: &StatsSnapshot, frames: &FrameDrops, elapsed: f64) -> Value {
     Value::Object(v)
 }
 
+/// How `SRC` is read: the transport and its settings.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceOptions<'a> {
+    pub interface: Option<&'a str>,
+    pub buffer: usize,
+    pub transport: RecvTransport,
+    pub max_packet: usize,
+    /// `--recv-busy-poll`, as for the engines (`engine::recv`).
+    pub busy_poll: Option<u32>,
+    pub dpdk: Option<&'a DpdkConfig>,
+}
+
 /// Where the packets come from.
 pub fn open_source(
     src: &str,
-    interface: Option<&str>,
-    buffer: usize,
-    transport: RecvTransport,
-    max_packet: usize,
-    dpdk: Option<&DpdkConfig>,
+    opts: SourceOptions<'_>,
 ) -> Result<(Box<dyn PacketReceiver>, SocketAddrV4), CliError> {
+    let SourceOptions {
+        interface,
+        buffer,
+        transport,
+        max_packet,
+        busy_poll,
+        dpdk,
+    } = opts;
     let path = Path::new(src);
+    check_busy_poll(busy_poll, transport, path.is_file())?;
     if path.is_file() {
         let r = PcapReceiver::open(path, &[])
             .map_err(|e| CliError::flag("src", format!("{src}: {e}")))?;
@@ -190,15 +226,19 @@ pub fn open_source(
     let eps = parse_endpoints(src)
         .map_err(|e| CliError::flag("src", format!("{e} (and no such file)")))?;
     let r: Box<dyn PacketReceiver> = match transport {
-        RecvTransport::Udp => Box::new(
-            UdpReceiver::bind(&eps, interface, buffer)
-                .map_err(|e| CliError::flag("src", format!("cannot receive on {src}: {e}")))?,
-        ),
-        RecvTransport::Uring => Box::new(
-            UringReceiver::bind(&eps, interface, buffer, max_packet).map_err(|e| {
+        RecvTransport::Udp => {
+            let mut r = UdpReceiver::bind(&eps, interface, buffer)
+                .map_err(|e| CliError::flag("src", format!("cannot receive on {src}: {e}")))?;
+            apply_busy_poll(busy_poll, |us| r.set_busy_poll(us))?;
+            Box::new(r)
+        }
+        RecvTransport::Uring => {
+            let mut r = UringReceiver::bind(&eps, interface, buffer, max_packet).map_err(|e| {
                 CliError::flag("--recv-transport", format!("cannot receive on {src}: {e}"))
-            })?,
-        ),
+            })?;
+            apply_busy_poll(busy_poll, |us| r.set_busy_poll(us))?;
+            Box::new(r)
+        }
         RecvTransport::Dpdk => {
             open_dpdk(dpdk, &eps).map_err(|e| CliError::flag(e.flag, e.message))?
         }
@@ -231,14 +271,8 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::flag(e.flag, e.message))?;
     let mut quicklook = args.plot.as_ref().map(|_| QuickLook::new());
     let quiet = args.stats || quicklook.is_some();
-    let (mut source, dst) = open_source(
-        &args.src,
-        args.interface.as_deref(),
-        args.buffer,
-        args.recv_transport,
-        args.packet_size,
-        args.dpdk.config().as_ref(),
-    )?;
+    let dpdk = args.dpdk.config();
+    let (mut source, dst) = open_source(&args.src, args.source_options(dpdk.as_ref()))?;
     let mut dump = args
         .pcap
         .as_deref()
@@ -367,5 +401,70 @@ mod tests {
                 other => panic!("{value}: expected a --duration error, got {other:?}"),
             }
         }
+    }
+
+    /// `capture --recv-busy-poll …` opened: the flag as the command line gives it.
+    fn open_with(flags: &[&str], src: &str) -> Result<Box<dyn PacketReceiver>, CliError> {
+        let argv = [&["capture"][..], flags, &[src]].concat();
+        let args = Wrap::try_parse_from(argv).unwrap().a;
+        open_source(&args.src, args.source_options(None)).map(|(r, _)| r)
+    }
+
+    fn refused_flag(r: Result<Box<dyn PacketReceiver>, CliError>) -> (&'static str, String) {
+        match r {
+            Err(CliError::Flag { flag, message }) => (flag, message),
+            Err(e) => panic!("expected a flag error, got {e}"),
+            Ok(_) => panic!("opened a source the flags refuse"),
+        }
+    }
+
+    /// `--recv-busy-poll` as the engines have it (`engine::recv`'s test): applied on the socket
+    /// transports (read back with SO_BUSY_POLL on the UDP path), refused by name where there is
+    /// no socket (dpdk, ibv, a pcap file) or out of bounds, and a kernel's refusal (made here by
+    /// a seccomp filter) reported naming the flag and the errno.
+    #[test]
+    fn recv_busy_poll_is_applied_or_refused_naming_the_flag() {
+        let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let src = free.local_addr().unwrap().to_string();
+        drop(free);
+        for t in ["udp", "uring"] {
+            let flags = [
+                "--buffer",
+                "65536",
+                "--recv-transport",
+                t,
+                "--recv-busy-poll",
+            ];
+            assert!(
+                open_with(&[&flags[..], &["50"]].concat(), &src).is_ok(),
+                "{t}"
+            );
+            for us in ["0", "10001"] {
+                let (flag, _) = refused_flag(open_with(&[&flags[..], &[us]].concat(), &src));
+                assert_eq!(flag, "--recv-busy-poll", "{t} {us}");
+            }
+        }
+        for t in ["dpdk", "ibv"] {
+            let flags = ["--recv-transport", t, "--recv-busy-poll", "50"];
+            let (flag, message) = refused_flag(open_with(&flags, &src));
+            assert_eq!(flag, "--recv-busy-poll", "{t}: {message}");
+            assert!(message.contains("poll"), "{message}");
+        }
+        let pcap = std::env::temp_dir().join(format!("cbf-busy-poll-{}.pcap", std::process::id()));
+        std::fs::write(&pcap, b"").unwrap();
+        let r = open_with(&["--recv-busy-poll", "50"], pcap.to_str().unwrap());
+        std::fs::remove_file(&pcap).unwrap();
+        let (flag, message) = refused_flag(r);
+        assert_eq!(flag, "--recv-busy-poll", "{message}");
+        assert!(message.contains("pcap"), "{message}");
+        let so_busy_poll = vec![(1, libc::SOL_SOCKET as u32), (2, libc::SO_BUSY_POLL as u32)];
+        let (flag, message) = crate::net::recv_socket::with_syscall_refused(
+            libc::SYS_setsockopt,
+            so_busy_poll,
+            libc::EPERM as u16,
+            move || refused_flag(open_with(&["--recv-busy-poll", "50"], &src)),
+        );
+        assert_eq!(flag, "--recv-busy-poll");
+        assert!(message.contains("EPERM"), "{message}");
     }
 }

@@ -50,6 +50,11 @@ pub struct FengineArgs {
     /// with `dpdk` and `ibv`, whose receive loops poll already.
     #[arg(long, value_name = "µs")]
     pub recv_busy_poll: Option<u32>,
+    /// NUMA node for the receive memory (chunks, packet slots, io_uring buffers) [default:
+    /// the node of the --recv-interface NICs, from /sys/class/net/<if>/device/numa_node, when
+    /// they share one; else not bound].
+    #[arg(long, value_name = "NODE")]
+    pub recv_numa_node: Option<u32>,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
     #[command(flatten)]
@@ -224,6 +229,7 @@ impl FengineArgs {
                 transport: recv_transport,
                 dpdk: self.dpdk.config(),
                 busy_poll: self.recv_busy_poll,
+                numa_node: self.recv_numa_node,
                 comp_vectors,
             },
             adc_sample_rate: self.adc_sample_rate,

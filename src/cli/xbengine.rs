@@ -102,6 +102,11 @@ pub struct XbengineArgs {
     /// with `dpdk` and `ibv`, whose receive loops poll already.
     #[arg(long, value_name = "µs")]
     pub recv_busy_poll: Option<u32>,
+    /// NUMA node for the receive memory (chunks, packet slots, io_uring buffers) [default:
+    /// the node of the --recv-interface NICs, from /sys/class/net/<if>/device/numa_node, when
+    /// they share one; else not bound].
+    #[arg(long, value_name = "NODE")]
+    pub recv_numa_node: Option<u32>,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
     #[command(flatten)]
@@ -179,6 +184,7 @@ impl XbengineArgs {
                 transport: recv_transport,
                 dpdk: self.dpdk.config(),
                 busy_poll: self.recv_busy_poll,
+                numa_node: self.recv_numa_node,
                 comp_vectors,
             },
             array_size: self.array_size,

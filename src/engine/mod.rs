@@ -1,6 +1,6 @@
 //! What every engine shares (DESIGN "engine/"): receive threads that fill a chunk stream group
 //! ([`recv`]), send threads fed from a pool of heap buffers and paced by the SPEAD rate limiter
-//! ([`send`]), the katcp and Prometheus wiring ([`control`], [`metrics`]), the health sensors
+//! ([`send`]), receive memory on the NIC's NUMA node ([`recv_numa`]), the katcp and Prometheus wiring ([`control`], [`metrics`]), the health sensors
 //! ([`health`]), thread pinning ([`affinity`]), start-up errors that
 //! name the flag at fault ([`ConfigError`]) and clean shutdown ([`Shutdown`]). The F-engine,
 //! the XB-engine and the simulators are built from these pieces, so each exists once.
@@ -10,6 +10,7 @@ pub mod control;
 pub mod health;
 pub mod metrics;
 pub mod recv;
+pub mod recv_numa;
 pub mod send;
 mod send_dpdk;
 mod shutdown;

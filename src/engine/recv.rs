@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::affinity::pin_current_thread;
+use super::recv_numa;
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::dpdk::{self, DpdkConfig, DpdkError};
 use crate::net::pcap::PcapReceiver;
@@ -63,14 +64,18 @@ pub struct SourceConfig {
     /// spins on empty bursts, napping 20 µs once idle; ibverbs polls its completion queue
     /// with `--recv-comp-vector -1`), so the flag is refused there rather than ignored.
     pub busy_poll: Option<u32>,
+    /// The NUMA node for the receive memory (`--recv-numa-node`); `None`: the receiving NIC's
+    /// where known ([`super::recv_numa`]).
+    pub numa_node: Option<u32>,
 }
 
 /// Longest `--recv-busy-poll` accepted, in µs: the receive loops wake every 20 ms
 /// (`net::udp::POLL_INTERVAL`), and a busy poll of that order would spin the whole interval.
 pub const MAX_BUSY_POLL_US: u32 = 10_000;
 
-/// Apply `--recv-busy-poll` to a receiver just bound, naming the flag when the kernel refuses.
-fn busy_poll(
+/// Apply `--recv-busy-poll` to a receiver just bound, naming the flag when the kernel refuses
+/// (the engines' receive threads and `cbf capture`).
+pub fn apply_busy_poll(
     micros: Option<u32>,
     set: impl FnOnce(u32) -> std::io::Result<u32>,
 ) -> Result<(), ConfigError> {
@@ -81,12 +86,17 @@ fn busy_poll(
     Ok(())
 }
 
-/// Refuse `--recv-busy-poll` where it cannot apply, or out of bounds.
-fn check_busy_poll(cfg: &SourceConfig, pcap: bool) -> Result<(), ConfigError> {
-    let Some(us) = cfg.busy_poll else {
+/// Refuse `--recv-busy-poll` where it cannot apply (a pcap file, `transport` without a socket),
+/// or out of bounds (the engines' `--src` and `cbf capture`'s `SRC`).
+pub fn check_busy_poll(
+    busy_poll: Option<u32>,
+    transport: RecvTransport,
+    pcap: bool,
+) -> Result<(), ConfigError> {
+    let Some(us) = busy_poll else {
         return Ok(());
     };
-    let why = match cfg.transport {
+    let why = match transport {
         _ if pcap => "a pcap file is read, not polled",
         RecvTransport::Dpdk => "the DPDK receiver polls its queue already (no socket to busy-poll)",
         RecvTransport::Ibv => {
@@ -105,9 +115,11 @@ pub fn dpdk_flag(e: &DpdkError) -> &'static str {
     match e {
         DpdkError::NotBuilt => "--recv-transport",
         DpdkError::Eal(_) | DpdkError::EalTwice { .. } => "--dpdk-args",
-        DpdkError::NoPort { .. } | DpdkError::Port { .. } | DpdkError::QueueTaken { .. } => {
-            "--dpdk-port"
-        }
+        DpdkError::NoPort { .. }
+        | DpdkError::Port { .. }
+        | DpdkError::QueueTaken { .. }
+        | DpdkError::TxQueues { .. }
+        | DpdkError::TxQueuesTaken { .. } => "--dpdk-port",
         DpdkError::Frame(_) => "--dpdk-dst-mac",
     }
 }
@@ -132,9 +144,17 @@ pub fn open_dpdk(
 
 /// Open the transports: one reader for a pcap file; for endpoints, `threads` UDP receivers
 /// with the endpoints dealt round-robin between them (each thread its own sockets and groups,
-/// as katgpucbf gives each stream-group member a share of the multicast groups).
+/// as katgpucbf gives each stream-group member a share of the multicast groups). A
+/// transport's own receive ring is bound to the NUMA node of its NIC or `--recv-numa-node`.
 pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, ConfigError> {
-    check_busy_poll(cfg, Path::new(&cfg.src).is_file())?;
+    check_busy_poll(cfg.busy_poll, cfg.transport, Path::new(&cfg.src).is_file())?;
+    recv_numa::check_forced(cfg.numa_node)?;
+    let mut sources = open_unplaced(cfg)?;
+    recv_numa::bind_sources(cfg.numa_node, &mut sources)?;
+    Ok(sources)
+}
+
+fn open_unplaced(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, ConfigError> {
     if Path::new(&cfg.src).is_file() {
         if cfg.threads != 1 {
             return Err(ConfigError::new(
@@ -180,13 +200,13 @@ pub fn open_sources(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, 
                 RecvTransport::Udp => {
                     let mut r = UdpReceiver::bind(&mine, iface, cfg.buffer)
                         .map_err(|e| ConfigError::new("--src", e))?;
-                    busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
+                    apply_busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
                     Ok(Box::new(r) as Box<dyn PacketReceiver>)
                 }
                 RecvTransport::Uring => {
                     let mut r = UringReceiver::bind(&mine, iface, cfg.buffer, MAX_PACKET)
                         .map_err(|e| ConfigError::new("--recv-transport", e))?;
-                    busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
+                    apply_busy_poll(cfg.busy_poll, |us| r.set_busy_poll(us))?;
                     Ok(Box::new(r) as Box<dyn PacketReceiver>)
                 }
                 RecvTransport::Dpdk => open_dpdk(cfg.dpdk.as_ref(), &mine),
@@ -241,13 +261,15 @@ pub struct Receivers {
 impl Receivers {
     /// One thread per source, named `{name}-rx{i}` and bound to `cores[i]` where that is
     /// given (`--recv-affinity`), each feeding `group` through `place` until its source ends,
-    /// the group stops, or `shutdown` is raised.
+    /// the group stops, or `shutdown` is raised. Each thread's packet slots are bound to
+    /// `numa_node` (`--recv-numa-node`) or else its NIC's node.
     pub fn spawn(
         name: &str,
         group: &Arc<ChunkGroup>,
         place: Arc<PlaceFn>,
         sources: Vec<Box<dyn PacketReceiver>>,
         cores: &[Option<usize>],
+        numa_node: Option<u32>,
         shutdown: &Shutdown,
     ) -> std::io::Result<Receivers> {
         let mut threads = Vec::new();
@@ -269,6 +291,7 @@ impl Receivers {
                             .map(|e| format!("--recv-affinity: {e}"));
                         // After pinning: the slots are touched first on the receive core.
                         let mut batch = RecvBatch::new(BATCH, source.slot_size(MAX_PACKET));
+                        recv_numa::bind_batch(&batch, numa_node, &*source);
                         while failure.is_none() && !stream.is_stopped() && !shutdown.requested() {
                             match source.recv_batch(&mut batch) {
                                 Ok(Received::Packets(n)) => {
@@ -389,6 +412,7 @@ mod tests {
             dpdk: None,
             comp_vectors: vec![],
             busy_poll: None,
+            numa_node: None,
         };
         let flag = |c: &SourceConfig| open_sources(c).err().map(|e| e.flag);
         assert_eq!(flag(&cfg(2)), Some("--recv-threads"));
@@ -416,6 +440,7 @@ mod tests {
             dpdk: None,
             comp_vectors: vec![-1, 3],
             busy_poll: None,
+            numa_node: None,
         };
         let Err(e) = open_sources(&cfg) else {
             panic!("opened an ibverbs receiver without RDMA")
@@ -440,6 +465,7 @@ mod tests {
             dpdk: None,
             comp_vectors: vec![],
             busy_poll,
+            numa_node: None,
         };
         for t in [RecvTransport::Udp, RecvTransport::Uring] {
             assert_eq!(open_sources(&cfg(t, Some(50))).map(|v| v.len()), Ok(1));

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::affinity::pin_current_thread;
-use super::send_dpdk::open_dpdk_senders;
 pub use super::send_dpdk::DpdkSend;
+use super::send_dpdk::{open_dpdk_senders, plan_dpdk_senders};
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::udp::UdpSender;
 use crate::net::{NetSender, PacketSender};
@@ -49,6 +49,27 @@ pub enum SendTransport {
     /// DPDK ports polled from user space (`net::dpdk`, cargo feature `dpdk`), one per
     /// interface; see [`super::send_dpdk`].
     Dpdk(DpdkSend),
+}
+
+impl SendTransport {
+    /// Say, before any transport starts, that the process will open `streams` send streams
+    /// over this transport, each with a sender per interface: DPDK ports then start with a TX
+    /// queue per sender (`send_dpdk`). `count_flag` names what set `streams` when that is
+    /// the flag to blame for too many (dsim's `--send-threads`). Nothing for other transports.
+    pub fn plan(
+        &self,
+        interfaces: &[String],
+        streams: usize,
+        flags: SendFlags,
+        count_flag: Option<&'static str>,
+    ) -> Result<(), ConfigError> {
+        match self {
+            SendTransport::Dpdk(cfg) => {
+                plan_dpdk_senders(interfaces, streams, cfg, flags, count_flag)
+            }
+            SendTransport::Udp | SendTransport::Ibv { .. } => Ok(()),
+        }
+    }
 }
 
 /// The flags an error of [`open_senders`] names, which differ between the engines and dsim

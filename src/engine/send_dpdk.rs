@@ -6,7 +6,13 @@
 //!
 //! The EAL comes from `--dpdk-args`, the same string a DPDK receiver in the process uses, so
 //! that receive and send share the process's one EAL (`net::dpdk::eal`), on one port (the
-//! receiver holds its RX queue, the senders share its TX queue) or on several.
+//! receiver holds its RX queue, each sender a TX queue of its own) or on several.
+//!
+//! Each sender has a TX queue of its own on its port (`net::dpdk::eal`), so a process that will
+//! open several senders on one port (several outputs, dsim's send threads) plans them first,
+//! before any DPDK transport starts the port ([`plan_dpdk_senders`]); the engines do that
+//! before they open their receivers. A port whose driver has fewer TX queues than the process
+//! has senders on it is refused at start-up, naming the flag that made the senders.
 //!
 //! Frames carry headers cbf builds itself, since no kernel is there to route: the source
 //! address is `--dpdk-src` (one for every port, or one per port in order), multicast
@@ -39,15 +45,59 @@ fn send_flag(e: &DpdkError, port_flag: &'static str) -> &'static str {
     match e {
         DpdkError::NotBuilt => "--send-transport",
         DpdkError::Eal(_) | DpdkError::EalTwice { .. } => "--dpdk-args",
-        DpdkError::NoPort { .. } | DpdkError::Port { .. } | DpdkError::QueueTaken { .. } => {
-            port_flag
-        }
+        DpdkError::NoPort { .. }
+        | DpdkError::Port { .. }
+        | DpdkError::QueueTaken { .. }
+        | DpdkError::TxQueues { .. }
+        | DpdkError::TxQueuesTaken { .. } => port_flag,
         DpdkError::Frame(_) => "--dpdk-dst-mac",
     }
 }
 
+/// The send ports: those `interfaces` name, or `--dpdk-port`; and the flag that named them.
+fn send_ports<'a>(
+    interfaces: &'a [String],
+    cfg: &'a DpdkSend,
+    flags: SendFlags,
+) -> (Vec<&'a str>, &'static str) {
+    if interfaces.is_empty() {
+        (vec![cfg.eal.port.as_str()], "--dpdk-port")
+    } else {
+        (
+            interfaces.iter().map(String::as_str).collect(),
+            flags.interface,
+        )
+    }
+}
+
+/// Plan the TX queues for `streams` send streams, each with one sender per send port, before
+/// any DPDK port starts: a port then starts with a TX queue for each of its senders. Where its
+/// driver has fewer, refused naming `count_flag` (what set the number of streams, such as
+/// dsim's `--send-threads`), or else the flag that named the port.
+pub fn plan_dpdk_senders(
+    interfaces: &[String],
+    streams: usize,
+    cfg: &DpdkSend,
+    flags: SendFlags,
+    count_flag: Option<&'static str>,
+) -> Result<(), ConfigError> {
+    if !dpdk::AVAILABLE {
+        return Err(ConfigError::new("--send-transport", DpdkError::NotBuilt));
+    }
+    let (ports, port_flag) = send_ports(interfaces, cfg, flags);
+    let streams = u16::try_from(streams).unwrap_or(u16::MAX);
+    let plan: Vec<(String, u16)> = ports.iter().map(|p| (p.to_string(), streams)).collect();
+    dpdk::plan_senders(&cfg.eal.eal_args, &plan).map_err(|e| {
+        let flag = match e {
+            DpdkError::TxQueues { .. } => count_flag.unwrap_or(port_flag),
+            _ => send_flag(&e, port_flag),
+        };
+        ConfigError::new(flag, e)
+    })
+}
+
 /// One DPDK sender per port of `interfaces` (or on `--dpdk-port`), each knowing every
-/// destination of `dst`.
+/// destination of `dst`, each on a TX queue of its own.
 pub fn open_dpdk_senders(
     dst: &[SocketAddrV4],
     interfaces: &[String],
@@ -64,14 +114,7 @@ pub fn open_dpdk_senders(
     for d in dst {
         frame::dest_mac(*d.ip(), cfg.dst_mac).map_err(|e| ConfigError::new("--dpdk-dst-mac", e))?;
     }
-    let (ports, port_flag): (Vec<&str>, &'static str) = if interfaces.is_empty() {
-        (vec![cfg.eal.port.as_str()], "--dpdk-port")
-    } else {
-        (
-            interfaces.iter().map(String::as_str).collect(),
-            flags.interface,
-        )
-    };
+    let (ports, port_flag) = send_ports(interfaces, cfg, flags);
     let src = match cfg.src.len() {
         1 => vec![cfg.src[0]; ports.len()],
         n if n == ports.len() => cfg.src.clone(),

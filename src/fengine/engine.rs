@@ -22,7 +22,8 @@ use crate::engine::control::ControlAddrs;
 use crate::engine::health;
 use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
-use crate::engine::send::{DescriptorSchedule, HeapSink, SendThread, StreamSpec};
+use crate::engine::recv_numa::bind_chunks;
+use crate::engine::send::{DescriptorSchedule, HeapSink, SendFlags, SendThread, StreamSpec};
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::gpu::memory::HostRegistrations;
 use crate::spead::recv::{Chunk, ChunkGroup, ChunkGroupConfig, PlaceInput, StatsSnapshot};
@@ -70,6 +71,14 @@ impl Engine {
     pub fn new(config: FengineConfig, shutdown: Shutdown) -> Result<Engine, EngineError> {
         let Plan { layout, outputs } = config.validate()?;
         let per_pol = layout.heaps_per_pol();
+        // Before any DPDK port starts (a receiver on a send port starts it): a TX queue per
+        // output.
+        config.send_transport.plan(
+            &config.send_interfaces,
+            outputs.len(),
+            SendFlags::ENGINE,
+            None,
+        )?;
         let sources = open_sources(&config.source)?;
         // Allocated and first touched on the receive cores, so that the chunks are on their
         // NUMA node (the page-locking below keeps them there).
@@ -90,6 +99,8 @@ impl Engine {
             })
         })?
         .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
+        // On the NIC's NUMA node (or --recv-numa-node), before they are page-locked.
+        bind_chunks(&group, config.source.numa_node, &sources)?;
         let mut gpu = None;
         let pinned = match config.backend {
             BackendKind::Cpu => None,
@@ -115,6 +126,7 @@ impl Engine {
             place,
             sources,
             &config.affinity.recv,
+            config.source.numa_node,
             &shutdown,
         )?;
         let sensors = Arc::new(Sensors::default());

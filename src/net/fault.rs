@@ -142,6 +142,14 @@ impl<R: PacketReceiver> PacketReceiver for FaultInjector<R> {
         self.inner.frame_drops()
     }
 
+    fn numa_node(&self) -> Option<u32> {
+        self.inner.numa_node()
+    }
+
+    fn bind_memory(&mut self, node: u32) -> Result<(), super::numa::NumaError> {
+        self.inner.bind_memory(node)
+    }
+
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
         if self.pending.is_empty() {

@@ -6,7 +6,7 @@
 //! tests), [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
 //! and corruption in front of any receiver. [`frame`] parses and builds the Ethernet/IPv4/UDP
 //! headers that the kernel handles for the socket transports and frame-level ones must handle
-//! themselves.
+//! themselves. [`numa`] finds the NIC's NUMA node and binds receive memory to it.
 
 pub mod dpdk;
 pub mod endpoint;
@@ -15,6 +15,7 @@ pub mod frame;
 #[cfg(feature = "ibv")]
 pub mod ibv;
 pub mod mem;
+pub mod numa;
 pub mod pcap;
 pub(crate) mod recv_socket;
 pub mod udp;
@@ -148,6 +149,11 @@ impl RecvBatch {
         (&mut self.buf, &mut self.slots, self.slot_size)
     }
 
+    /// Bind the slot memory to NUMA node `node` (the receiving NIC's; [`numa`]).
+    pub fn bind_to_node(&self, node: u32) -> Result<(), numa::NumaError> {
+        numa::bind_area(&self.buf, node)
+    }
+
     /// Declare the first `n` slots filled and split them into packets.
     pub(crate) fn set_filled(&mut self, n: usize) {
         self.filled = n.min(self.capacity());
@@ -181,6 +187,19 @@ pub trait PacketReceiver: Send {
     fn frame_drops(&self) -> frame::FrameDrops {
         frame::FrameDrops::default()
     }
+
+    /// The NUMA node of the NIC this receiver reads, where known ([`numa`]): where the memory
+    /// it writes into belongs.
+    fn numa_node(&self) -> Option<u32> {
+        None
+    }
+
+    /// Bind the memory the transport itself receives into (a buffer ring) to `node`; nothing
+    /// for transports that write straight into the caller's batch.
+    fn bind_memory(&mut self, node: u32) -> Result<(), numa::NumaError> {
+        let _ = node;
+        Ok(())
+    }
 }
 
 impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
@@ -198,6 +217,14 @@ impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
 
     fn frame_drops(&self) -> frame::FrameDrops {
         (**self).frame_drops()
+    }
+
+    fn numa_node(&self) -> Option<u32> {
+        (**self).numa_node()
+    }
+
+    fn bind_memory(&mut self, node: u32) -> Result<(), numa::NumaError> {
+        (**self).bind_memory(node)
     }
 }
 

@@ -118,6 +118,8 @@ pub struct UdpReceiver {
     gro: bool,
     /// Per socket, the kernel's drop count.
     drops: Vec<DropCount>,
+    /// The receiving NIC's NUMA node, where known.
+    node: Option<u32>,
 }
 
 impl UdpReceiver {
@@ -145,6 +147,7 @@ impl UdpReceiver {
             next: 0,
             scratch: MsgScratch::default(),
             gro,
+            node: super::numa::nic_node(interface),
         })
     }
 
@@ -236,6 +239,10 @@ impl PacketReceiver for UdpReceiver {
 
     fn kernel_drops(&self) -> u64 {
         DropCount::sum(&self.drops)
+    }
+
+    fn numa_node(&self) -> Option<u32> {
+        self.node
     }
 
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {

@@ -31,6 +31,7 @@ use io_uring::types::{BufRingEntry, Fd, Napi, RecvMsgOut, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, IoUring};
 use socket2::Socket;
 
+use super::numa::NumaError;
 use super::recv_socket::{
     control_data, enable_gro, errno_name, first_local_addr, open_recv_sockets, slot_for, DropCount,
 };
@@ -136,6 +137,8 @@ pub struct UringReceiver {
     /// Per socket: its multishot request is live.
     armed: Vec<bool>,
     drops: Vec<DropCount>,
+    /// The receiving NIC's NUMA node, where known.
+    node: Option<u32>,
 }
 
 impl UringReceiver {
@@ -192,6 +195,7 @@ impl UringReceiver {
             sockets,
             armed: vec![false; n],
             drops: vec![DropCount::default(); n],
+            node: super::numa::nic_node(interface),
         })
     }
 
@@ -330,6 +334,15 @@ impl PacketReceiver for UringReceiver {
 
     fn kernel_drops(&self) -> u64 {
         DropCount::sum(&self.drops)
+    }
+
+    fn numa_node(&self) -> Option<u32> {
+        self.node
+    }
+
+    /// The provided buffers the kernel writes datagrams into (the ring's entries are one page).
+    fn bind_memory(&mut self, node: u32) -> Result<(), NumaError> {
+        super::numa::bind_area(&self.buffers, node)
     }
 
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {

@@ -53,7 +53,14 @@ impl Dsim {
     pub fn new(config: DsimConfig, shutdown: Shutdown) -> Result<Dsim, EngineError> {
         let plan = config.validate()?;
         // The senders first: a transport refused at start-up (a DPDK flag, an interface) is
-        // reported before seconds of rendering a long pattern.
+        // reported before seconds of rendering a long pattern. A DPDK port starts with a TX
+        // queue per send thread.
+        config.send_transport.plan(
+            &config.interfaces,
+            plan.send_cores.len(),
+            crate::engine::send::SendFlags::DSIM,
+            Some("--send-threads"),
+        )?;
         let streams = (0..plan.send_cores.len())
             .map(|t| {
                 let senders = open_senders(&plan, &config)?;

@@ -75,6 +75,13 @@ impl Fsim {
     pub fn new(config: FsimConfig, shutdown: Shutdown) -> Result<Fsim, EngineError> {
         let plan = config.validate()?;
         let pattern = Arc::new(FsimPattern::new(plan.layout, config.payload));
+        // A DPDK port starts with a TX queue per destination's stream.
+        config.send_transport.plan(
+            &config.send_interfaces,
+            config.dests.len(),
+            crate::engine::send::SendFlags::ENGINE,
+            None,
+        )?;
         let streams = (0..config.dests.len())
             .map(|d| plan.stream_spec(d).open())
             .collect::<Result<Vec<_>, _>>()?;

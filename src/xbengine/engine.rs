@@ -26,6 +26,7 @@ use crate::engine::control::ControlAddrs;
 use crate::engine::health;
 use crate::engine::metrics::Metrics;
 use crate::engine::recv::{open_sources, ChunkGaps, Receivers};
+use crate::engine::recv_numa::bind_chunks;
 use crate::engine::{ConfigError, EngineError, Shutdown};
 use crate::fengine::BackendKind;
 use crate::gpu::Gpu;
@@ -109,6 +110,16 @@ impl Engine {
                 )
             }
         };
+        // Before any DPDK port starts (a receiver on a send port starts it): a TX queue per
+        // output stream (each corrprod, the beams together, each FRB beam set).
+        let streams =
+            config.corrprods.len() + usize::from(!config.beams.is_empty()) + config.frb_beams.len();
+        config.send_transport.plan(
+            &config.send_interfaces,
+            streams,
+            crate::engine::send::SendFlags::ENGINE,
+            None,
+        )?;
         let sources = open_sources(&config.source)?;
         // Allocated and first touched on the receive cores, so that the chunks are on their
         // NUMA node (page-locking them below keeps them there).
@@ -128,6 +139,8 @@ impl Engine {
             })
         })?
         .map_err(|e| ConfigError::new("--heaps-per-fengine-per-chunk", e))?;
+        // On the NIC's NUMA node (or --recv-numa-node), before they are page-locked.
+        bind_chunks(&group, config.source.numa_node, &sources)?;
         // Before any receiver writes into them.
         group
             .for_each_buffer(|b| backend.pin(b))
@@ -139,6 +152,7 @@ impl Engine {
             place,
             sources,
             &config.affinity.recv,
+            config.source.numa_node,
             &shutdown,
         )?;
         let sensors = Arc::new(Sensors::default());

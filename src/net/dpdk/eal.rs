@@ -1,18 +1,24 @@
 //! The process's one DPDK environment (EAL) and its started ports. DPDK allows `rte_eal_init`
 //! once per process, so the first caller's arguments win: a later caller with the same
 //! arguments shares the EAL (an engine's receive and send both come from `--dpdk-args`), one
-//! with others is refused. A port is configured and started once, with one RX and one TX queue.
-//! A receiver takes the RX queue until it is dropped (one reader per queue). The TX queue is
-//! shared: every sender on the port (an engine's outputs, dsim's send threads) sends its bursts
-//! under the port's TX lock, since `rte_eth_tx_burst` on one queue is not thread-safe. The lock
-//! is taken once per burst of up to 32 frames, uncontended when one sender uses the port; one
-//! TX queue per sender is not done because virtual PMDs tie queue counts to their devargs
-//! (`net_af_packet`'s `qpairs`, `net_ring`'s paired rings, where TX queue k feeds RX queue k).
+//! with others is refused. A port is configured and started once, with one RX queue and one TX
+//! queue per sender. A receiver takes the RX queue until it is dropped (one reader per queue).
+//!
+//! Each sender (an engine's output, one of dsim's send threads) takes a TX queue of its own
+//! until it is dropped, so bursts from different threads never meet on a queue and no lock is
+//! taken (`rte_eth_tx_burst` on one queue is not thread-safe). Queue counts are fixed when a
+//! port starts, so a process that will have several senders on a port says so first
+//! ([`plan_tx`], from the engines' output count), before any transport starts the port; a port
+//! nobody planned starts with one TX queue. A plan beyond the driver's `max_tx_queues` is
+//! refused, as is a sender beyond the queues the port started with. Virtual PMDs tie their
+//! queue counts to their devargs: `net_af_packet` has `qpairs` (default 1) of each, and in
+//! `net_ring` TX queue k feeds RX queue k, so only queue 0's frames reach this process's one
+//! RX queue there.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use super::ffi;
 use super::{DpdkConfig, DpdkError};
@@ -20,17 +26,29 @@ use crate::net::frame::Mac;
 
 /// What the first `rte_eal_init` was given and what it answered.
 static EAL: Mutex<Option<(String, Result<(), String>)>> = Mutex::new(None);
-/// Ports started so far, by port id.
-static PORTS: Mutex<Option<HashMap<u16, Arc<Port>>>> = Mutex::new(None);
+/// Ports started so far and TX queues planned, by port id.
+static PORTS: Mutex<Option<Registry>> = Mutex::new(None);
+
+#[derive(Default)]
+struct Registry {
+    started: HashMap<u16, Arc<Port>>,
+    /// TX queues a port is to start with ([`plan_tx`]); 1 where none was planned.
+    tx_plans: HashMap<u16, u16>,
+}
 
 /// Bytes of frame an mbuf holds: a 9200-byte UDP payload (spead2's default packet ceiling,
 /// jumbo frames included) with its 42 bytes of headers, rounded up to a cache line.
 pub(super) const DATA_ROOM: u16 = 9280;
-/// mbufs per port: RX and TX descriptors plus bursts in flight, with room to spare
-/// (~38 MiB, inside `-m 256`).
-const MBUFS: u32 = 4095;
 const RX_DESC: u16 = 1024;
 const TX_DESC: u16 = 1024;
+
+/// mbufs per port: every RX and TX descriptor may hold one, plus 1024 for bursts in flight and
+/// the pool's per-core caches, rounded up to DPDK's favourite 2ⁿ − 1: 4095 (~38 MiB, inside
+/// `-m 256`) with one TX queue, 8191 with two to four.
+pub(super) fn mbufs(tx_queues: u16) -> u32 {
+    let need = u32::from(RX_DESC) + u32::from(tx_queues) * u32::from(TX_DESC) + 1024;
+    need.next_power_of_two() - 1
+}
 
 /// Initialise the EAL with `args` (whitespace-separated, no quoting), or share the one the
 /// process already has if it was given the same arguments.
@@ -69,17 +87,12 @@ pub(super) struct Port {
     pub id: u16,
     pub name: String,
     pub mac: Mac,
+    /// The device's NUMA node, where DPDK knows it (its mempool is allocated there).
+    pub numa_node: Option<u32>,
     pub pool: Pool,
     rx_taken: AtomicBool,
-    /// Held while a burst goes into the shared TX queue.
-    tx_lock: Mutex<()>,
-}
-
-impl Port {
-    /// The TX queue, for one burst.
-    pub fn tx_queue(&self) -> MutexGuard<'_, ()> {
-        self.tx_lock.lock().unwrap_or_else(|e| e.into_inner())
-    }
+    /// Per TX queue, whether a sender holds it (taken and given back at open and drop only).
+    tx_taken: Mutex<Vec<bool>>,
 }
 
 /// The port's mempool: DPDK's pools are safe to use from any thread.
@@ -97,41 +110,109 @@ pub(super) enum Queue {
     Tx,
 }
 
-/// A port's queue, held until dropped: the RX queue alone, the TX queue shared.
+/// A port's queue, held by one transport until dropped.
 pub(super) struct QueueLease {
     pub port: Arc<Port>,
-    queue: Queue,
+    kind: Queue,
+    /// The queue's index (always 0 for RX).
+    pub queue: u16,
 }
 
 impl Drop for QueueLease {
     fn drop(&mut self) {
-        if self.queue == Queue::Rx {
-            self.port.rx_taken.store(false, Ordering::Release);
+        match self.kind {
+            Queue::Rx => self.port.rx_taken.store(false, Ordering::Release),
+            Queue::Tx => {
+                let mut taken = self.port.tx_taken.lock().unwrap_or_else(|e| e.into_inner());
+                taken[usize::from(self.queue)] = false;
+            }
         }
     }
 }
 
+/// Plan TX queues before the ports start: each `(port, senders)` says that up to `senders`
+/// senders of this process will use the port at once (summed over names of the same port), so
+/// that it starts with that many TX queues. Refused where the driver allows fewer, or where the
+/// port has started already with fewer.
+pub(super) fn plan_tx(eal_args: &str, ports: &[(String, u16)]) -> Result<(), DpdkError> {
+    init(eal_args)?;
+    let mut want: HashMap<u16, (u16, &str)> = HashMap::new();
+    for (name, senders) in ports {
+        let id = port_id(name)?;
+        let e = want.entry(id).or_insert((0, name));
+        e.0 = e.0.saturating_add(*senders);
+    }
+    let mut registry = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let registry = registry.get_or_insert_with(Registry::default);
+    for (id, (senders, name)) in want {
+        let mut max = 0u16;
+        // SAFETY: max is a valid out-pointer for the call.
+        let r = unsafe { ffi::cbf_dpdk_port_max_tx(id, &mut max) };
+        if r < 0 {
+            return Err(DpdkError::Port {
+                port: name.to_string(),
+                error: format!("device info: {}", ffi::strerror(r)),
+            });
+        }
+        if senders > max {
+            return Err(DpdkError::TxQueues {
+                port: name.to_string(),
+                senders,
+                max,
+            });
+        }
+        if let Some(p) = registry.started.get(&id) {
+            let queues = p.tx_taken.lock().unwrap_or_else(|e| e.into_inner()).len();
+            if usize::from(senders) > queues {
+                return Err(DpdkError::TxQueuesTaken {
+                    port: name.to_string(),
+                    queues: queues as u16,
+                });
+            }
+        }
+        let plan = registry.tx_plans.entry(id).or_insert(1);
+        *plan = (*plan).max(senders);
+    }
+    Ok(())
+}
+
 /// The port `cfg.port` names (an index or a device name such as `net_ring0`), started on first
-/// use, with `queue` leased to the caller (the RX queue to one caller at a time).
-pub(super) fn lease(cfg: &DpdkConfig, queue: Queue) -> Result<QueueLease, DpdkError> {
+/// use, with a queue of kind `kind` leased to the caller: the RX queue, or a TX queue nobody
+/// holds.
+pub(super) fn lease(cfg: &DpdkConfig, kind: Queue) -> Result<QueueLease, DpdkError> {
     init(&cfg.eal_args)?;
     let id = port_id(&cfg.port)?;
-    let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let ports = ports.get_or_insert_with(HashMap::new);
-    let port = match ports.get(&id) {
+    let mut registry = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let registry = registry.get_or_insert_with(Registry::default);
+    let port = match registry.started.get(&id) {
         Some(p) => Arc::clone(p),
         None => {
-            let p = Arc::new(start(id, &cfg.port)?);
-            ports.insert(id, Arc::clone(&p));
+            let tx_queues = registry.tx_plans.get(&id).copied().unwrap_or(1);
+            let p = Arc::new(start(id, &cfg.port, tx_queues)?);
+            registry.started.insert(id, Arc::clone(&p));
             p
         }
     };
-    if queue == Queue::Rx && port.rx_taken.swap(true, Ordering::AcqRel) {
-        return Err(DpdkError::QueueTaken {
-            port: cfg.port.clone(),
-        });
-    }
-    Ok(QueueLease { port, queue })
+    let queue = match kind {
+        Queue::Rx if port.rx_taken.swap(true, Ordering::AcqRel) => {
+            return Err(DpdkError::QueueTaken {
+                port: cfg.port.clone(),
+            })
+        }
+        Queue::Rx => 0,
+        Queue::Tx => {
+            let mut taken = port.tx_taken.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(free) = taken.iter().position(|t| !t) else {
+                return Err(DpdkError::TxQueuesTaken {
+                    port: cfg.port.clone(),
+                    queues: taken.len() as u16,
+                });
+            };
+            taken[free] = true;
+            free as u16
+        }
+    };
+    Ok(QueueLease { port, kind, queue })
 }
 
 fn port_id(name: &str) -> Result<u16, DpdkError> {
@@ -163,13 +244,15 @@ fn port_id(name: &str) -> Result<u16, DpdkError> {
     Ok(id)
 }
 
-fn start(id: u16, name: &str) -> Result<Port, DpdkError> {
+fn start(id: u16, name: &str, tx_queues: u16) -> Result<Port, DpdkError> {
     let conf = ffi::PortConf {
         rx_desc: RX_DESC,
         tx_desc: TX_DESC,
-        mbufs: MBUFS,
+        mbufs: mbufs(tx_queues),
         data_room: DATA_ROOM,
         mtu: DATA_ROOM - 14,
+        tx_queues,
+        _pad: 0,
     };
     // SAFETY: PortInfo is plain old data; all-zero is a valid value for the shim to overwrite.
     let mut info: ffi::PortInfo = unsafe { std::mem::zeroed() };
@@ -192,6 +275,8 @@ fn start(id: u16, name: &str) -> Result<Port, DpdkError> {
         port = id,
         driver = %String::from_utf8_lossy(&driver),
         mtu = info.mtu,
+        numa_node = info.socket,
+        tx_queues,
         ip_cksum_offload = info.ip_cksum_offload != 0,
         udp_cksum_offload = info.udp_cksum_offload != 0,
         "DPDK port started"
@@ -200,9 +285,10 @@ fn start(id: u16, name: &str) -> Result<Port, DpdkError> {
         id,
         name: name.to_string(),
         mac: info.mac,
+        numa_node: u32::try_from(info.socket).ok(),
         pool: Pool(pool),
         rx_taken: AtomicBool::new(false),
-        tx_lock: Mutex::new(()),
+        tx_taken: Mutex::new(vec![false; usize::from(tx_queues)]),
     })
 }
 

@@ -10,6 +10,8 @@ pub(super) struct PortConf {
     pub mbufs: u32,
     pub data_room: u16,
     pub mtu: u16,
+    pub tx_queues: u16,
+    pub _pad: u16,
 }
 
 /// `struct cbf_dpdk_port_info`.
@@ -21,6 +23,8 @@ pub(super) struct PortInfo {
     pub udp_cksum_offload: u8,
     pub mtu: u16,
     pub _pad: u16,
+    /// The device's NUMA node, -1 when unknown.
+    pub socket: i32,
     pub driver: [c_char; 32],
 }
 
@@ -72,6 +76,7 @@ extern "C" {
     pub(super) fn cbf_dpdk_strerror(err: c_int) -> *const c_char;
     pub(super) fn cbf_dpdk_port_count() -> u16;
     pub(super) fn cbf_dpdk_port_by_name(name: *const c_char, port: *mut u16) -> c_int;
+    pub(super) fn cbf_dpdk_port_max_tx(port: u16, max: *mut u16) -> c_int;
     pub(super) fn cbf_dpdk_port_start(
         port: u16,
         conf: *const PortConf,

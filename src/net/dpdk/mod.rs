@@ -7,10 +7,11 @@
 //! - The EAL is initialised once per process from `--dpdk-args` (whitespace-separated EAL
 //!   arguments, e.g. `-l 0 --no-huge --no-pci -m 256 --vdev=net_ring0`); a second,
 //!   different set of arguments is refused, so an engine's DPDK receive and DPDK send share it.
-//!   A port (an index or a device name) is started once with one RX and one TX queue; one
-//!   receiver holds the RX queue, and every sender on the port shares the TX queue under a
-//!   lock taken per burst (see `eal`), so one process can receive and send on one port
-//!   (`net_ring` loops frames back) or on several.
+//!   A port (an index or a device name) is started once with one RX queue and one TX queue per
+//!   sender ([`plan_senders`] says how many before it starts; one otherwise); one receiver
+//!   holds the RX queue and each sender a TX queue of its own, no lock between them (see
+//!   `eal`), so one process can receive and send on one port (`net_ring` loops frames back)
+//!   or on several.
 //! - Receive: RX bursts; each frame is parsed by [`crate::net::frame`] and kept only if it is a
 //!   datagram to one of the receiver's endpoints (others are counted as `not_ours`, malformed
 //!   ones by cause); the payload is copied into the caller's [`RecvBatch`](crate::net::RecvBatch).
@@ -87,8 +88,31 @@ pub enum DpdkError {
     Port { port: String, error: String },
     #[error("DPDK port {port}: its receive queue is already in use (one receiver per port)")]
     QueueTaken { port: String },
+    #[error("DPDK port {port}: {senders} senders need a TX queue each, but its driver has at most {max} (net_af_packet: raise qpairs= in its --vdev)")]
+    TxQueues {
+        port: String,
+        senders: u16,
+        max: u16,
+    },
+    #[error("DPDK port {port}: its {queues} TX queue(s) are all held (one per sender, counted when the port started)")]
+    TxQueuesTaken { port: String, queues: u16 },
     #[error(transparent)]
     Frame(#[from] FrameError),
+}
+
+/// Plan the TX queues of ports before they start (see `eal`): each `(port, senders)` says that
+/// up to `senders` senders of this process will send through the port at once, each on a TX
+/// queue of its own. Refused where the port's driver has fewer queues.
+pub fn plan_senders(eal_args: &str, ports: &[(String, u16)]) -> Result<(), DpdkError> {
+    #[cfg(feature = "dpdk")]
+    {
+        eal::plan_tx(eal_args, ports)
+    }
+    #[cfg(not(feature = "dpdk"))]
+    {
+        let _ = (eal_args, ports);
+        Err(DpdkError::NotBuilt)
+    }
 }
 
 /// A receiver for `endpoints` on the configured port.

@@ -190,6 +190,12 @@ impl PacketReceiver for DpdkReceiver {
         self.drops
     }
 
+    /// The port's NUMA node. The frames themselves land in the port's mempool, which DPDK
+    /// allocated on that node from its own (huge-page) memory, so there is nothing to bind.
+    fn numa_node(&self) -> Option<u32> {
+        self.lease.port.numa_node
+    }
+
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
         self.batches = self.batches.wrapping_add(1);

@@ -19,7 +19,7 @@ const BURST: usize = 32;
 /// send thread. A full TX queue is then reported as the link being down (ENETDOWN).
 const STALL: Duration = Duration::from_secs(1);
 
-/// A sender on a DPDK port's TX queue.
+/// A sender on a DPDK port's TX queue of its own.
 pub struct DpdkSender {
     lease: QueueLease,
     headers: Vec<FrameHeaders>,
@@ -91,20 +91,23 @@ impl DpdkSender {
         }
     }
 
-    /// Send the `n` filled mbufs under the port's TX lock (the queue is shared by every sender
-    /// on the port), waiting up to [`STALL`] without progress; what is left then is freed and
-    /// reported.
+    /// Send the `n` filled mbufs on this sender's own TX queue, waiting up to [`STALL`] without
+    /// progress; what is left then is freed and reported.
     fn transmit(&mut self, n: usize) -> io::Result<()> {
-        let port = &self.lease.port;
+        let (port, queue) = (&self.lease.port, self.lease.queue);
         let mbufs = &mut self.mbufs;
-        let _queue = port.tx_queue();
         let mut sent = 0;
         let mut last = Instant::now();
         while sent < n {
             // SAFETY: mbufs[sent..n] are filled mbufs owned by this sender; the PMD takes
-            // ownership of those it accepts; the TX lock makes this the queue's only caller.
+            // ownership of those it accepts; the lease makes this sender the queue's only user.
             let k = unsafe {
-                ffi::cbf_dpdk_tx(port.id, 0, mbufs[sent..].as_mut_ptr(), (n - sent) as u16)
+                ffi::cbf_dpdk_tx(
+                    port.id,
+                    queue,
+                    mbufs[sent..].as_mut_ptr(),
+                    (n - sent) as u16,
+                )
             };
             if k > 0 {
                 sent += usize::from(k);
