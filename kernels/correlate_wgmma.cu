@@ -23,7 +23,8 @@
 // up to 200 channels and lost that sharing: bench/correlator-notes.md v9).
 //
 // Block: two consumer warpgroups and one producer warp. The producer's lane 0 stages each step
-// with two bulk copies (the corner turn stored a step of a tile's rows contiguously, already in
+// with two bulk copies (one on the diagonal, whose row chunks are the column tile's own rows;
+// the corner turn stored a step of a tile's rows contiguously, already in
 // the 128-byte swizzle wgmma reads: 16-byte chunk c of row r at (c ^ (r & 7)) · 16) onto the
 // stage's "full" mbarrier (transaction bytes), after waiting on its "empty" mbarrier, which every
 // consumer warp of both blocks arrives on once its wgmma reading the stage has completed (the
@@ -275,11 +276,13 @@ __device__ __forceinline__ void bulk_load_multicast(u32 dst, const void *src, u3
 }
 
 // One item's steps for a consumer warpgroup: wait for each stage, issue its KSTEP / 32 MMAs of
-// the warpgroup's row chunk (A: 64 planar rows at the stage's offset wg · 64 rows) against
+// the warpgroup's row chunk (A: 64 planar rows at the stage's offset wg · 64 rows, or on the
+// diagonal the column tile's own rows 64·J0 on) against
 // column planar rows 64·J0 .. 255 (B), keep one step's group in flight while the next is
 // issued, and release each stage to both blocks' producers once its MMAs have completed.
 template <int J0>
-__device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, u32 full, u32 empty, int nsteps, u32 &g)
+__device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, bool diag, u32 full, u32 empty, int nsteps,
+                                         u32 &g)
 {
     const int lane = threadIdx.x % 32;
     for (int k = 0; k < nsteps; ++k, ++g)
@@ -287,8 +290,10 @@ __device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, u32 f
         const u32 s = g % STAGES;
         mbar_wait(full + 8 * s, (g / STAGES) & 1);
         const u32 st = sbase + s * STAGE_BYTES;
-        const u32 a_tile = st + wg * CHUNK_BYTES;
         const u32 b_tile = st + A_BYTES + J0 * 64 * KSTEP;
+        // On the diagonal the row chunk J0 is the column tile's planar rows 64·J0 on, already
+        // staged (in the same swizzle), so nothing else was loaded for it.
+        const u32 a_tile = diag ? b_tile : st + wg * CHUNK_BYTES;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < KSTEP / 32; ++kk)
@@ -310,16 +315,17 @@ __device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, u32 f
 }
 
 // Block `rank`'s copies of one item's steps (the producer's lane 0): each stage waits for its
-// "empty" mbarrier, then its row chunks (row_chunks) and its half of the column tile, multicast
-// to both blocks, arrive on its "full" one.
+// "empty" mbarrier, then its row tile (none on the diagonal, whose rows the column tile
+// holds) and its half of the column tile, multicast to both blocks, arrive on its
+// "full" one.
 __device__ __forceinline__ void stage_item(int it, int rank, const signed char *planar, u32 sbase, u32 full, u32 empty,
                                            int step0, int nsteps, u32 &g)
 {
     int cb, ct, pp;
     item_parts(it, cb, ct, pp);
     const signed char *chan = planar + (i64)cb * (i64)(2 * NP) * TPAD;
-    int r0, r1;
-    row_chunks(ct, pp, rank, r0, r1);
+    const bool diag = pp == ct;
+    const int r0 = 2 * (2 * pp + rank); // off the diagonal: row tile 2·pp + rank (row_chunks)
     for (int k = 0; k < nsteps; ++k, ++g)
     {
         const u32 s = g % STAGES;
@@ -327,15 +333,12 @@ __device__ __forceinline__ void stage_item(int it, int rank, const signed char *
             mbar_wait(empty + 8 * s, ((g / STAGES) & 1) ^ 1);
         const u32 st = sbase + s * STAGE_BYTES;
         const signed char *step = chan + (i64)(step0 + k) * (2 * NP) * KSTEP;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s), "r"(STAGE_BYTES)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s),
+                     "r"(diag ? B_BYTES : STAGE_BYTES)
                      : "memory");
-        if (r1 == r0 + 1)
+        // On the diagonal the row chunks are the column tile's own rows, staged below (multiply).
+        if (!diag)
             bulk_load(st, step + (i64)r0 * CHUNK_BYTES, A_BYTES, full + 8 * s);
-        else
-        {
-            bulk_load(st, step + (i64)r0 * CHUNK_BYTES, CHUNK_BYTES, full + 8 * s);
-            bulk_load(st + CHUNK_BYTES, step + (i64)r1 * CHUNK_BYTES, CHUNK_BYTES, full + 8 * s);
-        }
         bulk_load_multicast(st + A_BYTES + rank * (B_BYTES / 2), step + (i64)ct * B_BYTES + rank * (B_BYTES / 2),
                             B_BYTES / 2, full + 8 * s, 3);
     }
@@ -450,13 +453,13 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
             d[i] = 0;
         // j0 is uniform over the warpgroup, as wgmma requires.
         if (j0 == 0)
-            multiply<0>(d, sbase, wg, full, empty, nsteps, g);
+            multiply<0>(d, sbase, wg, pp == ct, full, empty, nsteps, g);
         else if (j0 == 1)
-            multiply<1>(d, sbase, wg, full, empty, nsteps, g);
+            multiply<1>(d, sbase, wg, pp == ct, full, empty, nsteps, g);
         else if (j0 == 2)
-            multiply<2>(d, sbase, wg, full, empty, nsteps, g);
+            multiply<2>(d, sbase, wg, pp == ct, full, empty, nsteps, g);
         else
-            multiply<3>(d, sbase, wg, full, empty, nsteps, g);
+            multiply<3>(d, sbase, wg, pp == ct, full, empty, nsteps, g);
 
         // Epilogue, by warpgroup. Warp `warp` of warpgroup `wg` holds planar rows gid (Re) and
         // gid + 8 (Im) of antenna-pol group `warp` of the warpgroup's row chunk rc, i.e. row
