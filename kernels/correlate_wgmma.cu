@@ -10,7 +10,7 @@
 //
 // Work: an item is one (batch group, channel, column tile of 128 antenna-pols, pair of row
 // tiles of 64 antenna-pols). A cluster of two blocks takes an item, block r of the cluster the
-// row tile 2p + r (on the diagonal, two of its four row chunks: row_chunks), so both multiply
+// row tile 2p + r (on the diagonal, two of its four row chunks: row_chunk), so both multiply
 // the same column tile: each block loads half of the column tile's 256 planar rows and multicasts it to both (cp.async.bulk … .multicast::cluster), which
 // halves the L2 → SM traffic of the column operand (48 KB → 32 KB staged per block per step; at
 // ~1,000 useful TOPS v6 pulled ≈ 6 TB/s out of L2, bench/correlator-notes.md). The grid is
@@ -36,7 +36,7 @@
 // accumulators with bulk asynchronous reduce-adds from a shared staging area of its own (not
 // the stages, which the producer is already refilling), a quarter of the column antennas at a
 // time. On the diagonal (a column tile against its own antenna-pols) each warpgroup multiplies
-// only the columns at or after its row chunk, with a narrower wgmma (row_chunks), so a
+// only the columns at or after its row chunk, with a narrower wgmma (row_chunk), so a
 // diagonal item costs 5/8 of a full one (the work below the diagonal was a tenth of the issued
 // work at N = 576, a fifth at 256, half at 64). Not taken (yet): fusing the corner turn into
 // the staging.
@@ -165,25 +165,19 @@ __device__ __forceinline__ void item_parts(int it, int &cb, int &ct, int &pp)
     pp = k - ct * (ct + 1) / 2;
 }
 
-// The row chunks (32 antenna-pols: 64 planar rows, 8 KB of a step) that warpgroups 0 and 1 of
-// block `rank` multiply in pair pp of column tile ct. Off the diagonal (pp < ct) the block takes
-// row tile 2·pp + rank whole. On it (pp = ct, the row tiles that are the column tile itself)
-// row chunk j of the tile needs only the columns from its own first antenna-pol on, N = 256 −
-// 64·j planar rows, so the four chunks cost 4 : 3 : 2 : 1 tensor time; block 0 takes chunks 0
-// and 3, block 1 chunks 1 and 2, which balances the two blocks (5 : 5) that share each stage
-// through the multicast, and the diagonal item costs 5/8 of a full one.
-__device__ __forceinline__ void row_chunks(int ct, int pp, int rank, int &r0, int &r1)
+// The row chunk (32 antenna-pols: 64 planar rows, 8 KB of a step) that warpgroup wg of block
+// `rank` multiplies in pair pp of column tile ct. Off the diagonal (pp < ct) the block takes
+// row tile 2·pp + rank whole, one chunk per warpgroup. On it (pp = ct, the row tiles that are
+// the column tile itself) row chunk j of the tile needs only the columns from its own first
+// antenna-pol on, N = 256 − 64·j planar rows, so the four chunks cost 4 : 3 : 2 : 1 tensor
+// time; block 0 takes chunks 0 and 3, block 1 chunks 1 and 2, which balances the two blocks
+// (5 : 5) that share each stage through the multicast, and the diagonal item costs 5/8 of a
+// full one.
+__device__ __forceinline__ int row_chunk(int ct, int pp, int rank, int wg)
 {
     if (pp < ct)
-    {
-        r0 = 2 * (2 * pp + rank);
-        r1 = r0 + 1;
-    }
-    else
-    {
-        r0 = 4 * ct + rank;
-        r1 = 4 * ct + 3 - rank;
-    }
+        return 2 * (2 * pp + rank) + wg;
+    return wg == 0 ? 4 * ct + rank : 4 * ct + 3 - rank;
 }
 
 __device__ __forceinline__ int cluster_rank()
@@ -218,12 +212,18 @@ __device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity)
                  : "memory");
 }
 
+// The shared-memory address in block `rank` of the cluster of this block's shared offset `addr`.
+__device__ __forceinline__ u32 in_block(u32 addr, u32 rank)
+{
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+    return remote;
+}
+
 // Arrive with cluster-scope release on the mbarrier at shared offset `bar` of block `rank`.
 __device__ __forceinline__ void mbar_arrive_at(u32 bar, u32 rank)
 {
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(in_block(bar, rank)) : "memory");
 }
 
 // The item of sequence number `seq` from the cluster's ring (next_item), read by one lane of
@@ -246,11 +246,7 @@ __device__ __forceinline__ void mbar_arrive_cluster(u32 bar)
 {
 #pragma unroll
     for (u32 rank = 0; rank < 2; ++rank)
-    {
-        u32 remote;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
-        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-    }
+        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(in_block(bar, rank)) : "memory");
 }
 
 __device__ __forceinline__ void cluster_sync()
@@ -325,7 +321,7 @@ __device__ __forceinline__ void stage_item(int it, int rank, const signed char *
     item_parts(it, cb, ct, pp);
     const signed char *chan = planar + (i64)cb * (i64)(2 * NP) * TPAD;
     const bool diag = pp == ct;
-    const int r0 = 2 * (2 * pp + rank); // off the diagonal: row tile 2·pp + rank (row_chunks)
+    const int r0 = row_chunk(ct, pp, rank, 0); // used off the diagonal only
     for (int k = 0; k < nsteps; ++k, ++g)
     {
         const u32 s = g % STAGES;
@@ -398,9 +394,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
 #pragma unroll
                     for (u32 r = 0; r < 2; ++r)
                     {
-                        u32 slot;
-                        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(slot) : "r"(ring0 + 4 * q), "r"(r));
-                        asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(slot), "r"(it) : "memory");
+                        asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(in_block(ring0 + 4 * q, r)), "r"(it) : "memory");
                         mbar_arrive_at(ring_full + 8 * q, r);
                     }
                     if (it < 0)
@@ -443,9 +437,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
             break;
         int cb, ct, pp;
         item_parts(it, cb, ct, pp);
-        int r0, r1;
-        row_chunks(ct, pp, rank, r0, r1);
-        const int rc = wg == 0 ? r0 : r1; // this warpgroup's row chunk
+        const int rc = row_chunk(ct, pp, rank, wg);
         const int j0 = pp == ct ? rc - 4 * ct : 0;
         int d[128];
 #pragma unroll

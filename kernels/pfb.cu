@@ -4,11 +4,12 @@
 //
 // Compile-time constants (-D): CHANNELS (N, a power of two), TAPS, SAMPLE_BITS (2..10, 12, 16),
 // UNZIP (n, dividing N with N/n >= 2), SPECTRA (spectra of the heaps post-processed together:
-// the frames buffer holds 2 pols × SPECTRA frames).
+// the frames buffer holds 2 pols × SPECTRA frames), HEAP_SPECTRA (spectra per heap: slot k
+// belongs to heap k / HEAP_SPECTRA of the batch, whose power counter its samples add to).
 //
-// One launch computes `count` consecutive spectra (heap slots k, k+1, ...) of one or both
-// polarisations (blockIdx.z), whose windows start at samples start, start + STEP, ... of
-// that polarisation's input (a constant coarse delay: the caller splits a run where the
+// One launch computes `count` consecutive spectra (batch slots k, k+1, ..., across heaps) of
+// one or both polarisations (blockIdx.z), whose windows start at samples start, start + STEP,
+// ... of that polarisation's input (a constant coarse delay: the caller splits a run where the
 // delay changes). Each thread owns one column i of the STEP-sample frame for
 // `section` consecutive spectra and keeps the FIR's sliding window in registers: the loop is
 // unrolled by TAPS so that every register index is a compile-time constant.
@@ -53,16 +54,58 @@ __device__ __forceinline__ void copy16_async(void *smem, const void *gmem)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
-__device__ __forceinline__ void copies_wait_all()
+__device__ __forceinline__ void copies_commit()
 {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
+
+// Wait until at most `pending` (a constant after unrolling, 0..GROUPS − 1) of this thread's
+// committed copy groups are still in flight.
+__device__ __forceinline__ void copies_wait(int pending)
+{
+    switch (pending)
+    {
+    case 0:
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        break;
+    case 1:
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        break;
+    case 2:
+        asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+        break;
+    default:
+        asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+        break;
+    }
+}
+
+// The staged rows come in GROUPS copy groups, one per part of the section (parts of a multiple
+// of TAPS spectra): the block computes part q as soon as its rows are in, while the later parts'
+// copies are still in flight, instead of waiting for the whole section first.
+#define GROUPS 4
 
 // Sample g of a big-endian bit-packed stream.
 __device__ __forceinline__ int decode(const u8 *__restrict__ in, i64 g)
 {
     const i64 bit = g * SAMPLE_BITS;
     return decode_at(in + (bit >> 3), (int)(bit & 7));
+}
+
+// Digitiser power in 64-bit integers (seed 000): a warp sum, then one atomic per warp where
+// the whole warp calls this (`whole_warp`), else one per thread.
+__device__ __forceinline__ void add_power(u64 *__restrict__ counter, i64 pw, bool whole_warp)
+{
+    if (whole_warp)
+    {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            pw += __shfl_down_sync(0xffffffffu, pw, off);
+        if ((threadIdx.x & 31) == 0 && pw != 0)
+            atomicAdd(counter, (u64)pw);
+    }
+    else if (pw != 0)
+        atomicAdd(counter, (u64)pw);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) pfb_fir(
@@ -77,8 +120,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) pfb_fir(
     int first_pol,
     int k,
     int count,
-    int section,
-    int heap)                            // the heap (of the batch) these spectra belong to
+    int section)
 {
     const int pol = first_pol + blockIdx.z;
     const i64 in_start = pol ? start1 : start0;
@@ -87,7 +129,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) pfb_fir(
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int first = blockIdx.y * section;
     const int n = min(section, count - first);
-    i64 pw = 0;
+    // The heap of this block's first spectrum, and the block's spectrum index at which the
+    // next heap begins (a block straddles heaps when a launch covers several).
+    int heap = (k + first) / HEAP_SPECTRA;
+    int next_heap = (heap + 1) * HEAP_SPECTRA - (k + first);
+    i64 pw = 0, pw_next = 0; // Σx² of this heap's spectra, and of the next heap's in this group
 #if STAGED
     extern __shared__ __align__(16) u8 srows[];
     if (n > 0) // the same for the whole block
@@ -95,16 +141,24 @@ extern "C" __global__ void __launch_bounds__(BLOCK) pfb_fir(
         const i64 bit0 = (in_start + (i64)first * STEP + blockIdx.x * BLOCK) * SAMPLE_BITS;
         const i64 abase = (bit0 >> 3) & ~(i64)15;
         const i64 limit = in_len - pol * pol_stride;
-        const int rows = n + TAPS - 1, chunks = SROW / 16;
-        for (int q = threadIdx.x; q < rows * chunks; q += BLOCK)
+        const int chunks = SROW / 16;
+        // Part q computes spectra [q·part, (q + 1)·part) and needs rows up to (q + 1)·part +
+        // TAPS − 1; its group copies those the earlier parts did not.
+        const int part = (n + GROUPS * TAPS - 1) / (GROUPS * TAPS) * TAPS;
+#pragma unroll
+        for (int q = 0; q < GROUPS; q++)
         {
-            const int r = q / chunks, c = q % chunks;
-            const i64 src = abase + (i64)r * ROW_BYTES + c * 16;
-            if (src + 16 <= limit)
-                copy16_async(srows + r * SROW + c * 16, in + src);
+            const int r0 = q == 0 ? 0 : min(q * part, n) + TAPS - 1;
+            const int r1 = min((q + 1) * part, n) + TAPS - 1;
+            for (int e = r0 * chunks + threadIdx.x; e < r1 * chunks; e += BLOCK)
+            {
+                const int r = e / chunks, c = e % chunks;
+                const i64 src = abase + (i64)r * ROW_BYTES + c * 16;
+                if (src + 16 <= limit)
+                    copy16_async(srows + r * SROW + c * 16, in + src);
+            }
+            copies_commit();
         }
-        copies_wait_all();
-        __syncthreads();
         // This column's first bit within a staged row.
         const int bit = (int)(bit0 - abase * 8) + threadIdx.x * SAMPLE_BITS;
         const u8 *base = srows + (bit >> 3);
@@ -128,6 +182,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) pfb_fir(
 #pragma unroll
         for (int t = 0; t < TAPS; t++)
             w[t] = weights[t * STEP + i];
+#if STAGED
+        // Part 0's rows are in (the weights' loads above overlapped the wait).
+        copies_wait(GROUPS - 1);
+        __syncthreads();
+#endif
         float win[TAPS];
 #pragma unroll
         for (int t = 0; t < TAPS - 1; t++)
@@ -137,6 +196,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK) pfb_fir(
         float *o = out + out_start + (i64)first * STEP + pos;
         for (int j0 = 0; j0 < n; j0 += TAPS)
         {
+#if STAGED
+            if (j0 > 0 && j0 % part == 0)
+            {
+                // Part j0 / part begins: wait for its rows.
+                copies_wait(GROUPS - 1 - j0 / part);
+                __syncthreads();
+            }
+#endif
             // The group's TAPS new samples are loaded before any is used (the index is clamped
             // rather than the load guarded, so the loads are unconditional and all in flight
             // at once: bytes per load are few, so parallelism has to come from their number).
@@ -154,7 +221,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) pfb_fir(
                     // the digitiser power counts (each input sample once in steady state).
                     const int x = xs[jj];
                     win[(jj + TAPS - 1) % TAPS] = (float)x;
-                    pw += (unsigned int)(x * x); // |x| <= 2^15: x² fits 32 bits unsigned
+                    const unsigned int x2 = x * x; // |x| <= 2^15: x² fits 32 bits unsigned
+                    if (j < next_heap)
+                        pw += x2;
+                    else
+                        pw_next += x2;
                     float acc = 0.0f;
 #pragma unroll
                     for (int t = 0; t < TAPS; t++)
@@ -162,13 +233,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK) pfb_fir(
                     o[(i64)j * STEP] = acc;
                 }
             }
+            if (next_heap <= j0 + TAPS && next_heap < n)
+            {
+                // A heap ended in this group (at most one does: the host lets a run cross
+                // heaps only where they have at least TAPS spectra). Uniform over the block.
+                add_power(power + 2 * heap + pol, pw, STAGED);
+                pw = pw_next;
+                pw_next = 0;
+                heap++;
+                next_heap += HEAP_SPECTRA;
+            }
         }
 #undef SAMPLE
     }
-    // Digitiser power in 64-bit integers (seed 000): a warp sum, then one atomic per warp.
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        pw += __shfl_down_sync(0xffffffffu, pw, off);
-    if ((threadIdx.x & 31) == 0 && pw != 0)
-        atomicAdd(power + 2 * heap + pol, (u64)pw);
+    add_power(power + 2 * heap + pol, pw, true);
 }

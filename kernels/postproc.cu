@@ -18,8 +18,9 @@
 //   Z_k = Σ_r e^{−2πj·rp/n}·A_r,  conj(Z_{−k}) = Σ_r e^{−2πj·rp/n}·B_r,
 //   U = (Z_k + conj(Z_{−k}))/2,  V = (Z_k − conj(Z_{−k}))/2j,
 //   X_k = U + e^{−πjk/N}·V,  X_{N−k} = conj(U − e^{−πjk/N}·V).
-// A thread takes one s in [0, m/2] and all p, so every channel is produced exactly once when
-// X_{N−k} is dropped for s = 0 (it is the Nyquist bin or another p's X_k) and s = m/2.
+// A thread takes one s in [0, m/2) and all p, and X_{N−k} is dropped for s = 0 (it is the
+// Nyquist bin or another p's X_k); s = m/2, whose X_{N−k} are also other p's X_k, is the
+// grid's last column (mid_column). So every channel is produced exactly once.
 //
 // A block of 256 threads covers STILE values of s × 32 spectra; the results go through shared
 // memory so that each warp writes one channel's 32 spectra (128 contiguous bytes at 8 bits).
@@ -82,9 +83,9 @@ __device__ __forceinline__ float2 dither(unsigned int key, unsigned int channel_
     x ^= x >> 15;
     x *= 0x846ca68bu;
     x ^= x >> 16;
+    // b·2⁻¹⁶ − ½ with both steps exact, so one fused multiply-add gives the oracle's value.
     const float scale = 1.0f / 65536.0f;
-    return make_float2(__fsub_rn(__fmul_rn((float)(x >> 16), scale), 0.5f),
-                       __fsub_rn(__fmul_rn((float)(x & 0xffffu), scale), 0.5f));
+    return make_float2(__fmaf_rn((float)(x >> 16), scale, -0.5f), __fmaf_rn((float)(x & 0xffffu), scale, -0.5f));
 }
 
 #if OUT_BITS == 8
@@ -97,7 +98,7 @@ __device__ __forceinline__ float2 dither(unsigned int key, unsigned int channel_
 __device__ __forceinline__ int quantise(float v, float u, bool *clipped)
 {
     const float x = __fadd_rn(v, u);
-    *clipped |= !(x >= -QMAX && x <= QMAX);
+    *clipped |= !(fabsf(x) <= QMAX);
     return __float2int_rn(fminf(fmaxf(x, -QMAX), QMAX));
 }
 
@@ -111,6 +112,16 @@ __device__ __forceinline__ void put(int *word, int pol, int re, int im)
     reinterpret_cast<unsigned short *>(word)[pol] = (unsigned short)((re & 0xff) | ((im & 0xff) << 8));
 #else
     reinterpret_cast<unsigned char *>(word)[pol] = (unsigned char)(((re & 0xf) << 4) | (im & 0xf));
+#endif
+}
+
+// The same bits as `put` writes, in place in the word (for a word held in a register).
+__device__ __forceinline__ int pol_bits(int pol, int re, int im)
+{
+#if OUT_BITS == 8
+    return ((re & 0xff) | ((im & 0xff) << 8)) << (16 * pol);
+#else
+    return (((re & 0xf) << 4) | (im & 0xf)) << (8 * pol);
 #endif
 }
 
@@ -167,6 +178,192 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc_params(
         dts0[i] = ts0[i];
 }
 
+// The per-(spectrum, pol) terms every value of a row shares, computed once per block into
+// shared memory (seed 000 §Postprocessing; fengine_delay_convention.md §3): with θ_k/π =
+// ph.x·k + ph.y, e^{jθ_k} for k = p·m + s is e^{jθ_s}·step^p with step = e^{jπ·ph.x·m}, and
+// e^{jθ_{N−k}} = wn·conj(e^{jθ_k}) with wn = e^{jπ(ph.x·N + 2·ph.y)}; the dither key.
+struct RowTerms
+{
+    float2 ph, step, wn;
+    unsigned int key;
+};
+
+// The twiddles of one s, the rest derived from them per use (so that a thread holds 4
+// registers of twiddles, not 4·UNZIP, and three blocks of 256 fit an SM): e^{−2πj·rs/N} =
+// tw1^r, and e^{−πjk/N} for k = p·m + s is et0·e^{−πj·p/n}, p·4/n eighth turns.
+struct Twiddles
+{
+    float2 tw1, et0;
+};
+
+__device__ __forceinline__ Twiddles twiddles(int s)
+{
+    return {expjpi(-2.0f * (float)s / (float)CHANNELS), expjpi(-(float)s / (float)CHANNELS)};
+}
+
+// e^{−πj·e/4}·z for e in [0, 4).
+__device__ __forceinline__ float2 eighth_turns(float2 z, int e)
+{
+    const float h = 0.70710678118654752f; // √½
+    switch (e & 3)
+    {
+    case 0:
+        return z;
+    case 1: // (1 − j)/√2
+        return make_float2(h * (z.x + z.y), h * (z.y - z.x));
+    case 2: // −j
+        return make_float2(z.y, -z.x);
+    default: // (−1 − j)/√2
+        return make_float2(h * (z.y - z.x), -h * (z.x + z.y));
+    }
+}
+
+// One (spectrum, pol) of the thread's s: the UNZIP values of Z^r_s and Z^r_{m−s}, the last
+// Cooley–Tukey round, the real-to-complex fix-up, gains, delay phase, dither and quantisation.
+// emit(p, h, ch, re, im) places each value (h = 1: X_{N−k}, only when `mirror`); returns the
+// values clipped.
+template <typename Emit>
+__device__ __forceinline__ unsigned int channelise(const float2 *__restrict__ z, const float2 *__restrict__ g, int s,
+                                                   const Twiddles &t, const RowTerms &rt, bool mirror, Emit emit)
+{
+    const int sm = (SUBLEN - s) % SUBLEN;
+    float2 a[UNZIP], b[UNZIP];
+    float2 tw = t.tw1;
+#pragma unroll
+    for (int r = 0; r < UNZIP; r++)
+    {
+        const float2 zs = z[r * SUBLEN + s];
+        const float2 zm = z[r * SUBLEN + sm];
+        const float2 zc = make_float2(zm.x, -zm.y);
+        // e^{−2πj·rs/N} = tw1^r (r = 0: no rotation)
+        a[r] = r == 0 ? zs : cmul(tw, zs);
+        b[r] = r == 0 ? zc : cmul(tw, zc);
+        if (r > 0 && r + 1 < UNZIP)
+            tw = cmul(tw, t.tw1);
+    }
+    // Z_k and conj(Z_{−k}) for k = p·m + s: Σ_r e^{−2πj·rp/n}·A_r (and B_r). For n = 4 as a
+    // radix-4 butterfly (16 additions per array instead of 32).
+    float2 zk[UNZIP], zc[UNZIP];
+#if UNZIP == 4
+    {
+        const float2 *v[2] = {a, b};
+#pragma unroll
+        for (int w = 0; w < 2; w++)
+        {
+            const float2 *x = v[w];
+            float2 *o = w ? zc : zk;
+            const float2 s0 = make_float2(x[0].x + x[2].x, x[0].y + x[2].y);
+            const float2 d0 = make_float2(x[0].x - x[2].x, x[0].y - x[2].y);
+            const float2 s1 = make_float2(x[1].x + x[3].x, x[1].y + x[3].y);
+            const float2 d1 = turn(make_float2(x[1].x - x[3].x, x[1].y - x[3].y), 1); // −j·(x1 − x3)
+            o[0] = make_float2(s0.x + s1.x, s0.y + s1.y);
+            o[1] = make_float2(d0.x + d1.x, d0.y + d1.y);
+            o[2] = make_float2(s0.x - s1.x, s0.y - s1.y);
+            o[3] = make_float2(d0.x - d1.x, d0.y - d1.y);
+        }
+    }
+#else
+#pragma unroll
+    for (int p = 0; p < UNZIP; p++)
+    {
+        zk[p] = make_float2(0.0f, 0.0f);
+        zc[p] = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int r = 0; r < UNZIP; r++)
+        {
+            const float2 ta = turn(a[r], (r * p) % UNZIP);
+            const float2 tb = turn(b[r], (r * p) % UNZIP);
+            zk[p].x += ta.x;
+            zk[p].y += ta.y;
+            zc[p].x += tb.x;
+            zc[p].y += tb.y;
+        }
+    }
+#endif
+    float2 rot = expjpi(rt.ph.x * (float)s + rt.ph.y);
+    unsigned int nclip = 0;
+#pragma unroll
+    for (int p = 0; p < UNZIP; p++)
+    {
+        const float2 u = make_float2(0.5f * (zk[p].x + zc[p].x), 0.5f * (zk[p].y + zc[p].y));
+        // (Z − conj Z')/2j
+        const float2 v = make_float2(0.5f * (zk[p].y - zc[p].y), -0.5f * (zk[p].x - zc[p].x));
+        const int k = p * SUBLEN + s;
+        const float2 ev = cmul(eighth_turns(t.et0, p * (4 / UNZIP)), v);
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+        {
+            if (h == 1 && !mirror)
+                break;
+            const int ch = h ? CHANNELS - k : k;
+            const float2 x = h ? make_float2(u.x - ev.x, -(u.y - ev.y)) : make_float2(u.x + ev.x, u.y + ev.y);
+            // Y = (g·e^{jθ})·X
+            const float2 r = h ? cmul(rt.wn, make_float2(rot.x, -rot.y)) : rot;
+            const float2 y = cmul(cmul(g[ch & (CHANNELS - 1)], r), x);
+#if DITHER
+            const float2 d = dither(rt.key, (unsigned int)ch * 0x9e3779b9u);
+            const float d0 = d.x, d1 = d.y;
+#else
+            const float d0 = 0.0f, d1 = 0.0f;
+#endif
+            bool c = false;
+            const int qr = quantise(y.x, d0, &c);
+            const int qi = quantise(y.y, d1, &c);
+            nclip += c;
+            emit(p, h, ch, qr, qi);
+        }
+        if (p + 1 < UNZIP)
+            rot = cmul(rot, rt.step);
+    }
+    return nclip;
+}
+
+__device__ __forceinline__ RowTerms row_terms(const float2 *__restrict__ phase, const i64 *__restrict__ ts0, u64 seed,
+                                              int sp, int pol)
+{
+    RowTerms rt;
+    rt.ph = phase[pol * SPECTRA + sp];
+    rt.step = expjpi(rt.ph.x * (float)SUBLEN);
+    rt.wn = expjpi(rt.ph.x * (float)CHANNELS + 2.0f * rt.ph.y);
+#if DITHER
+    rt.key = dither_key(seed, ts0[sp / HEAP_SPECTRA] + (i64)(sp % HEAP_SPECTRA) * SPECTRUM_SAMPLES, pol);
+#else
+    rt.key = 0;
+#endif
+    return rt;
+}
+
+// s = m/2, whose X_{N−k} are other p's X_k, as X_0's are for s = 0: a column of its own (the
+// grid's last), so that the blocks of the other values of s are whole. One thread per spectrum
+// (TILE·THREADS/32 spectra per block, the rest of the column's blocks idle), both pols, each
+// word stored straight to its heap (consecutive spectra: coalesced); clips counted per value.
+// Not inlined: inlined beside the tiled path it made ptxas spill 8 bytes at 40 registers on
+// sm_80 for n = 2 shapes (the compile check refuses spills).
+__device__ __noinline__ void mid_column(unsigned char *__restrict__ out, const float2 *__restrict__ in,
+                                           const float2 *__restrict__ gains, const float2 *__restrict__ phase,
+                                           const i64 *__restrict__ ts0, u64 seed, u64 *__restrict__ stats)
+{
+    const int sp = blockIdx.y * THREADS + threadIdx.x;
+    if (sp >= SPECTRA)
+        return;
+    const int s = SUBLEN / 2, hp = sp / HEAP_SPECTRA;
+    const Twiddles t = twiddles(s);
+    int words[UNZIP] = {};
+#pragma unroll
+    for (int pol = 0; pol < 2; pol++)
+    {
+        const RowTerms rt = row_terms(phase, ts0, seed, sp, pol);
+        const unsigned int c = channelise(in + (i64)(pol * SPECTRA + sp) * CHANNELS, gains + (hp * 2 + pol) * CHANNELS,
+                                          s, t, rt, false,
+                                          [&](int p, int, int, int re, int im) { words[p] |= pol_bits(pol, re, im); });
+        if (c)
+            atomicAdd(stats + hp * 4 + pol, (u64)c);
+    }
+#pragma unroll
+    for (int p = 0; p < UNZIP; p++)
+        store_word(out, p * SUBLEN + s, sp, words[p]);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) postproc(
     unsigned char *__restrict__ out,     // [heap] CHANNELS × HEAP_SPECTRA × 2 pols × (re, im)
     const float2 *__restrict__ in,       // cuFFT output (see above)
@@ -179,141 +376,47 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
     u64 *__restrict__ stats)             // [heap][clips pol 0, clips pol 1, power 0, power 1];
                                          // clip counts accumulate (the host takes differences)
 {
-    __shared__ int tile[2 * UNZIP][STILE][TILE + 1];
-    __shared__ float2 sphase[2][TILE];           // this block's delay terms
-#if DITHER
-    // First timestamps of the heaps this block's spectra belong to (usually one: a heap of
-    // HEAP_SPECTRA >= 32 spectra).
-    __shared__ i64 sts0[TILE + 1];
-    const int hp0 = blockIdx.y * TILE / HEAP_SPECTRA;
-#endif
-    __shared__ unsigned int sclip[TILE][2];      // clipped values per spectrum and pol
+    if (blockIdx.x == 0 && blockIdx.y == 0)
+        move_power(stats, power, threadIdx.x);
+    if (blockIdx.x == gridDim.x - 1)
     {
-        const int t = threadIdx.x;
-        const int sp = blockIdx.y * TILE + t % TILE;
-        if (t < 2 * TILE && sp < SPECTRA)
-            sphase[t / TILE][t % TILE] = phase[(t / TILE) * SPECTRA + sp];
-#if DITHER
-        {
-            const int last = min(blockIdx.y * TILE + TILE, SPECTRA) - 1;
-            const int h = t - 2 * TILE;
-            if (h >= 0 && hp0 + h <= last / HEAP_SPECTRA)
-                sts0[h] = ts0[hp0 + h];
-        }
-#endif
-        if (t >= 3 * TILE && t < 5 * TILE)
-            sclip[t % TILE][(t / TILE) & 1] = 0;
-        if (blockIdx.x == 0 && blockIdx.y == 0)
-            move_power(stats, power, t);
+        mid_column(out, in, gains, phase, ts0, seed, stats);
+        return;
+    }
+    __shared__ int tile[2 * UNZIP][STILE][TILE + 1];
+    __shared__ RowTerms srow[2][TILE];
+    __shared__ unsigned int sclip[TILE][2];      // clipped values per spectrum and pol
+    const int lin = threadIdx.x, lane = lin & 31, warp = lin >> 5;
+    const int sp0 = blockIdx.y * TILE;
+    if (lin < 2 * TILE)
+    {
+        const int pol = lin / TILE, r = lin % TILE;
+        if (sp0 + r < SPECTRA)
+            srow[pol][r] = row_terms(phase, ts0, seed, sp0 + r, pol);
+        sclip[r][pol] = 0;
     }
     __syncthreads();
-    const int lin = threadIdx.x, lane = lin & 31, warp = lin >> 5;
     const int sx = lin % STILE;
     const int s = blockIdx.x * STILE + sx;
-    const int sp0 = blockIdx.y * TILE;
-    const bool active = s <= SUBLEN / 2;
-    const bool mirror = s != 0 && 2 * s != SUBLEN; // X_{N−k} is produced here
-
-    if (active)
+    if (s < SUBLEN / 2)
     {
-        const int sm = (SUBLEN - s) % SUBLEN;
-        // Twiddles depend on s alone: e^{−2πj·rs/N} per r, e^{−πjk/N} per p.
-        float2 tw[UNZIP], et[UNZIP];
-#if DITHER
-        unsigned int ckey[UNZIP][2]; // channel part of the dither key, for X_k and X_{N−k}
-#endif
-#pragma unroll
-        for (int r = 0; r < UNZIP; r++)
-        {
-            tw[r] = expjpi(-2.0f * (float)(r * s) / (float)CHANNELS);
-            const int k = r * SUBLEN + s;
-            et[r] = expjpi(-(float)k / (float)CHANNELS);
-#if DITHER
-            ckey[r][0] = (unsigned int)k * 0x9e3779b9u;
-            ckey[r][1] = (unsigned int)(CHANNELS - k) * 0x9e3779b9u;
-#endif
-        }
+        const Twiddles t = twiddles(s);
         for (int row = lin / STILE; row < TILE; row += THREADS / STILE)
         {
             const int sp = sp0 + row;
             if (sp >= SPECTRA)
                 break;
-            unsigned int nclip[2] = {0, 0};
-#pragma unroll
+            const int hp = sp / HEAP_SPECTRA;
+#pragma unroll 1
             for (int pol = 0; pol < 2; pol++)
             {
-                const float2 *z = in + (i64)(pol * SPECTRA + sp) * CHANNELS;
-                float2 a[UNZIP], b[UNZIP];
-#pragma unroll
-                for (int r = 0; r < UNZIP; r++)
-                {
-                    const float2 zs = z[r * SUBLEN + s];
-                    const float2 zm = z[r * SUBLEN + sm];
-                    a[r] = cmul(tw[r], zs);
-                    b[r] = cmul(tw[r], make_float2(zm.x, -zm.y));
-                }
-                // e^{jθ_k} with θ_k/π = ph.x·k + ph.y (fengine_delay_convention.md §3), from
-                // three sincospi per row and pol instead of one per value: for k = p·m + s,
-                // e^{jθ_k} = e^{jθ_s}·(e^{jπ·ph.x·m})^p, and e^{jθ_{N−k}} = w·conj(e^{jθ_k})
-                // with w = e^{jπ(ph.x·N + 2·ph.y)}.
-                const float2 ph = sphase[pol][row];
-                float2 rot = expjpi(ph.x * (float)s + ph.y);
-                const float2 step = expjpi(ph.x * (float)SUBLEN);
-                const float2 wn = expjpi(ph.x * (float)CHANNELS + 2.0f * ph.y);
-#if DITHER
-                const i64 ts = sts0[sp / HEAP_SPECTRA - hp0] + (i64)(sp % HEAP_SPECTRA) * SPECTRUM_SAMPLES;
-                const unsigned int skey = dither_key(seed, ts, pol);
-#endif
-#pragma unroll
-                for (int p = 0; p < UNZIP; p++)
-                {
-                    float2 zk = make_float2(0.0f, 0.0f), zc = make_float2(0.0f, 0.0f);
-#pragma unroll
-                    for (int r = 0; r < UNZIP; r++)
-                    {
-                        const float2 ta = turn(a[r], (r * p) % UNZIP);
-                        const float2 tb = turn(b[r], (r * p) % UNZIP);
-                        zk.x += ta.x;
-                        zk.y += ta.y;
-                        zc.x += tb.x;
-                        zc.y += tb.y;
-                    }
-                    const float2 u = make_float2(0.5f * (zk.x + zc.x), 0.5f * (zk.y + zc.y));
-                    // (Z − conj Z')/2j
-                    const float2 v = make_float2(0.5f * (zk.y - zc.y), -0.5f * (zk.x - zc.x));
-                    const int k = p * SUBLEN + s;
-                    const float2 ev = cmul(et[p], v);
-                    const float2 xk = make_float2(u.x + ev.x, u.y + ev.y);
-                    const float2 xn = make_float2(u.x - ev.x, -(u.y - ev.y));
-                    const int kn = CHANNELS - k;
-                    const float2 rotn = cmul(wn, make_float2(rot.x, -rot.y));
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-                    {
-                        const int ch = h ? kn : k;
-                        const float2 x = h ? xn : xk;
-                        // Y = (g·e^{jθ})·X
-                        const float2 g = gains[((sp / HEAP_SPECTRA) * 2 + pol) * CHANNELS + (ch & (CHANNELS - 1))];
-                        const float2 y = cmul(cmul(g, h ? rotn : rot), x);
-#if DITHER
-                        const float2 d = dither(skey, ckey[p][h]);
-                        const float d0 = d.x, d1 = d.y;
-#else
-                        const float d0 = 0.0f, d1 = 0.0f;
-#endif
-                        bool c = false;
-                        const int qr = quantise(y.x, d0, &c);
-                        const int qi = quantise(y.y, d1, &c);
-                        if (h == 0 || mirror)
-                            nclip[pol] += c;
-                        put(&tile[h * UNZIP + p][sx][row], pol, qr, qi);
-                    }
-                    rot = cmul(rot, step);
-                }
+                const unsigned int c = channelise(
+                    in + (i64)(pol * SPECTRA + sp) * CHANNELS, gains + (hp * 2 + pol) * CHANNELS, s, t,
+                    srow[pol][row], s != 0,
+                    [&](int p, int h, int, int re, int im) { put(&tile[h * UNZIP + p][sx][row], pol, re, im); });
+                if (c)
+                    atomicAdd(&sclip[row][pol], c);
             }
-            for (int pol = 0; pol < 2; pol++)
-                if (nclip[pol])
-                    atomicAdd(&sclip[row][pol], nclip[pol]);
         }
     }
     __syncthreads();
@@ -322,17 +425,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc(
     {
         const int h = rowid / STILE, sr = rowid % STILE;
         const int ss = blockIdx.x * STILE + sr;
-        if (ss > SUBLEN / 2)
+        if (ss >= SUBLEN / 2 || (h >= UNZIP && ss == 0))
             continue;
-        int ch;
-        if (h < UNZIP)
-            ch = h * SUBLEN + ss;
-        else
-        {
-            if (ss == 0 || 2 * ss == SUBLEN)
-                continue;
-            ch = CHANNELS - ((h - UNZIP) * SUBLEN + ss);
-        }
+        const int ch = h < UNZIP ? h * SUBLEN + ss : CHANNELS - ((h - UNZIP) * SUBLEN + ss);
         const int sp = sp0 + lane;
         if (sp < SPECTRA)
             store_word(out, ch, sp, tile[h][sr][lane]);

@@ -48,6 +48,8 @@ pub struct GpuBackend {
     /// Digitiser samples from one spectrum to the next, and spectra per heap.
     step: usize,
     heap_spectra: usize,
+    /// Whether a front-end run may go on across heaps (`Front::runs_cross_heaps`).
+    cross_heaps: bool,
     /// The input slots this output shares, and the chunk it holds from `load` to `release`.
     input: SharedInput,
     hold: Option<InputHold>,
@@ -171,6 +173,7 @@ impl GpuBackend {
             back: BackEnd::new(Arc::clone(&gpu), fft, post, convention, step, &cfg)?,
             step,
             heap_spectra: hs,
+            cross_heaps: front.runs_cross_heaps(hs),
             input: input.clone(),
             hold: None,
             frames: st.alloc_zeros(2 * hs * batch * front.frame_values())?,
@@ -226,7 +229,6 @@ impl GpuBackend {
             k,
             count,
             section: self.section,
-            heap: k / self.heap_spectra,
         };
         let hold = self
             .hold
@@ -345,12 +347,14 @@ impl Backend for GpuBackend {
 
     fn front_end(&mut self, pol: usize, offset: usize, k: usize) -> Result<(), BackendError> {
         let step = self.step;
-        // Slot k of the heap being assembled is spectrum k of heap `pending` of the batch; a
-        // run never crosses heaps (each has its own power counter).
-        let first = k == 0;
+        // Slot k of the heap being assembled is spectrum k of heap `pending` of the batch. A
+        // run goes on across the batch's heaps while the input is contiguous (the kernel adds
+        // each heap's power to its own counter), so the PFB launches once per batch, not per
+        // heap (a heap of 32 spectra at 32768 channels gave the GPU 512 blocks of 32 spectra).
+        let joins = k > 0 || self.cross_heaps;
         let k = self.back.pending() * self.heap_spectra + k;
         match &mut self.runs[pol] {
-            Some(r) if !first && offset == r.offset + r.count * step && k == r.k + r.count => {
+            Some(r) if joins && offset == r.offset + r.count * step && k == r.k + r.count => {
                 r.count += 1
             }
             _ => {
@@ -368,7 +372,15 @@ impl Backend for GpuBackend {
     }
 
     fn discard(&mut self) -> Result<(), BackendError> {
-        self.runs = [None, None];
+        // Drop the heap being assembled from the pending runs; earlier heaps of the batch in
+        // them stay.
+        let base = self.back.pending() * self.heap_spectra;
+        for run in &mut self.runs {
+            *run = run.filter(|r| r.k < base).map(|r| Run {
+                count: r.count.min(base - r.k),
+                ..r
+            });
+        }
         let at = 2 * self.back.pending();
         Ok(self
             .gpu
@@ -377,7 +389,10 @@ impl Backend for GpuBackend {
     }
 
     fn back_end(&mut self, input: &BackEndInput<'_>) -> Result<(), BackendError> {
-        self.flush_runs()?;
+        // The batch's FFT reads every frame: its spectra must all be in before it launches.
+        if self.back.fills_batch() {
+            self.flush_runs()?;
+        }
         Ok(self.back.submit(&mut self.frames, &mut self.power, input)?)
     }
 

@@ -106,6 +106,11 @@ impl BackEnd {
         self.pending
     }
 
+    /// Whether submitting the heap being filled launches the batch.
+    pub fn fills_batch(&self) -> bool {
+        self.pending + 1 == self.batch
+    }
+
     /// The batched C2C FFT of every frame, in place.
     pub fn fft(&mut self, frames: &mut CudaSlice<f32>) -> Result<(), GpuError> {
         self.fft.forward(frames)

@@ -31,7 +31,8 @@ pub type DdcChoice<'a> = dyn FnMut(&Gpu, DdcShape) -> DdcTuning + 'a;
 const NARROWBAND_SECTION: usize = 8;
 
 /// One launch of a front end: `count` consecutive spectra of one or both polarisations
-/// into frame slots k.., windows starting at digitiser sample `starts[p]` of the chunk.
+/// into frame slots k.. (across the batch's heaps: the wideband kernel adds each heap's
+/// power to its own counter), windows starting at digitiser sample `starts[p]` of the chunk.
 #[derive(Debug, Clone, Copy)]
 pub struct FrontRun {
     pub first_pol: usize,
@@ -41,8 +42,6 @@ pub struct FrontRun {
     pub count: usize,
     /// Spectra per thread (wideband; the narrowband PFB picks its own).
     pub section: usize,
-    /// The heap of the batch whose power counter these spectra add to.
-    pub heap: usize,
 }
 
 pub enum Front {
@@ -73,6 +72,16 @@ pub struct NarrowbandFront {
 }
 
 impl Front {
+    /// Whether one launch may cover spectra of several heaps of `heap_spectra` spectra: the
+    /// wideband kernel separates the power of at most one heap boundary per group of TAPS
+    /// spectra; the narrowband front end keeps no power.
+    pub fn runs_cross_heaps(&self, heap_spectra: usize) -> bool {
+        match self {
+            Front::Wideband { pfb, .. } => heap_spectra >= pfb.taps(),
+            Front::Narrowband(_) => true,
+        }
+    }
+
     pub fn wideband(
         gpu: &Gpu,
         output: &WidebandOutput,
@@ -88,6 +97,7 @@ impl Front {
                 sample_bits: cfg.sample_bits,
                 unzip: cfg.unzip,
                 spectra,
+                heap_spectra: cfg.spectra_per_heap,
             },
         )?;
         let weights = gpu.compute.clone_htod(&pfb_weights(
@@ -213,7 +223,6 @@ impl Front {
                     k: run.k,
                     count: run.count,
                     section: run.section,
-                    heap: run.heap,
                 },
             ),
             Front::Narrowband(n) => {

@@ -52,8 +52,9 @@ pub struct GpuConfig {
     pub depth: usize,
 }
 
-/// Heaps per back-end launch: enough for 256 spectra, below which post-processing was
-/// measured at a fraction of its bandwidth (bench/gpu-notes.md).
+/// Heaps per back-end launch: enough for 1024 spectra. Post-processing was measured at a
+/// fraction of its bandwidth below 256 (bench/gpu-notes.md v7), and a PFB launch of 256
+/// spectra at 4096 channels fills only a quarter of an H100's block slots (v15).
 pub fn default_batch(spectra_per_heap: usize) -> usize {
-    256usize.div_ceil(spectra_per_heap).max(1)
+    1024usize.div_ceil(spectra_per_heap).max(1)
 }

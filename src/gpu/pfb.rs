@@ -18,11 +18,13 @@ pub struct PfbShape {
     pub taps: usize,
     pub sample_bits: u32,
     pub unzip: usize,
-    /// Spectra the frames buffer holds per polarisation.
+    /// Spectra the frames buffer holds per polarisation, and spectra per heap (a launch may
+    /// cover several heaps; each has its own power counter).
     pub spectra: usize,
+    pub heap_spectra: usize,
 }
 
-/// One launch: `count` consecutive spectra into frame slots k.., of one polarisation
+/// One launch: `count` consecutive spectra into frame slots k.. (across heaps), of one polarisation
 /// (`first_pol`, `pols` = 1) or both (`pols` = 2), windows starting at sample `starts[p]`.
 #[derive(Debug, Clone, Copy)]
 pub struct PfbRun {
@@ -34,8 +36,6 @@ pub struct PfbRun {
     pub count: usize,
     /// Spectra per thread.
     pub section: usize,
-    /// The heap of the batch whose power counter these spectra add to.
-    pub heap: usize,
 }
 
 /// The compiled kernel.
@@ -57,6 +57,14 @@ fn staged_row_bytes(sample_bits: u32) -> usize {
     (BLOCK * sample_bits as usize / 8 + 17).next_multiple_of(16)
 }
 
+/// Blocks a launch should have before its section is shortened no further: two waves of
+/// four 256-thread blocks per SM on a 132-SM H100.
+const FULL_GRID: usize = 1024;
+
+/// The shortest section the split goes to: shorter ones re-read a larger share of history
+/// (TAPS − 1 rows per section) than the extra blocks gain.
+const MIN_SPLIT_SECTION: usize = 32;
+
 /// Shared memory a block may take without opting in to more (CUDA's default limit).
 const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -68,6 +76,7 @@ impl Pfb {
             ("SAMPLE_BITS", i64::from(s.sample_bits)),
             ("UNZIP", s.unzip as i64),
             ("SPECTRA", s.spectra as i64),
+            ("HEAP_SPECTRA", s.heap_spectra as i64),
         ];
         let step = 2 * s.channels;
         let whole_rows = (step * s.sample_bits as usize) % 8 == 0;
@@ -77,6 +86,11 @@ impl Pfb {
             taps: s.taps,
             staged_row: (whole_rows && step % BLOCK == 0).then(|| staged_row_bytes(s.sample_bits)),
         })
+    }
+
+    /// Filter taps.
+    pub fn taps(&self) -> usize {
+        self.taps
     }
 
     pub fn launch(
@@ -89,6 +103,13 @@ impl Pfb {
         run: PfbRun,
     ) -> Result<(), GpuError> {
         let mut section = run.section.clamp(1, run.count.max(1));
+        // A launch of few spectra (the engine's batch) gets shorter sections, down to 32, until
+        // it has a few waves of blocks: at 4096 channels a batch of 512 spectra in sections of
+        // 128 gave an H100 256 blocks for its 528 slots (bench/gpu-notes.md v15).
+        let columns = self.step.div_ceil(BLOCK) * run.pols;
+        while section > MIN_SPLIT_SECTION && columns * run.count.div_ceil(section) < FULL_GRID {
+            section /= 2;
+        }
         let mut shared = 0;
         if let Some(row) = self.staged_row {
             // A staged block holds its section's window rows: fewer spectra per block where
@@ -111,12 +132,11 @@ impl Pfb {
             run.starts[1] as i64,
             run.pol_stride as i64,
         );
-        let (first, k, count, section, heap) = (
+        let (first, k, count, section) = (
             run.first_pol as i32,
             run.k as i32,
             run.count as i32,
             section as i32,
-            run.heap as i32,
         );
         let mut b = st.launch_builder(&self.func);
         b.arg(frames)
@@ -130,8 +150,7 @@ impl Pfb {
             .arg(&first)
             .arg(&k)
             .arg(&count)
-            .arg(&section)
-            .arg(&heap);
+            .arg(&section);
         // SAFETY: the arguments match pfb_fir's signature; the caller keeps every window
         // inside the input slot and every slot inside the frames and power buffers.
         unsafe { b.launch(cfg) }?;

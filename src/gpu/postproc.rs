@@ -52,7 +52,8 @@ pub struct Postproc {
 impl Postproc {
     pub fn new(gpu: &Gpu, s: PostprocShape) -> Result<Postproc, GpuError> {
         let n = s.unzip;
-        let values_of_s = s.channels / n / 2 + 1;
+        // s in [0, m/2) in tiles; s = m/2 in a column of its own (the grid's last).
+        let values_of_s = s.channels / n / 2;
         // Blocks of 32 values of s × 32 spectra, unless that leaves the GPU short of blocks
         // (a heap of few spectra, as at 32768 channels): then 8 values of s.
         let stile = if values_of_s.div_ceil(32) * s.spectra.div_ceil(32) >= 1024 {
@@ -77,7 +78,7 @@ impl Postproc {
             None => (
                 "postproc",
                 (
-                    values_of_s.div_ceil(stile) as u32,
+                    values_of_s.div_ceil(stile) as u32 + 1,
                     s.spectra.div_ceil(32) as u32,
                     1,
                 ),

@@ -514,6 +514,23 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             gain: 1.0,
             ..base
         },
+        // PFB launches across a batch's heaps (heaps of at least TAPS spectra): heap
+        // boundaries inside a group of TAPS spectra and inside a block's section, each heap's
+        // power to its own counter; staged (256 columns) and direct (64 columns) kernels.
+        Shape {
+            channels: 4096,
+            spectra: 40,
+            heaps: 5,
+            batch: 3,
+            ..base
+        },
+        Shape {
+            taps: 4,
+            spectra: 6,
+            heaps: 7,
+            batch: 4,
+            ..base
+        },
     ] {
         checks.push(check_backend(gpu, &mut rng, sh)?);
     }
