@@ -102,7 +102,7 @@ impl BufRing {
         let i = usize::from(self.tail & (RING_BUFFERS - 1));
         // SAFETY: i < RING_BUFFERS; the slot at the tail is not one the kernel may still read,
         // since at most RING_BUFFERS buffers are ever in the ring (each bid is pushed once at
-        // the start and again only after the kernel handed it back).
+        // the start and again only after the kernel handed it back and no batch holds it).
         let e = unsafe { &mut *self.entries.add(i) };
         e.set_addr(addr);
         e.set_len(len);
@@ -360,8 +360,9 @@ impl UringReceiver {
     }
 
     /// One pass: arm, wait up to a poll interval for a completion unless some are queued, and
-    /// lend what is queued to `batch`. False when no datagram came but a request ended (try
-    /// again at once).
+    /// lend what is queued to `batch` (empty: a second pass comes only after a first that
+    /// took nothing, so every completion taken finds room). False when no datagram came but a
+    /// request ended (try again at once).
     fn take(&mut self, batch: &mut RecvBatch) -> io::Result<bool> {
         self.take_back();
         self.ring_buffers.publish();
