@@ -118,3 +118,43 @@ fn socket_overflow_is_counted_exactly() {
     assert_eq!(drain(&mut rx, &mut batch).len(), 1);
     assert_eq!(rx.kernel_drops(), SENT - got);
 }
+
+/// The buffers a batch holds are the batch's until it is cleared: datagrams received into
+/// other batches meanwhile (four times the ring's 256 buffers) leave its packets as they were,
+/// and they stay readable after the receiver is gone (the batch keeps the memory alive).
+#[test]
+fn a_batch_keeps_its_lent_buffers_until_cleared() {
+    let mut rx = UringReceiver::bind(&[any()], None, 64 << 20, MAX_PACKET).unwrap();
+    let dst = rx.local_addr().unwrap();
+    let mut kept = RecvBatch::new(64, rx.slot_size(MAX_PACKET));
+    let mut other = RecvBatch::new(64, rx.slot_size(MAX_PACKET));
+    assert!(drain(&mut rx, &mut other).is_empty());
+    let tx = UdpSocket::bind(any()).unwrap();
+    for i in 0..32 {
+        tx.send_to(&datagram(i), dst).unwrap();
+    }
+    let mut first = Vec::new();
+    while first.len() < 32 {
+        match rx.recv_batch(&mut kept).unwrap() {
+            Received::Packets(_) => first.extend(kept.iter().map(<[u8]>::to_vec)),
+            _ => panic!("datagrams lost: {} of 32", first.len()),
+        }
+    }
+    let held: Vec<Vec<u8>> = kept.iter().map(<[u8]>::to_vec).collect();
+    assert!(!held.is_empty());
+    const MORE: u32 = 1024;
+    for i in 32..32 + MORE {
+        tx.send_to(&datagram(i), dst).unwrap();
+    }
+    assert_eq!(drain(&mut rx, &mut other).len(), MORE as usize);
+    drop(rx);
+    let now: Vec<Vec<u8>> = kept.iter().map(<[u8]>::to_vec).collect();
+    assert_eq!(
+        now, held,
+        "a lent buffer was written while the batch held it"
+    );
+    for g in &now {
+        let i = u32::from_le_bytes(g[..4].try_into().unwrap());
+        assert_eq!(g, &datagram(i));
+    }
+}

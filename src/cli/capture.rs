@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::CliError;
 use crate::engine::recv::{apply_busy_poll, check_busy_poll, open_dpdk, RecvTransport};
+use crate::engine::recv_numa;
 use crate::engine::{check_seconds, Shutdown};
 use crate::net::dpdk::DpdkConfig;
 use crate::net::frame::{FrameDrop, FrameDrops};
@@ -44,6 +45,10 @@ pub struct CaptureArgs {
     /// with `dpdk` and `ibv`, whose receive loops poll already.
     #[arg(long, value_name = "µs")]
     pub recv_busy_poll: Option<u32>,
+    /// NUMA node for the receive memory (packet slots, io_uring buffers) [default: the node
+    /// of the --interface NIC, from /sys/class/net/<if>/device/numa_node; else not bound].
+    #[arg(long, value_name = "NODE")]
+    pub recv_numa_node: Option<u32>,
     #[command(flatten)]
     pub dpdk: super::dpdk::DpdkArgs,
     /// Stop after this many heaps.
@@ -88,6 +93,7 @@ impl CaptureArgs {
             transport: self.recv_transport,
             max_packet: self.packet_size,
             busy_poll: self.recv_busy_poll,
+            numa_node: self.recv_numa_node,
             dpdk,
         }
     }
@@ -200,6 +206,8 @@ pub struct SourceOptions<'a> {
     pub max_packet: usize,
     /// `--recv-busy-poll`, as for the engines (`engine::recv`).
     pub busy_poll: Option<u32>,
+    /// `--recv-numa-node`, as for the engines (`engine::recv_numa`).
+    pub numa_node: Option<u32>,
     pub dpdk: Option<&'a DpdkConfig>,
 }
 
@@ -214,10 +222,12 @@ pub fn open_source(
         transport,
         max_packet,
         busy_poll,
+        numa_node,
         dpdk,
     } = opts;
     let path = Path::new(src);
     check_busy_poll(busy_poll, transport, path.is_file())?;
+    recv_numa::check_forced(numa_node)?;
     if path.is_file() {
         let r = PcapReceiver::open(path, &[])
             .map_err(|e| CliError::flag("src", format!("{src}: {e}")))?;
@@ -225,7 +235,7 @@ pub fn open_source(
     }
     let eps = parse_endpoints(src)
         .map_err(|e| CliError::flag("src", format!("{e} (and no such file)")))?;
-    let r: Box<dyn PacketReceiver> = match transport {
+    let mut r: Box<dyn PacketReceiver> = match transport {
         RecvTransport::Udp => {
             let mut r = UdpReceiver::bind(&eps, interface, buffer)
                 .map_err(|e| CliError::flag("src", format!("cannot receive on {src}: {e}")))?;
@@ -249,6 +259,7 @@ pub fn open_source(
             ))
         }
     };
+    recv_numa::bind_sources(numa_node, std::slice::from_mut(&mut r))?;
     Ok((r, eps[0]))
 }
 
@@ -287,6 +298,7 @@ pub fn run(args: CaptureArgs) -> Result<(), CliError> {
         ..Default::default()
     });
     let mut batch = RecvBatch::new(64, source.slot_size(args.packet_size));
+    recv_numa::bind_slots(&batch, args.recv_numa_node, &*source)?;
     let mut heaps = Vec::new();
     let mut n_heaps = 0u64;
     let start = Instant::now();
@@ -466,5 +478,48 @@ mod tests {
         );
         assert_eq!(flag, "--recv-busy-poll");
         assert!(message.contains("EPERM"), "{message}");
+    }
+
+    /// `--recv-numa-node` as the engines have it (`engine::recv_numa`'s tests): a node this
+    /// host lacks is refused naming the flag before anything is opened (a pcap file too); node
+    /// 0 (every host has one) opens, and the packet slots read back bound there from the
+    /// kernel; binding to a node that passed no check is refused naming the flag.
+    #[test]
+    fn recv_numa_node_binds_the_slots_or_is_refused_naming_the_flag() {
+        let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let src = free.local_addr().unwrap().to_string();
+        drop(free);
+        let pcap = std::env::temp_dir().join(format!("cbf-numa-{}.pcap", std::process::id()));
+        std::fs::write(&pcap, b"").unwrap();
+        for (t, at) in [
+            ("udp", &src),
+            ("uring", &src),
+            ("udp", &pcap.display().to_string()),
+        ] {
+            let flags = ["--recv-transport", t, "--recv-numa-node", "1000"];
+            let (flag, message) = refused_flag(open_with(&flags, at));
+            assert_eq!(flag, "--recv-numa-node", "{t} {at}: {message}");
+            assert!(message.contains("no NUMA node 1000"), "{message}");
+        }
+        std::fs::remove_file(&pcap).unwrap();
+        for t in ["udp", "uring"] {
+            let flags = [
+                "--buffer",
+                "65536",
+                "--recv-transport",
+                t,
+                "--recv-numa-node",
+                "0",
+            ];
+            let source = open_with(&flags, &src).unwrap();
+            let mut batch = RecvBatch::new(4, source.slot_size(1500));
+            recv_numa::bind_slots(&batch, Some(0), &*source).unwrap();
+            let got = crate::net::numa::area_binding(batch.raw_parts().0).unwrap();
+            assert!(got.bound && got.nodes == [0], "{t}: {got:?}");
+            match recv_numa::bind_slots(&batch, Some(1000), &*source) {
+                Err(e) => assert_eq!(e.flag, "--recv-numa-node", "{e}"),
+                Ok(()) => panic!("{t}: bound to node 1000"),
+            }
+        }
     }
 }

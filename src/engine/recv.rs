@@ -213,22 +213,24 @@ fn open_unplaced(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, Con
                 RecvTransport::Ibv => {
                     let cv = &cfg.comp_vectors;
                     let vector = if cv.is_empty() { 0 } else { cv[t % cv.len()] };
-                    open_ibv(&mine, iface, cfg.buffer, vector)
+                    open_ibv(&mine, iface, cfg.buffer, vector, cfg.numa_node)
                 }
             }
         })
         .collect()
 }
 
-/// One ibverbs receiver for `eps` on `iface` (katgpucbf's `--recv-ibv`).
+/// One ibverbs receiver for `eps` on `iface` (katgpucbf's `--recv-ibv`), its registered
+/// slots on `numa_node` (`--recv-numa-node`) or its device's node.
 #[cfg(feature = "ibv")]
 fn open_ibv(
     eps: &[std::net::SocketAddrV4],
     iface: Option<&str>,
     buffer: usize,
     comp_vector: i32,
+    numa_node: Option<u32>,
 ) -> Result<Box<dyn PacketReceiver>, ConfigError> {
-    use crate::net::ibv::{rdma_devices, IbvReceiver};
+    use crate::net::ibv::{rdma_devices, IbvError, IbvReceiver};
     // First whether this host has RDMA at all, so that the refusal says so.
     rdma_devices().map_err(|e| ConfigError::new("--recv-ibv", e))?;
     let iface = iface.ok_or_else(|| {
@@ -237,9 +239,12 @@ fn open_ibv(
             "--recv-ibv needs the interface to receive on",
         )
     })?;
-    IbvReceiver::open(eps, iface, buffer, MAX_PACKET, comp_vector)
+    IbvReceiver::open(eps, iface, buffer, MAX_PACKET, comp_vector, numa_node)
         .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
-        .map_err(|e| ConfigError::new("--recv-ibv", e))
+        .map_err(|e| match e {
+            IbvError::Numa(_) => ConfigError::new("--recv-numa-node", e),
+            _ => ConfigError::new("--recv-ibv", e),
+        })
 }
 
 #[cfg(not(feature = "ibv"))]
@@ -248,6 +253,7 @@ fn open_ibv(
     _: Option<&str>,
     _: usize,
     _: i32,
+    _: Option<u32>,
 ) -> Result<Box<dyn PacketReceiver>, ConfigError> {
     Err(ConfigError::new("--recv-ibv", crate::net::IBV_NOT_BUILT))
 }

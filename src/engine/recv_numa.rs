@@ -89,10 +89,24 @@ pub fn bind_chunks(
 /// Bind a receive thread's packet slots to the forced node or its source's NIC's; a failure
 /// was reported when the chunks were bound, so it is only logged here.
 pub fn bind_batch(batch: &RecvBatch, forced: Option<u32>, source: &dyn PacketReceiver) {
-    if let Some(node) = forced.or(source.numa_node()) {
-        if let Err(e) = batch.bind_to_node(node) {
-            tracing::warn!(error = %e, node, "receive slots not bound to NUMA node");
-        }
+    if let Err(e) = bind_slots(batch, forced, source) {
+        tracing::warn!(error = %e, "receive slots not bound to NUMA node");
+    }
+}
+
+/// Bind packet slots that are the only receive memory (`cbf capture`, which has no chunks):
+/// a failure is an error naming the flag when the node was forced, else logged.
+pub fn bind_slots(
+    batch: &RecvBatch,
+    forced: Option<u32>,
+    source: &dyn PacketReceiver,
+) -> Result<(), ConfigError> {
+    match forced.or(source.numa_node()) {
+        Some(node) => match batch.bind_to_node(node) {
+            Ok(()) => Ok(()),
+            Err(e) => failed(forced.is_some(), "receive slots", e),
+        },
+        None => Ok(()),
     }
 }
 

@@ -6,7 +6,8 @@
 //! tests), [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
 //! and corruption in front of any receiver. [`frame`] parses and builds the Ethernet/IPv4/UDP
 //! headers that the kernel handles for the socket transports and frame-level ones must handle
-//! themselves. [`numa`] finds the NIC's NUMA node and binds receive memory to it.
+//! themselves. [`numa`] finds the NIC's NUMA node and binds receive memory to it. [`recv_batch`]
+//! holds what one receive call produced, copied or lent.
 
 pub mod dpdk;
 pub mod endpoint;
@@ -17,6 +18,7 @@ pub mod ibv;
 pub mod mem;
 pub mod numa;
 pub mod pcap;
+pub mod recv_batch;
 pub(crate) mod recv_socket;
 pub mod udp;
 pub mod uring;
@@ -24,6 +26,7 @@ pub mod uring;
 use std::io;
 
 pub use endpoint::{parse_endpoints, EndpointError};
+pub use recv_batch::RecvBatch;
 
 /// Why an ibverbs flag is refused by a build without the `ibv` feature.
 pub const IBV_NOT_BUILT: &str = "this cbf was built without ibverbs support: rebuild with \
@@ -41,128 +44,6 @@ pub enum Received {
     Idle,
     /// The source is exhausted (a finished pcap file, a closed in-memory queue).
     End,
-}
-
-/// Caller-owned receive memory: `capacity` slots of `slot_size` bytes each. A transport fills
-/// slot `i` with one datagram, or with several equal-sized packets coalesced by the kernel
-/// (UDP GRO); [`RecvBatch::iter`] yields the packets either way.
-///
-/// A datagram longer than a slot is truncated to the slot, and the SPEAD parser then refuses
-/// it (its payload length points past the packet), so oversized packets are counted rather
-/// than silently cut.
-#[derive(Debug)]
-pub struct RecvBatch {
-    buf: Vec<u8>,
-    slot_size: usize,
-    /// Bytes in each filled slot, and the segment size when the slot holds coalesced packets
-    /// (0 = one packet).
-    slots: Vec<(usize, usize)>,
-    filled: usize,
-    /// (start, length) of every packet, in order.
-    packets: Vec<(usize, usize)>,
-}
-
-impl RecvBatch {
-    pub fn new(capacity: usize, slot_size: usize) -> RecvBatch {
-        let capacity = capacity.max(1);
-        RecvBatch {
-            buf: vec![0u8; capacity * slot_size],
-            slot_size,
-            slots: vec![(0, 0); capacity],
-            filled: 0,
-            packets: Vec::with_capacity(capacity),
-        }
-    }
-
-    /// Slots (datagrams) per batch.
-    pub fn capacity(&self) -> usize {
-        self.slots.len()
-    }
-
-    pub fn slot_size(&self) -> usize {
-        self.slot_size
-    }
-
-    /// Packets in the batch.
-    pub fn len(&self) -> usize {
-        self.packets.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.packets.is_empty()
-    }
-
-    pub fn clear(&mut self) {
-        self.filled = 0;
-        self.packets.clear();
-    }
-
-    /// Packet `i` of the batch.
-    pub fn packet(&self, i: usize) -> &[u8] {
-        let (start, len) = self.packets[i];
-        &self.buf[start..start + len]
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
-        self.packets.iter().map(|&(s, l)| &self.buf[s..s + l])
-    }
-
-    /// Copy a packet into the next slot (for transports that do not receive in place); false
-    /// when full. Packets longer than a slot are truncated (and will fail SPEAD parsing).
-    pub fn push(&mut self, packet: &[u8]) -> bool {
-        self.push_segmented(packet, 0)
-    }
-
-    /// Copy a datagram into the next slot, as [`RecvBatch::push`]; a non-zero `segment` says
-    /// it holds packets of that size coalesced by the kernel (UDP GRO), which the batch splits.
-    pub fn push_segmented(&mut self, datagram: &[u8], segment: usize) -> bool {
-        if self.filled == self.capacity() {
-            return false;
-        }
-        let n = datagram.len().min(self.slot_size);
-        let start = self.filled * self.slot_size;
-        self.buf[start..start + n].copy_from_slice(&datagram[..n]);
-        self.slots[self.filled] = (n, segment);
-        self.filled += 1;
-        self.split_slot(start, n, segment);
-        true
-    }
-
-    /// Append slot bytes `start .. start + len` to the packet list, cut into `segment`-byte
-    /// packets when it holds coalesced ones (`segment` 0: one packet).
-    fn split_slot(&mut self, start: usize, len: usize, segment: usize) {
-        if segment == 0 || segment >= len {
-            self.packets.push((start, len));
-        } else {
-            let mut off = 0;
-            while off < len {
-                let l = segment.min(len - off);
-                self.packets.push((start + off, l));
-                off += l;
-            }
-        }
-    }
-
-    /// The raw slot memory and the (length, segment size) table, for transports that receive
-    /// in place; call [`RecvBatch::set_filled`] afterwards.
-    pub(crate) fn raw_parts(&mut self) -> (&mut [u8], &mut [(usize, usize)], usize) {
-        (&mut self.buf, &mut self.slots, self.slot_size)
-    }
-
-    /// Bind the slot memory to NUMA node `node` (the receiving NIC's; [`numa`]).
-    pub fn bind_to_node(&self, node: u32) -> Result<(), numa::NumaError> {
-        numa::bind_area(&self.buf, node)
-    }
-
-    /// Declare the first `n` slots filled and split them into packets.
-    pub(crate) fn set_filled(&mut self, n: usize) {
-        self.filled = n.min(self.capacity());
-        self.packets.clear();
-        for i in 0..self.filled {
-            let (len, seg) = self.slots[i];
-            self.split_slot(i * self.slot_size, len.min(self.slot_size), seg);
-        }
-    }
 }
 
 /// Receive a batch of packets into caller-owned memory.
@@ -369,40 +250,5 @@ impl<S: PacketSender + ?Sized> PacketSender for Box<S> {
     }
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
         (**self).send_batch(batch)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn coalesced_slots_split_into_packets() {
-        let mut b = RecvBatch::new(3, 100);
-        {
-            let (buf, slots, slot) = b.raw_parts();
-            buf[..10].copy_from_slice(&[1; 10]);
-            slots[0] = (10, 0);
-            for (i, x) in buf[slot..slot + 25].iter_mut().enumerate() {
-                *x = i as u8;
-            }
-            slots[1] = (25, 10); // 10 + 10 + 5
-        }
-        b.set_filled(2);
-        let got: Vec<Vec<u8>> = b.iter().map(<[u8]>::to_vec).collect();
-        assert_eq!(got.len(), 4);
-        assert_eq!(got[0], [1; 10]);
-        assert_eq!(got[1], (0..10).collect::<Vec<u8>>());
-        assert_eq!(got[3], (20..25).collect::<Vec<u8>>());
-        b.clear();
-        assert!(b.push(&[9; 200]));
-        assert_eq!(b.packet(0).len(), 100);
-        // A copied datagram of coalesced packets splits as one received in place does.
-        let data: Vec<u8> = (0..25).collect();
-        assert!(b.push_segmented(&data, 10));
-        let got: Vec<Vec<u8>> = b.iter().skip(1).map(<[u8]>::to_vec).collect();
-        assert_eq!(got, [&data[..10], &data[10..20], &data[20..]]);
-        assert!(b.push(&[1; 5]));
-        assert!(!b.push(&[2; 5]), "a full batch takes no more");
     }
 }

@@ -49,18 +49,30 @@ pub enum NoNode {
     NoAffinity { path: String },
     #[error("{path} holds {text:?}, not a node number")]
     Unreadable { path: String, text: String },
-    #[error("interface {0:?}: no such interface")]
+    #[error("{0:?}: no such interface or device")]
     NoInterface(String),
 }
 
 /// The NUMA node of network interface `iface` (a name) according to the sysfs tree at `sysfs`
 /// (`/sys` on a live host): `<sysfs>/class/net/<iface>/device/numa_node`.
 pub fn nic_node_in(sysfs: &Path, iface: &str) -> Result<u32, NoNode> {
+    device_node_in(sysfs, "class/net", iface)
+}
+
+/// The NUMA node of RDMA device `device` (`mlx5_0`) according to the sysfs tree at `sysfs`:
+/// `<sysfs>/class/infiniband/<device>/device/numa_node`, the node of the PCI function behind
+/// it (the ibverbs transport's registered memory belongs there).
+pub fn rdma_node_in(sysfs: &Path, device: &str) -> Result<u32, NoNode> {
+    device_node_in(sysfs, "class/infiniband", device)
+}
+
+/// `<sysfs>/<class>/<name>/device/numa_node`, read and checked.
+fn device_node_in(sysfs: &Path, class: &str, name: &str) -> Result<u32, NoNode> {
     // A name with a path separator would read some other file.
-    if iface.is_empty() || iface.contains('/') || iface == "." || iface == ".." {
-        return Err(NoNode::NoInterface(iface.to_string()));
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(NoNode::NoInterface(name.to_string()));
     }
-    let path = sysfs.join("class/net").join(iface).join("device/numa_node");
+    let path = sysfs.join(class).join(name).join("device/numa_node");
     let shown = path.display().to_string();
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -95,6 +107,17 @@ pub fn nic_node(interface: Option<&str>) -> Option<u32> {
         Ok(node) => Some(node),
         Err(why) => {
             log_once(given, &why.to_string());
+            None
+        }
+    }
+}
+
+/// The NUMA node of RDMA device `device` under `/sys`, or `None` (logged once per device).
+pub fn rdma_node(device: &str) -> Option<u32> {
+    match rdma_node_in(Path::new("/sys"), device) {
+        Ok(node) => Some(node),
+        Err(why) => {
+            log_once(device, &why.to_string());
             None
         }
     }
@@ -333,6 +356,43 @@ mod tests {
                 Err(NoNode::NoInterface(bad.to_string()))
             );
         }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// An RDMA device's node comes from its own PCI function under `class/infiniband` (what a
+    /// ConnectX port on socket 1 publishes), not from any network interface's.
+    #[test]
+    fn the_rdma_devices_node_comes_from_sysfs() {
+        let root = std::env::temp_dir().join(format!("cbf-sysfs-ib-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for (dev, text) in [("mlx5_0", "1\n"), ("mlx5_1", "-1\n"), ("rxe0", "x")] {
+            let dir = root.join("class/infiniband").join(dev).join("device");
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("numa_node"), text).unwrap();
+        }
+        std::fs::create_dir_all(root.join("class/net/mlx5_0")).unwrap();
+        assert_eq!(rdma_node_in(&root, "mlx5_0"), Ok(1));
+        assert!(matches!(
+            rdma_node_in(&root, "mlx5_1"),
+            Err(NoNode::NoAffinity { .. })
+        ));
+        assert!(matches!(
+            rdma_node_in(&root, "rxe0"),
+            Err(NoNode::Unreadable { .. })
+        ));
+        assert!(matches!(
+            rdma_node_in(&root, "mlx5_2"),
+            Err(NoNode::Missing { .. })
+        ));
+        assert!(matches!(
+            nic_node_in(&root, "mlx5_0"),
+            Err(NoNode::Missing { .. })
+        ));
+        assert_eq!(
+            rdma_node_in(&root, "../net"),
+            Err(NoNode::NoInterface("../net".into()))
+        );
+        assert_eq!(rdma_node("cbf-no-such-device"), None);
         std::fs::remove_dir_all(&root).unwrap();
     }
 

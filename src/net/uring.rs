@@ -2,20 +2,25 @@
 //! `net::recv_socket` (`open_recv_sockets`: multicast joins, SO_RCVBUF, SO_RXQ_OVFL), read by one
 //! *multishot* `recvmsg` per socket into a ring of kernel-provided buffers
 //! (`IORING_REGISTER_PBUF_RING`). One submission keeps a socket receiving for as long as the ring
-//! has buffers, and a batch is collected from the completion queue in shared memory: one
-//! `io_uring_enter` waits for the first datagram of a batch (none when completions are already
-//! queued), where `recvmmsg` makes one system call per batch per socket and a `poll` across
-//! sockets. Each completion names the buffer the kernel filled; its payload is copied into the
-//! caller's [`RecvBatch`] and the buffer goes straight back to the ring, so the kernel never holds
-//! memory the caller can see (the batch stays caller-owned, as [`PacketReceiver`] has it).
+//! has buffers, and a batch is collected from the completion queue in shared memory.
+//!
+//! Per batch: no system call at all while completions are queued (the kernel keeps filling
+//! buffers as datagrams arrive; the ring is set up with `COOP_TASKRUN`, so that it does so when
+//! this thread next enters the kernel rather than interrupting it), and one `io_uring_enter`
+//! to wait when none are, or to re-arm a request that ended. Each completion names the buffer
+//! the kernel filled, and that buffer is *lent* to the caller's [`RecvBatch`] rather than
+//! copied into it (`net::recv_batch`): the packets are read where the kernel wrote them, and
+//! the buffers go back to the ring when the batch is cleared (at the start of the next receive
+//! call). So the payload is copied once by the kernel and once into the chunk, as on the
+//! `recvmmsg` path; an earlier version copied it into the batch as well, and lost to `recvmmsg`
+//! by 40–100 % per packet on a prefilled socket (`bench/RESULTS.md`, issue 15).
 //!
 //! With UDP GRO (as the `recvmmsg` path has it) the kernel may coalesce a flow's packets into
-//! one 64 KiB datagram with the segment size in a control message; it is copied into one batch
-//! slot with that size, and [`RecvBatch`] splits it, exactly as for `recvmmsg`. Without GRO a
-//! multishot receive costs a trip through the stack per packet, which on loopback from a GSO
-//! sender (dsim) took 2.5 times the CPU of `recvmmsg` + GRO. Not here yet (issue 15): zero-copy
-//! send, SQPOLL, receiving straight into registered chunk memory (that needs the chunk, not a
-//! batch, to own the buffers).
+//! one 64 KiB datagram with the segment size in a control message; the batch splits it, exactly
+//! as for `recvmmsg`. Without GRO a multishot receive costs a trip through the stack per
+//! packet, which on loopback from a GSO sender (dsim) took 2.5 times the CPU of `recvmmsg` +
+//! GRO. Not here yet (issue 15): zero-copy send, SQPOLL, receiving straight into registered
+//! chunk memory (that needs the chunk, not a batch, to own the buffers).
 //!
 //! The `io-uring` crate provides the ring, the opcodes and the `recvmsg` output parser; the
 //! provided-buffer ring itself (page-aligned entries and a tail the kernel reads) has no safe
@@ -26,22 +31,24 @@ use std::io;
 use std::net::SocketAddrV4;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
 
 use io_uring::types::{BufRingEntry, Fd, Napi, RecvMsgOut, SubmitArgs, Timespec};
 use io_uring::{cqueue, opcode, IoUring};
 use socket2::Socket;
 
 use super::numa::NumaError;
+use super::recv_batch::Lender;
 use super::recv_socket::{
     control_data, enable_gro, errno_name, first_local_addr, open_recv_sockets, slot_for, DropCount,
 };
 use super::udp::POLL_INTERVAL;
 use super::{PacketReceiver, Received, RecvBatch};
 
-/// Buffers in the provided-buffer ring (a power of two, at most 32768). They go back to the
-/// ring as each batch is read, so they only bridge the time between two `recv_batch` calls
-/// (256 buffers of 64 KiB with GRO: ~1.3 ms at 100 Gb/s); the socket buffer behind them holds
-/// the rest, and its overflows are counted.
+/// Buffers in the provided-buffer ring (a power of two, at most 32768). A batch holds up to
+/// its capacity of them (64 in the engines) until the next receive call; the rest bridge the
+/// time between two calls (192 buffers of 64 KiB with GRO: ~1 ms at 100 Gb/s); the socket
+/// buffer behind them holds the rest, and its overflows are counted.
 const RING_BUFFERS: u16 = 256;
 /// The ring's buffer group (one ring per receiver, one receiver per io_uring instance).
 const GROUP: u16 = 0;
@@ -95,7 +102,7 @@ impl BufRing {
         let i = usize::from(self.tail & (RING_BUFFERS - 1));
         // SAFETY: i < RING_BUFFERS; the slot at the tail is not one the kernel may still read,
         // since at most RING_BUFFERS buffers are ever in the ring (each bid is pushed once at
-        // the start and again only after the kernel handed it back).
+        // the start and again only after the kernel handed it back and no batch holds it).
         let e = unsafe { &mut *self.entries.add(i) };
         e.set_addr(addr);
         e.set_len(len);
@@ -122,13 +129,91 @@ impl Drop for BufRing {
     }
 }
 
+/// The provided buffers: RING_BUFFERS of `size` bytes in one page-aligned allocation, each
+/// either in the ring (the kernel's to fill), lent to a batch, or given back by one and waiting
+/// in `returned` to go into the ring again.
+#[derive(Debug)]
+struct Buffers {
+    mem: *mut u8,
+    layout: Layout,
+    size: usize,
+    returned: Mutex<Vec<u16>>,
+}
+
+// SAFETY: the memory is owned by this value and freed once, in Drop; which buffer may be read
+// or written by whom is the ring/loan protocol above, and `returned` is behind a lock.
+unsafe impl Send for Buffers {}
+// SAFETY: as above; `&Buffers` gives only the base address and the lock.
+unsafe impl Sync for Buffers {}
+
+impl Buffers {
+    fn new(size: usize) -> io::Result<Buffers> {
+        let layout = Layout::from_size_align(usize::from(RING_BUFFERS) * size, 4096)
+            .map_err(io::Error::other)?;
+        // SAFETY: the layout has a non-zero size (size > 0).
+        let mem = unsafe { alloc_zeroed(layout) };
+        if mem.is_null() {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "provided buffers",
+            ));
+        }
+        Ok(Buffers {
+            mem,
+            layout,
+            size,
+            returned: Mutex::new(Vec::with_capacity(usize::from(RING_BUFFERS))),
+        })
+    }
+
+    /// The address of buffer `bid`.
+    fn addr(&self, bid: u16) -> u64 {
+        self.mem as u64 + (usize::from(bid) * self.size) as u64
+    }
+
+    /// Buffer `bid`'s bytes, for reading a completion the kernel posted for it.
+    ///
+    /// # Safety
+    /// The kernel must have handed `bid` back (a completion named it) and it must not be in
+    /// the ring again: nothing writes into it meanwhile.
+    unsafe fn buffer(&self, bid: u16) -> &[u8] {
+        std::slice::from_raw_parts(self.mem.add(usize::from(bid) * self.size), self.size)
+    }
+}
+
+impl Lender for Buffers {
+    fn base(&self) -> *const u8 {
+        self.mem
+    }
+
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    fn give_back(&self, ids: &mut Vec<u16>) {
+        self.returned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .append(ids);
+    }
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout; the last owner is gone (the receiver
+        // unregistered the ring and closed its file first, and no batch holds a loan).
+        unsafe { dealloc(self.mem, self.layout) }
+    }
+}
+
 /// A UDP receiver over one or more sockets, through io_uring.
 pub struct UringReceiver {
     // Declared first: dropped (its file closed) before the memory the kernel writes into.
     ring: IoUring,
     ring_buffers: BufRing,
-    /// The buffers: RING_BUFFERS of `buf_size` bytes.
-    buffers: Vec<u8>,
+    /// The buffers, lent to batches; `lender` is the same object, as batches hold it.
+    buffers: Arc<Buffers>,
+    lender: Arc<dyn Lender>,
     buf_size: usize,
     /// Every socket coalesces (UDP GRO): batches need 64 KiB slots.
     gro: bool,
@@ -153,16 +238,17 @@ impl UringReceiver {
         let sockets = open_recv_sockets(endpoints, interface, buffer)?;
         let gro = sockets.iter().all(enable_gro);
         let payload = slot_for(gro, max_packet);
-        // Every buffer can complete before the queue is read.
+        // Every buffer can complete before the queue is read. COOP_TASKRUN (Linux 5.19): the
+        // kernel completes receives when this thread enters it, instead of interrupting it.
         let ring = IoUring::builder()
             .setup_cqsize(2 * u32::from(RING_BUFFERS))
+            .setup_coop_taskrun()
             .build(64)?;
         let buf_size = (RECVMSG_OUT + CONTROL_BYTES + payload).next_multiple_of(64);
-        let buffers = vec![0u8; usize::from(RING_BUFFERS) * buf_size];
+        let buffers = Arc::new(Buffers::new(buf_size)?);
         let mut ring_buffers = BufRing::new()?;
         for bid in 0..RING_BUFFERS {
-            let addr = buffers[usize::from(bid) * buf_size..].as_ptr() as u64;
-            ring_buffers.push(bid, addr, buf_size as u32);
+            ring_buffers.push(bid, buffers.addr(bid), buf_size as u32);
         }
         ring_buffers.publish();
         // SAFETY: the entries stay allocated (and the buffers they point into) until Drop
@@ -188,6 +274,7 @@ impl UringReceiver {
         Ok(UringReceiver {
             ring,
             ring_buffers,
+            lender: Arc::clone(&buffers) as Arc<dyn Lender>,
             buffers,
             buf_size,
             gro,
@@ -259,9 +346,26 @@ impl UringReceiver {
         Ok(())
     }
 
-    /// One pass: arm, wait up to a poll interval for a completion, and take what is queued
-    /// into `batch`. False when no datagram came but a request ended (try again at once).
+    /// Put the buffers batches gave back into the ring again.
+    fn take_back(&mut self) {
+        let mut back = self
+            .buffers
+            .returned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for bid in back.drain(..) {
+            self.ring_buffers
+                .push(bid, self.buffers.addr(bid), self.buf_size as u32);
+        }
+    }
+
+    /// One pass: arm, wait up to a poll interval for a completion unless some are queued, and
+    /// lend what is queued to `batch` (empty: a second pass comes only after a first that
+    /// took nothing, so every completion taken finds room). False when no datagram came but a
+    /// request ended (try again at once).
     fn take(&mut self, batch: &mut RecvBatch) -> io::Result<bool> {
+        self.take_back();
+        self.ring_buffers.publish();
         self.arm()?;
         if self.ring.completion().is_empty() {
             let ts = Timespec::new().nsec(POLL_INTERVAL.as_nanos() as u32);
@@ -273,11 +377,12 @@ impl UringReceiver {
                         || e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
-        } else {
+        } else if !self.ring.submission().is_empty() {
             self.ring.submit()?;
         }
         let mut ended = false;
         let mut failure = None;
+        let mut refused = 0;
         for cqe in self.ring.completion().take(batch.capacity()) {
             let socket = cqe.user_data() as usize;
             let flags = cqe.flags();
@@ -294,25 +399,38 @@ impl UringReceiver {
                 }
                 continue;
             };
-            let start = usize::from(bid) * self.buf_size;
-            let buf = &self.buffers[start..start + self.buf_size];
-            if let Ok(msg) = RecvMsgOut::parse(buf, &self.msghdr.0) {
-                let control = msg.control_data();
-                // SAFETY: an all-zero msghdr is valid; it only points control_data at `control`.
-                let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-                hdr.msg_control = control.as_ptr().cast_mut().cast();
-                hdr.msg_controllen = control.len() as _;
-                let (segment, dropped) = control_data(&hdr);
-                if let Some(d) = dropped {
-                    self.drops[socket].update(d);
+            // SAFETY: the completion hands `bid` back from the kernel; it goes into the ring
+            // again only when the batch gives it back, or below.
+            let buf = unsafe { self.buffers.buffer(bid) };
+            let lent = match RecvMsgOut::parse(buf, &self.msghdr.0) {
+                Ok(msg) => {
+                    let control = msg.control_data();
+                    // SAFETY: an all-zero msghdr is valid; it only points control_data at
+                    // `control`.
+                    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+                    hdr.msg_control = control.as_ptr().cast_mut().cast();
+                    hdr.msg_controllen = control.len() as _;
+                    let (segment, dropped) = control_data(&hdr);
+                    if let Some(d) = dropped {
+                        self.drops[socket].update(d);
+                    }
+                    // A datagram cut short by the buffer fails SPEAD parsing and is counted
+                    // there.
+                    let payload = msg.payload_data();
+                    let start = payload.as_ptr() as usize - self.buffers.mem as usize;
+                    batch.push_lent(&self.lender, bid, start, payload.len(), segment)
                 }
-                // A datagram cut short by the buffer fails SPEAD parsing and is counted there.
-                batch.push_segmented(msg.payload_data(), segment);
+                Err(()) => false,
+            };
+            if !lent {
+                refused += 1;
+                self.ring_buffers
+                    .push(bid, self.buffers.addr(bid), self.buf_size as u32);
             }
-            self.ring_buffers
-                .push(bid, buf.as_ptr() as u64, self.buf_size as u32);
         }
-        self.ring_buffers.publish();
+        if refused > 0 {
+            self.ring_buffers.publish();
+        }
         if let Some(e) = failure {
             return Err(e);
         }
@@ -342,7 +460,11 @@ impl PacketReceiver for UringReceiver {
 
     /// The provided buffers the kernel writes datagrams into (the ring's entries are one page).
     fn bind_memory(&mut self, node: u32) -> Result<(), NumaError> {
-        super::numa::bind_area(&self.buffers, node)
+        // SAFETY: the allocation's whole extent, alive while `self` is; mbind reads only its
+        // address range (the bytes themselves are neither read nor written here).
+        let all =
+            unsafe { std::slice::from_raw_parts(self.buffers.mem, self.buffers.layout.size()) };
+        super::numa::bind_area(all, node)
     }
 
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {

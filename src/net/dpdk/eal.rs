@@ -4,6 +4,9 @@
 //! with others is refused. A port is configured and started once, with one RX queue and one TX
 //! queue per sender. A receiver takes the RX queue until it is dropped (one reader per queue).
 //!
+//! `rte_eal_init` pins its calling thread to the main lcore; that is undone unless the EAL
+//! arguments name cores (`eal_affinity`).
+//!
 //! Each sender (an engine's output, one of dsim's send threads) takes a TX queue of its own
 //! until it is dropped, so bursts from different threads never meet on a queue and no lock is
 //! taken (`rte_eth_tx_burst` on one queue is not thread-safe). Queue counts are fixed when a
@@ -20,7 +23,7 @@ use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::ffi;
+use super::{eal_affinity, ffi};
 use super::{DpdkConfig, DpdkError};
 use crate::net::frame::Mac;
 
@@ -70,9 +73,13 @@ pub(super) fn init(args: &str) -> Result<(), DpdkError> {
         .map_err(|_| DpdkError::Eal("an argument holds a NUL byte".into()))?;
     let mut ptrs: Vec<*mut c_char> = argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
     ptrs.push(std::ptr::null_mut());
+    // The EAL pins this thread to its main lcore; put the mask back after (`eal_affinity`).
+    let before = eal_affinity::SavedAffinity::take()
+        .map_err(|e| DpdkError::Eal(format!("reading the calling thread's CPU affinity: {e}")))?;
     // SAFETY: argv is a NULL-terminated array of NUL-terminated strings that outlive the call
     // (rte_eal_init may permute the pointers, not the strings); the lock makes it the only call.
     let r = unsafe { ffi::cbf_dpdk_eal_init(argv.len() as i32, ptrs.as_mut_ptr()) };
+    eal_affinity::after_eal_init(args, &before);
     let result = if r < 0 {
         Err(format!("rte_eal_init: {}", ffi::strerror(r)))
     } else {

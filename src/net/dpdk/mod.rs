@@ -39,6 +39,8 @@ use super::{PacketReceiver, PacketSender};
 #[cfg(feature = "dpdk")]
 mod eal;
 #[cfg(feature = "dpdk")]
+mod eal_affinity;
+#[cfg(feature = "dpdk")]
 mod ffi;
 #[cfg(feature = "dpdk")]
 mod recv;

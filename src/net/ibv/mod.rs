@@ -8,7 +8,8 @@
 //!   matching frames there and nowhere else; the kernel socket only joins the groups, so that
 //!   IGMP tells the switch to forward them. Each frame is checked by `net::frame::parse` and its
 //!   UDP payload copied into the caller's [`RecvBatch`](super::RecvBatch); its slot goes back
-//!   to the NIC at once.
+//!   to the NIC at once. The slots are bound to the device's NUMA node (or
+//!   `--recv-numa-node`) before they are registered (`placement`).
 //! - Send ([`IbvSender`]): one queue pair per interface with a ring of frame-sized slots; each
 //!   packet is written into a slot behind `net::frame`'s Ethernet/IPv4/UDP headers (one copy,
 //!   as the kernel path makes), the batch is posted as one chain with only its last request
@@ -25,6 +26,7 @@
 //! against the C compiler's, and the work requests and frames built as data.
 
 mod device;
+mod placement;
 mod recv;
 mod send;
 mod verbs;
@@ -49,6 +51,9 @@ pub enum IbvError {
     Verbs(#[from] std::io::Error),
     #[error("{0}")]
     Config(String),
+    /// The receive ring could not be bound to the NUMA node asked for (`--recv-numa-node`).
+    #[error("receive ring: {0}")]
+    Numa(#[from] crate::net::numa::NumaError),
 }
 
 /// How a queue's completions are waited for (katgpucbf's `--*-comp-vector`).

@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 use ibverbs_sys as ffi;
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::placement::{ring_memory, ring_node};
 use super::verbs::{fill_recv, Channel, Context, Cq, Flow, FlowRule, Mr, Pd, Qp};
 use super::{slots_for, CompMode, IbvError};
 use crate::net::frame::{self, FrameDrops, UdpChecksum, HEADERS_LEN};
+use crate::net::numa::{self, NumaError};
 use crate::net::{PacketReceiver, Received, RecvBatch};
 
 /// How long a receive call waits for frames before it returns [`Received::Idle`] (as the UDP
@@ -41,6 +43,10 @@ pub struct IbvReceiver {
     mode: CompMode,
     drops: FrameDrops,
     failed_completions: u64,
+    /// The RDMA device's NUMA node, where known (the engine's chunks go there).
+    device_node: Option<u32>,
+    /// The node the slots were bound to before registration, if any.
+    ring_node: Option<u32>,
 }
 
 // SAFETY: the raw pointers inside the work requests point only into this receiver's own
@@ -51,13 +57,16 @@ unsafe impl Send for IbvReceiver {}
 impl IbvReceiver {
     /// Steer `endpoints` arriving on `interface` (a name or an address) into a ring of
     /// `buffer` bytes of frames of up to `max_packet` UDP payload bytes; completions per
-    /// `comp_vector` (katgpucbf's `--recv-comp-vector`: ≥ 0 interrupts, < 0 polling).
+    /// `comp_vector` (katgpucbf's `--recv-comp-vector`: ≥ 0 interrupts, < 0 polling). The
+    /// slots are bound to `numa_node` (`--recv-numa-node`: a failure is an error) or else the
+    /// device's node (a failure is logged) before they are registered.
     pub fn open(
         endpoints: &[SocketAddrV4],
         interface: &str,
         buffer: usize,
         max_packet: usize,
         comp_vector: i32,
+        numa_node: Option<u32>,
     ) -> Result<IbvReceiver, IbvError> {
         if endpoints.is_empty() {
             return Err(IbvError::Config("no endpoints to receive".into()));
@@ -78,7 +87,12 @@ impl IbvReceiver {
         };
         let cq = Cq::new(&ctx, slots, channel.as_ref().map(|c| (c, vector)))?;
         let qp = Qp::raw_packet(&pd, &cq, dev.port, 0, slots)?;
-        let mr = Mr::new(&pd, slots * slot_len)?;
+        let device_node = numa::rdma_node(&dev.device);
+        let node = ring_node(numa_node, device_node);
+        let mr = Mr::new(
+            &pd,
+            ring_memory(slots * slot_len, node, numa_node.is_some())?,
+        )?;
         let flows = endpoints
             .iter()
             .map(|ep| {
@@ -110,9 +124,11 @@ impl IbvReceiver {
             mode,
             drops: FrameDrops::default(),
             failed_completions: 0,
+            device_node,
+            ring_node: node,
         };
         r.post(0..slots)?;
-        tracing::info!(interface, device = %dev.device, port = dev.port, slots, mode = %mode, "ibverbs receiver");
+        tracing::info!(interface, device = %dev.device, port = dev.port, slots, mode = %mode, numa_node = ?node, "ibverbs receiver");
         Ok(r)
     }
 
@@ -170,6 +186,26 @@ impl IbvReceiver {
 }
 
 impl PacketReceiver for IbvReceiver {
+    fn numa_node(&self) -> Option<u32> {
+        self.device_node
+    }
+
+    /// The slots were bound when the receiver opened, before registration pinned them (a
+    /// failure then was reported); registered pages cannot move to another node now.
+    fn bind_memory(&mut self, node: u32) -> Result<(), NumaError> {
+        if self.ring_node == Some(node) {
+            return Ok(());
+        }
+        Err(NumaError::Bind {
+            node,
+            bytes: self.mr.bytes().len(),
+            error: format!(
+                "the ibverbs receive ring is registered (pinned) and was placed on {:?} when it opened",
+                self.ring_node
+            ),
+        })
+    }
+
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         batch.clear();
         let cap = batch.capacity().min(self.wcs.len());

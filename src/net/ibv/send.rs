@@ -94,7 +94,7 @@ impl IbvSender {
         };
         let cq = Cq::new(&ctx, slots, channel.as_ref().map(|c| (c, vector)))?;
         let qp = Qp::raw_packet(&pd, &cq, dev.port, slots, 0)?;
-        let mr = Mr::new(&pd, slots * slot_len)?;
+        let mr = Mr::new(&pd, vec![0u8; slots * slot_len])?;
         tracing::info!(interface, device = %dev.device, port = dev.port, slots, mode = %mode, "ibverbs sender");
         Ok(IbvSender {
             qp,

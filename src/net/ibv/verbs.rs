@@ -150,8 +150,9 @@ pub struct Mr {
 unsafe impl Send for Mr {}
 
 impl Mr {
-    pub fn new(pd: &Pd, len: usize) -> io::Result<Mr> {
-        let mut buf = vec![0u8; len.max(1)];
+    /// Register `buf` (allocated and placed by the caller: pages bound to a NUMA node must be
+    /// bound before this, since registration pins them).
+    pub fn new(pd: &Pd, mut buf: Vec<u8>) -> io::Result<Mr> {
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as c_int;
         // SAFETY: buf lives as long as the registration (dropped after it, see Drop).
         let mr = unsafe { ffi::ibv_reg_mr(pd.0, buf.as_mut_ptr().cast(), buf.len(), access) };

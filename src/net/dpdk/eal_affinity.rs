@@ -1,0 +1,159 @@
+//! What `rte_eal_init` does to the calling thread's CPU affinity, and undoing it (issue 15).
+//!
+//! DPDK's EAL makes the thread that initialises it the *main lcore*: it sets that thread's
+//! affinity to the main lcore's one core (`eal_thread_init_main`, DPDK 22.11). In cbf that
+//! thread is an engine's start-up thread, which then runs the processing loop and spawns the
+//! receive, send and worker threads, all of which inherit the mask: after
+//! `--recv-transport dpdk` or `--send-transport dpdk` the whole engine would be confined to one
+//! core, unless `--main-affinity` happened to say otherwise. cbf polls its DPDK queues from its
+//! own threads, pinned by `--recv-affinity`/`--send-affinity`, and uses no lcore, so the EAL's
+//! choice of main lcore means nothing to it. [`SavedAffinity`] is taken before the EAL starts
+//! and put back after it.
+//!
+//! Except when the operator's EAL arguments name cores ([`names_cores`]: `-l`, `--lcores`,
+//! `-c`, `--main-lcore`): then the confinement was asked for (a DPDK operator's habit is to
+//! give the process its cores that way), so it is kept, and the mask the EAL left is logged.
+
+use std::io;
+
+/// EAL options that name the cores (and so the main lcore), in both spellings of each:
+/// `-l 0-3` / `-l0-3`, `--lcores 0` / `--lcores=0`, `-c 0x3` / `-c0x3`, `--main-lcore 1` /
+/// `--main-lcore=1`.
+const CORE_OPTIONS: [&str; 4] = ["-l", "--lcores", "-c", "--main-lcore"];
+
+/// Whether the EAL arguments `args` (whitespace-separated, as `--dpdk-args` takes them) name
+/// cores explicitly.
+pub fn names_cores(args: &str) -> bool {
+    args.split_whitespace().any(|arg| {
+        CORE_OPTIONS.iter().any(|opt| {
+            let rest = arg.strip_prefix(opt);
+            match rest {
+                Some("") => true,
+                // `--lcores=0`; `-l0` and `-c3` (a short option's value may follow at once).
+                Some(r) if opt.starts_with("--") => r.starts_with('='),
+                Some(_) => true,
+                None => false,
+            }
+        })
+    })
+}
+
+/// The calling thread's affinity mask, to put back.
+pub struct SavedAffinity(libc::cpu_set_t);
+
+impl SavedAffinity {
+    /// The calling thread's mask now.
+    pub fn take() -> io::Result<SavedAffinity> {
+        // SAFETY: cpu_set_t is plain bits, zero is a valid set, the kernel fills it; pid 0
+        // names the calling thread.
+        let (rc, set) = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let rc = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            (rc, set)
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SavedAffinity(set))
+    }
+
+    /// Set the calling thread's mask back to this one.
+    pub fn restore(&self) -> io::Result<()> {
+        // SAFETY: the set was filled by sched_getaffinity; pid 0 names the calling thread.
+        let rc =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The cores in the mask.
+    pub fn cores(&self) -> Vec<usize> {
+        // SAFETY: CPU_ISSET only reads the set, for cores below CPU_SETSIZE.
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &self.0) })
+            .collect()
+    }
+}
+
+/// After `rte_eal_init` (whatever it answered): put `before` back on the calling thread, or,
+/// when the arguments named cores, log the mask the EAL left. A restore that fails is logged:
+/// the engine runs on, confined, rather than not at all.
+pub fn after_eal_init(args: &str, before: &SavedAffinity) {
+    let after = SavedAffinity::take().map(|a| a.cores());
+    if names_cores(args) {
+        tracing::info!(
+            before = ?before.cores(),
+            after = ?after,
+            "the DPDK EAL arguments name cores: the calling thread keeps the main lcore's affinity the EAL set"
+        );
+        return;
+    }
+    match before.restore() {
+        Ok(()) => tracing::debug!(
+            cores = ?before.cores(),
+            eal_set = ?after,
+            "the calling thread's affinity restored after the DPDK EAL pinned it"
+        ),
+        Err(e) => tracing::warn!(
+            error = %e,
+            cores = ?after,
+            "cannot restore the calling thread's affinity after the DPDK EAL: it stays on the main lcore"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_options_are_recognised_in_both_spellings() {
+        for args in [
+            "-l 0 --no-huge",
+            "-l0-3 --vdev=net_ring0",
+            "--no-pci --lcores 0@1",
+            "--lcores=(0-1)@2",
+            "-c 0x3",
+            "-c3",
+            "--vdev=net_null0 --main-lcore 1",
+            "--main-lcore=1",
+        ] {
+            assert!(names_cores(args), "{args}");
+        }
+        for args in [
+            "",
+            "--no-huge --no-pci -m 64 --vdev=net_null0",
+            "--log-level=error --file-prefix=cbf-l",
+            "-a 0000:17:00.0 --lcoresx 1",
+            "--main-lcores=1 -m 256",
+        ] {
+            assert!(!names_cores(args), "{args}");
+        }
+    }
+
+    /// The mask put back is the mask taken, read back from the kernel (the thread is narrowed
+    /// to one core in between, as the EAL narrows it).
+    #[test]
+    fn a_saved_mask_is_restored() {
+        std::thread::spawn(|| {
+            let before = SavedAffinity::take().unwrap();
+            let first = before.cores()[0];
+            // SAFETY: a zeroed set with one core below CPU_SETSIZE; pid 0 is this thread.
+            unsafe {
+                let mut one: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(first, &mut one);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one),
+                    0
+                );
+            }
+            assert_eq!(SavedAffinity::take().unwrap().cores(), [first]);
+            after_eal_init("--no-huge", &before);
+            assert_eq!(SavedAffinity::take().unwrap().cores(), before.cores());
+        })
+        .join()
+        .unwrap();
+    }
+}
