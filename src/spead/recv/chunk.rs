@@ -19,16 +19,24 @@
 //! Lifecycle of a chunk: free → (first packet for its id) in the window, `writers` counting
 //! the streams that hold it → (window moved past it) evicting → (writers reach 0) ready →
 //! (consumer done) free. Streams release chunks below the group head at every batch, so an
-//! idle stream cannot hold the group back for longer than its receive timeout.
+//! idle stream cannot hold the group back for longer than its receive timeout, and before and
+//! while they wait for a free chunk, so that a waiting stream never keeps from the consumer
+//! the chunks whose return it waits for.
 //!
 //! One packet cannot wedge the window (issue 11). A heap whose chunk would slide the window by
 //! more than its own length is *far ahead*: it is counted (`far_future_heaps`) and dropped
-//! unless [`confirm_heaps`] distinct heaps in a row agree that the stream really moved, which
-//! then counts as a `window_jumps`. Likewise, as many distinct too-old heaps in a row that
-//! agree with each other (a digitiser resync, or a bogus first packet that set the head)
-//! resynchronise the window to them: every chunk in flight is delivered, the head moves back
-//! and `resyncs` counts it, so chunk ids delivered after a resync start again lower. "In a
-//! row" means with no chunk brought in normally in between. Each kind is logged once.
+//! unless [`confirm_heaps`] distinct heaps in a row agree that the stream really moved, and
+//! the streams whose latest heap was far ahead are at least as many as those whose latest heap
+//! fell in the window; then it counts as a `window_jumps`. "In a row" means with no chunk
+//! brought in normally, in between, by a stream whose heaps are in the run. Likewise, as many
+//! distinct too-old heaps in a row (a digitiser resync, or a bogus first packet that set the
+//! head), while every other stream's latest heap was too old as well or its transport has
+//! gone quiet ([`ChunkStream::note_idle`]), resynchronise the window to them: every chunk in
+//! flight is delivered, the head moves back and `resyncs` counts it, so chunk ids delivered
+//! after a resync start again lower. Heaps of a run agree if each is within a window of the
+//! one before. So a stream still draining a socket backlog can neither hold the window back
+//! from the live heaps of the others nor drag it back to its own (a late start,
+//! `doc/dev-recv-chunk.md`). Each kind is logged once.
 //!
 //! `doc/dev-recv-chunk.md` explains the threading and why the window lock is taken per chunk,
 //! never per packet.
