@@ -306,7 +306,7 @@ impl Receivers {
                                         stream.add_packet(p);
                                     }
                                 }
-                                Ok(Received::Idle) => {}
+                                Ok(Received::Idle) => stream.note_idle(),
                                 Ok(Received::End) => break,
                                 Err(e) => {
                                     tracing::error!(error = %e, "receive failed");

@@ -19,26 +19,34 @@
 //! Lifecycle of a chunk: free → (first packet for its id) in the window, `writers` counting
 //! the streams that hold it → (window moved past it) evicting → (writers reach 0) ready →
 //! (consumer done) free. Streams release chunks below the group head at every batch, so an
-//! idle stream cannot hold the group back for longer than its receive timeout.
+//! idle stream cannot hold the group back for longer than its receive timeout, and before and
+//! while they wait for a free chunk, so that a waiting stream never keeps from the consumer
+//! the chunks whose return it waits for.
 //!
 //! One packet cannot wedge the window (issue 11). A heap whose chunk would slide the window by
 //! more than its own length is *far ahead*: it is counted (`far_future_heaps`) and dropped
-//! unless [`confirm_heaps`] distinct heaps in a row agree that the stream really moved, which
-//! then counts as a `window_jumps`. Likewise, as many distinct too-old heaps in a row that
-//! agree with each other (a digitiser resync, or a bogus first packet that set the head)
-//! resynchronise the window to them: every chunk in flight is delivered, the head moves back
-//! and `resyncs` counts it, so chunk ids delivered after a resync start again lower. "In a
-//! row" means with no chunk brought in normally in between. Each kind is logged once.
+//! unless [`confirm_heaps`] distinct heaps in a row agree that the stream really moved, and
+//! the streams whose latest heap was far ahead are at least as many as those whose latest heap
+//! fell in the window; then it counts as a `window_jumps`. "In a row" means with no chunk
+//! brought in normally, in between, by a stream whose heaps are in the run. Likewise, as many
+//! distinct too-old heaps in a row (a digitiser resync, or a bogus first packet that set the
+//! head), while every other stream's latest heap was too old as well or its transport has
+//! gone quiet ([`ChunkStream::note_idle`]), resynchronise the window to them: every chunk in
+//! flight is delivered, the head moves back and `resyncs` counts it, so chunk ids delivered
+//! after a resync start again lower. Heaps of a run agree if each is within a window of the
+//! one before. So a stream still draining a socket backlog can neither hold the window back
+//! from the live heaps of the others nor drag it back to its own (a late start,
+//! `doc/dev-recv-chunk.md`). Each kind is logged once.
 //!
 //! `doc/dev-recv-chunk.md` explains the threading and why the window lock is taken per chunk,
 //! never per packet.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 pub use super::chunk_group::ChunkGroup;
-use super::chunk_group::{Acquired, ChunkPtrs, Holds};
+use super::chunk_group::{Acquired, ChunkPtrs, Holds, Latest};
 use super::ranges::{PayloadRanges, RecentCnts};
 use super::stats::{StatsSnapshot, StreamStats, MAX_REJECT_REASONS};
 use crate::spead::wire::ParsedPacket;
@@ -186,6 +194,9 @@ pub struct ChunkStream {
     values: Vec<Option<u64>>,
     stats: Arc<StreamStats>,
     recent: RecentCnts,
+    /// Where this stream's latest heap fell, and the group's copy of it (written on change).
+    latest: Latest,
+    shared_latest: Arc<AtomicU8>,
     /// A stop heap arrived or the group stopped while this stream waited for a chunk.
     done: bool,
     /// `stream_done` has been called.
@@ -196,15 +207,19 @@ impl ChunkStream {
     pub fn new(group: Arc<ChunkGroup>, place: Arc<PlaceFn>) -> ChunkStream {
         let max_heaps = group.config.max_heaps;
         let n_items = group.config.items.len();
+        let stats = Arc::new(StreamStats::default());
+        let (cache, shared_latest) = group.register();
         ChunkStream {
             group,
             place,
-            cache: Holds::default(),
+            cache,
             live: VecDeque::with_capacity(max_heaps),
             spare: (0..max_heaps).map(|_| PayloadRanges::default()).collect(),
             values: vec![None; n_items],
-            stats: Arc::new(StreamStats::default()),
+            stats,
             recent: RecentCnts::new(2 * max_heaps),
+            latest: Latest::Quiet,
+            shared_latest,
             done: false,
             finished: false,
         }
@@ -228,6 +243,19 @@ impl ChunkStream {
     pub fn note_batch(&self, n: usize) {
         StreamStats::add(&self.stats.batches, 1);
         self.stats.max_batch.fetch_max(n as u64, Ordering::Relaxed);
+    }
+
+    /// Note that the transport had no packet at its last call (a receive timeout): a stream
+    /// gone quiet does not stand in the way of a resync ([`Latest`]).
+    pub fn note_idle(&mut self) {
+        self.set_latest(Latest::Quiet);
+    }
+
+    fn set_latest(&mut self, latest: Latest) {
+        if self.latest != latest {
+            self.latest = latest;
+            self.shared_latest.store(latest as u8, Ordering::Relaxed);
+        }
     }
 
     /// Drop live heap `i`, keeping its range list for reuse (no allocation per heap).
@@ -357,7 +385,10 @@ impl ChunkStream {
             self.retire_released();
         }
         let ptrs = match self.cache.chunks.iter().find(|c| c.0 == chunk_id) {
-            Some(&(_, p)) => p,
+            Some(&(_, p)) => {
+                self.set_latest(Latest::InWindow);
+                p
+            }
             None => {
                 let got = self
                     .group
@@ -367,13 +398,18 @@ impl ChunkStream {
                 // another packet can write through their pointers.
                 self.retire_released();
                 match got {
-                    Acquired::Chunk(p) => p,
+                    Acquired::Chunk(p) => {
+                        self.set_latest(Latest::InWindow);
+                        p
+                    }
                     Acquired::TooOld => {
                         StreamStats::add(&self.stats.too_old_heaps, 1);
+                        self.set_latest(Latest::TooOld);
                         return None;
                     }
                     Acquired::FarAhead => {
                         StreamStats::add(&self.stats.far_future_heaps, 1);
+                        self.set_latest(Latest::FarAhead);
                         return None;
                     }
                     Acquired::Stopped => {

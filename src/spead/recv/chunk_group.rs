@@ -4,7 +4,7 @@
 //! `doc/dev-recv-chunk.md` explains the threading.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,6 +12,10 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::chunk::{confirm_heaps, Chunk, ChunkConfigError, ChunkGroupConfig};
 use super::stats::StreamStats;
+
+/// How long a stream waiting for a free chunk sleeps before it looks at the window again
+/// (to let go of chunks the window has moved past meanwhile).
+const FREE_POLL: Duration = Duration::from_millis(1);
 
 /// Raw pointers into a chunk that streams write through while it is in the window.
 #[derive(Debug, Clone, Copy)]
@@ -37,27 +41,54 @@ struct Slot {
 /// Heaps in a row that fell outside the window on the same side, near each other.
 #[derive(Debug, Default)]
 struct Run {
-    /// The chunk id the run started at; later heaps agree if within a window of it.
-    anchor: u64,
+    /// The chunk id of the run's latest heap; the next agrees if within a window of it, so
+    /// that a run can follow a stream that moves on while it is being confirmed.
+    last: u64,
     /// Lowest chunk id in the run: where a resync puts the head.
     lo: u64,
     /// Distinct heap counters seen (packets of one heap count once), at most `confirm`.
     cnts: Vec<u64>,
+    /// The streams whose heaps are in the run (a far-ahead run is broken only by their own
+    /// heaps placed in the window).
+    streams: Vec<usize>,
 }
 
 impl Run {
-    /// Note one heap; returns the number of distinct heaps in the run.
-    fn note(&mut self, chunk_id: u64, heap_cnt: u64, window: u64, confirm: usize) -> usize {
-        if self.cnts.is_empty() || chunk_id.abs_diff(self.anchor) >= window {
-            self.anchor = chunk_id;
+    /// Note one heap of `stream`; returns the number of distinct heaps in the run.
+    fn note(
+        &mut self,
+        chunk_id: u64,
+        heap_cnt: u64,
+        stream: usize,
+        window: u64,
+        confirm: usize,
+    ) -> usize {
+        if self.cnts.is_empty() || chunk_id.abs_diff(self.last) >= window {
+            self.clear();
             self.lo = chunk_id;
-            self.cnts.clear();
         }
+        self.last = chunk_id;
         self.lo = self.lo.min(chunk_id);
+        if !self.streams.contains(&stream) {
+            self.streams.push(stream);
+        }
         if self.cnts.len() < confirm && !self.cnts.contains(&heap_cnt) {
             self.cnts.push(heap_cnt);
         }
         self.cnts.len()
+    }
+
+    fn clear(&mut self) {
+        self.cnts.clear();
+        self.streams.clear();
+    }
+
+    fn with_capacity(config: &ChunkGroupConfig) -> Run {
+        Run {
+            cnts: Vec::with_capacity(confirm_heaps(config)),
+            streams: Vec::with_capacity(config.n_streams),
+            ..Run::default()
+        }
     }
 }
 
@@ -75,6 +106,23 @@ struct GroupState {
     behind: Run,
     /// Bumped at every resync; streams holding chunks of an older epoch let them go.
     epoch: u64,
+    /// Where each stream's latest heap fell ([`Latest`]), by the index
+    /// [`ChunkGroup::register`] gave it.
+    latest: Vec<Arc<AtomicU8>>,
+}
+
+/// Where a stream's latest heap fell, or that its transport has gone quiet: a resync needs
+/// every other stream to be [`Latest::TooOld`] or [`Latest::Quiet`], so that one stream
+/// draining a backlog cannot drag the window back while another still receives live heaps
+/// (or is held up: starved of a core, or waiting for a free chunk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Latest {
+    /// No heap yet, or the transport had nothing at its last call, or the stream finished.
+    Quiet = 0,
+    InWindow = 1,
+    TooOld = 2,
+    FarAhead = 3,
 }
 
 /// The chunks, their window, and the free and ready queues, shared by a group's streams.
@@ -103,10 +151,12 @@ pub(super) enum Acquired {
 }
 
 /// What a stream holds: the chunks it writes into, and the epoch they belong to.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Holds {
     pub(super) chunks: Vec<(u64, ChunkPtrs)>,
     pub(super) epoch: u64,
+    /// The stream's index in its group ([`ChunkGroup::register`]).
+    pub(super) stream: usize,
 }
 
 impl ChunkGroup {
@@ -126,15 +176,10 @@ impl ChunkGroup {
                 next: 0,
                 active_streams: config.n_streams,
                 ready_tx: Some(ready_tx),
-                ahead: Run {
-                    cnts: Vec::with_capacity(confirm_heaps(&config)),
-                    ..Run::default()
-                },
-                behind: Run {
-                    cnts: Vec::with_capacity(confirm_heaps(&config)),
-                    ..Run::default()
-                },
+                ahead: Run::with_capacity(&config),
+                behind: Run::with_capacity(&config),
                 epoch: 0,
+                latest: Vec::with_capacity(config.n_streams),
             }),
             config,
             head: AtomicU64::new(0),
@@ -194,6 +239,57 @@ impl ChunkGroup {
     /// First chunk id of the window, `None` before the first heap.
     pub fn head(&self) -> Option<u64> {
         self.lock().head
+    }
+
+    /// Enrol a new stream: what it will hold, under its index, and where it tells the group
+    /// where its latest heap fell (a [`Latest`]).
+    pub(super) fn register(&self) -> (Holds, Arc<AtomicU8>) {
+        let mut st = self.lock();
+        let latest = Arc::new(AtomicU8::new(Latest::Quiet as u8));
+        st.latest.push(Arc::clone(&latest));
+        let holds = Holds {
+            chunks: Vec::new(),
+            epoch: st.epoch,
+            stream: st.latest.len() - 1,
+        };
+        (holds, latest)
+    }
+
+    /// Whether the streams whose latest heap was far ahead, `me` included, are at least as
+    /// many as those whose latest heap fell in the window: the window follows the newer
+    /// heaps unless most streams still fill it.
+    fn most_ahead(st: &GroupState, me: usize) -> bool {
+        let (mut ahead, mut inside) = (1, 0);
+        for (_, l) in st.latest.iter().enumerate().filter(|&(i, _)| i != me) {
+            match l.load(Ordering::Relaxed) {
+                l if l == Latest::FarAhead as u8 => ahead += 1,
+                l if l == Latest::InWindow as u8 => inside += 1,
+                _ => {}
+            }
+        }
+        ahead >= inside
+    }
+
+    /// Whether every stream but `me` last saw a too-old heap or nothing at all.
+    fn others_behind_or_quiet(st: &GroupState, me: usize) -> bool {
+        st.latest.iter().enumerate().all(|(i, l)| {
+            let l = l.load(Ordering::Relaxed);
+            i == me || l == Latest::TooOld as u8 || l == Latest::Quiet as u8
+        })
+    }
+
+    /// Drop `holds`' hold on every chunk below `head` (chunks that have left the window).
+    fn release_below(st: &mut GroupState, holds: &mut Holds, head: u64) {
+        let mut i = 0;
+        while i < holds.chunks.len() {
+            let (id, p) = holds.chunks[i];
+            if id < head {
+                Self::unhold(st, p);
+                holds.chunks.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, GroupState> {
@@ -271,15 +367,19 @@ impl ChunkGroup {
                 st.next = head;
             }
             if chunk_id < head {
-                if st.behind.note(chunk_id, heap_cnt, max, confirm) < confirm {
+                let run = st
+                    .behind
+                    .note(chunk_id, heap_cnt, holds.stream, max, confirm);
+                if run < confirm || !Self::others_behind_or_quiet(&st, holds.stream) {
                     if let Some(c) = spare.take() {
                         self.free(c);
                     }
                     return Acquired::TooOld;
                 }
-                // Persistent too-old input: the sender went back (a resync). Deliver the
-                // window and restart it where the run is.
-                let lo = st.behind.lo;
+                // Persistent too-old input, and no stream with newer heaps: the senders
+                // went back (a resync). Deliver the window and restart it where the run is,
+                // as far back as the run goes with this heap still in it.
+                let lo = st.behind.lo.max((chunk_id + 1).saturating_sub(max));
                 for slot in st.slots.iter_mut() {
                     slot.evicting = true;
                 }
@@ -287,8 +387,8 @@ impl ChunkGroup {
                 Self::catch_up(&mut st, holds);
                 st.head = Some(lo);
                 st.next = lo;
-                st.behind.cnts.clear();
-                st.ahead.cnts.clear();
+                st.behind.clear();
+                st.ahead.clear();
                 self.head.store(lo, Ordering::Release);
                 self.epoch.store(st.epoch, Ordering::Release);
                 StreamStats::add(&stats.resyncs, 1);
@@ -298,7 +398,10 @@ impl ChunkGroup {
             }
             let ahead = chunk_id - head;
             if ahead >= 2 * max {
-                if st.ahead.note(chunk_id, heap_cnt, max, confirm) < confirm {
+                let run = st
+                    .ahead
+                    .note(chunk_id, heap_cnt, holds.stream, max, confirm);
+                if run < confirm || !Self::most_ahead(&st, holds.stream) {
                     if let Some(c) = spare.take() {
                         self.free(c);
                     }
@@ -306,25 +409,15 @@ impl ChunkGroup {
                 }
                 StreamStats::add(&stats.window_jumps, 1);
                 Self::log_once(&self.logged_jump, "jumped far ahead", head, chunk_id);
+                st.ahead.clear();
             }
-            st.ahead.cnts.clear();
-            st.behind.cnts.clear();
             if ahead >= max {
                 let new_head = chunk_id + 1 - max;
                 for slot in st.slots.iter_mut().filter(|s| s.id < new_head) {
                     slot.evicting = true;
                 }
                 // Release this stream's own hold on what leaves the window.
-                let mut i = 0;
-                while i < holds.chunks.len() {
-                    let (id, p) = holds.chunks[i];
-                    if id < new_head {
-                        Self::unhold(&mut st, p);
-                        holds.chunks.swap_remove(i);
-                    } else {
-                        i += 1;
-                    }
-                }
+                Self::release_below(&mut st, holds, new_head);
                 st.head = Some(new_head);
                 st.next = st.next.max(new_head);
                 self.head.store(new_head, Ordering::Release);
@@ -356,30 +449,39 @@ impl ChunkGroup {
                 if let Some(c) = spare.take() {
                     self.free(c);
                 }
-                return match st
+                let st = &mut *st;
+                let Some(slot) = st
                     .slots
                     .iter_mut()
                     .find(|s| s.id == chunk_id && !s.evicting)
-                {
-                    Some(slot) => {
-                        slot.writers += 1;
-                        holds.chunks.push((chunk_id, slot.ptrs));
-                        Acquired::Chunk(slot.ptrs)
-                    }
-                    None => Acquired::TooOld,
+                else {
+                    return Acquired::TooOld;
                 };
-            }
-            drop(st);
-            // Out of free chunks: wait for the consumer without the lock, then retry.
-            loop {
-                match self.free_rx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(c) => {
-                        spare = Some(c);
-                        break;
-                    }
-                    Err(RecvTimeoutError::Timeout) if !self.is_stopped() => continue,
-                    Err(_) => return Acquired::Stopped,
+                slot.writers += 1;
+                holds.chunks.push((chunk_id, slot.ptrs));
+                // A chunk brought in normally breaks a too-old run, and a far-ahead run if
+                // this stream's heaps are in it: its far heaps were strays. Another stream's
+                // chunk says nothing about those (that stream may be draining a backlog).
+                st.behind.clear();
+                if st.ahead.streams.contains(&holds.stream) {
+                    st.ahead.clear();
                 }
+                return Acquired::Chunk(slot.ptrs);
+            }
+            // Out of free chunks: wait for the consumer without the lock, then retry. Chunks
+            // that have left the window reach the consumer only once no stream holds them,
+            // and the chunk this wait needs is one the consumer frees: so let go of them
+            // first, and again each `FREE_POLL`, since the window may move past more of what
+            // this stream holds while it waits. A stream that waited holding them could wait
+            // for ever, and every stream of a late start did (`doc/dev-recv-chunk.md`).
+            let head = st.head.unwrap_or(0);
+            Self::release_below(&mut st, holds, head);
+            Self::flush_ready(&mut st);
+            drop(st);
+            match self.free_rx.recv_timeout(FREE_POLL) {
+                Ok(c) => spare = Some(c),
+                Err(RecvTimeoutError::Timeout) if !self.is_stopped() => {}
+                Err(_) => return Acquired::Stopped,
             }
         }
     }
@@ -406,6 +508,7 @@ impl ChunkGroup {
     pub(super) fn stream_done(&self, holds: &mut Holds) {
         self.release(holds, |_| true);
         let mut st = self.lock();
+        st.latest[holds.stream].store(Latest::Quiet as u8, Ordering::Relaxed);
         st.active_streams -= 1;
         if st.active_streams == 0 {
             for s in st.slots.iter_mut() {
