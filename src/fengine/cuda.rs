@@ -401,8 +401,11 @@ impl Backend for GpuBackend {
     }
 
     fn finished(&mut self, wait: bool) -> Result<Option<Finished<'_>>, BackendError> {
-        if wait {
-            // Waiting may launch a partly filled batch: its spectra must all be in.
+        if wait && self.back.pending() > 0 {
+            // Waiting may launch a partly filled batch: its spectra must all be in. With no
+            // heap pending the runs hold only the heap being assembled, which no launch reads
+            // yet: flushing them here split each batch's PFB launch in two (bench/gpu-notes.md
+            // v15).
             self.flush_runs()?;
         }
         Ok(self

@@ -52,9 +52,10 @@ pub struct GpuConfig {
     pub depth: usize,
 }
 
-/// Heaps per back-end launch: enough for 1024 spectra. Post-processing was measured at a
-/// fraction of its bandwidth below 256 (bench/gpu-notes.md v7), and a PFB launch of 256
-/// spectra at 4096 channels fills only a quarter of an H100's block slots (v15).
+/// Heaps per back-end launch: enough for 256 spectra, below which post-processing was
+/// measured at a fraction of its bandwidth (bench/gpu-notes.md v7). Batches of 1024 spectra
+/// gave the PFB and post-processing larger launches but cut the three-output whole path at
+/// 4096 wideband channels from 83–86 % of the PCIe bound to 56–71 % (v15).
 pub fn default_batch(spectra_per_heap: usize) -> usize {
-    1024usize.div_ceil(spectra_per_heap).max(1)
+    256usize.div_ceil(spectra_per_heap).max(1)
 }

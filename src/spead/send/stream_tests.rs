@@ -156,8 +156,13 @@ fn heaps_spread_over_interfaces_descriptors_on_the_first() {
     let (p0, p1) = (drain(&mut rx0), drain(&mut rx1));
     let descriptors = |v: &[Vec<u8>]| v.iter().filter(|p| p.len() < 1000).count();
     assert_eq!((descriptors(&p0), descriptors(&p1)), (4, 0));
-    // Least-loaded assignment alternates between equally paced interfaces.
-    assert_eq!((p0.len() - 4, p1.len()), (32, 32));
+    // Least-loaded assignment alternates between equally paced interfaces. The loads are
+    // the limiters' backlogs in real time, so a thread descheduled between two heaps (a
+    // loaded 2-core CI machine) can see one interface drained and give it two in a row:
+    // every heap sent, and each interface within two heaps of half.
+    let (n0, n1) = (p0.len() - 4, p1.len());
+    assert_eq!(n0 + n1, 64);
+    assert!(n0.abs_diff(32) <= 2, "{n0} and {n1} heaps");
 }
 
 #[test]
