@@ -27,6 +27,7 @@ fn every_kernel_compiles_for_every_architecture() {
                     ("SAMPLE_BITS", bits),
                     ("UNZIP", unzip),
                     ("SPECTRA", 256),
+                    ("HEAP_SPECTRA", 32),
                 ];
                 let cubin = compile(Kernel::Pfb, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
                 assert!(cubin.starts_with(b"\x7fELF"), "not a cubin");
