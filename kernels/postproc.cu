@@ -102,6 +102,32 @@ __device__ __forceinline__ int quantise(float v, float u, bool *clipped)
     return __float2int_rn(fminf(fmaxf(x, -QMAX), QMAX));
 }
 
+// The dither key of spectrum `sp` (of the launch) and `pol`: its timestamp is its heap's first
+// plus sp·SPECTRUM_SAMPLES within the heap. 0 without dither.
+__device__ __forceinline__ unsigned int spectrum_key(u64 seed, const i64 *__restrict__ ts0, int sp, int pol)
+{
+#if DITHER
+    return dither_key(seed, ts0[sp / HEAP_SPECTRA] + (i64)(sp % HEAP_SPECTRA) * SPECTRUM_SAMPLES, pol);
+#else
+    return 0;
+#endif
+}
+
+// Y plus the dither of (key, channel) where DITHER, quantised into (qr, qi); returns whether
+// either part clipped.
+__device__ __forceinline__ bool quantise_value(float2 y, unsigned int key, int ch, int &qr, int &qi)
+{
+#if DITHER
+    const float2 d = dither(key, (unsigned int)ch * 0x9e3779b9u);
+#else
+    const float2 d = make_float2(0.0f, 0.0f);
+#endif
+    bool c = false;
+    qr = quantise(y.x, d.x, &c);
+    qi = quantise(y.y, d.y, &c);
+    return c;
+}
+
 // One polarisation's (re, im) of a (channel, spectrum) into its place in the tile word that
 // holds both, as the wire has them: 8-bit (re, im) bytes per pol, or one byte of packed
 // nibbles (re high) per pol, pol 0 first. Written as soon as it is known, so that no thread
@@ -300,16 +326,8 @@ __device__ __forceinline__ unsigned int channelise(const float2 *__restrict__ z,
             // Y = (g·e^{jθ})·X
             const float2 r = h ? cmul(rt.wn, make_float2(rot.x, -rot.y)) : rot;
             const float2 y = cmul(cmul(g[ch & (CHANNELS - 1)], r), x);
-#if DITHER
-            const float2 d = dither(rt.key, (unsigned int)ch * 0x9e3779b9u);
-            const float d0 = d.x, d1 = d.y;
-#else
-            const float d0 = 0.0f, d1 = 0.0f;
-#endif
-            bool c = false;
-            const int qr = quantise(y.x, d0, &c);
-            const int qi = quantise(y.y, d1, &c);
-            nclip += c;
+            int qr, qi;
+            nclip += quantise_value(y, rt.key, ch, qr, qi);
             emit(p, h, ch, qr, qi);
         }
         if (p + 1 < UNZIP)
@@ -325,11 +343,7 @@ __device__ __forceinline__ RowTerms row_terms(const float2 *__restrict__ phase, 
     rt.ph = phase[pol * SPECTRA + sp];
     rt.step = expjpi(rt.ph.x * (float)SUBLEN);
     rt.wn = expjpi(rt.ph.x * (float)CHANNELS + 2.0f * rt.ph.y);
-#if DITHER
-    rt.key = dither_key(seed, ts0[sp / HEAP_SPECTRA] + (i64)(sp % HEAP_SPECTRA) * SPECTRUM_SAMPLES, pol);
-#else
-    rt.key = 0;
-#endif
+    rt.key = spectrum_key(seed, ts0, sp, pol);
     return rt;
 }
 
@@ -469,9 +483,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc_nb(
     if (j < CHANNELS)
     {
         const int bin = (j + FFT_LEN - CHANNELS / 2) % FFT_LEN;
-#if DITHER
-        const unsigned int ckey = (unsigned int)j * 0x9e3779b9u;
-#endif
         for (int row = ty; row < TILE; row += THREADS / 32)
         {
             const int sp = sp0 + row;
@@ -486,17 +497,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) postproc_nb(
                 const float2 rot = expjpi(ph.x * (float)j + ph.y);
                 const float2 g = gains[(hp * 2 + pol) * CHANNELS + j];
                 const float2 y = cmul(cmul(g, rot), x);
-#if DITHER
-                const i64 ts = ts0[hp] + (i64)(sp % HEAP_SPECTRA) * SPECTRUM_SAMPLES;
-                const float2 d = dither(dither_key(seed, ts, pol), ckey);
-                const float d0 = d.x, d1 = d.y;
-#else
-                const float d0 = 0.0f, d1 = 0.0f;
-#endif
-                bool c = false;
-                const int qr = quantise(y.x, d0, &c);
-                const int qi = quantise(y.y, d1, &c);
-                if (c)
+                int qr, qi;
+                if (quantise_value(y, spectrum_key(seed, ts0, sp, pol), j, qr, qi))
                     atomicAdd(&sclip[row][pol], 1u);
                 put(&tile[lane][row], pol, qr, qi);
             }
