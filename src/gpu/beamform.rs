@@ -9,22 +9,25 @@
 //! `first + i·batch_step + t·spectrum_step`, which keys the dither: beam b with `Some(seed)` gets
 //! `dsp::beamform::beam_dither(seed, b, …)` bit for bit, `None` none.
 //!
-//! The kernel (`kernels/beamform.cu`, whose header gives the mapping) generates W = w·e^{jπcd}
-//! per (antenna batch, beam batch) in shared memory, as seed 003 designs it, but multiplies on
-//! fp16 tensor cores with each weight split into hi + lo fp16 parts and scaled per beam by a
-//! power of two ([`beam_scale`]), so that the sums carry about 22 bits: the oracle sums in
-//! double, so a value may differ by ±1 LSB where its sum lies within float rounding of a
-//! quantisation boundary (the self-test bounds how many and their bias). The batches of a call
-//! are laid end to end so that short heaps still fill its blocks. Coefficients are uploaded only
-//! when the steering version changes; the per-call presence flags and dither seeds are written
-//! into pinned host memory and copied on the compute stream into device buffers, two sets used
-//! in turn, so nothing is allocated per call and the host never waits for the device's idle
-//! stream (as a copy from pageable memory would). Mapped host memory, which the F-engine uses
-//! for its per-heap terms, was measured here to cut the kernel to a fifth of its bandwidth:
-//! every block reads the flags, and each read crosses PCIe.
+//! The kernel (`kernels/beamform.cu`, whose header gives the mapping) is a per-channel integer
+//! GEMM on int8 tensor cores: the input words are the A fragments as they lie in memory, and
+//! each weight W = w·e^{jπcd}, scaled per beam by a power of two ([`beam_scale`]) and rounded
+//! to 22 bits or more, is written as three int8 digits, one exact MMA each. The digits are made
+//! on the GPU once per steering version (`beam_coeffs`, at [`Beamformer::set_beams`]) into a
+//! table in the B-fragment order, which each block copies into shared memory; seed 003 makes
+//! W per block, which cost the earlier fp16 kernel a fifth of its instructions. The oracle sums
+//! in double, so a value may differ by ±1 LSB where its sum lies within the weights' rounding of
+//! a quantisation boundary (the self-test bounds how many and their bias). The batches of a call
+//! are laid end to end so that short heaps still fill its blocks. The per-call presence flags
+//! and dither seeds are written into pinned host memory and copied on the compute stream into
+//! device buffers, two sets used in turn, so nothing is allocated per call and the host never
+//! waits for the device's idle stream (as a copy from pageable memory would). Mapped host
+//! memory, which the F-engine uses for its per-heap terms, was measured here to cut the kernel
+//! to a fifth of its bandwidth: every block reads the flags, and each read crosses PCIe.
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
@@ -57,6 +60,12 @@ impl BeamformConfig {
         self.batches * self.beams * self.channels * self.spectra * 2
     }
 
+    /// Bytes of the digit table (`beam_coeffs`): per channel, tile of 4 beams and k-step of 8
+    /// antennas, 3 digits × 32 lanes × 8 bytes.
+    pub fn table_bytes(&self) -> usize {
+        self.channels * self.beams.div_ceil(4) * self.n_ants.div_ceil(8) * 768
+    }
+
     fn validate(&self) -> Result<(), GpuError> {
         let bad = |what: &str, range: &str| {
             Err(GpuError::Backend(format!(
@@ -79,6 +88,12 @@ impl BeamformConfig {
         if self.in_bits != 8 && self.in_bits != 4 {
             return bad("in_bits", "8 or 4");
         }
+        if self.table_bytes() > MAX_TABLE_BYTES {
+            return bad(
+                "channels × antennas × beams",
+                "a digit table of at most 1 GiB: 24 bytes per (channel, antenna, beam)",
+            );
+        }
         Ok(())
     }
 
@@ -87,19 +102,31 @@ impl BeamformConfig {
         (self.batches * self.spectra).next_multiple_of(32).min(256)
     }
 
-    /// Tiles of 4 beams per beam batch: 8 accumulators each per lane; six fit the registers of
-    /// two blocks per SM without spilling, eight did not.
+    /// Tiles of 4 beams per beam batch: 24 int32 accumulators each per lane (3 digits × 2 m16
+    /// tiles × 4); two fit the registers of two blocks per SM beside two groups of loads.
     fn tiles(&self) -> usize {
-        self.beams.div_ceil(4).min(6)
+        self.beams.div_ceil(4).min(2)
     }
 
-    /// k-steps of 4 antennas per antenna batch: 64 / tiles, so at most 32 KiB of coefficients.
+    /// k-steps of 8 antennas per antenna batch: 40 / tiles, so at most 30 KiB of digits, and
+    /// at most 32 (the kernel keeps a lane's presence bits of a batch in a u64).
     fn ksteps(&self) -> usize {
-        self.n_ants.div_ceil(4).min(64 / self.tiles())
+        self.n_ants.div_ceil(8).min(40 / self.tiles()).min(32)
     }
 
-    /// The kernel's compile-time constants.
-    pub fn defines(&self) -> Defines {
+    /// Dynamic shared memory of one block under `occupancy`: where a lane's four slots are
+    /// consecutive (spectra a multiple of 4), each warp's ring of `depth` k-steps of two
+    /// antennas' words.
+    fn ring_bytes(&self, occupancy: Occupancy) -> usize {
+        if self.spectra % 4 == 0 {
+            self.threads() / 32 * occupancy.depth * 2 * 32 * 4 * self.in_bits as usize / 2
+        } else {
+            0
+        }
+    }
+
+    /// The kernel's compile-time constants under `occupancy`.
+    pub fn defines(&self, occupancy: Occupancy) -> Defines {
         vec![
             ("N_ANTS", self.n_ants as i64),
             ("CHANNELS", self.channels as i64),
@@ -110,9 +137,38 @@ impl BeamformConfig {
             ("THREADS", self.threads() as i64),
             ("BT", self.tiles() as i64),
             ("KS", self.ksteps() as i64),
+            ("DEPTH", occupancy.depth as i64),
+            ("MIN_BLOCKS", occupancy.blocks as i64),
         ]
     }
 }
+
+/// Blocks per SM the kernel is compiled for (its register budget) and k-steps of input in
+/// flight per warp (`DEPTH`: 1 KiB each at 8 bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Occupancy {
+    pub blocks: usize,
+    pub depth: usize,
+}
+
+/// The occupancies tried in turn, the first that compiles without a spill kept. Three blocks of
+/// 8 warps with 6 k-steps in flight (about 80 registers) measured 8–12 % faster than two with 8
+/// on the lent H100 at MeerKAT's 8 beams (bench/xbengine-notes.md, v10); two fit every shape,
+/// three not those with several beam batches (their accumulators live across the batches).
+pub const OCCUPANCIES: [Occupancy; 2] = [
+    Occupancy {
+        blocks: 3,
+        depth: 6,
+    },
+    Occupancy {
+        blocks: 2,
+        depth: 8,
+    },
+];
+
+/// The largest digit table a beamformer is built with (24 bytes per channel, antenna and beam:
+/// 8 beams of 80 antennas over 512 channels take 7.9 MB).
+const MAX_TABLE_BYTES: usize = 1 << 30;
 
 /// Per-call parameters, on the host (pinned) and on the device; one set per call in flight.
 struct CallParams {
@@ -137,7 +193,10 @@ fn pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 pub struct Beamformer {
     gpu: Arc<Gpu>,
     cfg: BeamformConfig,
+    occupancy: Occupancy,
     kernel: CudaFunction,
+    coeffs: CudaFunction,
+    table: CudaSlice<u8>,
     weights: CudaSlice<f64>,
     delays: CudaSlice<f64>,
     pols: CudaSlice<i32>,
@@ -150,7 +209,14 @@ pub struct Beamformer {
 impl Beamformer {
     pub fn new(gpu: Arc<Gpu>, cfg: BeamformConfig) -> Result<Beamformer, GpuError> {
         cfg.validate()?;
-        let kernel = gpu.function(Kernel::Beamform, &cfg.defines())?;
+        let (occupancy, kernel) = compile(&gpu, &cfg)?;
+        let coeffs =
+            gpu.function_entry(Kernel::Beamform, &cfg.defines(occupancy), "beam_coeffs")?;
+        // The ring is dynamic shared memory, beyond the default 48 KiB at 8 warps.
+        kernel.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            cfg.ring_bytes(occupancy) as i32,
+        )?;
         let st = &gpu.compute;
         let params = |gpu: &Gpu| -> Result<CallParams, GpuError> {
             let st = &gpu.compute;
@@ -164,7 +230,10 @@ impl Beamformer {
             })
         };
         Ok(Beamformer {
+            occupancy,
             kernel,
+            coeffs,
+            table: st.alloc_zeros(cfg.table_bytes())?,
             weights: st.alloc_zeros(cfg.beams * cfg.n_ants * 2)?,
             delays: st.alloc_zeros(cfg.beams * cfg.n_ants)?,
             pols: st.alloc_zeros(cfg.beams)?,
@@ -181,8 +250,8 @@ impl Beamformer {
         self.cfg
     }
 
-    /// Upload the beams' coefficients (on the compute stream, ordered before later forms) when
-    /// `version` differs from the last upload's.
+    /// Upload the beams' weights and delays and make their digit table (on the compute stream,
+    /// ordered before later forms) when `version` differs from the last upload's.
     pub fn set_beams(&mut self, version: u64, beams: &[Beam]) -> Result<(), GpuError> {
         if self.version == Some(version) {
             return Ok(());
@@ -213,6 +282,22 @@ impl Beamformer {
         st.memcpy_htod(&delays, &mut self.delays)?;
         st.memcpy_htod(&pols, &mut self.pols)?;
         st.memcpy_htod(&scales, &mut self.scales)?;
+        let threads = self.cfg.table_bytes() / 24;
+        let launch = LaunchConfig {
+            grid_dim: (threads.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = st.launch_builder(&self.coeffs);
+        b.arg(&self.weights)
+            .arg(&self.delays)
+            .arg(&self.pols)
+            .arg(&self.scales)
+            .arg(&mut self.table);
+        // SAFETY: the buffers were sized from the config whose constants the kernel was built
+        // with; thread i writes only its own 24 bytes of the table, and no thread exists past
+        // the table's end (the kernel also checks).
+        unsafe { b.launch(launch) }?;
         self.version = Some(version);
         Ok(())
     }
@@ -283,13 +368,11 @@ impl Beamformer {
                 1,
             ),
             block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: cfg.ring_bytes(self.occupancy) as u32,
         };
         let mut b = st.launch_builder(&self.kernel);
         b.arg(input)
-            .arg(&self.weights)
-            .arg(&self.delays)
-            .arg(&self.pols)
+            .arg(&self.table)
             .arg(&self.scales)
             .arg(&p.present)
             .arg(&p.seeds)
@@ -307,15 +390,34 @@ impl Beamformer {
     }
 }
 
-/// The power of two by which the kernel scales a beam's weights before splitting them into fp16
-/// hi + lo parts: the largest |w|·2^s is at most 2¹⁴, so that every part is a normal fp16 number
-/// far from overflow (2¹⁴ · 128 per product, exact in the fp32 accumulator) and the split keeps
-/// about 22 bits ([`super::pow2_scale`]: weights beyond 2^±140 lose that guarantee; a beam of
-/// zero or non-finite weights is not scaled).
+/// The beamformer kernel for `cfg` at the first of [`OCCUPANCIES`] that compiles without a
+/// ptxas warning (a spill), or the last one's error.
+fn compile(gpu: &Gpu, cfg: &BeamformConfig) -> Result<(Occupancy, CudaFunction), GpuError> {
+    let mut last = None;
+    for occupancy in OCCUPANCIES {
+        match gpu.function(Kernel::Beamform, &cfg.defines(occupancy)) {
+            Ok(f) => return Ok((occupancy, f)),
+            Err(e @ GpuError::Compile { .. }) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| GpuError::Backend("beamformer: no occupancy to try".into())))
+}
+
+/// The power of two by which the kernel scales a beam's weights before rounding them to
+/// integers and writing them as three int8 digits in base 256: the largest |w|·2^s is at most
+/// 126·2¹⁶, so that its leading digit stays within ±127 and it keeps 22 bits or more
+/// ([`super::pow2_scale`]; the scale is held to 2^±100 so that the kernel's 2¹⁶·2^−s stays
+/// finite: weights beyond 2^±100 lose those bits; a beam of zero or non-finite weights is not
+/// scaled).
 pub fn beam_scale(beam: &Beam) -> f32 {
     let max = beam.weights.iter().map(|w| w.norm()).fold(0.0, f64::max);
-    super::pow2_scale(max, 16384.0) as f32
+    super::pow2_scale(max, DIGIT_LIMIT).clamp(2f64.powi(-100), 2f64.powi(100)) as f32
 }
+
+/// The largest scaled weight, 126·2¹⁶: with the lower digits' ±(128·2⁸ + 128) the leading
+/// digit stays within ±127.
+const DIGIT_LIMIT: f64 = 8_257_536.0;
 
 #[cfg(test)]
 mod tests {
@@ -334,15 +436,19 @@ mod tests {
         }
     }
 
-    /// The scaled largest weight lies in (2¹³, 2¹⁴] whatever the weights' magnitude, and the
+    /// The scaled largest weight lies in (126·2¹⁵, 126·2¹⁶] whatever the weights' magnitude
+    /// (so its leading base-256 digit is at most 127 and it keeps 22 bits or more), and the
     /// scale is a power of two (so that undoing it is exact).
     #[test]
-    fn beam_scale_puts_the_largest_weight_just_below_two_to_the_14() {
+    fn beam_scale_puts_the_largest_weight_just_below_the_leading_digits_limit() {
         for max in [1e-9, 3e-4, 0.05, 0.25, 1.0, 7.5, 16384.0, 1e6] {
             let s = beam_scale(&beam(&[max / 3.0, max, max / 1e4]));
             assert_eq!(s.to_bits() & 0x007f_ffff, 0, "{s} is not a power of two");
             let top = max * f64::from(s);
-            assert!(top > 8192.0 && top <= 16384.0, "max {max}: scaled to {top}");
+            assert!(
+                top > 126.0 * 32768.0 && top <= 126.0 * 65536.0,
+                "max {max}: scaled to {top}"
+            );
         }
         assert_eq!(beam_scale(&beam(&[0.0, 0.0])), 1.0);
         assert_eq!(beam_scale(&beam(&[f64::NAN])), 1.0);
