@@ -8,7 +8,7 @@
 //! **Scales** (powers of two, so scaling and unscaling are exact):
 //! - intensities: s_I puts the caller's bound on every input intensity, `max_intensity`, in
 //!   (32752, 65504] ([`crate::gpu::pow2_scale`]), so no intensity overflows fp16 and those down
-//!   to 2⁻³⁰ of the bound are normal. Stage 1 can state that bound a priori
+//!   to 2⁻²⁹ of the bound are normal. Stage 1 can state that bound a priori
 //!   ([`super::frb::FrbConfig::max_intensity`]): a fixed scale needs no reduction over the
 //!   data and no read back.
 //! - tables: |U_p^M(θ)| ≤ 1 (seed 004 eq. 7: a mean of cosines), so |W| = |U·U′| ≤ 1 too;
