@@ -4,7 +4,7 @@
 //! device call for the ratio. Also printed: the device-to-device copy ceiling measured here
 //! (the input is read once: its share of the time at that rate) and the tensor-core rate the
 //! kernel's MMAs reach (fp16 `mma.sync` m16n8k16, counted as issued, padding included). The
-//! second stage (`gpu::frb_resample`, float32 cuBLAS) is timed apart at case 5.
+//! second stage (`gpu::frb_resample`, cuBLAS in float32 and in fp16) is timed apart at case 5.
 //!
 //! Input lives in device memory (random bytes: any byte is a valid sample); every time is the
 //! median of event-timed calls after warm-ups. Run `cbf selftest --gpu` first: a figure counts
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use cbf::dsp::frb::DishGrid;
 use cbf::dsp::frb_resample::FrbBeams;
 use cbf::gpu::frb::{FrbConfig, FrbStage1};
-use cbf::gpu::frb_resample::FrbResampler;
+use cbf::gpu::frb_resample::{FrbResampler, Precision};
 use cbf::gpu::{Gpu, GpuError};
 use num_complex::Complex32;
 
@@ -184,7 +184,8 @@ fn measure(
 }
 
 /// The second stage at case 5 (one call's slow samples for every channel): a 96×96 beam grid
-/// and seed 004 Table 4's 10·MN = 5760 listed beams, float32 cuBLAS.
+/// and seed 004 Table 4's 10·MN = 5760 listed beams, each in float32 and in fp16 (tensor-core
+/// GEMMs; the time includes the intensities' conversion to fp16).
 fn measure_stage2(gpu: &Arc<Gpu>, reps: usize) -> Result<(), GpuError> {
     let case = &CASES[4];
     let times = 2064;
@@ -206,18 +207,23 @@ fn measure_stage2(gpu: &Arc<Gpu>, reps: usize) -> Result<(), GpuError> {
             .map(|_| (theta(case.rows), theta(case.cols)))
             .collect(),
     );
+    let half = Precision::Float16 {
+        max_intensity: 1000.0,
+    };
     for (name, set) in [("96×96 beam grid", grid), ("5760 listed beams", list)] {
-        let mut op = FrbResampler::new(gpu, case.rows, case.cols, &set, rows)?;
-        let mut out = gpu.compute.alloc_zeros::<f32>(rows * op.beams())?;
-        let t = timed::<GpuError>(gpu, reps, &mut || {
-            op.resample(&input.as_view(), rows, &mut out)
-        })?;
-        println!(
-            "RESULT frb_stage2 case 5 {name:<18} {rows} rows {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time",
-            t * 1e3,
-            real * 1e3,
-            100.0 * t / real
-        );
+        for (arith, precision) in [("f32", Precision::Float32), ("f16", half)] {
+            let mut op = FrbResampler::new(gpu, case.rows, case.cols, &set, rows, precision)?;
+            let mut out = gpu.compute.alloc_zeros::<f32>(rows * op.beams())?;
+            let t = timed::<GpuError>(gpu, reps, &mut || {
+                op.resample(&input.as_view(), rows, &mut out)
+            })?;
+            println!(
+                "RESULT frb_stage2 case 5 {name:<18} {arith} {rows} rows {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time",
+                t * 1e3,
+                real * 1e3,
+                100.0 * t / real
+            );
+        }
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The XB-engine's `--frb-beam` outputs end to end (issue 17), in-process over loopback,
 //! against spead2 and numpy (`tests/reference/frb_peer.py`): spead2 plays every F-engine
 //! (int8, one heap withheld), aiokatcp sets complex dish weights with `?frb-weights` (one per
-//! dish, one per input, and a channel's own), spead2
+//! dish, one per input, a range of channels' own and a channel's own), spead2
 //! receives the FRB heaps, and numpy's **direct** beamforming (seed 004 eq. 2–3 with weights,
 //! both polarisations, complex128, no FFT) of the very data sent is the reference: by the main
 //! theorem the engine's FFT-and-resample intensities must equal it, for a partly filled grid,
@@ -212,23 +212,23 @@ fn resampled_beams_equal_direct_beamforming() {
     assert!(matches!(outputs[0].beams, FrbBeams::Product { .. }));
     let in_port = common::free_udp_port();
     // fa: one weight per dish (both pols, every channel); fb: one per input; fc: one per
-    // dish, then channels C0 + 1 and C0 + 3 each their own per input.
-    let request = |name: &str, channel: Option<usize>, w: &[String]| {
+    // dish, then channels C0 + 1 and C0 + 2 (the range C0+1:C0+3) their own per input, and
+    // C0 + 3 its own.
+    let request = |name: &str, channels: Option<String>, w: &[String]| {
         let mut r = vec![json!("frb-weights"), json!(name)];
-        r.extend(channel.map(|c| json!(format!("channel={}", C0 as usize + c))));
+        r.extend(channels.map(|c| json!(format!("channel={c}"))));
         r.extend(w.iter().map(|w| json!(w)));
         json!(r)
     };
-    let own: Vec<(usize, Vec<String>)> = [1, 3]
-        .iter()
-        .map(|&c| (c, weights(10 + c as u64, 2 * ANTS)))
-        .collect();
+    let (w1, w3) = (weights(11, 2 * ANTS), weights(13, 2 * ANTS));
+    let own: Vec<(usize, Vec<String>)> = vec![(1, w1.clone()), (2, w1.clone()), (3, w3.clone())];
     let mut requests = vec![
         request("fa", None, &weights(0, ANTS)),
         request("fb", None, &weights(1, 2 * ANTS)),
         request("fc", None, &weights(2, ANTS)),
+        request("fc", Some(format!("{}:{}", C0 + 1, C0 + 3)), &w1),
+        request("fc", Some(format!("{}", C0 + 3)), &w3),
     ];
-    requests.extend(own.iter().map(|(c, w)| request("fc", Some(*c), w)));
     // Refused: one weight too few, a bad number, a stream that is no FRB output.
     requests.push(json!(["frb-weights", "fa", "1", "1"]));
     let mut bad = vec![json!("frb-weights"), json!("fb")];

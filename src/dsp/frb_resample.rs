@@ -69,27 +69,37 @@ impl FrbBeams {
 }
 
 /// Stage 2's matrices (seed 004 §5), from U evaluated in f64 by `dsp::frb::u_sum` and rounded
-/// to f32 once; the GPU's second stage (`gpu::frb_resample`) uploads the same tables.
+/// once to the element type: f32 for the CPU backend and the GPU's float32 path
+/// ([`Resample::new`]), scaled fp16 for the GPU's half-precision path (`gpu::frb_half`).
 #[derive(Debug)]
-pub enum Resample {
+pub enum Resample<T = f32> {
     /// U (2M × P) and U′ (2N × Q), row-major.
     Product {
-        u: Vec<f32>,
-        u2: Vec<f32>,
+        u: Vec<T>,
+        u2: Vec<T>,
         p: usize,
         q: usize,
     },
     /// W ((2M·2N) × B), row-major.
-    General { w: Vec<f32>, beams: usize },
+    General { w: Vec<T>, beams: usize },
 }
 
 impl Resample {
-    /// The tables for `beams` of an `m` × `n` dish grid.
+    /// The f32 tables for `beams` of an `m` × `n` dish grid.
     pub fn new(m: usize, n: usize, beams: &FrbBeams) -> Resample {
+        Resample::rounded(m, n, beams, |x| x as f32)
+    }
+}
+
+impl<T> Resample<T> {
+    /// The tables for `beams` of an `m` × `n` dish grid, each entry computed in f64 (W as the
+    /// f64 product U·U′) and passed through `round` once.
+    pub fn rounded(m: usize, n: usize, beams: &FrbBeams, round: impl Fn(f64) -> T) -> Resample<T> {
         let (pm, pn) = (2 * m, 2 * n);
-        let u = |side: usize, thetas: &[f64]| -> Vec<f32> {
+        let round = &round;
+        let u = |side: usize, thetas: &[f64]| -> Vec<T> {
             (0..2 * side)
-                .flat_map(|p| thetas.iter().map(move |&t| u_sum(p, side, t) as f32))
+                .flat_map(|p| thetas.iter().map(move |&t| round(u_sum(p, side, t))))
                 .collect()
         };
         match beams {
@@ -114,7 +124,7 @@ impl Resample {
                     w: (0..pm * pn)
                         .flat_map(|r| {
                             let (p, q) = (r / pn, r % pn);
-                            (0..nb).map(move |k| (ua[p * nb + k] * ub[q * nb + k]) as f32)
+                            (0..nb).map(move |k| round(ua[p * nb + k] * ub[q * nb + k]))
                         })
                         .collect(),
                     beams: nb,

@@ -36,6 +36,8 @@ pub enum Kernel {
     Beamform,
     /// The FRB beamformer's first stage (`kernels/frb_stage1.cu`).
     FrbStage1,
+    /// The FRB second stage's fp16 operands (`kernels/frb_half.cu`).
+    FrbHalf,
     /// The narrowband down-conversion: mixer, low-pass FIR, subsampling (`kernels/ddc.cu`).
     Ddc,
     /// The narrowband PFB FIR on the complex DDC output (`kernels/pfb_complex.cu`).
@@ -57,6 +59,7 @@ impl Kernel {
             Kernel::CorrWgmma => "correlate_wgmma.cu",
             Kernel::Beamform => "beamform.cu",
             Kernel::FrbStage1 => "frb_stage1.cu",
+            Kernel::FrbHalf => "frb_half.cu",
             Kernel::Ddc => "ddc.cu",
             Kernel::PfbComplex => "pfb_complex.cu",
             Kernel::FmaPeak => "fma_peak.cu",
@@ -76,6 +79,7 @@ impl Kernel {
             Kernel::CorrWgmma => "corr_wgmma",
             Kernel::Beamform => "beamform",
             Kernel::FrbStage1 => "frb_stage1",
+            Kernel::FrbHalf => "frb_half",
             Kernel::Ddc => "ddc",
             Kernel::PfbComplex => "pfb_complex",
             Kernel::FmaPeak => "fma_peak",
@@ -113,6 +117,7 @@ impl Kernel {
             Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
             Kernel::Beamform => include_str!("../../kernels/beamform.cu"),
             Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
+            Kernel::FrbHalf => include_str!("../../kernels/frb_half.cu"),
             Kernel::Ddc => concat!(
                 include_str!("../../kernels/decode.cuh"),
                 include_str!("../../kernels/ddc.cu")

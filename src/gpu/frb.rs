@@ -79,6 +79,20 @@ impl FrbConfig {
         65000.0 / (128.0 * std::f64::consts::SQRT_2 * self.cols as f64)
     }
 
+    /// A bound on every intensity [`FrbStage1::run`] writes while every weight's magnitude is
+    /// at most `max_weight`. Exactly, |Ẽ| ≤ B = Σ_dishes |W|·|E| ≤ D·128√2·max|W| per (time,
+    /// pol) (−128 in both parts is the largest sample); the kernel's |Ẽ| errs by at most
+    /// δ = 3.1·2⁻¹¹·B + 2⁻²⁴·MN and its fp32 sums by (2·t_ds + 2)·2⁻²⁴ of I (module doc), so
+    /// I ≤ 2·t_ds·(B + δ)²·(1 + (2·t_ds + 2)·2⁻²⁴). The second stage's fp16 path scales its
+    /// inputs by this bound (`gpu::frb_half`).
+    pub fn max_intensity(&self, max_weight: f64) -> f64 {
+        let eps = 2f64.powi(-24);
+        let b = self.dishes as f64 * 128.0 * std::f64::consts::SQRT_2 * max_weight;
+        let field = b * (1.0 + 3.1 / 2048.0) + eps * (self.rows * self.cols) as f64;
+        let t = self.t_ds as f64;
+        2.0 * t * field * field * (1.0 + (2.0 * t + 2.0) * eps)
+    }
+
     pub fn times(&self) -> usize {
         self.spectra * self.batches
     }

@@ -14,6 +14,7 @@ pub mod ddc;
 pub mod ddc_tune;
 pub mod fft;
 pub mod frb;
+pub mod frb_half;
 pub mod frb_resample;
 pub mod memory;
 pub mod pfb;

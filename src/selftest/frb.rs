@@ -5,7 +5,8 @@
 //! random dish maps, `t_ds` 1, 3, 7 and 40 with slow samples running across calls (each case
 //! makes two or three calls whose lengths `t_ds` does not divide), several batches per call,
 //! −128 in the input, and weights of varied magnitude per (channel, dish, pol). The second stage
-//! (`gpu::frb_resample`) is checked against `dsp::frb`'s resampling, beam lists and beam grids.
+//! (`gpu::frb_resample`) is checked against `dsp::frb`'s resampling, beam lists and beam grids,
+//! in float32 and in fp16, each against its own derived bound.
 
 use std::sync::Arc;
 
@@ -20,7 +21,8 @@ use crate::dsp::frb::{
 };
 use crate::dsp::frb_resample::FrbBeams;
 use crate::gpu::frb::{error_bound, FrbConfig, FrbStage1};
-use crate::gpu::frb_resample::FrbResampler;
+use crate::gpu::frb_half::{dot_bound, rounded, v_bound};
+use crate::gpu::frb_resample::{FrbResampler, Precision};
 use crate::gpu::{Gpu, GpuError};
 
 struct Case {
@@ -161,20 +163,20 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
 }
 
 /// The second stage (`gpu::frb_resample`) against `dsp::frb::resample{,_factorised}` on random
-/// intensities, every beam within the float32 GEMM bound of the module doc.
+/// intensities (a quarter of them 1 to 10⁴ times smaller), every beam within the bound of its
+/// precision: float32's GEMM bound (module doc of `gpu::frb_resample`) or the fp16 path's
+/// derived bound (`gpu::frb_half`), computed per value from f64 sums of magnitudes.
 fn check_resample(
     gpu: &Arc<Gpu>,
-    rng: &mut SmallRng,
+    i: &[f32],
     (m, n): (usize, usize),
-    set: FrbBeams,
+    set: &FrbBeams,
     rows: usize,
+    precision: Precision,
 ) -> Result<Check, GpuError> {
     let (pm, pn) = (2 * m, 2 * n);
-    let i: Vec<f32> = (0..rows * pm * pn)
-        .map(|_| rng.random_range(0.0f32..1000.0))
-        .collect();
-    let mut op = FrbResampler::new(gpu, m, n, &set, rows)?;
-    let input = gpu.compute.clone_htod(&i)?;
+    let mut op = FrbResampler::new(gpu, m, n, set, rows, precision)?;
+    let input = gpu.compute.clone_htod(i)?;
     let mut out = gpu.compute.alloc_zeros::<f32>(rows * set.len())?;
     op.resample(&input.as_view(), rows, &mut out)?;
     let got = gpu.compute.clone_dtoh(&out)?;
@@ -182,7 +184,9 @@ fn check_resample(
     let u_abs = |len: usize, side: usize, t: f64| -> Vec<f64> {
         (0..len).map(|p| u_sum(p, side, t).abs()).collect()
     };
-    let (want, bound): (Vec<f64>, Vec<f64>) = match &set {
+    let eps = 2f64.powi(-24);
+    let half = op.half_scales();
+    let (want, bound): (Vec<f64>, Vec<f64>) = match set {
         FrbBeams::List(beams) => {
             let want = resample(&exact, m, n, beams);
             let k = (pm * pn) as f64;
@@ -190,10 +194,21 @@ fn check_resample(
             for (b, &(t, t2)) in beams.iter().enumerate() {
                 let (u, u2) = (u_abs(pm, m, t), u_abs(pn, n, t2));
                 for r in 0..rows {
-                    let s: f64 = (0..pm * pn)
-                        .map(|x| exact[r * pm * pn + x] * u[x / pn] * u2[x % pn])
-                        .sum();
-                    bound[r * beams.len() + b] = (k + 2.0) * 2f64.powi(-24) * s;
+                    let x = &exact[r * pm * pn..(r + 1) * pm * pn];
+                    let w = |rho: usize| u[rho / pn] * u2[rho % pn];
+                    bound[r * beams.len() + b] = match &half {
+                        None => {
+                            (k + 2.0) * eps * (0..pm * pn).map(|rho| x[rho] * w(rho)).sum::<f64>()
+                        }
+                        Some(s) => dot_bound((0..pm * pn).map(|rho| {
+                            (
+                                x[rho],
+                                rounded(x[rho], s.intensity_floor()),
+                                w(rho),
+                                rounded(w(rho), s.table_floor()),
+                            )
+                        })),
+                    };
                 }
             }
             (want, bound)
@@ -203,37 +218,62 @@ fn check_resample(
             thetas2: b,
         } => {
             let want = resample_factorised(&exact, m, n, a, b);
+            let us: Vec<Vec<f64>> = a.iter().map(|&t| u_abs(pm, m, t)).collect();
+            let u2s: Vec<Vec<f64>> = b.iter().map(|&t| u_abs(pn, n, t)).collect();
             let mut bound = vec![0.0; want.len()];
             for r in 0..rows {
-                for (ia, &t) in a.iter().enumerate() {
-                    let u = u_abs(pm, m, t);
-                    for (ib, &t2) in b.iter().enumerate() {
-                        let u2 = u_abs(pn, n, t2);
-                        let s: f64 = (0..pm * pn)
-                            .map(|x| exact[r * pm * pn + x] * u[x / pn] * u2[x % pn])
-                            .sum();
+                let x = &exact[r * pm * pn..(r + 1) * pm * pn];
+                for (ia, u) in us.iter().enumerate() {
+                    // (A_aq, bound on V_aq's error) per q; float32 needs only A.
+                    let v: Vec<(f64, f64)> = (0..pn)
+                        .map(|q| {
+                            let terms = (0..pm).map(|p| (x[p * pn + q], u[p]));
+                            match &half {
+                                None => (terms.map(|(i, u)| i * u).sum(), 0.0),
+                                Some(s) => v_bound(s, terms),
+                            }
+                        })
+                        .collect();
+                    for (ib, u2) in u2s.iter().enumerate() {
                         bound[(r * a.len() + ia) * b.len() + ib] =
-                            (pm + pn + 4) as f64 * 2f64.powi(-24) * s;
+                            match &half {
+                                None => {
+                                    (pm + pn + 4) as f64
+                                        * eps
+                                        * (0..pn).map(|q| v[q].0 * u2[q]).sum::<f64>()
+                                }
+                                Some(s) => dot_bound((0..pn).map(|q| {
+                                    (v[q].0, v[q].1, u2[q], rounded(u2[q], s.table_floor()))
+                                })),
+                            };
                     }
                 }
             }
             (want, bound)
         }
     };
-    let worst = got
-        .iter()
-        .zip(&want)
-        .zip(&bound)
-        .map(|((g, w), lim)| (f64::from(*g) - w).abs() / lim)
-        .fold(0.0f64, f64::max);
+    let (mut worst, mut rms) = (0.0f64, 0.0f64);
+    for ((g, w), lim) in got.iter().zip(&want).zip(&bound) {
+        let err = (f64::from(*g) - w).abs();
+        worst = worst.max(err / lim);
+        rms += (err / lim).powi(2);
+    }
+    let rms = (rms / want.len().max(1) as f64).sqrt();
     let kind = set.to_string();
+    let (short, arith) = match precision {
+        Precision::Float32 => ("f32", "float32".to_string()),
+        Precision::Float16 { max_intensity } => (
+            "f16",
+            format!("fp16 (inputs bounded by {max_intensity:.0e})"),
+        ),
+    };
     Ok(Check {
-        name: format!("frb stage 2 {m:>2}×{n:<2} {kind} {rows} rows"),
+        name: format!("frb stage 2 {short} {m:>2}×{n:<2} {kind} {rows} rows"),
         measured: worst,
         limit: 1.0,
         pass: got.len() == want.len() && worst <= 1.0,
         note: format!(
-            "largest error / float32 GEMM bound {worst:.3} over {} beams",
+            "largest error / {arith} bound {worst:.3} (RMS {rms:.3}) over {} beams",
             want.len()
         ),
     })
@@ -261,11 +301,13 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     .iter()
     .map(|case| check(gpu, &mut rng, case))
     .collect::<Result<Vec<_>, _>>()?;
-    for (grid, a, b, rows) in [
-        ((3, 4), 7, 0, 5),
-        ((8, 12), 5, 7, 11),
-        ((24, 24), 48, 48, 4),
-        ((24, 24), 100, 0, 3),
+    // Each shape in float32 and fp16, the fp16 bound on the inputs tight (their largest
+    // possible value) or loose (values far below it, some subnormal once scaled).
+    for (grid, a, b, rows, loose) in [
+        ((3, 4), 7, 0, 5, 1.0),
+        ((8, 12), 5, 7, 11, 1.0),
+        ((24, 24), 48, 48, 4, 1e6),
+        ((24, 24), 100, 0, 3, 1e3),
     ] {
         let mut theta = |side: usize| rng.random_range(-(side as f64)..2.0 * side as f64);
         let set = if b == 0 {
@@ -276,7 +318,24 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
                 thetas2: (0..b).map(|_| theta(grid.1)).collect(),
             }
         };
-        checks.push(check_resample(gpu, &mut rng, grid, set, rows)?);
+        let i: Vec<f32> = (0..rows * 4 * grid.0 * grid.1)
+            .map(|_| {
+                let dim = if rng.random_range(0..4) == 0 {
+                    10f32.powf(-rng.random_range(0.0..4.0f32))
+                } else {
+                    1.0
+                };
+                rng.random_range(0.0f32..1000.0) * dim
+            })
+            .collect();
+        for precision in [
+            Precision::Float32,
+            Precision::Float16 {
+                max_intensity: 1000.0 * loose,
+            },
+        ] {
+            checks.push(check_resample(gpu, &i, grid, &set, rows, precision)?);
+        }
     }
     Ok(checks)
 }

@@ -11,11 +11,13 @@
 //! list). Errors are taken relative to each channel's peak, so a weak channel is judged as
 //! strictly as a strong one.
 //!
-//! This is a wiring check — heap layout, weights, scaling, versioning — not the numeric one:
-//! each GPU stage is checked against its derived error bound by [`super::frb`]. Their errors
-//! (≤ 3.1·2⁻¹¹ of the field per value in stage 1, float32 in stage 2, float16 encoding 2⁻¹¹) are
-//! far below the limit used here, 1 % of the channel's largest value, which any layout, weight or
-//! scale mistake exceeds by orders of magnitude.
+//! This is a wiring check — heap layout, weights, scaling, versioning, both second-stage
+//! precisions — not the numeric one: each GPU stage is checked against its derived error bound
+//! by [`super::frb`]. Their errors (≤ 3.1·2⁻¹¹ of the field per value in stage 1; in stage 2
+//! float32, or fp16 within about 4·2⁻¹¹ of Σ|U|·I·|U′| ≤ 3.1·max I on this grid, random in sign so
+//! far less in practice; float16 encoding 2⁻¹¹) are below the limit used here, 1 % of the
+//! channel's largest value, which any layout, weight or scale mistake exceeds by orders of
+//! magnitude.
 
 use std::sync::Arc;
 
@@ -44,7 +46,12 @@ fn decode(bytes: &[u8]) -> Vec<f64> {
         .collect()
 }
 
-fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, GpuError> {
+fn check(
+    gpu: &Arc<Gpu>,
+    rng: &mut SmallRng,
+    beams: FrbBeams,
+    stage2_f32: bool,
+) -> Result<Check, GpuError> {
     // 10 dishes on a 3×4 grid (two cells empty), 8 channels, 2 batches of 64 spectra, t_ds 16.
     let (rows, cols, channels, spectra, batches, t_ds) = (3, 4, 8, 64, 2, 16);
     let cells: Vec<(usize, usize)> = (0..rows * cols)
@@ -90,6 +97,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
         grid: grid.clone(),
         beams: beams.clone(),
         scale,
+        stage2_f32,
     };
     let mut cuda = CudaBackend::new(Arc::clone(gpu), shape, batches, 0)?.with_frb(&[spec])?;
     let heap_bytes = n_ants * channels * spectra * 4;
@@ -160,8 +168,11 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, beams: FrbBeams) -> Result<Check, G
         values += g.len();
     }
     let form = beams.to_string();
+    let stage2 = if stage2_f32 { "f32" } else { "f16" };
     Ok(Check {
-        name: format!("xbengine frb cuda vs cpu 3×4 grid {n_ants} dishes t_ds {t_ds}, {form}"),
+        name: format!(
+            "xbengine frb cuda vs cpu 3×4 grid {n_ants} dishes t_ds {t_ds}, {form}, stage 2 {stage2}"
+        ),
         measured: worst,
         limit: LIMIT,
         pass: worst <= LIMIT,
@@ -176,8 +187,13 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     let list: Vec<(f64, f64)> = (0..7)
         .map(|_| (rng.random_range(-1.5..1.5), rng.random_range(-2.0..2.0)))
         .collect();
-    [FrbBeams::even(3, 4, 5, 7), FrbBeams::List(list)]
-        .into_iter()
-        .map(|beams| check(gpu, &mut rng, beams))
-        .collect()
+    // The default fp16 second stage for both forms, float32 for one.
+    [
+        (FrbBeams::even(3, 4, 5, 7), false),
+        (FrbBeams::List(list), false),
+        (FrbBeams::even(3, 4, 5, 7), true),
+    ]
+    .into_iter()
+    .map(|(beams, f32)| check(gpu, &mut rng, beams, f32))
+    .collect()
 }

@@ -181,7 +181,7 @@ impl XbControl {
                 "The complex weights applied to the dishes of this FRB beamformer",
                 "",
                 "string",
-                frb_weights.describe(channels.count, name),
+                frb_weights.describe(channels, name),
             );
             sensors.add(
                 &format!("{name}.frb-clip-cnt"),
@@ -308,7 +308,7 @@ impl Handler for XbControl {
             (
                 "frb-weights",
                 "Set or read an FRB beamformer's complex dish weights: ?frb-weights stream \
-                 [channel=c] [w0 w1 ... (one per dish, or one per dish and pol)]",
+                 [channel=c|a:b] [w0 w1 ... (one per dish, or one per dish and pol)]",
             ),
         ]
     }
@@ -380,21 +380,24 @@ impl Handler for XbControl {
                     .iter()
                     .position(|n| n == name)
                     .ok_or_else(|| format!("no FRB beam output named {name:?}"))?;
-                let count = self.channels.count;
                 match parse_request(&args[1..], self.n_ants, self.channels)? {
-                    FrbWeightsRequest::Get { channel } => {
+                    FrbWeightsRequest::Get { channels } => {
                         let all = lock(&self.frb_weights);
-                        let w = all[i].get(count, channel).ok_or_else(|| {
-                            "the weights differ between channels: name one with channel=c"
-                                .to_string()
+                        let w = all[i].get(channels.clone()).map_err(|c| {
+                            format!(
+                                "the weights of channels {} and {} differ: name a run of equal \
+                                 weights with channel=a:b ({name}.weight lists them)",
+                                self.channels.band(channels.start),
+                                self.channels.band(c)
+                            )
                         })?;
                         Ok(w.iter().map(format_weight).collect())
                     }
-                    FrbWeightsRequest::Set { channel, weights } => {
+                    FrbWeightsRequest::Set { channels, weights } => {
                         let text = {
                             let mut all = lock(&self.frb_weights);
-                            all[i].set(count, channel, &weights);
-                            all[i].describe(count, name)
+                            all[i].set(channels, &weights);
+                            all[i].describe(self.channels, name)
                         };
                         self.note_change();
                         self.sensors
@@ -522,20 +525,62 @@ mod tests {
         assert_eq!(w2.version, w.version + 2);
         assert_eq!(w2.weights[(2 * 3 + 1) * 2 + 1], Complex32::new(0.0, 4.0));
         assert_eq!(w2.weights[(3 * 3 + 1) * 2 + 1], Complex32::new(4.0, 0.0));
-        assert!(c
-            .sensors
-            .get("f0.weight")
-            .unwrap()
-            .value
-            .contains("channel=c"));
-        // Reads: a channel's, and every channel's only while they agree.
+        let six = "[1.0+0.0j, 2.0+0.0j, 3.0+0.0j, 4.0+0.0j, 5.0+0.0j, 6.0+0.0j]";
+        let sixj = "[0.0+1.0j, 0.0+2.0j, 0.0+3.0j, 0.0+4.0j, 0.0+5.0j, 0.0+6.0j]";
+        assert_eq!(
+            c.sensors.get("f0.weight").unwrap().value,
+            format!("channels 16:18 {six}; channels 18:19 {sixj}; channels 19:20 {six}")
+        );
+        // Reads: a channel's, and a range's or every channel's only while they agree.
         assert_eq!(
             call(&c, "frb-weights", &["f0", "channel=19"]).unwrap(),
             ["1.0+0.0j", "2.0+0.0j", "3.0+0.0j", "4.0+0.0j", "5.0+0.0j", "6.0+0.0j"]
         );
-        assert!(call(&c, "frb-weights", &["f0"])
+        assert_eq!(
+            call(&c, "frb-weights", &["f0", "channel=16:18"]).unwrap(),
+            call(&c, "frb-weights", &["f0", "channel=19:"]).unwrap()
+        );
+        assert_eq!(
+            call(&c, "frb-weights", &["f0"]).unwrap_err(),
+            "the weights of channels 16 and 18 differ: name a run of equal weights with \
+             channel=a:b (f0.weight lists them)"
+        );
+        assert!(call(&c, "frb-weights", &["f0", "channel=17:20"])
             .unwrap_err()
-            .contains("differ between channels"));
+            .contains("channels 17 and 18 differ"));
+        // A range set: one version, the channels outside it untouched.
+        call(
+            &c,
+            "frb-weights",
+            &["f0", "channel=17:19", "2", "-1", "0.5j"],
+        )
+        .unwrap();
+        let w3 = c.frb_weights_if_changed(0, w2.version).unwrap();
+        assert_eq!(w3.version, w2.version + 1);
+        // (channel, dish, pol): dish 2, pol 1 of local channels 0 … 3.
+        let at = |ch: usize| w3.weights[(ch * 3 + 2) * 2 + 1];
+        assert_eq!(at(0), Complex32::new(6.0, 0.0));
+        assert_eq!(at(1), Complex32::new(0.0, 0.5));
+        assert_eq!(at(2), Complex32::new(0.0, 0.5));
+        assert_eq!(at(3), Complex32::new(6.0, 0.0));
+        assert_eq!(
+            c.sensors.get("f0.weight").unwrap().value,
+            format!(
+                "channels 16:17 {six}; channels 17:19 [2.0+0.0j, -1.0+0.0j, 0.0+0.5j]; \
+                 channels 19:20 {six}"
+            )
+        );
+        assert_eq!(
+            call(&c, "frb-weights", &["f0", "channel=17:19"]).unwrap(),
+            [
+                "2.0+0.0j",
+                "2.0+0.0j",
+                "-1.0+0.0j",
+                "-1.0+0.0j",
+                "0.0+0.5j",
+                "0.0+0.5j"
+            ]
+        );
         for bad in [
             &["f0", "1", "1"][..],
             &["f0", "1", "1", "1", "1"],
@@ -543,6 +588,9 @@ mod tests {
             &["f0", "1", "nan", "1"],
             &["f0", "channel=20", "1", "1", "1"],
             &["f0", "channel=15"],
+            &["f0", "channel=18:21"],
+            &["f0", "channel=18:18", "1", "1", "1"],
+            &["f0", "channel=18-19", "1", "1", "1"],
             &["b0", "1", "1", "1"],
             &[],
         ] {
@@ -551,7 +599,7 @@ mod tests {
         assert!(call(&c, "frb-weights", &["f0", "1"])
             .unwrap_err()
             .contains("expected 3 or 6"));
-        assert_eq!(c.frb_weights_if_changed(0, 0).unwrap().version, w2.version);
+        assert_eq!(c.frb_weights_if_changed(0, 0).unwrap().version, w3.version);
         call(&c, "capture-stop", &["f0"]).unwrap();
         assert!(!c.capture()[3].sends(0));
     }

@@ -1,8 +1,9 @@
 //! The CUDA backend's `--frb-beam` outputs (issue 17; seed 004): per output the GPU first stage
 //! ([`FrbStage1`], the gridded fp16 tensor-core transform summed to intensities) over the
-//! device copy of the chunk, then the second stage ([`FrbResampler`], cuBLAS) to the output's
-//! beams, on the compute stream after the chunk's beams; the beams are copied back and encoded
-//! to float16 on the host as the CPU backend encodes its own, one chunk later.
+//! device copy of the chunk, then the second stage ([`FrbResampler`], cuBLAS: fp16 operands
+//! by default, float32 with `stage2=f32`) to the output's beams, on the compute stream after
+//! the chunk's beams; the beams are copied back and encoded to float16 on the host as the CPU
+//! backend encodes its own, one chunk later.
 //!
 //! - **Weights**: per (channel, dish, pol) (`?frb-weights`, [`super::frb_weights`]), the first
 //!   stage's own layout, uploaded only when their version changes. A channel's intensities are
@@ -10,6 +11,9 @@
 //!   the channel's largest just below the first stage's fp16 range limit
 //!   ([`FrbStage1::set_weights`]) and that channel's output by 1/s_c² (exact), so no finite
 //!   weight is refused and a channel of small weights keeps its precision beside one of large.
+//! - **fp16 second stage**: its inputs are scaled by a bound fixed at start-up,
+//!   [`FrbConfig::max_intensity`] at the scaled weights' limit (below), which no intensity
+//!   of any chunk can exceed whatever the weights, so nothing is measured per chunk.
 //! - **Missing antennas**: the engine zeroes missing heaps before the chunk is loaded, so they
 //!   add nothing; the presence flags are not needed here.
 //! - **Slow samples**: the configuration makes `t_ds` divide a chunk's spectra, so every call
@@ -35,7 +39,7 @@ use crate::dsp::frb::DishGrid;
 use crate::dsp::frb_fast::encode_f16;
 use crate::dsp::frb_resample::FrbBeams;
 use crate::gpu::frb::{FrbConfig, FrbStage1};
-use crate::gpu::frb_resample::FrbResampler;
+use crate::gpu::frb_resample::{FrbResampler, Precision};
 use crate::gpu::{Gpu, GpuError};
 
 /// What one output's GPU stages are built from.
@@ -45,6 +49,8 @@ pub struct CudaFrbSpec {
     pub beams: FrbBeams,
     /// The float16 encoding's scale (`--frb-beam`'s `scale`).
     pub scale: f32,
+    /// The second stage in float32 (`stage2=f32`) rather than fp16.
+    pub stage2_f32: bool,
 }
 
 /// One `--frb-beam` output on the GPU.
@@ -83,12 +89,25 @@ fn weight_scale(weights: &[Complex32], limit: f64) -> f64 {
     crate::gpu::pow2_scale(max, limit)
 }
 
+/// Each channel's weights are scaled to at most this: a little below the first stage's limit,
+/// which it refuses to reach. The fp16 second stage's bound on the intensities follows from it.
+fn weight_limit(cfg: &FrbConfig) -> f64 {
+    0.98 * cfg.max_weight()
+}
+
 impl CudaFrb {
     pub(super) fn new(gpu: &Arc<Gpu>, spec: &CudaFrbSpec) -> Result<CudaFrb, GpuError> {
         let cfg = spec.config;
         let stage1 = FrbStage1::new(Arc::clone(gpu), cfg, &spec.grid)?;
         let rows = cfg.channels * cfg.out_rows();
-        let resampler = FrbResampler::new(gpu, cfg.rows, cfg.cols, &spec.beams, rows)?;
+        let precision = if spec.stage2_f32 {
+            Precision::Float32
+        } else {
+            Precision::Float16 {
+                max_intensity: cfg.max_intensity(weight_limit(&cfg)),
+            }
+        };
+        let resampler = FrbResampler::new(gpu, cfg.rows, cfg.cols, &spec.beams, rows, precision)?;
         let st = &gpu.compute;
         let len = rows * resampler.beams();
         let slots = (0..FRB_SLOTS)
@@ -138,8 +157,7 @@ impl CudaFrb {
                     cfg.channels * per_channel
                 )));
             }
-            // A little below the first stage's limit, which it refuses to reach.
-            let limit = 0.98 * cfg.max_weight();
+            let limit = weight_limit(&cfg);
             let mut scaled = Vec::with_capacity(input.weights.len());
             for (row, inverse) in input
                 .weights

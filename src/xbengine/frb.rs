@@ -90,6 +90,7 @@ pub(super) fn cuda_specs(config: &XbengineConfig, plan: &Plan) -> Vec<CudaFrbSpe
             grid: f.grid.clone(),
             beams: f.beams.clone(),
             scale: f.scale() as f32,
+            stage2_f32: f.stage2_f32,
         })
         .collect()
 }

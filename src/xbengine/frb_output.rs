@@ -1,5 +1,5 @@
 //! The `--frb-beam` output (seed 004; cbf's own, katgpucbf has none):
-//! `name=…,dst=A.B.C.D:port,grid=M×N,dish_map=FILE,t_ds=T,beams=P×Q|FILE[,scale=S]`, parsed
+//! `name=…,dst=A.B.C.D:port,grid=M×N,dish_map=FILE,t_ds=T,beams=P×Q|FILE[,scale=S][,stage2=f16|f32]`, parsed
 //! with errors that name the key, its files read with a bound on their size.
 //!
 //! - `grid=M×N` (or `MxN`): the regular dish grid, 1 ≤ M, N ≤ [`MAX_GRID_SIDE`].
@@ -16,6 +16,10 @@
 //! - `scale=S`: intensities are sent as S·J in float16; default 1 / (2 · T · dishes), the mean
 //!   power per dish, polarisation and fast sample, so that noise of unit variance per
 //!   component reads ≈ 2 in every beam.
+//! - `stage2=f16|f32`: the arithmetic of the CUDA backend's second stage (`gpu::frb_resample`):
+//!   fp16 operands with fp32 sums on the tensor cores (default; its derived error bound is
+//!   acceptable for intensities, see there), or float32 throughout. The CPU backend computes
+//!   in float32 either way.
 #![deny(unsafe_code)]
 
 use std::io::Read;
@@ -51,6 +55,8 @@ pub struct FrbBeamOutput {
     pub beams: FrbBeams,
     /// `scale=`, or `None` for the default.
     pub scale: Option<f64>,
+    /// `stage2=f32`: the CUDA second stage in float32 rather than fp16.
+    pub stage2_f32: bool,
 }
 
 impl FrbBeamOutput {
@@ -100,6 +106,7 @@ impl FrbBeamOutput {
     pub fn parse(text: &str) -> Result<FrbBeamOutput, String> {
         let (mut name, mut dst, mut grid, mut map, mut t_ds, mut beams, mut scale) =
             (None, None, None, None, None, None, None);
+        let mut stage2_f32 = false;
         for (k, v) in pairs(text)? {
             match k {
                 "name" => name = Some(valid_name(v)?),
@@ -115,6 +122,13 @@ impl FrbBeamOutput {
                             .filter(|s| s.is_finite() && *s > 0.0)
                             .ok_or_else(|| key(k, v, "not a positive number"))?,
                     )
+                }
+                "stage2" => {
+                    stage2_f32 = match v {
+                        "f16" => false,
+                        "f32" => true,
+                        _ => return Err(key(k, v, "expected f16 or f32")),
+                    }
                 }
                 _ => return Err(format!("unknown key {k:?}")),
             }
@@ -145,6 +159,7 @@ impl FrbBeamOutput {
             t_ds: t_ds.ok_or("missing t_ds=")?,
             beams,
             scale,
+            stage2_f32,
         })
     }
 }
@@ -264,12 +279,14 @@ mod tests {
         assert_eq!(o.grid.cells(), [0, 5, 1]);
         assert_eq!(o.beams, FrbBeams::even(2, 3, 4, 3));
         assert!((o.scale() - 1.0 / 18.0).abs() < 1e-15);
+        assert!(!o.stage2_f32, "fp16 by default");
         let o = FrbBeamOutput::parse(&format!(
-            "name=frb,dst=239.1.2.3:7148,grid=2x3,dish_map={map},t_ds=1,beams={beams},scale=0.5"
+            "name=frb,dst=239.1.2.3:7148,grid=2x3,dish_map={map},t_ds=1,beams={beams},scale=0.5,stage2=f32"
         ))
         .unwrap();
         assert_eq!(o.beams, FrbBeams::List(vec![(0.5, -1.25), (3.0, 4.0)]));
         assert_eq!(o.scale(), 0.5);
+        assert!(o.stage2_f32);
     }
 
     #[test]
@@ -328,6 +345,14 @@ mod tests {
         assert!(FrbBeamOutput::parse(&format!("{good},scale=-1"))
             .unwrap_err()
             .starts_with("scale="));
+        assert!(
+            !FrbBeamOutput::parse(&format!("{good},stage2=f16"))
+                .unwrap()
+                .stage2_f32
+        );
+        assert!(FrbBeamOutput::parse(&format!("{good},stage2=f64"))
+            .unwrap_err()
+            .starts_with("stage2=f64: expected f16 or f32"));
         assert!(FrbBeamOutput::parse(&format!("{good},colour=red"))
             .unwrap_err()
             .contains("colour"));
