@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use cbf::dsp::pfb::Window;
 use cbf::dsp::postproc::OutputBits;
-use cbf::fengine::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
+use cbf::fengine::cuda::{default_batch, default_depth, default_unzip, GpuBackend, GpuConfig};
 use cbf::fengine::cuda_input::{InputShape, SharedInput};
 use cbf::fengine::narrowband_output::NarrowbandOutput;
 use cbf::fengine::output::{OutputSpec, WidebandOutput};
@@ -154,7 +154,7 @@ pub fn whole_path_outputs(
             out_bits: OutputBits::Eight,
             unzip: default_unzip(o.channels()),
             batch: default_batch(sph),
-            depth: (8 / default_batch(sph)).max(2),
+            depth: default_depth(sph),
         };
         let mut backend = match &o {
             OutputSpec::Wideband(w) => GpuBackend::wideband(&input, w, gcfg)?,

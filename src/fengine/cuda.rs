@@ -31,7 +31,7 @@ use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
 
 pub use super::cuda_front::DdcChoice;
-pub use super::cuda_shape::{default_batch, default_unzip, GpuConfig};
+pub use super::cuda_shape::{default_batch, default_depth, default_unzip, GpuConfig};
 
 /// A run of consecutive spectra of one polarisation with one coarse delay.
 #[derive(Debug, Clone, Copy)]

@@ -53,9 +53,25 @@ pub struct GpuConfig {
 }
 
 /// Heaps per back-end launch: enough for 256 spectra, below which post-processing was
-/// measured at a fraction of its bandwidth (bench/gpu-notes.md v7). Batches of 1024 spectra
-/// gave the PFB and post-processing larger launches but cut the three-output whole path at
-/// 4096 wideband channels from 83–86 % of the PCIe bound to 56–71 % (v15).
+/// measured at a fraction of its bandwidth (bench/gpu-notes.md v7), and 1024 where heaps have
+/// 256 spectra or more (4096 channels and fewer at katgpucbf's 2²⁰ samples per heap), whose
+/// PFB launches of one 256-spectrum heap reached only ≈ 30 % of the copy bandwidth (v15). Not
+/// 1024 for smaller heaps: with 32-spectrum heaps (32768 channels) such batches cut the
+/// three-output whole path from ≈ 105 % to ≈ 87 % of the PCIe bound (v16).
 pub fn default_batch(spectra_per_heap: usize) -> usize {
-    256usize.div_ceil(spectra_per_heap).max(1)
+    let spectra: usize = if spectra_per_heap >= 256 { 1024 } else { 256 };
+    spectra.div_ceil(spectra_per_heap).max(1)
+}
+
+/// Output slots of [`default_batch`] heaps in flight: about 8 heaps kept the copies busy in
+/// every run (bench/RESULTS.md), in at least two slots, and four where a batch is 1024
+/// spectra (two slots of them held back the three-output whole path, v16).
+pub fn default_depth(spectra_per_heap: usize) -> usize {
+    let batch = default_batch(spectra_per_heap);
+    let min = if batch * spectra_per_heap >= 1024 {
+        4
+    } else {
+        2
+    };
+    (8 / batch).max(min)
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::backend::Backend;
 use super::config::FengineConfig;
-use super::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
+use super::cuda::{default_batch, default_depth, default_unzip, GpuBackend, GpuConfig};
 use super::cuda_input::{InputShape, SharedInput};
 use super::narrowband::{NarrowbandBackend, NarrowbandSizes};
 use super::output::OutputSpec;
@@ -170,8 +170,6 @@ fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize) -> GpuConfig {
         out_bits: pcfg.out_bits,
         unzip,
         batch: default_batch(pcfg.spectra_per_heap),
-        // About 8 heaps in flight kept the copies busy in every run (bench/RESULTS.md), in at
-        // least two slots.
-        depth: (8 / default_batch(pcfg.spectra_per_heap)).max(2),
+        depth: default_depth(pcfg.spectra_per_heap),
     }
 }
