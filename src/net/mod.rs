@@ -63,6 +63,13 @@ pub trait PacketReceiver: Send {
         0
     }
 
+    /// Bring [`PacketReceiver::kernel_drops`] up to date without receiving: a receive thread
+    /// that cannot receive (waiting for a free chunk) calls it so that the drops this causes
+    /// are seen while they happen. The socket transports otherwise learn the count only with
+    /// a datagram, DPDK every few batches. Costs a system call or two; nothing where the
+    /// transport cannot tell.
+    fn refresh_kernel_drops(&mut self) {}
+
     /// Frames the transport itself refused, by cause: those that see whole frames (DPDK)
     /// parse them; socket transports leave that to the kernel and report none.
     fn frame_drops(&self) -> frame::FrameDrops {
@@ -94,6 +101,10 @@ impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
 
     fn kernel_drops(&self) -> u64 {
         (**self).kernel_drops()
+    }
+
+    fn refresh_kernel_drops(&mut self) {
+        (**self).refresh_kernel_drops()
     }
 
     fn frame_drops(&self) -> frame::FrameDrops {

@@ -348,13 +348,16 @@ impl ChunkGroup {
     /// Never waits for a free chunk while holding the lock: the consumer's progress can depend
     /// on other streams releasing chunks, which needs the lock. Whatever the outcome, `holds`
     /// may have lost chunks (the window moved, here or in another stream, while this one
-    /// waited): the caller must retire live heaps in chunks it no longer holds.
+    /// waited): the caller must retire live heaps in chunks it no longer holds. `on_wait` runs
+    /// before each `FREE_POLL` of a wait (the receive thread refreshes what it cannot see
+    /// while it does not receive: the kernel's drops).
     pub(super) fn acquire(
         &self,
         holds: &mut Holds,
         chunk_id: u64,
         heap_cnt: u64,
         stats: &StreamStats,
+        on_wait: &mut dyn FnMut(),
     ) -> Acquired {
         let mut spare: Option<Box<Chunk>> = None;
         let max = self.config.max_chunks as u64;
@@ -478,6 +481,7 @@ impl ChunkGroup {
             Self::release_below(&mut st, holds, head);
             Self::flush_ready(&mut st);
             drop(st);
+            on_wait();
             match self.free_rx.recv_timeout(FREE_POLL) {
                 Ok(c) => spare = Some(c),
                 Err(RecvTimeoutError::Timeout) if !self.is_stopped() => {}
