@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
@@ -360,6 +360,8 @@ impl ChunkGroup {
         on_wait: &mut dyn FnMut(),
     ) -> Acquired {
         let mut spare: Option<Box<Chunk>> = None;
+        // When this call started waiting for a free chunk, then the end of its latest poll.
+        let mut blocked: Option<Instant> = None;
         let max = self.config.max_chunks as u64;
         let confirm = confirm_heaps(&self.config);
         loop {
@@ -481,8 +483,20 @@ impl ChunkGroup {
             Self::release_below(&mut st, holds, head);
             Self::flush_ready(&mut st);
             drop(st);
+            // Counted once per wait, as spead2 counts `worker_blocked`; its time at every
+            // poll (all of it since the wait began), so that a long wait shows while it lasts.
+            let since = *blocked.get_or_insert_with(|| {
+                let start = Instant::now();
+                StreamStats::add(&stats.worker_blocked, 1);
+                start
+            });
             on_wait();
-            match self.free_rx.recv_timeout(FREE_POLL) {
+            let got = self.free_rx.recv_timeout(FREE_POLL);
+            let now = Instant::now();
+            let waited = u64::try_from((now - since).as_nanos()).unwrap_or(u64::MAX);
+            StreamStats::add(&stats.worker_blocked_ns, waited);
+            blocked = Some(now);
+            match got {
                 Ok(c) => spare = Some(c),
                 Err(RecvTimeoutError::Timeout) if !self.is_stopped() => {}
                 Err(_) => return Acquired::Stopped,
