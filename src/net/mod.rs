@@ -6,9 +6,11 @@
 //! tests), [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
 //! and corruption in front of any receiver. [`frame`] parses and builds the Ethernet/IPv4/UDP
 //! headers that the kernel handles for the socket transports and frame-level ones must handle
-//! themselves. [`numa`] finds the NIC's NUMA node and binds receive memory to it. [`recv_batch`]
-//! holds what one receive call produced, copied or lent.
+//! themselves. [`numa`] finds the NIC's NUMA node and binds receive memory to it; [`cpu_set`]
+//! reads and sets a thread's CPU affinity mask (for the engines' pinning and the DPDK EAL).
+//! [`recv_batch`] holds what one receive call produced, copied or lent.
 
+pub mod cpu_set;
 pub mod dpdk;
 pub mod endpoint;
 pub mod fault;
