@@ -42,3 +42,31 @@ fn socket_overflow_is_counted_exactly() {
     assert_eq!(drain(&mut rx, &mut batch), 1);
     assert_eq!(rx.kernel_drops(), SENT - got);
 }
+
+/// A receiver that is not receiving (its thread waits for a free chunk) reads the count on
+/// request (`refresh_kernel_drops`, `SO_MEMINFO`), before any datagram could bring it; the
+/// datagrams received afterwards, queued before the drops, do not count them again.
+#[test]
+fn overflow_is_counted_without_receiving() {
+    let any: SocketAddrV4 = "127.0.0.1:0".parse().unwrap();
+    let mut rx = UdpReceiver::bind(&[any], None, 4096).unwrap();
+    let dst = rx.local_addr().unwrap();
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut batch = RecvBatch::new(64, rx.slot_size(2048));
+    let payload = [0x5a_u8; 1024];
+    const SENT: u64 = 2000;
+    for _ in 0..SENT {
+        tx.send_to(&payload, dst).unwrap();
+    }
+    assert_eq!(rx.kernel_drops(), 0, "nothing received, nothing refreshed");
+    rx.refresh_kernel_drops();
+    let early = rx.kernel_drops();
+    let got = drain(&mut rx, &mut batch);
+    assert!(got < SENT, "nothing was dropped ({got} of {SENT} received)");
+    assert_eq!(early, SENT - got);
+    assert_eq!(rx.kernel_drops(), SENT - got);
+    tx.send_to(&payload, dst).unwrap();
+    assert_eq!(drain(&mut rx, &mut batch), 1);
+    rx.refresh_kernel_drops();
+    assert_eq!(rx.kernel_drops(), SENT - got);
+}

@@ -119,6 +119,29 @@ fn socket_overflow_is_counted_exactly() {
     assert_eq!(rx.kernel_drops(), SENT - got);
 }
 
+/// Without receiving, the count is read on request (`refresh_kernel_drops`, `SO_MEMINFO`), as
+/// a receive thread waiting for a free chunk does; the datagrams taken afterwards, queued
+/// before the drops, do not count them again.
+#[test]
+fn overflow_is_counted_without_receiving() {
+    let mut rx = UringReceiver::bind(&[any()], None, 4096, 2048).unwrap();
+    let dst = rx.local_addr().unwrap();
+    let mut batch = RecvBatch::new(64, rx.slot_size(2048));
+    let tx = UdpSocket::bind(any()).unwrap();
+    let payload = [0x5a_u8; 1024];
+    const SENT: u64 = 2000;
+    for _ in 0..SENT {
+        tx.send_to(&payload, dst).unwrap();
+    }
+    assert_eq!(rx.kernel_drops(), 0, "nothing received, nothing refreshed");
+    rx.refresh_kernel_drops();
+    let early = rx.kernel_drops();
+    let got = drain(&mut rx, &mut batch).len() as u64;
+    assert!(got < SENT, "nothing was dropped ({got} of {SENT} received)");
+    assert_eq!(early, SENT - got);
+    assert_eq!(rx.kernel_drops(), SENT - got);
+}
+
 /// The buffers a batch holds are the batch's until it is cleared: datagrams received into
 /// other batches meanwhile (four times the ring's 256 buffers) leave its packets as they were,
 /// and they stay readable after the receiver is gone (the batch keeps the memory alive).

@@ -278,7 +278,7 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     let rx = &report.rx;
     let i = &report.input;
     println!(
-        "fengine: input chunks {}, heaps {}, missing {:?}, incomplete {}, too old {}, far future {}, window jumps {}, resyncs {}, kernel drops {}, metadata {}, bad timestamp {}, malformed {}",
+        "fengine: input chunks {}, heaps {}, missing {:?}, incomplete {}, too old {}, far future {}, window jumps {}, resyncs {}, kernel drops {}, metadata {}, bad timestamp {}, malformed {}, worker blocked {} ({:.3} s)",
         i.chunks,
         rx.heaps,
         i.missing,
@@ -290,7 +290,9 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
         rx.kernel_drops,
         rx.rejected_heaps[0],
         rx.rejected_heaps[1],
-        rx.malformed_total()
+        rx.malformed_total(),
+        rx.worker_blocked,
+        rx.worker_blocked_seconds()
     );
     for (name, t) in &report.outputs {
         println!(

@@ -232,7 +232,7 @@ pub fn run(args: XbengineArgs) -> Result<(), CliError> {
     let rx = &report.rx;
     let i = &report.input;
     println!(
-        "xbengine: input chunks {}, heaps {}, missing {}, incomplete {}, too old {}, far future {}, window jumps {}, resyncs {}, kernel drops {}, metadata {}, bad timestamp {}, bad feng_id {}, malformed {}",
+        "xbengine: input chunks {}, heaps {}, missing {}, incomplete {}, too old {}, far future {}, window jumps {}, resyncs {}, kernel drops {}, metadata {}, bad timestamp {}, bad feng_id {}, malformed {}, worker blocked {} ({:.3} s)",
         i.chunks,
         i.heaps,
         i.missing,
@@ -245,7 +245,9 @@ pub fn run(args: XbengineArgs) -> Result<(), CliError> {
         rx.rejected_heaps[0],
         rx.rejected_heaps[1],
         rx.rejected_heaps[2],
-        rx.malformed_total()
+        rx.malformed_total(),
+        rx.worker_blocked,
+        rx.worker_blocked_seconds()
     );
     for (name, t) in &report.x {
         println!(

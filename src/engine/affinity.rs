@@ -1,7 +1,7 @@
 //! Pinning threads to CPU cores (katgpucbf's `--recv-affinity`, `--send-affinity`,
-//! `--main-affinity` and dsim's `--affinity`). Written on `libc::sched_setaffinity` directly:
-//! the one call is all that is needed, and `core_affinity` cannot report why a pin failed (it
-//! returns a bool), which an operator placing threads by hand must see.
+//! `--main-affinity` and dsim's `--affinity`), through [`crate::net::cpu_set`], the one
+//! wrapper of the kernel's affinity calls (`core_affinity` cannot report why a pin failed: it
+//! returns a bool, and an operator placing threads by hand must see why).
 //!
 //! [`EngineAffinity`] is where an engine's data-path threads run. Its memory follows: the
 //! receive chunks are allocated and first touched by a thread bound to the receive cores
@@ -11,9 +11,9 @@
 use std::io;
 
 use super::ConfigError;
-
+use crate::net::cpu_set::CpuSet;
 /// Largest core number accepted (the size of the kernel's `cpu_set_t`).
-pub const MAX_CORE: usize = libc::CPU_SETSIZE as usize - 1;
+pub use crate::net::cpu_set::MAX_CORE;
 
 /// Bind the calling thread to `core`. Fails (naming the core) when the core does not exist
 /// or is outside the process's allowed set (a cgroup or `taskset`).
@@ -24,30 +24,9 @@ pub fn pin_current_thread(core: usize) -> io::Result<()> {
 /// Bind the calling thread to the set `cores` (the kernel picks among them). Fails, naming the
 /// cores, when one does not exist or none is in the process's allowed set.
 pub fn pin_current_thread_to(cores: &[usize]) -> io::Result<()> {
-    if let Some(c) = cores.iter().find(|&&c| c > MAX_CORE) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("core {c} is beyond {MAX_CORE}"),
-        ));
-    }
-    // SAFETY: cpu_set_t is plain bits, zero is a valid (empty) set, CPU_SET is given cores
-    // below CPU_SETSIZE, and pid 0 names the calling thread.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cores {
-            libc::CPU_SET(c, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        let e = io::Error::last_os_error();
-        Err(io::Error::new(
-            e.kind(),
-            format!("core {}: {e}", list(cores)),
-        ))
-    }
+    CpuSet::of_cores(cores)?
+        .apply_to_current_thread()
+        .map_err(|e| io::Error::new(e.kind(), format!("core {}: {e}", list(cores))))
 }
 
 /// `cores` as a comma-separated list, for messages and command lines.
@@ -63,19 +42,7 @@ pub fn list(cores: &[usize]) -> String {
 /// cgroup or `taskset` took away), so that a configuration naming another is refused at
 /// start-up rather than failing in a thread later.
 pub fn allowed_cores() -> io::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is plain bits, zero is a valid set, the kernel fills it.
-    let (rc, set) = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        let rc = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
-        (rc, set)
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: CPU_ISSET only reads the set, for cores below CPU_SETSIZE.
-    Ok((0..=MAX_CORE)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
+    Ok(CpuSet::of_current_thread()?.cores())
 }
 
 /// Where an engine's data-path threads run: katgpucbf's `--recv-affinity` (one entry per

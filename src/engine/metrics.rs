@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{CounterVec, IntCounterVec, Opts, Registry};
 
 use super::send::SinkCounters;
 use crate::spead::recv::StatsSnapshot;
@@ -17,9 +17,13 @@ use crate::spead::recv::StatsSnapshot;
 /// (name, help, label names) of one counter.
 pub type MetricSpec = (&'static str, &'static str, &'static [&'static str]);
 
-/// Receive counters every engine adds to katgpucbf's set (cbf's own names): the window
-/// protections of issue 11 and the kernel's socket drops, so that no loss goes unseen.
-pub const RECV_METRICS: [MetricSpec; 4] = [
+/// Receive counters every engine adds to katgpucbf's set (cbf's own names; katgpucbf exports
+/// none of spead2's stream statistics but its own, facts §1.8): the window protections of
+/// issue 11, the kernel's socket drops, so that no loss goes unseen, and spead2's
+/// `worker_blocked` (the waits of receive threads for a free chunk: the consumer is behind,
+/// and the drops that follow are the engine's, not the network's), with the time they took
+/// (`_seconds`, a float counter: see [`Metrics::new`]).
+pub const RECV_METRICS: [MetricSpec; 6] = [
     (
         "input_far_future_heaps",
         "Heaps far ahead of the window, dropped until enough agreed",
@@ -34,6 +38,16 @@ pub const RECV_METRICS: [MetricSpec; 4] = [
     (
         "input_kernel_dropped_packets",
         "Packets the kernel dropped because the socket buffer was full",
+        &[],
+    ),
+    (
+        "input_worker_blocked",
+        "Times a receive thread waited for a free chunk (spead2's worker_blocked)",
+        &[],
+    ),
+    (
+        "input_worker_blocked_seconds",
+        "Seconds receive threads spent waiting for a free chunk, summed over threads",
         &[],
     ),
 ];
@@ -86,21 +100,45 @@ pub fn receive(m: &Metrics, rx: &StatsSnapshot) {
     m.set("input_window_jumps", &[], rx.window_jumps);
     m.set("input_resyncs", &[], rx.resyncs);
     m.set("input_kernel_dropped_packets", &[], rx.kernel_drops);
+    m.set("input_worker_blocked", &[], rx.worker_blocked);
+    m.set_seconds(
+        "input_worker_blocked_seconds",
+        &[],
+        rx.worker_blocked_seconds(),
+    );
 }
 
 /// The registry and its counters.
 pub struct Metrics {
     pub registry: Registry,
     counters: HashMap<&'static str, IntCounterVec>,
+    /// Counters of seconds (names ending in [`SECONDS`]), kept as floats.
+    seconds: HashMap<&'static str, CounterVec>,
 }
 
+/// The unit suffix of a counter of seconds (Prometheus' base unit of time).
+pub const SECONDS: &str = "_seconds";
+
 impl Metrics {
-    /// Register every counter of `table` under `namespace`.
+    /// Register every counter of `table` under `namespace`: integer counters, except those
+    /// whose name ends in [`SECONDS`], which count seconds as floats (moved by
+    /// [`Metrics::set_seconds`]), as Prometheus' naming conventions have time counted.
     pub fn new(namespace: &str, table: &[MetricSpec]) -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new_custom(Some(namespace.into()), None)?;
         let mut counters = HashMap::new();
+        let mut seconds = HashMap::new();
         for &(name, help, labels) in table {
-            let c = IntCounterVec::new(Opts::new(format!("{name}_total"), help), labels)?;
+            let opts = Opts::new(format!("{name}_total"), help);
+            if name.ends_with(SECONDS) {
+                let c = CounterVec::new(opts, labels)?;
+                registry.register(Box::new(c.clone()))?;
+                if labels.is_empty() {
+                    c.with_label_values::<&str>(&[]);
+                }
+                seconds.insert(name, c);
+                continue;
+            }
+            let c = IntCounterVec::new(opts, labels)?;
             registry.register(Box::new(c.clone()))?;
             if labels.is_empty() {
                 // Shown (at 0) from the start, as katgpucbf's counters are.
@@ -108,7 +146,23 @@ impl Metrics {
             }
             counters.insert(name, c);
         }
-        Ok(Metrics { registry, counters })
+        Ok(Metrics {
+            registry,
+            counters,
+            seconds,
+        })
+    }
+
+    /// Bring counter of seconds `name{labels}` up to `value`; a smaller value leaves it.
+    pub fn set_seconds(&self, name: &str, labels: &[&str], value: f64) {
+        if let Some(c) = self.seconds.get(name) {
+            if let Ok(c) = c.get_metric_with_label_values(labels) {
+                let up = value - c.get();
+                if up > 0.0 {
+                    c.inc_by(up);
+                }
+            }
+        }
     }
 
     /// Show counter `name{labels}` (at 0) before it first moves.
@@ -163,6 +217,35 @@ mod tests {
         );
         assert!(
             t.contains("# TYPE xbgpu_output_x_heaps_total counter"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn receive_counters_carry_the_worker_blocked_count_and_seconds() {
+        let m = Metrics::new("fgpu", &RECV_METRICS).unwrap();
+        let t = text(&m);
+        assert!(t.contains("fgpu_input_worker_blocked_total 0\n"), "{t}");
+        assert!(
+            t.contains("fgpu_input_worker_blocked_seconds_total 0\n"),
+            "{t}"
+        );
+        let rx = StatsSnapshot {
+            worker_blocked: 3,
+            worker_blocked_ns: 2_500_000_000,
+            ..StatsSnapshot::default()
+        };
+        receive(&m, &rx);
+        // Going back (a smaller snapshot) leaves both where they were.
+        receive(&m, &StatsSnapshot::default());
+        let t = text(&m);
+        assert!(t.contains("fgpu_input_worker_blocked_total 3\n"), "{t}");
+        assert!(
+            t.contains("# TYPE fgpu_input_worker_blocked_seconds_total counter"),
+            "{t}"
+        );
+        assert!(
+            t.contains("fgpu_input_worker_blocked_seconds_total 2.5\n"),
             "{t}"
         );
     }

@@ -302,8 +302,16 @@ impl Receivers {
                             match source.recv_batch(&mut batch) {
                                 Ok(Received::Packets(n)) => {
                                     stream.note_batch(n);
+                                    // Blocked by the consumer, a thread does not receive:
+                                    // the kernel's drops are read while it waits.
+                                    let mut refresh = || {
+                                        source.refresh_kernel_drops();
+                                        my_stats
+                                            .kernel_drops
+                                            .store(source.kernel_drops(), Ordering::Relaxed);
+                                    };
                                     for p in batch.iter() {
-                                        stream.add_packet(p);
+                                        stream.add_packet_waiting(p, &mut refresh);
                                     }
                                 }
                                 Ok(Received::Idle) => stream.note_idle(),

@@ -138,6 +138,10 @@ impl<R: PacketReceiver> PacketReceiver for FaultInjector<R> {
         self.inner.kernel_drops()
     }
 
+    fn refresh_kernel_drops(&mut self) {
+        self.inner.refresh_kernel_drops()
+    }
+
     fn frame_drops(&self) -> super::frame::FrameDrops {
         self.inner.frame_drops()
     }

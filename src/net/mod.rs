@@ -6,9 +6,11 @@
 //! tests), [`pcap`] (replay and capture), with [`fault`] injecting seeded loss, reordering, duplication
 //! and corruption in front of any receiver. [`frame`] parses and builds the Ethernet/IPv4/UDP
 //! headers that the kernel handles for the socket transports and frame-level ones must handle
-//! themselves. [`numa`] finds the NIC's NUMA node and binds receive memory to it. [`recv_batch`]
-//! holds what one receive call produced, copied or lent.
+//! themselves. [`numa`] finds the NIC's NUMA node and binds receive memory to it; [`cpu_set`]
+//! reads and sets a thread's CPU affinity mask (for the engines' pinning and the DPDK EAL).
+//! [`recv_batch`] holds what one receive call produced, copied or lent.
 
+pub mod cpu_set;
 pub mod dpdk;
 pub mod endpoint;
 pub mod fault;
@@ -63,6 +65,13 @@ pub trait PacketReceiver: Send {
         0
     }
 
+    /// Bring [`PacketReceiver::kernel_drops`] up to date without receiving: a receive thread
+    /// that cannot receive (waiting for a free chunk) calls it so that the drops this causes
+    /// are seen while they happen. The socket transports otherwise learn the count only with
+    /// a datagram, DPDK every few batches. Costs a system call or two; nothing where the
+    /// transport cannot tell.
+    fn refresh_kernel_drops(&mut self) {}
+
     /// Frames the transport itself refused, by cause: those that see whole frames (DPDK)
     /// parse them; socket transports leave that to the kernel and report none.
     fn frame_drops(&self) -> frame::FrameDrops {
@@ -94,6 +103,10 @@ impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
 
     fn kernel_drops(&self) -> u64 {
         (**self).kernel_drops()
+    }
+
+    fn refresh_kernel_drops(&mut self) {
+        (**self).refresh_kernel_drops()
     }
 
     fn frame_drops(&self) -> frame::FrameDrops {

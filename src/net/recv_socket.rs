@@ -1,6 +1,7 @@
 //! Receive sockets as both UDP receivers open them ([`super::udp`]'s `recvmmsg` one and
 //! [`super::uring`]'s): binding and multicast joins, SO_RCVBUF, UDP GRO, the kernel's drop
-//! count (`SO_RXQ_OVFL`) and the control data that carries it, busy polling (`SO_BUSY_POLL`). socket2 covers the common
+//! count (`SO_RXQ_OVFL`, the control data that carries it, and `SO_MEMINFO` to read it
+//! without a datagram), busy polling (`SO_BUSY_POLL`). socket2 covers the common
 //! options; the rest are integer `setsockopt` calls through `libc`.
 
 use std::io;
@@ -102,10 +103,55 @@ impl DropCount {
         counts.iter().map(|d| d.total).sum()
     }
 
+    /// Take a reading of the kernel's count. Readings come from two places that can arrive
+    /// out of order: a datagram carries the count as it was when the datagram was *queued*,
+    /// and [`DropCount::refresh`] reads it *now*, so a datagram queued before a refresh brings
+    /// an older reading. One that is behind the last (by the wrapping distance: fewer than
+    /// 2^31 drops between two readings) is ignored rather than counted as a wrap.
     pub(crate) fn update(&mut self, seen: u32) {
-        self.total += u64::from(seen.wrapping_sub(self.last));
-        self.last = seen;
+        let ahead = seen.wrapping_sub(self.last);
+        if ahead < 1 << 31 {
+            self.total += u64::from(ahead);
+            self.last = seen;
+        }
     }
+
+    /// Read `socket`'s drop count now, without a datagram (`SO_MEMINFO`): a receive thread
+    /// that is not receiving (waiting for a free chunk) still sees the kernel drop packets.
+    pub(crate) fn refresh(&mut self, socket: &Socket) -> io::Result<()> {
+        self.update(current_drops(socket)?);
+        Ok(())
+    }
+}
+
+/// `SO_MEMINFO` (asm-generic/socket.h; the same number on every architecture cbf builds on).
+const SO_MEMINFO: libc::c_int = 55;
+
+/// The socket's drop count now: `SO_MEMINFO`'s `SK_MEMINFO_DROPS` entry (Linux 4.6) is
+/// `sk_drops`, the counter `SO_RXQ_OVFL` attaches to datagrams, read with one `getsockopt`.
+fn current_drops(socket: &Socket) -> io::Result<u32> {
+    // SK_MEMINFO_VARS is 9 today; the kernel copies at most the length it is given.
+    let mut mem = [0u32; 16];
+    let mut len = std::mem::size_of_val(&mem) as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `mem`, which is that long, and
+    // stores the length written in `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            mem.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let drops = libc::SK_MEMINFO_DROPS as usize;
+    if (len as usize) < (drops + 1) * std::mem::size_of::<u32>() {
+        return Err(io::Error::other("SO_MEMINFO without the drop count"));
+    }
+    Ok(mem[drops])
 }
 
 /// The errno's name where a busy-poll refusal is likely to carry one (the message names it for
@@ -305,4 +351,24 @@ pub(crate) fn first_local_addr(sockets: &[Socket]) -> io::Result<SocketAddrV4> {
         .local_addr()?
         .as_socket_ipv4()
         .ok_or_else(|| io::Error::other("not an IPv4 socket"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DropCount;
+
+    #[test]
+    fn drop_count_goes_through_a_wrap_and_ignores_older_readings() {
+        let mut d = DropCount::default();
+        // Readings fewer than 2^31 apart, as any two are (a socket drops far fewer between
+        // two receive calls).
+        d.update((1 << 31) - 1);
+        d.update(u32::MAX - 2);
+        // A datagram queued before that reading brings an older one: not a wrap of 2^32.
+        d.update(u32::MAX - 10);
+        assert_eq!(DropCount::sum(&[d]), u64::from(u32::MAX - 2));
+        // A real wrap: 3 to reach 2^32, then 5 more.
+        d.update(5);
+        assert_eq!(DropCount::sum(&[d]), u64::from(u32::MAX) + 6);
+    }
 }

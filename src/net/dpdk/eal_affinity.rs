@@ -16,6 +16,8 @@
 
 use std::io;
 
+use crate::net::cpu_set::CpuSet;
+
 /// EAL options that name the cores (and so the main lcore), in both spellings of each:
 /// `-l 0-3` / `-l0-3`, `--lcores 0` / `--lcores=0`, `-c 0x3` / `-c0x3`, `--main-lcore 1` /
 /// `--main-lcore=1`.
@@ -39,41 +41,22 @@ pub fn names_cores(args: &str) -> bool {
 }
 
 /// The calling thread's affinity mask, to put back.
-pub struct SavedAffinity(libc::cpu_set_t);
+pub struct SavedAffinity(CpuSet);
 
 impl SavedAffinity {
     /// The calling thread's mask now.
     pub fn take() -> io::Result<SavedAffinity> {
-        // SAFETY: cpu_set_t is plain bits, zero is a valid set, the kernel fills it; pid 0
-        // names the calling thread.
-        let (rc, set) = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            let rc = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
-            (rc, set)
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(SavedAffinity(set))
+        CpuSet::of_current_thread().map(SavedAffinity)
     }
 
     /// Set the calling thread's mask back to this one.
     pub fn restore(&self) -> io::Result<()> {
-        // SAFETY: the set was filled by sched_getaffinity; pid 0 names the calling thread.
-        let rc =
-            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        self.0.apply_to_current_thread()
     }
 
     /// The cores in the mask.
     pub fn cores(&self) -> Vec<usize> {
-        // SAFETY: CPU_ISSET only reads the set, for cores below CPU_SETSIZE.
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| unsafe { libc::CPU_ISSET(c, &self.0) })
-            .collect()
+        self.0.cores()
     }
 }
 
@@ -140,15 +123,10 @@ mod tests {
         std::thread::spawn(|| {
             let before = SavedAffinity::take().unwrap();
             let first = before.cores()[0];
-            // SAFETY: a zeroed set with one core below CPU_SETSIZE; pid 0 is this thread.
-            unsafe {
-                let mut one: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(first, &mut one);
-                assert_eq!(
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one),
-                    0
-                );
-            }
+            CpuSet::of_cores(&[first])
+                .unwrap()
+                .apply_to_current_thread()
+                .unwrap();
             assert_eq!(SavedAffinity::take().unwrap().cores(), [first]);
             after_eal_init("--no-huge", &before);
             assert_eq!(SavedAffinity::take().unwrap().cores(), before.cores());

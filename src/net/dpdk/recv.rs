@@ -186,6 +186,11 @@ impl PacketReceiver for DpdkReceiver {
         s.imissed + s.rx_nombuf
     }
 
+    /// One read of the port's counters (`rte_eth_stats_get`).
+    fn refresh_kernel_drops(&mut self) {
+        self.refresh_stats();
+    }
+
     fn frame_drops(&self) -> FrameDrops {
         self.drops
     }

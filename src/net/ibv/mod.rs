@@ -10,7 +10,8 @@
 //!   UDP payload copied into the caller's [`RecvBatch`](super::RecvBatch); its slot goes back
 //!   to the NIC at once. The slots are bound to the device's NUMA node (or
 //!   `--recv-numa-node`) before they are registered (`placement`).
-//! - Send ([`IbvSender`]): one queue pair per interface with a ring of frame-sized slots; each
+//! - Send ([`IbvSender`]): one queue pair per interface with a ring of frame-sized slots (bound
+//!   to the device's NUMA node before it is registered, `placement`); each
 //!   packet is written into a slot behind `net::frame`'s Ethernet/IPv4/UDP headers (one copy,
 //!   as the kernel path makes), the batch is posted as one chain with only its last request
 //!   signalled, and slots come back when that completion is reaped.

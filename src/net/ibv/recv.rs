@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ibverbs_sys as ffi;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::placement::{ring_memory, ring_node};
+use super::placement::{ring_memory, ring_node, Ring};
 use super::verbs::{fill_recv, Channel, Context, Cq, Flow, FlowRule, Mr, Pd, Qp};
 use super::{slots_for, CompMode, IbvError};
 use crate::net::frame::{self, FrameDrops, UdpChecksum, HEADERS_LEN};
@@ -91,7 +91,7 @@ impl IbvReceiver {
         let node = ring_node(numa_node, device_node);
         let mr = Mr::new(
             &pd,
-            ring_memory(slots * slot_len, node, numa_node.is_some())?,
+            ring_memory(Ring::Receive, slots * slot_len, node, numa_node.is_some())?,
         )?;
         let flows = endpoints
             .iter()

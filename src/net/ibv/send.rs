@@ -2,10 +2,12 @@
 
 use std::io;
 use std::net::{SocketAddrV4, UdpSocket};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 
+use super::placement::send_ring_memory;
 use super::verbs::{chain_send, Channel, Context, Cq, Mr, Pd, Qp};
 use super::{slots_for, CompMode, IbvError};
 use crate::net::frame::{self, FrameHeaders, HEADERS_LEN};
@@ -94,8 +96,10 @@ impl IbvSender {
         };
         let cq = Cq::new(&ctx, slots, channel.as_ref().map(|c| (c, vector)))?;
         let qp = Qp::raw_packet(&pd, &cq, dev.port, slots, 0)?;
-        let mr = Mr::new(&pd, vec![0u8; slots * slot_len])?;
-        tracing::info!(interface, device = %dev.device, port = dev.port, slots, mode = %mode, "ibverbs sender");
+        // Bound to the device's node before registration pins it (`placement`).
+        let (ring, node) = send_ring_memory(Path::new("/sys"), &dev.device, slots * slot_len)?;
+        let mr = Mr::new(&pd, ring)?;
+        tracing::info!(interface, device = %dev.device, port = dev.port, slots, mode = %mode, numa_node = ?node, "ibverbs sender");
         Ok(IbvSender {
             qp,
             cq,

@@ -268,6 +268,14 @@ impl ChunkStream {
 
     /// Offer one packet.
     pub fn add_packet(&mut self, bytes: &[u8]) {
+        self.add_packet_waiting(bytes, &mut || {});
+    }
+
+    /// Offer one packet; should its heap need a chunk while none is free, call `on_wait`
+    /// every millisecond (`FREE_POLL`) of the wait. A receive thread refreshes there what it
+    /// learns only by receiving (the kernel's drop count), so that a thread blocked by its
+    /// consumer still shows the loss this causes.
+    pub fn add_packet_waiting(&mut self, bytes: &[u8], on_wait: &mut dyn FnMut()) {
         StreamStats::add(&self.stats.packets, 1);
         if self.done {
             return;
@@ -293,7 +301,7 @@ impl ChunkStream {
                 StreamStats::add(&self.stats.duplicate_packets, 1);
                 return;
             }
-            None => match self.start_heap(&packet) {
+            None => match self.start_heap(&packet, on_wait) {
                 Some(i) => i,
                 None => return,
             },
@@ -336,7 +344,11 @@ impl ChunkStream {
     }
 
     /// Place a heap seen for the first time; returns its index in `live`.
-    fn start_heap(&mut self, packet: &ParsedPacket<'_>) -> Option<usize> {
+    fn start_heap(
+        &mut self,
+        packet: &ParsedPacket<'_>,
+        on_wait: &mut dyn FnMut(),
+    ) -> Option<usize> {
         let repr = packet.repr;
         let Some(heap_length) = repr.heap_length else {
             StreamStats::add(&self.stats.inconsistent_packets, 1);
@@ -390,9 +402,13 @@ impl ChunkStream {
                 p
             }
             None => {
-                let got = self
-                    .group
-                    .acquire(&mut self.cache, chunk_id, repr.heap_cnt, &self.stats);
+                let got = self.group.acquire(
+                    &mut self.cache,
+                    chunk_id,
+                    repr.heap_cnt,
+                    &self.stats,
+                    on_wait,
+                );
                 // Whatever the verdict, the window may have moved past chunks that live
                 // heaps point into while this stream waited: retire those heaps before
                 // another packet can write through their pointers.

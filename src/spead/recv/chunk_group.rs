@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
@@ -348,15 +348,20 @@ impl ChunkGroup {
     /// Never waits for a free chunk while holding the lock: the consumer's progress can depend
     /// on other streams releasing chunks, which needs the lock. Whatever the outcome, `holds`
     /// may have lost chunks (the window moved, here or in another stream, while this one
-    /// waited): the caller must retire live heaps in chunks it no longer holds.
+    /// waited): the caller must retire live heaps in chunks it no longer holds. `on_wait` runs
+    /// before each `FREE_POLL` of a wait (the receive thread refreshes what it cannot see
+    /// while it does not receive: the kernel's drops).
     pub(super) fn acquire(
         &self,
         holds: &mut Holds,
         chunk_id: u64,
         heap_cnt: u64,
         stats: &StreamStats,
+        on_wait: &mut dyn FnMut(),
     ) -> Acquired {
         let mut spare: Option<Box<Chunk>> = None;
+        // When this call started waiting for a free chunk, then the end of its latest poll.
+        let mut blocked: Option<Instant> = None;
         let max = self.config.max_chunks as u64;
         let confirm = confirm_heaps(&self.config);
         loop {
@@ -478,7 +483,20 @@ impl ChunkGroup {
             Self::release_below(&mut st, holds, head);
             Self::flush_ready(&mut st);
             drop(st);
-            match self.free_rx.recv_timeout(FREE_POLL) {
+            // Counted once per wait, as spead2 counts `worker_blocked`; its time at every
+            // poll (all of it since the wait began), so that a long wait shows while it lasts.
+            let since = *blocked.get_or_insert_with(|| {
+                let start = Instant::now();
+                StreamStats::add(&stats.worker_blocked, 1);
+                start
+            });
+            on_wait();
+            let got = self.free_rx.recv_timeout(FREE_POLL);
+            let now = Instant::now();
+            let waited = u64::try_from((now - since).as_nanos()).unwrap_or(u64::MAX);
+            StreamStats::add(&stats.worker_blocked_ns, waited);
+            blocked = Some(now);
+            match got {
                 Ok(c) => spare = Some(c),
                 Err(RecvTimeoutError::Timeout) if !self.is_stopped() => {}
                 Err(_) => return Acquired::Stopped,

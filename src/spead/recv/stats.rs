@@ -48,6 +48,12 @@ pub struct StreamStats {
     /// Packets the kernel dropped before the transport could take them (socket buffer
     /// full), as the transport reports it; set, not added to, by the receive thread.
     pub kernel_drops: AtomicU64,
+    /// Times the stream waited for a free chunk: the consumer had every chunk (spead2's
+    /// `worker_blocked`). While it waits the stream receives nothing, so the kernel drops.
+    pub worker_blocked: AtomicU64,
+    /// Nanoseconds spent in those waits, added at each `FREE_POLL` so that it moves during a
+    /// long wait.
+    pub worker_blocked_ns: AtomicU64,
 }
 
 impl StreamStats {
@@ -81,6 +87,8 @@ impl StreamStats {
             malformed: self.malformed.each_ref().map(ld),
             stops: ld(&self.stops),
             kernel_drops: ld(&self.kernel_drops),
+            worker_blocked: ld(&self.worker_blocked),
+            worker_blocked_ns: ld(&self.worker_blocked_ns),
         }
     }
 }
@@ -105,6 +113,8 @@ pub struct StatsSnapshot {
     pub malformed: [u64; DropReason::ALL.len()],
     pub stops: u64,
     pub kernel_drops: u64,
+    pub worker_blocked: u64,
+    pub worker_blocked_ns: u64,
 }
 
 impl StatsSnapshot {
@@ -139,6 +149,13 @@ impl StatsSnapshot {
         }
         self.stops += o.stops;
         self.kernel_drops += o.kernel_drops;
+        self.worker_blocked += o.worker_blocked;
+        self.worker_blocked_ns += o.worker_blocked_ns;
+    }
+
+    /// Seconds the streams waited for a free chunk (summed over streams).
+    pub fn worker_blocked_seconds(&self) -> f64 {
+        self.worker_blocked_ns as f64 * 1e-9
     }
 
     /// `name=value` pairs for every counter, malformed ones by reason; for logs and `--stats`.
@@ -165,6 +182,8 @@ impl StatsSnapshot {
             ("inconsistent_packets".into(), self.inconsistent_packets),
             ("stops".into(), self.stops),
             ("kernel_drops".into(), self.kernel_drops),
+            ("worker_blocked".into(), self.worker_blocked),
+            ("worker_blocked_ns".into(), self.worker_blocked_ns),
         ];
         for (i, name) in reject_names.iter().enumerate().take(MAX_REJECT_REASONS) {
             v.push((format!("rejected_{name}"), self.rejected_heaps[i]));
