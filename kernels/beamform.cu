@@ -17,7 +17,7 @@
 // word cost byte permutes and subtractions to become fp16, and each block generated its own
 // coefficients (bench/xbengine-notes.md). Here a channel's beamforming is an exact integer GEMM
 // on int8 `mma.sync` m16n8k32, which takes the input words as they lie in memory, with the input
-// staged DEPTH k-steps ahead by `cp.async` (52–55 % of copy at 8 beams on the lent H100, a third
+// staged DEPTH k-steps ahead by `cp.async` (48–58 % of copy at 8 beams on the lent H100, 19 %
 // fewer instructions than the fp16 kernel; what limits it now is the issue rate of the
 // epilogue's dither and of the staging, not DRAM: bench/xbengine-notes.md, v9–v10):
 //
@@ -222,16 +222,12 @@ __device__ __forceinline__ void copy16(void *dst, const void *src)
 }
 
 #if VEC
-// `bytes` (8 or 16) from global to shared memory, or zeros where !keep (`src_bytes` 0:
-// cp.async fills the rest).
-template <int BYTES>
-__device__ __forceinline__ void copy_or_zero(void *dst, const unsigned char *src, bool keep)
+// 8 bytes from global to shared memory, or zeros where !keep (`src_bytes` 0: cp.async fills
+// the rest).
+__device__ __forceinline__ void copy8_or_zero(void *dst, const unsigned char *src, bool keep)
 {
     const u32 d = (u32)__cvta_generic_to_shared(dst);
-    if (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(keep ? 16 : 0) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(keep ? 8 : 0) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(keep ? 8 : 0) : "memory");
 }
 
 // Bit 2·ks + h: antenna a0 + 8·ks + 4·h + q exists, is present in the lane's batch, and its
@@ -290,9 +286,9 @@ __device__ __forceinline__ void issue(Slot *ring, int slot, const Slab &s, int a
 #if IN_BITS == 8
 #pragma unroll
         for (int j = 0; j < 2; ++j)
-            copy_or_zero<8>(reinterpret_cast<unsigned char *>(&ring[slot][j][lane]) + 8 * h, src + 8 * j, keep);
+            copy8_or_zero(reinterpret_cast<unsigned char *>(&ring[slot][j][lane]) + 8 * h, src + 8 * j, keep);
 #else
-        copy_or_zero<8>(&ring[slot][h][lane], src, keep);
+        copy8_or_zero(&ring[slot][h][lane], src, keep);
 #endif
     }
 }
@@ -443,8 +439,9 @@ __device__ __forceinline__ void multiply(int (&acc)[BT][3][2][4], const uint4 (&
 }
 
 // Undo the digits and the scale: y = (S₀·2¹⁶ + S₁·2⁸ + S₂)·2^−s, the low part rounded once in
-// float (it is about 2⁻⁸ of y) and S₀ exact below 512 antennas, so y carries about one float
-// rounding beyond the low part's, as the oracle's own conversion of its double sum does. All tiles first, so that the int32 accumulators are dead before the dither's
+// float (about 2⁻⁸ of y where the larger weights dominate; all of it where only small weights,
+// d₀ = 0, contribute) and S₀ exact below 512 antennas, so y carries one or two float roundings,
+// about 2⁻²³ of it, as the oracle's own conversion of its double sum does. All tiles first, so that the int32 accumulators are dead before the dither's
 // 64-bit arithmetic needs registers.
 __device__ __forceinline__ void combine(float (&v)[BT][2][4], const int (&acc)[BT][3][2][4], int t0, int q,
                                         const float *__restrict__ scales)

@@ -165,6 +165,7 @@ fn every_kernel_compiles_for_every_architecture() {
         (80, 512, 256, 4, 256, 8),
         (256, 512, 256, 2, 64, 8),
         (1024, 32, 256, 4, 8, 8),
+        (300, 4, 36, 2, 8, 8),
     ] {
         let cfg = BeamformConfig {
             n_ants,
@@ -233,7 +234,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 1 + 4 * 6 + 1 + 4 + 2) + 3 + 13 + 1 + 12
+        ARCHES.len() * (7 * 3 + 20 + 1 + 4 * 6 + 1 + 4 + 2) + 3 + 14 + 1 + 12
     );
 }
 

@@ -47,9 +47,9 @@ pub fn beam_dither(seed: u64, beam: usize, timestamp: i64, channel: usize, part:
     ))
 }
 
-/// How close to the clip level a dithered value must be for float rounding to decide whether
-/// it clips: a GPU's f32 sums of up to a few hundred terms differ from these f64 sums by far
-/// less. A value that near ±127 is 127 either way, but only one side counts it clipped.
+/// How close to the clip level a dithered value must be for rounding to decide whether it
+/// clips: a GPU's sums (with weights rounded to 22 bits, taken to float) differ from these f64
+/// sums by far less. A value that near ±127 is 127 either way, but only one side counts it clipped.
 pub const CLIP_MARGIN: f32 = 1.0 / 64.0;
 
 /// What [`beamform`] reports besides the samples.

@@ -91,7 +91,7 @@ impl BeamformConfig {
         if self.table_bytes() > MAX_TABLE_BYTES {
             return bad(
                 "channels × antennas × beams",
-                "a digit table of at most 1 GiB: 24 bytes per (channel, antenna, beam)",
+                "a digit table of at most 1 GiB: 768 bytes per channel, 4 beams and 8 antennas",
             );
         }
         Ok(())
@@ -103,7 +103,8 @@ impl BeamformConfig {
     }
 
     /// Tiles of 4 beams per beam batch: 24 int32 accumulators each per lane (3 digits × 2 m16
-    /// tiles × 4); two fit the registers of two blocks per SM beside two groups of loads.
+    /// tiles × 4); two fit the registers of three blocks per SM at MeerKAT's 8 beams, and of two
+    /// at every shape (three tiles spilled at two blocks per SM).
     fn tiles(&self) -> usize {
         self.beams.div_ceil(4).min(2)
     }
@@ -154,7 +155,9 @@ pub struct Occupancy {
 /// The occupancies tried in turn, the first that compiles without a spill kept. Three blocks of
 /// 8 warps with 6 k-steps in flight (about 80 registers) measured 8–12 % faster than two with 8
 /// on the lent H100 at MeerKAT's 8 beams (bench/xbengine-notes.md, v10); two fit every shape,
-/// three not those with several beam batches (their accumulators live across the batches).
+/// three not those with several beam batches (ptxas spills there). Three blocks are resident
+/// only where shared memory allows (3 × 79 KiB does not fit an H100 SM once the digit table
+/// is full, BT·KS = 40: from 160 antennas at 8 beams), else the hardware runs two.
 pub const OCCUPANCIES: [Occupancy; 2] = [
     Occupancy {
         blocks: 3,
@@ -391,13 +394,17 @@ impl Beamformer {
 }
 
 /// The beamformer kernel for `cfg` at the first of [`OCCUPANCIES`] that compiles without a
-/// ptxas warning (a spill), or the last one's error.
+/// ptxas warning (a spill), or the last one's error. A compile error at an earlier occupancy is
+/// logged, so that one that is not a spill is seen.
 fn compile(gpu: &Gpu, cfg: &BeamformConfig) -> Result<(Occupancy, CudaFunction), GpuError> {
     let mut last = None;
     for occupancy in OCCUPANCIES {
         match gpu.function(Kernel::Beamform, &cfg.defines(occupancy)) {
             Ok(f) => return Ok((occupancy, f)),
-            Err(e @ GpuError::Compile { .. }) => last = Some(e),
+            Err(e @ GpuError::Compile { .. }) => {
+                tracing::debug!("beamformer at {occupancy:?}: {e}; trying the next occupancy");
+                last = Some(e);
+            }
             Err(e) => return Err(e),
         }
     }
@@ -408,8 +415,9 @@ fn compile(gpu: &Gpu, cfg: &BeamformConfig) -> Result<(Occupancy, CudaFunction),
 /// integers and writing them as three int8 digits in base 256: the largest |w|·2^s is at most
 /// 126·2¹⁶, so that its leading digit stays within ±127 and it keeps 22 bits or more
 /// ([`super::pow2_scale`]; the scale is held to 2^±100 so that the kernel's 2¹⁶·2^−s stays
-/// finite: weights beyond 2^±100 lose those bits; a beam of zero or non-finite weights is not
-/// scaled).
+/// finite: weights below 2^−77 lose bits, and weights above about 2¹²³ are clamped by the
+/// kernel's digits, which saturates the beam anyway; a beam of zero or non-finite weights is
+/// not scaled).
 pub fn beam_scale(beam: &Beam) -> f32 {
     let max = beam.weights.iter().map(|w| w.norm()).fold(0.0, f64::max);
     super::pow2_scale(max, DIGIT_LIMIT).clamp(2f64.powi(-100), 2f64.powi(100)) as f32

@@ -1,7 +1,8 @@
 //! The beamformer (`gpu::beamform`) against `dsp::beamform` on fresh random input: every value
-//! within ±1 LSB, few and unbiased ([`lsb_statistics`]; the kernel sums in float where the oracle
-//! sums in double), clip counts differing by at most the number of values that differ. Cases cover
-//! 1 to 130 antennas, 1 to 130 beams (several beam batches, one partial), odd channel and spectrum
+//! within ±1 LSB, few and unbiased ([`lsb_statistics`]; the kernel's weights are rounded to 22
+//! bits and its exact integer sums taken to float, where the oracle sums in double), clip counts
+//! differing by at most the number of values that differ. Cases cover 1 to 300 antennas (300:
+//! several antenna batches, and 36-spectrum heaps whose warps span batches), 1 to 130 beams (several beam batches, one partial), odd channel and spectrum
 //! counts, 8- and 4-bit input, full-scale input that saturates, missing antennas (and a batch with
 //! none), dither on some beams and off on others, and the coefficient versioning: a second call
 //! with new beams under the same version must still use the old ones, a third with a new version
@@ -215,6 +216,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(80, 8, 64, 2, 8, 8, true),
         c(19, 7, 33, 3, 64, 8, false),
         c(130, 4, 100, 2, 130, 4, false),
+        c(300, 4, 36, 2, 8, 8, false),
     ]
     .into_iter()
     .map(|case| check(gpu, &mut rng, case))

@@ -5,8 +5,8 @@
 //! the chunks (a new steering version). X dumps must be identical (values and clip counts); beams
 //! within ±1 LSB, few and unbiased ([`lsb_statistics`]), with clip counts differing by at most
 //! the number of values that differ plus those the f64 oracle ([`beamform::beamform`]) puts
-//! within [`beamform::CLIP_MARGIN`] of the clip level, where f32 and f64 sums may rightly
-//! disagree on the flag while both output ±127.
+//! within [`beamform::CLIP_MARGIN`] of the clip level, where the GPU's and the f64 sums may
+//! rightly disagree on the flag while both output ±127.
 
 use std::sync::Arc;
 
