@@ -18,27 +18,34 @@ fn drain(rx: &mut UdpReceiver, batch: &mut RecvBatch) -> u64 {
     }
 }
 
-#[test]
-fn socket_overflow_is_counted_exactly() {
+const SENT: u64 = 2000;
+const PAYLOAD: [u8; 1024] = [0x5a; 1024];
+
+/// A receiver with the smallest receive buffer the kernel allows, a burst of SENT datagrams
+/// already sent to it (which must overflow it), its batch, the sender and its address.
+fn flooded() -> (UdpReceiver, RecvBatch, UdpSocket, SocketAddrV4) {
     let any: SocketAddrV4 = "127.0.0.1:0".parse().unwrap();
-    // The smallest receive buffer the kernel allows: a burst must overflow it.
-    let mut rx = UdpReceiver::bind(&[any], None, 4096).unwrap();
+    let rx = UdpReceiver::bind(&[any], None, 4096).unwrap();
     let dst = rx.local_addr().unwrap();
     let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut batch = RecvBatch::new(64, rx.slot_size(2048));
-    let payload = [0x5a_u8; 1024];
-    const SENT: u64 = 2000;
+    let batch = RecvBatch::new(64, rx.slot_size(2048));
     for _ in 0..SENT {
-        tx.send_to(&payload, dst).unwrap();
+        tx.send_to(&PAYLOAD, dst).unwrap();
     }
+    (rx, batch, tx, dst)
+}
+
+#[test]
+fn socket_overflow_is_counted_exactly() {
+    let (mut rx, mut batch, tx, dst) = flooded();
     let got = drain(&mut rx, &mut batch);
     assert!(got < SENT, "nothing was dropped ({got} of {SENT} received)");
     // The kernel reports the count with the next datagram it queues.
-    tx.send_to(&payload, dst).unwrap();
+    tx.send_to(&PAYLOAD, dst).unwrap();
     assert_eq!(drain(&mut rx, &mut batch), 1);
     assert_eq!(rx.kernel_drops(), SENT - got);
     // No new drops: the count stays.
-    tx.send_to(&payload, dst).unwrap();
+    tx.send_to(&PAYLOAD, dst).unwrap();
     assert_eq!(drain(&mut rx, &mut batch), 1);
     assert_eq!(rx.kernel_drops(), SENT - got);
 }
@@ -48,16 +55,7 @@ fn socket_overflow_is_counted_exactly() {
 /// datagrams received afterwards, queued before the drops, do not count them again.
 #[test]
 fn overflow_is_counted_without_receiving() {
-    let any: SocketAddrV4 = "127.0.0.1:0".parse().unwrap();
-    let mut rx = UdpReceiver::bind(&[any], None, 4096).unwrap();
-    let dst = rx.local_addr().unwrap();
-    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut batch = RecvBatch::new(64, rx.slot_size(2048));
-    let payload = [0x5a_u8; 1024];
-    const SENT: u64 = 2000;
-    for _ in 0..SENT {
-        tx.send_to(&payload, dst).unwrap();
-    }
+    let (mut rx, mut batch, tx, dst) = flooded();
     assert_eq!(rx.kernel_drops(), 0, "nothing received, nothing refreshed");
     rx.refresh_kernel_drops();
     let early = rx.kernel_drops();
@@ -65,7 +63,7 @@ fn overflow_is_counted_without_receiving() {
     assert!(got < SENT, "nothing was dropped ({got} of {SENT} received)");
     assert_eq!(early, SENT - got);
     assert_eq!(rx.kernel_drops(), SENT - got);
-    tx.send_to(&payload, dst).unwrap();
+    tx.send_to(&PAYLOAD, dst).unwrap();
     assert_eq!(drain(&mut rx, &mut batch), 1);
     rx.refresh_kernel_drops();
     assert_eq!(rx.kernel_drops(), SENT - got);

@@ -95,28 +95,38 @@ fn a_dry_buffer_ring_is_rearmed_without_loss() {
     assert_eq!(rx.kernel_drops(), 0);
 }
 
+const FLOOD: u64 = 2000;
+const PAYLOAD: [u8; 1024] = [0x5a; 1024];
+
+/// A receiver with the smallest receive buffer the kernel allows, a burst of FLOOD datagrams
+/// sent before its first receive (nothing armed yet: it must overflow), its batch, the sender
+/// and its address.
+fn flooded() -> (UringReceiver, RecvBatch, UdpSocket, SocketAddrV4) {
+    let rx = UringReceiver::bind(&[any()], None, 4096, 2048).unwrap();
+    let dst = rx.local_addr().unwrap();
+    let batch = RecvBatch::new(64, rx.slot_size(2048));
+    let tx = UdpSocket::bind(any()).unwrap();
+    for _ in 0..FLOOD {
+        tx.send_to(&PAYLOAD, dst).unwrap();
+    }
+    (rx, batch, tx, dst)
+}
+
 #[test]
 fn socket_overflow_is_counted_exactly() {
-    // The smallest receive buffer the kernel allows: a burst before the first receive (nothing
-    // armed yet) must overflow it.
-    let mut rx = UringReceiver::bind(&[any()], None, 4096, 2048).unwrap();
-    let dst = rx.local_addr().unwrap();
-    let mut batch = RecvBatch::new(64, rx.slot_size(2048));
-    let tx = UdpSocket::bind(any()).unwrap();
-    let payload = [0x5a_u8; 1024];
-    const SENT: u64 = 2000;
-    for _ in 0..SENT {
-        tx.send_to(&payload, dst).unwrap();
-    }
+    let (mut rx, mut batch, tx, dst) = flooded();
     let got = drain(&mut rx, &mut batch).len() as u64;
-    assert!(got < SENT, "nothing was dropped ({got} of {SENT} received)");
+    assert!(
+        got < FLOOD,
+        "nothing was dropped ({got} of {FLOOD} received)"
+    );
     // The kernel reports the count with the next datagram it queues.
-    tx.send_to(&payload, dst).unwrap();
+    tx.send_to(&PAYLOAD, dst).unwrap();
     assert_eq!(drain(&mut rx, &mut batch).len(), 1);
-    assert_eq!(rx.kernel_drops(), SENT - got);
-    tx.send_to(&payload, dst).unwrap();
+    assert_eq!(rx.kernel_drops(), FLOOD - got);
+    tx.send_to(&PAYLOAD, dst).unwrap();
     assert_eq!(drain(&mut rx, &mut batch).len(), 1);
-    assert_eq!(rx.kernel_drops(), SENT - got);
+    assert_eq!(rx.kernel_drops(), FLOOD - got);
 }
 
 /// Without receiving, the count is read on request (`refresh_kernel_drops`, `SO_MEMINFO`), as
@@ -124,22 +134,17 @@ fn socket_overflow_is_counted_exactly() {
 /// before the drops, do not count them again.
 #[test]
 fn overflow_is_counted_without_receiving() {
-    let mut rx = UringReceiver::bind(&[any()], None, 4096, 2048).unwrap();
-    let dst = rx.local_addr().unwrap();
-    let mut batch = RecvBatch::new(64, rx.slot_size(2048));
-    let tx = UdpSocket::bind(any()).unwrap();
-    let payload = [0x5a_u8; 1024];
-    const SENT: u64 = 2000;
-    for _ in 0..SENT {
-        tx.send_to(&payload, dst).unwrap();
-    }
+    let (mut rx, mut batch, _, _) = flooded();
     assert_eq!(rx.kernel_drops(), 0, "nothing received, nothing refreshed");
     rx.refresh_kernel_drops();
     let early = rx.kernel_drops();
     let got = drain(&mut rx, &mut batch).len() as u64;
-    assert!(got < SENT, "nothing was dropped ({got} of {SENT} received)");
-    assert_eq!(early, SENT - got);
-    assert_eq!(rx.kernel_drops(), SENT - got);
+    assert!(
+        got < FLOOD,
+        "nothing was dropped ({got} of {FLOOD} received)"
+    );
+    assert_eq!(early, FLOOD - got);
+    assert_eq!(rx.kernel_drops(), FLOOD - got);
 }
 
 /// The buffers a batch holds are the batch's until it is cleared: datagrams received into

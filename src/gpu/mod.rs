@@ -58,8 +58,9 @@ impl From<cudarc::cufft::result::CufftError> for GpuError {
     }
 }
 
-/// The power of two s that puts `max`·s in (limit/2, limit]: how the fp16 kernels (the
-/// beamformer's weights, the FRB first stage's) use their range fully without overflowing it.
+/// The power of two s that puts `max`·s in (limit/2, limit]: how the kernels with narrow number
+/// formats (the beamformer's int8 weight digits, the FRB first stage's fp16) use their range
+/// fully without overflowing it.
 /// The exponent is kept within ±126, so s and 1/s are normal float32 numbers; a `max` of zero
 /// or not finite gives 1.
 pub fn pow2_scale(max: f64, limit: f64) -> f64 {
