@@ -4,8 +4,8 @@
 //! ([`DdcTuning::default_for`]) ran at 226 GS/s where the grid's best ran at 262 (10-bit, S = 8,
 //! bench/ddc-bench-2026-11-26-v1.txt). So the first start on a device times a few candidates
 //! from the grid `cbf-ddc-bench` sweeps and keeps the winner in a cache file keyed by device
-//! name, compute capability, driver, NVRTC version, kernel source and DDC shape
-//! ([`TuningKey`]); later starts read it back.
+//! name, compute capability, driver (CUDA version and kernel-module release), NVRTC version,
+//! kernel source and DDC shape ([`TuningKey`]); later starts read it back.
 //!
 //! Bounds: at most [`MAX_CANDIDATES`] candidates, each compiled once and timed over
 //! [`TUNE_SAMPLES`] samples per polarisation for a few launches (tens of µs each on an H100);
@@ -60,14 +60,33 @@ pub fn candidates(shape: DdcShape) -> Vec<DdcTuning> {
     v
 }
 
+/// Where the NVIDIA kernel module states its release.
+pub const MODULE_VERSION_FILE: &str = "/proc/driver/nvidia/version";
+
+/// The kernel module's release from the text of [`MODULE_VERSION_FILE`], whose first line
+/// reads `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <build date>` (or `… Open
+/// Kernel Module for x86_64  580.159.04  …` for the open modules): the first word after
+/// "Module" (and "for <arch>") that starts with a digit.
+pub fn module_version(text: &str) -> Option<String> {
+    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
+    let (_, rest) = line.split_once("Module")?;
+    rest.split_whitespace()
+        .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))
+        .map(str::to_string)
+}
+
 /// What a tuning was measured on and for: the cache's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TuningKey {
     pub device: String,
     /// Compute capability (`sm_XY`).
     pub arch: String,
-    /// `cuDriverGetVersion`.
+    /// `cuDriverGetVersion`: the CUDA API the driver offers (13000), the same across its
+    /// releases.
     pub driver: i32,
+    /// The kernel module's release (`580.159.04`, from [`MODULE_VERSION_FILE`]), which a driver
+    /// update changes while `driver` stays; "unknown" where the file cannot be read.
+    pub module: String,
     pub nvrtc: (i32, i32),
     /// [`Kernel::fingerprint`] of the DDC kernel's source.
     pub kernel: u32,
@@ -80,6 +99,10 @@ impl TuningKey {
             device: gpu.name.clone(),
             arch: gpu.arch.clone(),
             driver: gpu.driver_version()?,
+            module: std::fs::read_to_string(MODULE_VERSION_FILE)
+                .ok()
+                .and_then(|t| module_version(&t))
+                .unwrap_or_else(|| "unknown".into()),
             nvrtc: nvrtc_version().unwrap_or((0, 0)),
             kernel: Kernel::Ddc.fingerprint(),
             shape,
@@ -90,10 +113,11 @@ impl TuningKey {
     pub fn text(&self) -> String {
         let s = self.shape;
         format!(
-            "{}; {}; driver {}; nvrtc {}.{}; ddc.cu {:08x}; {}-bit S {} taps {}",
+            "{}; {}; driver {} module {}; nvrtc {}.{}; ddc.cu {:08x}; {}-bit S {} taps {}",
             self.device,
             self.arch,
             self.driver,
+            self.module,
             self.nvrtc.0,
             self.nvrtc.1,
             self.kernel,
@@ -372,6 +396,7 @@ mod tests {
             device: "NVIDIA H100 80GB HBM3".into(),
             arch: "sm_90".into(),
             driver: 13000,
+            module: "580.159.04".into(),
             nvrtc: (13, 0),
             kernel: 0x1234_abcd,
             shape: shape(subsampling),
@@ -402,6 +427,23 @@ mod tests {
         assert!(candidates(shape(8)).len() > 4);
     }
 
+    /// The module's release is read from both forms of the file's first line, and nothing is
+    /// made up from a file without one.
+    #[test]
+    fn the_module_release_is_read_from_the_version_file() {
+        let closed = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Jul 22 \
+                      18:06:57 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n";
+        assert_eq!(module_version(closed).as_deref(), Some("580.159.04"));
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release \
+                    Build  (dvs-builder@U16-I3-B03-4-3)  Thu Jan 23 22:00:00 UTC 2025\n";
+        assert_eq!(module_version(open).as_deref(), Some("570.86.15"));
+        assert_eq!(module_version("GCC version: gcc 12\n"), None);
+        assert_eq!(
+            module_version("NVRM version: NVIDIA UNIX Kernel Module\n"),
+            None
+        );
+    }
+
     /// Every part of the key tells keys apart.
     #[test]
     fn keys_differ_in_every_part() {
@@ -417,6 +459,10 @@ mod tests {
             },
             TuningKey {
                 driver: 12080,
+                ..a.clone()
+            },
+            TuningKey {
+                module: "580.65.06".into(),
                 ..a.clone()
             },
             TuningKey {
