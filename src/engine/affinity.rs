@@ -12,6 +12,7 @@ use std::io;
 
 use super::ConfigError;
 use crate::net::cpu_set::CpuSet;
+
 /// Largest core number accepted (the size of the kernel's `cpu_set_t`).
 pub use crate::net::cpu_set::MAX_CORE;
 

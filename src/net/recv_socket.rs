@@ -116,11 +116,16 @@ impl DropCount {
         }
     }
 
-    /// Read `socket`'s drop count now, without a datagram (`SO_MEMINFO`): a receive thread
-    /// that is not receiving (waiting for a free chunk) still sees the kernel drop packets.
-    pub(crate) fn refresh(&mut self, socket: &Socket) -> io::Result<()> {
-        self.update(current_drops(socket)?);
-        Ok(())
+    /// Read each socket's drop count now, without a datagram (`SO_MEMINFO`, one `getsockopt`
+    /// each): a receive thread that is not receiving (waiting for a free chunk) still sees the
+    /// kernel drop packets. A socket that refuses it (a kernel before 4.6) keeps the count its
+    /// datagrams bring.
+    pub(crate) fn refresh(counts: &mut [DropCount], sockets: &[Socket]) {
+        for (d, s) in counts.iter_mut().zip(sockets) {
+            if let Ok(seen) = current_drops(s) {
+                d.update(seen);
+            }
+        }
     }
 }
 

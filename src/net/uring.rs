@@ -454,12 +454,8 @@ impl PacketReceiver for UringReceiver {
         DropCount::sum(&self.drops)
     }
 
-    /// One `getsockopt(SO_MEMINFO)` per socket; a socket that refuses it (a kernel before
-    /// 4.6) keeps the count its datagrams bring.
     fn refresh_kernel_drops(&mut self) {
-        for (d, s) in self.drops.iter_mut().zip(&self.sockets) {
-            let _ = d.refresh(s);
-        }
+        DropCount::refresh(&mut self.drops, &self.sockets);
     }
 
     fn numa_node(&self) -> Option<u32> {

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{eal_affinity, ffi};
 use super::{DpdkConfig, DpdkError};
+use crate::net::cpu_set::CpuSet;
 use crate::net::frame::Mac;
 
 /// What the first `rte_eal_init` was given and what it answered.
@@ -74,7 +75,7 @@ pub(super) fn init(args: &str) -> Result<(), DpdkError> {
     let mut ptrs: Vec<*mut c_char> = argv.iter().map(|a| a.as_ptr().cast_mut()).collect();
     ptrs.push(std::ptr::null_mut());
     // The EAL pins this thread to its main lcore; put the mask back after (`eal_affinity`).
-    let before = eal_affinity::SavedAffinity::take()
+    let before = CpuSet::of_current_thread()
         .map_err(|e| DpdkError::Eal(format!("reading the calling thread's CPU affinity: {e}")))?;
     // SAFETY: argv is a NULL-terminated array of NUL-terminated strings that outlive the call
     // (rte_eal_init may permute the pointers, not the strings); the lock makes it the only call.

@@ -7,14 +7,12 @@
 //! `--recv-transport dpdk` or `--send-transport dpdk` the whole engine would be confined to one
 //! core, unless `--main-affinity` happened to say otherwise. cbf polls its DPDK queues from its
 //! own threads, pinned by `--recv-affinity`/`--send-affinity`, and uses no lcore, so the EAL's
-//! choice of main lcore means nothing to it. [`SavedAffinity`] is taken before the EAL starts
+//! choice of main lcore means nothing to it. The mask ([`CpuSet`]) is taken before the EAL starts
 //! and put back after it.
 //!
 //! Except when the operator's EAL arguments name cores ([`names_cores`]: `-l`, `--lcores`,
 //! `-c`, `--main-lcore`): then the confinement was asked for (a DPDK operator's habit is to
 //! give the process its cores that way), so it is kept, and the mask the EAL left is logged.
-
-use std::io;
 
 use crate::net::cpu_set::CpuSet;
 
@@ -40,31 +38,11 @@ pub fn names_cores(args: &str) -> bool {
     })
 }
 
-/// The calling thread's affinity mask, to put back.
-pub struct SavedAffinity(CpuSet);
-
-impl SavedAffinity {
-    /// The calling thread's mask now.
-    pub fn take() -> io::Result<SavedAffinity> {
-        CpuSet::of_current_thread().map(SavedAffinity)
-    }
-
-    /// Set the calling thread's mask back to this one.
-    pub fn restore(&self) -> io::Result<()> {
-        self.0.apply_to_current_thread()
-    }
-
-    /// The cores in the mask.
-    pub fn cores(&self) -> Vec<usize> {
-        self.0.cores()
-    }
-}
-
 /// After `rte_eal_init` (whatever it answered): put `before` back on the calling thread, or,
 /// when the arguments named cores, log the mask the EAL left. A restore that fails is logged:
 /// the engine runs on, confined, rather than not at all.
-pub fn after_eal_init(args: &str, before: &SavedAffinity) {
-    let after = SavedAffinity::take().map(|a| a.cores());
+pub fn after_eal_init(args: &str, before: &CpuSet) {
+    let after = CpuSet::of_current_thread().map(|a| a.cores());
     if names_cores(args) {
         tracing::info!(
             before = ?before.cores(),
@@ -73,7 +51,7 @@ pub fn after_eal_init(args: &str, before: &SavedAffinity) {
         );
         return;
     }
-    match before.restore() {
+    match before.apply_to_current_thread() {
         Ok(()) => tracing::debug!(
             cores = ?before.cores(),
             eal_set = ?after,
@@ -121,15 +99,15 @@ mod tests {
     #[test]
     fn a_saved_mask_is_restored() {
         std::thread::spawn(|| {
-            let before = SavedAffinity::take().unwrap();
+            let before = CpuSet::of_current_thread().unwrap();
             let first = before.cores()[0];
             CpuSet::of_cores(&[first])
                 .unwrap()
                 .apply_to_current_thread()
                 .unwrap();
-            assert_eq!(SavedAffinity::take().unwrap().cores(), [first]);
+            assert_eq!(CpuSet::of_current_thread().unwrap().cores(), [first]);
             after_eal_init("--no-huge", &before);
-            assert_eq!(SavedAffinity::take().unwrap().cores(), before.cores());
+            assert_eq!(CpuSet::of_current_thread().unwrap().cores(), before.cores());
         })
         .join()
         .unwrap();
