@@ -7,7 +7,7 @@
 //! device-resident input, so the path's rate is stated as a fraction of whichever bounds it.
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-xb-bench [--quick]`.
+//! Usage: `cbf-xb-bench [--quick] [--beamformer-only]` (the second skips the whole path).
 
 use std::error::Error;
 use std::sync::Arc;
@@ -324,6 +324,7 @@ fn run(gpu: &Arc<Gpu>, s: &Shape, chunks: usize) -> Result<(), Box<dyn Error>> {
 
 fn main() -> Result<(), Box<dyn Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
+    let beamformer_only = std::env::args().any(|a| a == "--beamformer-only");
     let gpu = Gpu::open(0)?;
     println!(
         "{} ({}), correlator path {:?}",
@@ -361,6 +362,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         if cfg.beams == 8 && cfg.n_ants == 80 {
             beamformer(&gpu, copy, cfg, false)?;
         }
+    }
+    if beamformer_only {
+        return Ok(());
     }
     let shapes = [
         // katgpucbf's MeerKAT configuration: 80 antennas, 32768 channels over 64 engines,

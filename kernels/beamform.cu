@@ -4,7 +4,7 @@
 //   y = Σ_{a present} W_abc · x[a][c][t][pol_b],   W_abc = w_ab · e^{jπ·c·d_ab}
 //
 // then dithered (`dsp::beamform::beam_dither`, the project's counter-based generator, bit for
-// bit) and quantised to int8 with ±127 saturation, counting per (batch, beam) the complex values
+// bit: a 32-bit key per (beam, channel), then one 32-bit hash per complex value) and quantised to int8 with ±127 saturation, counting per (batch, beam) the complex values
 // with a saturated part.
 //
 // Layouts: input (batch, antenna, channel, spectrum, pol, re/im), int8 pairs (IN_BITS 8) or one
@@ -17,9 +17,10 @@
 // word cost byte permutes and subtractions to become fp16, and each block generated its own
 // coefficients (bench/xbengine-notes.md). Here a channel's beamforming is an exact integer GEMM
 // on int8 `mma.sync` m16n8k32, which takes the input words as they lie in memory, with the input
-// staged DEPTH k-steps ahead by `cp.async` (48–58 % of copy at 8 beams on the lent H100, 19 %
-// fewer instructions than the fp16 kernel; what limits it now is the issue rate of the
-// epilogue's dither and of the staging, not DRAM: bench/xbengine-notes.md, v9–v10):
+// staged DEPTH k-steps ahead by `cp.async` (v11: 58–63 % of copy at MeerKAT's 8 beams and 80
+// antennas on the lent H100, 22 % fewer instructions than v10 and 37 % fewer than the fp16
+// kernel; DRAM 65 % busy while instructions issue on 40 % of the cycles, so what limits it now
+// is latency at 35 % occupancy, not issue or DRAM: bench/xbengine-notes.md, v9–v12):
 //
 //   D (16 times × 8 columns, s32) += A (16 times × 32 k, s8) · B (32 k × 8 columns, s8)
 //
@@ -57,150 +58,15 @@
 // Compile-time constants (-D): N_ANTS, CHANNELS, SPECTRA, BATCHES, N_BEAMS, IN_BITS (8 or 4),
 // THREADS (a multiple of 32: one warp per 32-slot slab), BT, KS, DEPTH, MIN_BLOCKS (blocks per
 // SM, the register budget) (the host picks them, `BeamformConfig::defines`: BT·KS ≤ 40, at most
-// 30 KiB of digits per block).
-#define WARPS (THREADS / 32)
-#define SLOTS (BATCHES * SPECTRA)
-// Beam tiles and k-steps of the whole table.
-#define NT ((N_BEAMS + 3) / 4)
-#define NKS ((N_ANTS + 7) / 8)
-// u32 pairs per (channel, tile, k-step): 3 digits × 32 lanes.
-#define PAIRS (3 * 32)
-// A lane's four slots are one batch's consecutive spectra, loaded and stored as one vector.
-#define VEC (SPECTRA % 4 == 0)
-// Every lane of a warp in the same batch (clip counts summed across the warp).
-#define WARP_BATCH (SPECTRA % 32 == 0)
-// Where a lane's four slots are consecutive (VEC), its words are staged in shared memory by
-// `cp.async`, DEPTH k-steps in flight per warp (a ring of DEPTH × 1 KiB per warp at 8 bits):
-// with the words held in registers instead, two k-steps in flight per warp left the kernel
-// waiting on loads (long-scoreboard stalls 7.6 of 12.5 cycles per instruction, DRAM 38 % busy).
-// DEPTH comes from the host, which sizes the ring.
-// Otherwise the words are loaded into registers, UNROLL k-steps (a group) at a time, registers
-// holding two groups. Before sm_90 ptxas spilled two groups of two 8-bit k-steps beside two
-// tiles' accumulators at some shapes, and one group of 4-bit ones at another.
-#if BT == 1
-#define UNROLL 4
-#elif __CUDA_ARCH__ >= 900 || IN_BITS == 4
-#define UNROLL 2
-#else
-#define UNROLL 1
-#endif
-// KS ≤ 32: the staged path keeps a presence bit per (k-step, half) in a u64.
-#if BT * KS > 40 || BT < 1 || KS < 1 || KS > 32
-#error "BT tiles × KS k-steps of digits must fit 30 KiB, and KS ≤ 32"
-#endif
-
-typedef unsigned long long u64;
-typedef long long i64;
-typedef unsigned int u32;
-
-// `dsp::random::mix`.
-__device__ __forceinline__ u64 mix(u64 seed, u64 stream, u64 index)
-{
-    u64 z = seed + stream * 0xd1b54a32d192ed03ull + index * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-// `dsp::random::dither_f32`: the top 24 bits, exact in float.
-__device__ __forceinline__ float dither_f32(u64 bits)
-{
-    return __fsub_rn(__fmul_rn((float)(unsigned int)(bits >> 40), 1.0f / 16777216.0f), 0.5f);
-}
+// 30 KiB of digits per block). `gpu::compile` puts `dither.cuh` and `beamform_input.cuh` (the
+// constants derived from these and the input staging) before this file.
 
 // `dsp::postproc::quantise` with qmax 127: round half to even after clamping.
 __device__ __forceinline__ int quantise(float v, float u, bool *clipped)
 {
     const float x = __fadd_rn(v, u);
-    *clipped = !(x >= -127.0f && x <= 127.0f);
+    *clipped = !(fabsf(x) <= 127.0f);
     return (int)rintf(fminf(fmaxf(x, -127.0f), 127.0f));
-}
-
-#if IN_BITS == 8
-#define WORD_BYTES 4
-// One (antenna, spectrum)'s word: (re0, im0, re1, im1) int8.
-__device__ __forceinline__ u32 word_at(const unsigned char *p)
-{
-    return __ldg(reinterpret_cast<const u32 *>(p));
-}
-#elif IN_BITS == 4
-// One byte per complex value, re in the high nibble: widened to the 8-bit word.
-__device__ __forceinline__ u32 widen(u32 v)
-{
-    const int p0 = (signed char)(v & 0xff), p1 = (signed char)(v >> 8);
-    const u32 re0 = (p0 >> 4) & 0xff, im0 = ((signed char)(p0 << 4) >> 4) & 0xff;
-    const u32 re1 = (p1 >> 4) & 0xff, im1 = ((signed char)(p1 << 4) >> 4) & 0xff;
-    return re0 | im0 << 8 | re1 << 16 | im1 << 24;
-}
-#define WORD_BYTES 2
-// Four consecutive spectra's bytes as words.
-__device__ __forceinline__ uint4 as_words(uint2 v)
-{
-    return make_uint4(widen(v.x & 0xffff), widen(v.x >> 16), widen(v.y & 0xffff), widen(v.y >> 16));
-}
-__device__ __forceinline__ u32 word_at(const unsigned char *p)
-{
-    return widen(__ldg(reinterpret_cast<const unsigned short *>(p)));
-}
-#else
-#error "IN_BITS must be 8 or 4"
-#endif
-// Bytes from one antenna's samples to the next's.
-#define ANT_STRIDE ((i64)CHANNELS * SPECTRA * WORD_BYTES)
-
-// Where a lane's four slots of one 32-slot slab lie. Slab k holds slots 32k … 32k + 31 of the
-// (batch, spectrum) slots laid end to end; lane g's are 32k + 4g … 32k + 4g + 3.
-struct Slab
-{
-    const unsigned char *in;      // antenna 0's word at the first slot
-    const unsigned char *present; // the first slot's batch's presence flags
-#if VEC
-    // The four slots are spectra spec … spec + 3 of one batch, all valid or none.
-    int batch, spec;
-    bool valid;
-    __device__ int batch_of(int) const { return batch; }
-    __device__ int spec_of(int i) const { return spec + i; }
-    __device__ bool valid_at(int) const { return valid; }
-#else
-    int batch[4], spec[4];
-    bool valid[4];
-    i64 offset[4]; // each slot's word from `in`
-    const unsigned char *present_at[4];
-    __device__ int batch_of(int i) const { return batch[i]; }
-    __device__ int spec_of(int i) const { return spec[i]; }
-    __device__ bool valid_at(int i) const { return valid[i]; }
-#endif
-};
-
-__device__ __forceinline__ Slab slab_at(const unsigned char *in, const unsigned char *present, int c, int slab, int g)
-{
-    Slab s;
-    const int f0 = slab * 32 + 4 * g;
-#if VEC
-    s.valid = f0 < SLOTS;
-    s.batch = s.valid ? f0 / SPECTRA : 0;
-    s.spec = f0 - s.batch * SPECTRA;
-    s.in = in + (((i64)s.batch * N_ANTS * CHANNELS + c) * SPECTRA + s.spec) * WORD_BYTES;
-    s.present = present + (i64)s.batch * N_ANTS;
-#else
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-    {
-        const int f = f0 + i;
-        s.valid[i] = f < SLOTS;
-        s.batch[i] = s.valid[i] ? f / SPECTRA : 0;
-        s.spec[i] = f - s.batch[i] * SPECTRA;
-    }
-    s.in = in + (((i64)s.batch[0] * N_ANTS * CHANNELS + c) * SPECTRA + s.spec[0]) * WORD_BYTES;
-    s.present = present + (i64)s.batch[0] * N_ANTS;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-    {
-        s.offset[i] = (((i64)(s.batch[i] - s.batch[0]) * N_ANTS * CHANNELS) * SPECTRA + s.spec[i] - s.spec[0]) * WORD_BYTES;
-        s.present_at[i] = present + (i64)s.batch[i] * N_ANTS;
-    }
-#endif
-    return s;
 }
 
 __device__ __forceinline__ void mma_s8(int (&d)[4], const uint4 &a, u32 b0, u32 b1)
@@ -210,136 +76,6 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const uint4 &a, u32 b0, u32 
                  : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
                  : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
-
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// 16 bytes from global to shared memory (`cp.async`, L1 bypassed: the table is read once per
-// block).
-__device__ __forceinline__ void copy16(void *dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
-                 : "memory");
-}
-
-#if VEC
-// 8 bytes from global to shared memory, or zeros where !keep (`src_bytes` 0: cp.async fills
-// the rest).
-__device__ __forceinline__ void copy8_or_zero(void *dst, const unsigned char *src, bool keep)
-{
-    const u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(keep ? 8 : 0) : "memory");
-}
-
-// Bit 2·ks + h: antenna a0 + 8·ks + 4·h + q exists, is present in the lane's batch, and its
-// slots are valid. Once per antenna batch.
-__device__ __forceinline__ u64 presence_bits(const Slab &s, int a0, int nks, int q, int lane)
-{
-    u64 bits = 0;
-#if WARP_BATCH
-    // The warp's slots are one batch: its lanes load 32 antennas' flags at a time and share
-    // them by ballot (an antenna and the three after it never straddle two masks).
-    u32 mask[(8 * KS + 31) / 32];
-#pragma unroll
-    for (int m = 0; m < (8 * KS + 31) / 32; ++m)
-    {
-        const int a = a0 + 32 * m + lane;
-        mask[m] = __ballot_sync(~0u, a < N_ANTS && 32 * m + lane < 8 * nks && s.valid && __ldg(s.present + a));
-    }
-#pragma unroll
-    for (int k = 0; k < 2 * KS; ++k)
-    {
-        const int o = 8 * (k >> 1) + 4 * (k & 1);
-        bits |= (u64)((mask[o >> 5] >> ((o & 31) + q)) & 1) << k;
-    }
-#else
-#pragma unroll
-    for (int k = 0; k < 2 * KS; ++k)
-    {
-        const int a = a0 + 8 * (k >> 1) + 4 * (k & 1) + q;
-        if ((k >> 1) < nks && a < N_ANTS && s.valid && __ldg(s.present + a))
-            bits |= 1ull << k;
-    }
-#endif
-    return bits;
-}
-
-// A ring slot: a lane's words of one k-step. At 8 bits, already as its two A fragments
-// (frag[j] = antenna q at slots 4g+2j, 4g+2j+1, then antenna q+4 at the same), so that one
-// 16-byte shared load is an MMA operand: copied in 8-byte pieces, as each antenna's four slots
-// are split between the fragments. At 4 bits, each antenna's four slots as they lie (h = 0 for
-// antenna q, 1 for q+4), widened after the read.
-#if IN_BITS == 8
-typedef uint4 Slot[2][32];
-#else
-typedef uint2 Slot[2][32];
-#endif
-
-// Issue k-step ks's words (antennas a0 + 8·ks + q and + 4) into ring slot `slot`.
-__device__ __forceinline__ void issue(Slot *ring, int slot, const Slab &s, int a0, int ks, u64 bits, int q,
-                                      int lane)
-{
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-    {
-        const bool keep = (bits >> (2 * ks + h)) & 1;
-        const unsigned char *src = s.in + (keep ? (i64)(a0 + 8 * ks + 4 * h + q) * ANT_STRIDE : 0);
-#if IN_BITS == 8
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-            copy8_or_zero(reinterpret_cast<unsigned char *>(&ring[slot][j][lane]) + 8 * h, src + 8 * j, keep);
-#else
-        copy8_or_zero(&ring[slot][h][lane], src, keep);
-#endif
-    }
-}
-
-// The two A fragments of ring slot `slot`.
-__device__ __forceinline__ void fragments(uint4 (&frag)[2], const Slot *ring, int slot, int lane)
-{
-#if IN_BITS == 8
-    frag[0] = ring[slot][0][lane];
-    frag[1] = ring[slot][1][lane];
-#else
-    const uint4 lo = as_words(ring[slot][0][lane]), hi = as_words(ring[slot][1][lane]);
-    frag[0] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-    frag[1] = make_uint4(lo.z, lo.w, hi.z, hi.w);
-#endif
-}
-#else
-// Antenna a's words at the lane's four slots (each its own batch and spectrum), zero past the
-// last antenna, for an absent antenna and for slots past the end. The presence flags are
-// applied after the loads, so that no load waits for another.
-__device__ __forceinline__ uint4 load_antenna(const Slab &s, int a)
-{
-    uint4 r = make_uint4(0, 0, 0, 0);
-    if (a < N_ANTS)
-    {
-        u32 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            w[i] = s.valid[i] ? word_at(s.in + (i64)a * ANT_STRIDE + s.offset[i]) : 0u;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            w[i] &= s.valid[i] && __ldg(s.present_at[i] + a) ? ~0u : 0u;
-        r = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-    return r;
-}
-
-// The lane's words of k-steps ks0 … ks0 + UNROLL − 1 of the antenna batch from a0: antennas
-// a0 + 8·ks + q (raw[u][0]) and a0 + 8·ks + 4 + q (raw[u][1]), zero past nks.
-__device__ __forceinline__ void load_group(uint4 (&raw)[UNROLL][2], const Slab &s, int a0, int ks0, int nks, int q)
-{
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-    {
-        const bool in = ks0 + u < nks;
-        const int a = a0 + 8 * (ks0 + u) + q;
-        raw[u][0] = in ? load_antenna(s, a) : make_uint4(0, 0, 0, 0);
-        raw[u][1] = in ? load_antenna(s, a + 4) : make_uint4(0, 0, 0, 0);
-    }
-}
-#endif
 
 // v (|v| ≤ 127·2¹⁶ − 128·2⁸ − 128 after the clamp) in balanced base 256: v = d₀·2¹⁶ + d₁·2⁸ + d₂,
 // each an int8 (|d₀| ≤ 127), returned as three ints.
@@ -400,18 +136,20 @@ extern "C" __global__ void __launch_bounds__(256) beam_coeffs(
 }
 
 // The digits of k-steps ks0 … ks0 + nks − 1 and beam tiles t0 … t0 + BT − 1 of channel c into
-// shared memory, as coeff[ks][t][digit·32 + lane] (tiles past the last beam are left alone:
-// `multiply` stops before them): one `cp.async` group, waited for by the caller.
-__device__ __forceinline__ void stage(uint2 (&coeff)[KS][BT][PAIRS], const uint2 *__restrict__ table, int c, int t0,
+// shared memory, as coeff[t][ks][digit·32 + lane] (tiles past the last beam are left alone:
+// `multiply` stops before them): one `cp.async` group, waited for by the caller. A tile's
+// k-steps lie together in both the table and coeff, so each tile is one linear copy.
+__device__ __forceinline__ void stage(uint2 (&coeff)[BT][KS][PAIRS], const uint2 *__restrict__ table, int c, int t0,
                                       int ks0, int nks)
 {
-    // 16-byte pieces: PAIRS / 2 per (k-step, tile).
-    const int per = PAIRS / 2, nt = min(BT, NT - t0);
-    for (int i = threadIdx.x; i < nt * nks * per; i += THREADS)
+    // 16-byte pieces: PAIRS / 2 per (tile, k-step).
+    const int nt = min(BT, NT - t0), pieces = nks * (PAIRS / 2);
+    for (int t = 0; t < nt; ++t)
     {
-        const int t = i / (nks * per), ks = i / per % nks, p = i % per;
-        const uint4 *src = reinterpret_cast<const uint4 *>(table + (((i64)c * NT + t0 + t) * NKS + ks0 + ks) * PAIRS);
-        copy16(reinterpret_cast<uint4 *>(coeff[ks][t]) + p, src + p);
+        const uint4 *src = reinterpret_cast<const uint4 *>(table + (((i64)c * NT + t0 + t) * NKS + ks0) * PAIRS);
+        uint4 *dst = reinterpret_cast<uint4 *>(coeff[t][0]);
+        for (int i = threadIdx.x; i < pieces; i += THREADS)
+            copy16(dst + i, src + i);
     }
     commit();
 }
@@ -420,7 +158,7 @@ __device__ __forceinline__ void stage(uint2 (&coeff)[KS][BT][PAIRS], const uint2
 // q at slots 4g+2j and 4g+2j+1, antenna q+4 at the same); three MMAs (one per digit) per beam
 // tile and m16 tile.
 __device__ __forceinline__ void multiply(int (&acc)[BT][3][2][4], const uint4 (&frag)[2],
-                                        const uint2 (&coeff)[KS][BT][PAIRS], int ks, int t0, int lane)
+                                        const uint2 (&coeff)[BT][KS][PAIRS], int ks, int t0, int lane)
 {
 #pragma unroll
     for (int t = 0; t < BT; ++t)
@@ -430,7 +168,7 @@ __device__ __forceinline__ void multiply(int (&acc)[BT][3][2][4], const uint4 (&
 #pragma unroll
         for (int k = 0; k < 3; ++k)
         {
-            const uint2 bq = coeff[ks][t][k * 32 + lane];
+            const uint2 bq = coeff[t][ks][k * 32 + lane];
 #pragma unroll
             for (int j = 0; j < 2; ++j)
                 mma_s8(acc[t][k][j], frag[j], bq.x, bq.y);
@@ -441,8 +179,8 @@ __device__ __forceinline__ void multiply(int (&acc)[BT][3][2][4], const uint4 (&
 // Undo the digits and the scale: y = (S₀·2¹⁶ + S₁·2⁸ + S₂)·2^−s, the low part rounded once in
 // float (about 2⁻⁸ of y where the larger weights dominate; all of it where only small weights,
 // d₀ = 0, contribute) and S₀ exact below 512 antennas, so y carries one or two float roundings,
-// about 2⁻²³ of it, as the oracle's own conversion of its double sum does. All tiles first, so that the int32 accumulators are dead before the dither's
-// 64-bit arithmetic needs registers.
+// about 2⁻²³ of it, as the oracle's own conversion of its double sum does. All tiles first, so
+// that the int32 accumulators are dead before the dither needs registers.
 __device__ __forceinline__ void combine(float (&v)[BT][2][4], const int (&acc)[BT][3][2][4], int t0, int q,
                                         const float *__restrict__ scales)
 {
@@ -470,12 +208,22 @@ __device__ __forceinline__ void combine(float (&v)[BT][2][4], const int (&acc)[B
 }
 
 // Lane (g, q) holds beam 4(t0 + t) + q at its four slots: slot 4g + 2j + r is (v[t][j][2r],
-// v[t][j][2r + 1]). Dither, quantise, store, count clips.
+// v[t][j][2r + 1]). Dither, quantise, store, count clips. The dither (`dsp::beamform::
+// beam_dither`) is one hash per value of the (beam, channel) key plus the slot's spectrum word,
+// the words made once here for every tile.
 __device__ __forceinline__ void finish(const float (&v)[BT][2][4], const Slab &sl, int t0, int c, int g, int q,
                                        const u64 *__restrict__ seeds, const int *__restrict__ dithered,
                                        signed char *__restrict__ out, u64 *__restrict__ clips, i64 first,
                                        i64 batch_step, i64 spectrum_step)
 {
+    // `dsp::beamform::spectrum_word`: low 32 bits of the timestamp + high 32 bits·0x9e3779b9.
+    u32 word[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+    {
+        const u64 ts = (u64)(first + sl.batch_of(i) * batch_step + (i64)sl.spec_of(i) * spectrum_step);
+        word[i] = (u32)ts + (u32)(ts >> 32) * 0x9e3779b9u;
+    }
 #pragma unroll
     for (int t = 0; t < BT; ++t)
     {
@@ -484,23 +232,18 @@ __device__ __forceinline__ void finish(const float (&v)[BT][2][4], const Slab &s
         const int b = 4 * (t0 + t) + q;
         const bool beam = b < N_BEAMS;
         const bool dither = beam && dithered[b];
-        const u64 seed = beam ? seeds[b] : 0;
+        // `dsp::beamform::beam_dither_key`: the seed already carries + b.
+        const u32 key = dither ? mix_key(seeds[b], (u64)c, 0) : 0u;
         u32 packed[2] = {0, 0};
         int clipped[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
         {
             const int j = i >> 1, r = i & 1;
-            float u0 = 0.0f, u1 = 0.0f;
-            if (dither && sl.valid_at(i))
-            {
-                const u64 stream = (u64)(first + sl.batch_of(i) * batch_step + (i64)sl.spec_of(i) * spectrum_step) << 1;
-                u0 = dither_f32(mix(seed, stream, (u64)c));
-                u1 = dither_f32(mix(seed, stream | 1, (u64)c));
-            }
+            const float2 u = dither && sl.valid_at(i) ? dither_pair(key + word[i]) : make_float2(0.0f, 0.0f);
             bool c0, c1;
-            const int re = quantise(v[t][j][2 * r], u0, &c0);
-            const int im = quantise(v[t][j][2 * r + 1], u1, &c1);
+            const int re = quantise(v[t][j][2 * r], u.x, &c0);
+            const int im = quantise(v[t][j][2 * r + 1], u.y, &c1);
             clipped[i] = beam && sl.valid_at(i) && (c0 || c1);
             packed[i >> 1] |= ((u32)(re & 0xff) | (u32)(im & 0xff) << 8) << (16 * (i & 1));
         }
@@ -537,37 +280,41 @@ __device__ __forceinline__ void finish(const float (&v)[BT][2][4], const Slab &s
 
 // Accumulate the antenna batch from k-step ks0 (nks k-steps) into acc, with the digits staged
 // first (the previous batch's are no longer read once every warp has passed the first barrier).
-__device__ __forceinline__ void accumulate(int (&acc)[BT][3][2][4], uint2 (&coeff)[KS][BT][PAIRS],
+__device__ __forceinline__ void accumulate(int (&acc)[BT][3][2][4], uint2 (&coeff)[BT][KS][PAIRS],
                                            const uint2 *__restrict__ table, const Slab &slab, int c, int t0,
                                            int ks0, int nks, int q, int lane, void *ring_mem)
 {
     const int a0 = 8 * ks0;
 #if VEC
     Slot *ring = reinterpret_cast<Slot *>(ring_mem) + (threadIdx.x >> 5) * DEPTH;
-    const u64 bits = presence_bits(slab, a0, nks, q, lane);
+    const Bits bits = presence_bits(slab, a0, nks, q, lane);
     __syncthreads();
     stage(coeff, table, c, t0, ks0, nks);
     // DEPTH − 1 k-steps in flight before the first is used; one group committed per k-step
     // (empty past nks), so that `wait_group DEPTH − 1` always means "k-step k has landed" and,
     // before the loop, "the digits have landed".
+    Issuer is = issuer_at(ring, slab, a0, bits, q, lane);
 #pragma unroll
     for (int k = 0; k < DEPTH - 1; ++k)
     {
         if (k < nks)
-            issue(ring, k, slab, a0, k, bits, q, lane);
+            issue(is);
         commit();
     }
+    int slot = 0;
     for (int k = 0; k < nks; ++k)
     {
         if (k + DEPTH - 1 < nks)
-            issue(ring, (k + DEPTH - 1) % DEPTH, slab, a0, k + DEPTH - 1, bits, q, lane);
+            issue(is);
         commit();
         asm volatile("cp.async.wait_group %0;\n" ::"n"(DEPTH - 1) : "memory");
         if (k == 0)
             __syncthreads(); // every thread's part of the digits has landed
         uint4 frag[2];
-        fragments(frag, ring, k % DEPTH, lane);
+        fragments(frag, ring, slot, lane);
         multiply(acc, frag, coeff, k, t0, lane);
+        if (++slot == DEPTH)
+            slot = 0;
     }
 #else
     uint4 raw[UNROLL][2];
@@ -610,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) beamform(
     const unsigned char *__restrict__ present, const u64 *__restrict__ seeds, const int *__restrict__ dithered,
     signed char *__restrict__ out, u64 *__restrict__ clips, i64 first, i64 batch_step, i64 spectrum_step)
 {
-    __shared__ __align__(16) uint2 coeff[KS][BT][PAIRS];
+    __shared__ __align__(16) uint2 coeff[BT][KS][PAIRS];
     extern __shared__ __align__(16) unsigned char ring_mem[];
     const int c = blockIdx.y;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;

@@ -61,31 +61,16 @@ __device__ __forceinline__ float2 expjpi(float x)
     return make_float2(c, s);
 }
 
-// `dsp::postproc::dither`: a 32-bit key per (spectrum, pol) from SplitMix64 (`dsp::random::mix`
-// with index 0, top half), computed once per row and pol; then per value one 32-bit hash of
-// key + channel·0x9e3779b9 (`dsp::random::hash32`, two 32-bit multiplies), bits 31..16 for
-// the real part and 15..0 for the imaginary, each uniform in [−½, ½), exact in f32.
+// `dsp::postproc::dither` (from `dither.cuh`): a 32-bit key per (spectrum, pol), computed once
+// per row and pol; then per value one 32-bit hash of key + channel·0x9e3779b9.
 __device__ __forceinline__ unsigned int dither_key(u64 seed, i64 ts, int pol)
 {
-    const u64 stream = ((u64)ts << 1) | (u64)pol;
-    u64 z = seed + stream * 0xd1b54a32d192ed03ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (unsigned int)(z >> 32);
+    return mix_key(seed, ((u64)ts << 1) | (u64)pol, 0);
 }
 
 __device__ __forceinline__ float2 dither(unsigned int key, unsigned int channel_key)
 {
-    unsigned int x = key + channel_key;
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    // b·2⁻¹⁶ − ½ with both steps exact, so one fused multiply-add gives the oracle's value.
-    const float scale = 1.0f / 65536.0f;
-    return make_float2(__fmaf_rn((float)(x >> 16), scale, -0.5f), __fmaf_rn((float)(x & 0xffffu), scale, -0.5f));
+    return dither_pair(key + channel_key);
 }
 
 #if OUT_BITS == 8

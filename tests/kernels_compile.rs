@@ -166,6 +166,8 @@ fn every_kernel_compiles_for_every_architecture() {
         (256, 512, 256, 2, 64, 8),
         (1024, 32, 256, 4, 8, 8),
         (300, 4, 36, 2, 8, 8),
+        (40, 4, 128, 5, 6, 4),
+        (160, 2, 32, 24, 8, 8),
     ] {
         let cfg = BeamformConfig {
             n_ants,
@@ -234,7 +236,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 1 + 4 * 6 + 1 + 4 + 2) + 3 + 14 + 1 + 12
+        ARCHES.len() * (7 * 3 + 20 + 1 + 4 * 6 + 1 + 4 + 2) + 3 + 16 + 1 + 12
     );
 }
 

@@ -10,7 +10,8 @@
 //! y_b[c][t] = Σ_{a present} W_abc · x[a][c][t][pol_b]
 //! ```
 //!
-//! then dithered (U(−½, ½) per part, counter-based) and quantised with saturation to ±127,
+//! then dithered (U(−½, ½) per part, counter-based: [`beam_dither`]) and quantised with
+//! saturation to ±127,
 //! counting clipped complex values per beam (once if either part clipped, as in `postproc`). Missing antennas are excluded and the number present is
 //! returned (`beam_ants`). Output **(beam, channel, spectrum, re/im)** int8, overwritten.
 #![deny(unsafe_code)]
@@ -18,7 +19,7 @@
 use num_complex::Complex64;
 
 use super::postproc::quantise;
-use super::random::{dither_f32, mix};
+use super::random::{dither_pair16, hash32, mix};
 
 /// One single-polarisation beam.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,13 +39,47 @@ pub struct BeamShape {
     pub spectra: usize,
 }
 
-/// The dither of beam `b`'s part `part` at (spectrum timestamp, channel).
-pub fn beam_dither(seed: u64, beam: usize, timestamp: i64, channel: usize, part: usize) -> f32 {
-    dither_f32(mix(
-        seed.wrapping_add(beam as u64),
-        ((timestamp as u64) << 1) | part as u64,
-        channel as u64,
-    ))
+/// The dither of beam `beam`'s (real, imaginary) parts at (channel, spectrum timestamp): a pure
+/// function, so a GPU produces the same bits. The same construction as the F-engine's
+/// (`dsp::postproc::dither`) with the roles turned to suit a beamformer, which holds a channel
+/// and runs over spectra: a 32-bit key per (beam, channel) from the 64-bit [`mix`]
+/// ([`beam_dither_key`], once per beam and channel), then per value one [`hash32`] of key +
+/// [`spectrum_word`]. Two 32-bit multiplies per complex value instead of the six 64-bit ones of
+/// a [`mix`] per part, which made the dither the largest cost of the GPU kernel
+/// (bench/xbengine-notes.md, v10).
+///
+/// Two beams whose keys differ by a multiple of the timestamp step share a sequence shifted by
+/// (difference / step) spectra, typically 10⁵ or more: a correlation of two beams' outputs at
+/// that lag, at one channel, in one case in 2¹³ for 8192-sample spectra. Beams are not
+/// correlated against each other at such lags.
+pub fn beam_dither(seed: u64, beam: usize, timestamp: i64, channel: usize) -> (f32, f32) {
+    beam_dither_at(
+        beam_dither_key(seed, beam, channel),
+        spectrum_word(timestamp),
+    )
+}
+
+/// [`beam_dither`] from its two halves, for loops that hold them.
+#[inline]
+pub fn beam_dither_at(key: u32, word: u32) -> (f32, f32) {
+    dither_pair16(hash32(key.wrapping_add(word)))
+}
+
+/// The (beam, channel) half of [`beam_dither`]'s input: the top 32 bits of SplitMix64 keyed on
+/// seed + beam (so that beams differ) over the channel.
+#[inline]
+pub fn beam_dither_key(seed: u64, beam: usize, channel: usize) -> u32 {
+    (mix(seed.wrapping_add(beam as u64), channel as u64, 0) >> 32) as u32
+}
+
+/// The spectrum's half: the timestamp's low 32 bits plus its high 32 bits times ⌊2³²/φ⌋. Within
+/// one span of 2³² samples distinct spectra give distinct words, hence distinct hash inputs;
+/// across spans the sequence moves by an odd offset, which a power-of-two timestamp step never
+/// matches, so the dither does not repeat with the 32-bit wrap of the timestamp.
+#[inline]
+pub fn spectrum_word(timestamp: i64) -> u32 {
+    let t = timestamp as u64;
+    (t as u32).wrapping_add(((t >> 32) as u32).wrapping_mul(0x9e37_79b9))
 }
 
 /// How close to the clip level a dithered value must be for rounding to decide whether it
@@ -103,9 +138,8 @@ pub fn beamform(
                     let i = ((a * channels + c) * spectra + t) * 4 + beam.pol * 2;
                     acc += coeff[a] * Complex64::new(f64::from(x[i]), f64::from(x[i + 1]));
                 }
-                let u = |part| dither.map_or(0.0, |seed| beam_dither(seed, b, ts, c, part));
+                let (u0, u1) = dither.map_or((0.0, 0.0), |seed| beam_dither(seed, b, ts, c));
                 let (v0, v1) = (acc.re as f32, acc.im as f32);
-                let (u0, u1) = (u(0), u(1));
                 let (re, c0) = quantise(v0, u0, 127.0);
                 let (im, c1) = quantise(v1, u1, 127.0);
                 let o = ((b * channels + c) * spectra + t) * 2;
@@ -214,5 +248,47 @@ mod tests {
         };
         let f = beamform(shape, &x, &[true, true], &[half], &[0], None, &mut out);
         assert_eq!((f.clips[0], f.near_clip[0]), (0, 1));
+    }
+
+    /// The dither a beam draws along its spectra is a run of independent U(−½, ½) values, also
+    /// where the timestamp crosses a multiple of 2³² (where a 32-bit counter would wrap and
+    /// repeat its sequence), and two beams' runs at one channel are uncorrelated.
+    #[test]
+    fn beam_dither_is_white_along_spectra_and_across_a_32_bit_wrap() {
+        let step = 8192i64;
+        let n = 100_000i64;
+        // Centred on 3·2³², so half the run lies past the wrap.
+        let t0 = (3i64 << 32) - n / 2 * step;
+        let run = |beam: usize| -> Vec<(f64, f64)> {
+            (0..n)
+                .map(|i| {
+                    let (a, b) = beam_dither(11, beam, t0 + i * step, 5);
+                    (f64::from(a), f64::from(b))
+                })
+                .collect()
+        };
+        let (r0, r1) = (run(0), run(1));
+        let mean = |f: &dyn Fn(usize) -> f64| (0..n as usize).map(f).sum::<f64>() / n as f64;
+        // U(−½, ½): variance 1/12; products of independent ones have standard error 1/12/√n
+        // ≈ 2.6e-4, so 1.3e-3 is five of them.
+        for v in [mean(&|i| r0[i].0 * r0[i].0), mean(&|i| r0[i].1 * r0[i].1)] {
+            assert!((v - 1.0 / 12.0).abs() < 1.3e-3, "{v}");
+        }
+        let lag1 = mean(&|i| r0[i].0 * r0[(i + 1) % n as usize].0);
+        let parts = mean(&|i| r0[i].0 * r0[i].1);
+        let beams = mean(&|i| r0[i].0 * r1[i].0);
+        for c in [lag1, parts, beams] {
+            assert!(c.abs() < 1.3e-3, "{c}");
+        }
+        // The sequence does not repeat with period 2³² samples, as a 32-bit counter would: the
+        // spectra 2³² samples apart draw different values (a chance coincidence of both 16-bit
+        // parts has probability 2⁻³² per spectrum).
+        let repeats = (0..n)
+            .filter(|&i| {
+                let t = t0 + i * step;
+                beam_dither(11, 0, t, 5) == beam_dither(11, 0, t + (1 << 32), 5)
+            })
+            .count();
+        assert_eq!(repeats, 0);
     }
 }

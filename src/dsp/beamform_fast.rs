@@ -27,7 +27,7 @@ use std::ops::Range;
 
 use num_complex::Complex64;
 
-use super::beamform::{beam_dither, Beam, BeamShape};
+use super::beamform::{beam_dither_at, beam_dither_key, spectrum_word, Beam, BeamShape};
 use super::postproc::quantise;
 
 /// Spectra staged at once per channel (a multiple of `LANES`, the spectra summed together in
@@ -205,18 +205,17 @@ fn form_channels_body(
             stage(job, c, t0..t0 + len, &mut s.x);
             for (b, beam) in job.beams.iter().enumerate() {
                 let coeff = &s.coeff[b * n_present..(b + 1) * n_present];
+                let key = job.dither.map(|seed| beam_dither_key(seed, b, c));
                 let out = &mut outs[b][((c - part.start) * spectra + t0) * 2..][..len * 2];
                 for l0 in (0..len).step_by(LANES) {
                     let (re, im) = accumulate(&s.x, beam.pol, coeff, l0);
                     for l in 0..LANES.min(len - l0) {
                         let t = t0 + l0 + l;
-                        let u = |part| {
-                            job.dither.map_or(0.0, |seed| {
-                                beam_dither(seed, b, job.timestamps[t], c, part)
-                            })
-                        };
-                        let (qr, c0) = quantise(re[l] as f32, u(0), 127.0);
-                        let (qi, c1) = quantise(im[l] as f32, u(1), 127.0);
+                        let (u0, u1) = key.map_or((0.0, 0.0), |k| {
+                            beam_dither_at(k, spectrum_word(job.timestamps[t]))
+                        });
+                        let (qr, c0) = quantise(re[l] as f32, u0, 127.0);
+                        let (qi, c1) = quantise(im[l] as f32, u1, 127.0);
                         out[(l0 + l) * 2] = qr;
                         out[(l0 + l) * 2 + 1] = qi;
                         clips[b] += u64::from(c0 || c1);

@@ -108,14 +108,21 @@ impl Kernel {
                 include_str!("../../kernels/decode.cuh"),
                 include_str!("../../kernels/pfb.cu")
             ),
-            Kernel::Postproc => include_str!("../../kernels/postproc.cu"),
+            Kernel::Postproc => concat!(
+                include_str!("../../kernels/dither.cuh"),
+                include_str!("../../kernels/postproc.cu")
+            ),
             Kernel::Copy => include_str!("../../kernels/copy.cu"),
             Kernel::CorrTurn => include_str!("../../kernels/correlate_turn.cu"),
             Kernel::CorrMma => include_str!("../../kernels/correlate_mma.cu"),
             Kernel::CorrReduce => include_str!("../../kernels/correlate_reduce.cu"),
             Kernel::CorrPeak => include_str!("../../kernels/correlate_peak.cu"),
             Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
-            Kernel::Beamform => include_str!("../../kernels/beamform.cu"),
+            Kernel::Beamform => concat!(
+                include_str!("../../kernels/dither.cuh"),
+                include_str!("../../kernels/beamform_input.cuh"),
+                include_str!("../../kernels/beamform.cu")
+            ),
             Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
             Kernel::FrbHalf => include_str!("../../kernels/frb_half.cu"),
             Kernel::Ddc => concat!(

@@ -217,6 +217,10 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(19, 7, 33, 3, 64, 8, false),
         c(130, 4, 100, 2, 130, 4, false),
         c(300, 4, 36, 2, 8, 8, false),
+        // 4-bit input over five batches with the last block partly past the end, and 160
+        // antennas (a lane's presence bits in a u64) over 24 batches of 32 spectra.
+        c(40, 4, 128, 5, 6, 4, false),
+        c(160, 2, 32, 24, 8, 8, false),
     ]
     .into_iter()
     .map(|case| check(gpu, &mut rng, case))
