@@ -17,7 +17,8 @@
 //! Cartesian product of beam coordinates (§5.3, eq. 141–144) as V = Uᵀ I then J = V U′ per
 //! slow time; for arbitrary beams (§5.2, eq. 138–140) as J = I · W over blocks of
 //! [`SLOW_BLOCK`] slow times, so each row of W is read once per block. U, U′ and W are
-//! computed once (in f64 by eq. 7, then rounded to f32) by [`super::frb_resample`].
+//! computed once (in f64 by eq. 7, then rounded to f32) by [`super::frb_resample`], and a
+//! list's W again at each [`FrbBeamformer::repoint`] (on the caller's thread: 4MN·B products).
 //!
 //! Threads take contiguous ranges of channels under `std::thread::scope`, each with its own
 //! scratch; every buffer is allocated at construction, a call allocates nothing but the

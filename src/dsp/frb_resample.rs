@@ -1,7 +1,9 @@
 //! The FRB beamformer's second stage on the CPU (seed 004 §5): the beam sets an output forms,
 //! the resampling matrices of the main theorem (eq. 6) in float32, and their application to a
-//! block of intensities. The GPU's second stage (`gpu::frb_resample`) uploads the same tables;
-//! `dsp::frb::resample{,_factorised}` (f64) is the oracle.
+//! block of intensities. The GPU's second stage (`gpu::frb_resample`) uploads a product's U
+//! and U′ from here ([`u_table`]) and builds a list's W on the device (`gpu::frb_weights`), to
+//! within one rounding of [`w_table`]'s; `dsp::frb::resample{,_factorised}` (f64) is the
+//! oracle. A list can be re-pointed ([`FrbBeams::repointed`]; tracking beams, issue 17).
 #![deny(unsafe_code)]
 
 use super::frb::u_sum;

@@ -11,7 +11,10 @@
 //! Only an output whose beams are a list (`beams=FILE`, seed 004 §5.2) can be re-pointed, and
 //! only with as many beams as it was started with: the heap's shape and the backends' tables
 //! stay as they are. Positions are checked as the beams file's are at start-up (finite,
-//! |θ|, |θ′| ≤ `frb_output::MAX_THETA`, seed 004 eq. 1's normalised coordinates). A re-point
+//! |θ|, |θ′| ≤ `frb_output::MAX_THETA`, seed 004 eq. 1's normalised coordinates). The size of
+//! a request is bounded by the output's own: one argument per beam (at most
+//! `frb_output::MAX_FRB_BEAMS`, within the katcp server's argument and line limits), the count
+//! checked before any value is parsed. A re-point
 //! is in force from the engine's next chunk; the `{name}.beams` sensor ([`describe`]) shows
 //! the positions in force and the timestamp of the first chunk formed with them, as
 //! katgpucbf's `{beam}.delay` sensor shows `(loadmcnt, delay0, phase0, …)`. Pure.
