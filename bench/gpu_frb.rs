@@ -4,7 +4,10 @@
 //! device call for the ratio. Also printed: the device-to-device copy ceiling measured here
 //! (the input is read once: its share of the time at that rate) and the tensor-core rate the
 //! kernel's MMAs reach (fp16 `mma.sync` m16n8k16, counted as issued, padding included). The
-//! second stage (`gpu::frb_resample`, cuBLAS in float32 and in fp16) is timed apart at case 5.
+//! second stage (`gpu::frb_resample`, cuBLAS in float32 and in fp16) is timed apart at case 5,
+//! and so is a re-point of its 5760 listed beams (`gpu::frb_weights`: W built on the device,
+//! 4MN·B entries written), beside the host's build of the same table on one core (what a
+//! re-point cost before, without its upload).
 //!
 //! Input lives in device memory (random bytes: any byte is a valid sample); every time is the
 //! median of event-timed calls after warm-ups. Run `cbf selftest --gpu` first: a figure counts
@@ -14,7 +17,7 @@
 use std::sync::Arc;
 
 use cbf::dsp::frb::DishGrid;
-use cbf::dsp::frb_resample::FrbBeams;
+use cbf::dsp::frb_resample::{w_table, FrbBeams};
 use cbf::gpu::frb::{FrbConfig, FrbStage1};
 use cbf::gpu::frb_resample::{FrbResampler, Precision};
 use cbf::gpu::{Gpu, GpuError};
@@ -186,7 +189,7 @@ fn measure(
 /// The second stage at case 5 (one call's slow samples for every channel): a 96×96 beam grid
 /// and seed 004 Table 4's 10·MN = 5760 listed beams, each in float32 and in fp16 (tensor-core
 /// GEMMs; the time includes the intensities' conversion to fp16).
-fn measure_stage2(gpu: &Arc<Gpu>, reps: usize) -> Result<(), GpuError> {
+fn measure_stage2(gpu: &Arc<Gpu>, reps: usize, copy: f64) -> Result<(), GpuError> {
     let case = &CASES[4];
     let times = 2064;
     let rows = case.channels * (times / case.t_ds);
@@ -223,6 +226,29 @@ fn measure_stage2(gpu: &Arc<Gpu>, reps: usize) -> Result<(), GpuError> {
                 real * 1e3,
                 100.0 * t / real
             );
+            if let FrbBeams::List(l) = &set {
+                // Tracking beams: the same beams moved by a little each call.
+                let mut moved = l.clone();
+                let t = timed::<GpuError>(gpu, reps, &mut || {
+                    for p in &mut moved {
+                        p.0 += 1e-3;
+                    }
+                    op.repoint(&moved)
+                })?;
+                let entries = plane * l.len();
+                let width = if arith == "f32" { 4 } else { 2 };
+                let start = std::time::Instant::now();
+                std::hint::black_box(w_table(case.rows, case.cols, l, |x| x as f32));
+                let host_s = start.elapsed().as_secs_f64();
+                println!(
+                    "RESULT frb_repoint case 5 {name:<18} {arith} {:>8.3} ms ({entries} entries, {:.0} MB written: {:.1} % of copy at {:.0} GB/s) | host f64 build of the f32 table on one core {:.1} ms",
+                    t * 1e3,
+                    (entries * width) as f64 / 1e6,
+                    100.0 * (entries * width) as f64 / t / copy,
+                    copy / 1e9,
+                    host_s * 1e3,
+                );
+            }
         }
     }
     Ok(())
@@ -258,7 +284,7 @@ fn main() -> Result<(), GpuError> {
     for case in &CASES {
         measure(&gpu, case, None, None, copy, reps)?;
     }
-    measure_stage2(&gpu, reps)?;
+    measure_stage2(&gpu, reps, copy)?;
     if !quick {
         for (tb, groups) in [(4, 2), (8, 2), (4, 4)] {
             measure(&gpu, &CASES[4], Some(tb), Some(groups), copy, reps)?;

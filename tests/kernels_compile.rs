@@ -216,6 +216,32 @@ fn every_kernel_compiles_for_every_architecture() {
         // The second stage's fp16 conversion (no constants).
         compile(Kernel::FrbHalf, &[], arch).unwrap_or_else(|e| panic!("{e}"));
         compiled += 2;
+        // The beam list's W built on the device, both element types (seed 004 case 5's grid).
+        for half in [0, 1] {
+            let defs = vec![("ROWS", 24), ("COLS", 24), ("HALF", half)];
+            compile(Kernel::FrbWeights, &defs, arch).unwrap_or_else(|e| panic!("{e}"));
+            compiled += 1;
+        }
+    }
+    // The W builder at every grid the self-test, the tests and the benchmark use, for the lent
+    // H100: odd and unequal sides, one cell, and the largest grid.
+    for (rows, cols) in [
+        (1, 1),
+        (3, 4),
+        (3, 5),
+        (5, 3),
+        (7, 2),
+        (7, 4),
+        (13, 11),
+        (8, 12),
+        (16, 20),
+        (64, 64),
+    ] {
+        for half in [0, 1] {
+            let defs = vec![("ROWS", rows), ("COLS", cols), ("HALF", half)];
+            compile(Kernel::FrbWeights, &defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+            compiled += 1;
+        }
     }
     for defs in [
         frb(5, 3, 15, 1, 2, 7, None, None),
@@ -236,7 +262,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 1 + 4 * 6 + 1 + 4 + 2) + 3 + 16 + 1 + 12
+        ARCHES.len() * (7 * 3 + 20 + 1 + 4 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 20 + 12
     );
 }
 

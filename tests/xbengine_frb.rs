@@ -6,7 +6,8 @@
 //! both polarisations, complex128, no FFT) of the very data sent is the reference: by the main
 //! theorem the engine's FFT-and-resample intensities must equal it, for a partly filled grid,
 //! a Cartesian beam grid and arbitrary (θ, θ′), at T_ds 1, 3 and 40. A second run puts a point
-//! source in the sky and finds its beam brightest.
+//! source in the sky and finds its beam brightest; a third re-points a list mid-stream with
+//! `?frb-beams` (tracking beams) and checks each heap against the positions in force.
 
 mod common;
 
@@ -325,4 +326,121 @@ fn a_point_source_peaks_in_its_beam() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap();
     assert!((2..=heaps).contains(&sent), "{sent} of {heaps}");
+}
+
+/// Tracking beams (`?frb-beams`): a list is re-pointed mid-stream through aiokatcp. Every heap
+/// from the chunk that `{name}.beams` names on equals numpy's direct beamforming at the new
+/// positions, every earlier one at the old; the sensor lists the new positions and its
+/// timestamp is no later than `steady-state-timestamp` after the request. A grid output beside
+/// it is unaffected; refusals (a count other than the list's, a grid output, a malformed pair,
+/// a position out of range, an unknown stream) fail naming the fault and change nothing.
+#[test]
+fn repointed_beams_hold_from_the_chunk_the_sensor_names() {
+    let dir = scratch_dir();
+    let map = dish_map(&dir);
+    let list = [
+        (0.3, -1.7),
+        (2.9, 0.0),
+        (-1.25, 3.6),
+        (7.1, -5.3),
+        (0.0, 0.0),
+    ];
+    // On the half-integer grid, a hair off it, beyond one period, and anywhere.
+    let list2 = [
+        (1.5, -2.0),
+        (0.5 + 1e-9, 1.0),
+        (-7.3, 9.1),
+        (0.1, 0.2),
+        (2.75, -0.4),
+    ];
+    let ports = [common::free_udp_port(), common::free_udp_port()];
+    let specs = [
+        format!(
+            "name=fr,dst=127.0.0.1:{},grid=3x4,dish_map={map},t_ds=3,beams={}",
+            ports[0],
+            beams_file(&dir, "track.txt", &list)
+        ),
+        format!(
+            "name=fg,dst=127.0.0.1:{},grid=3x4,dish_map={map},t_ds=3,beams=5x6",
+            ports[1]
+        ),
+    ];
+    let in_port = common::free_udp_port();
+    let pair = |(a, b): (f64, f64)| json!(format!("{a}:{b}"));
+    let mut set = vec![json!("frb-beams"), json!("fr")];
+    set.extend(list2.iter().map(|&p| pair(p)));
+    let mut five = vec![json!("frb-beams"), json!("fr")];
+    five.extend(list.iter().map(|&p| pair(p)));
+    let mut requests = vec![
+        json!(["frb-beams", "fr"]),
+        json!(["frb-beams", "fr", "1:1", "2:2"]),
+        json!(["frb-beams", "fg", "0:0"]),
+    ];
+    for bad in ["1,1", "2e6:0", "nan:1"] {
+        let mut r = five.clone();
+        r[3] = json!(bad);
+        requests.push(json!(r));
+    }
+    requests.push(json!(["frb-beams", "nope", "0:0"]));
+    let ones: Vec<String> = vec!["1".into(); 2 * ANTS];
+    let (v, report, _) = run(
+        config(in_port, specs.iter().map(|s| frb(s)).collect()),
+        in_port,
+        json!([
+            {"port": ports[0], "weights": table(&ones, &[]), "t_ds": 3, "list": list,
+             "name": "fr", "list2": list2},
+            {"port": ports[1], "weights": table(&ones, &[]), "t_ds": 3, "grid": [5, 6]},
+        ]),
+        json!(requests),
+        // Six chunks checked, the re-point after the third is sent: the engine's window of
+        // two chunks has formed the first by then, so at least one heap precedes it.
+        json!({"seed": 23, "mode": "random", "lim": 50, "missing": [], "descriptor": false,
+               "batches": 6 * BATCHES_PER_CHUNK, "split": 3 * BATCHES_PER_CHUNK,
+               "requests2": [set], "expect_heaps": 6}),
+    );
+    let replies = v["katcp"].as_array().unwrap();
+    let read: Vec<String> = list.iter().map(|(a, b)| format!("{a}:{b}")).collect();
+    let read_back: Vec<(f64, f64)> = replies[0].as_array().unwrap()[1..]
+        .iter()
+        .map(|p| {
+            let (a, b) = p.as_str().unwrap().split_once(':').unwrap();
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(replies[0][0], "ok", "{}", replies[0]);
+    assert_eq!(read_back, list, "{read:?}");
+    let fails = [
+        "expected 5, received 2",
+        "fg forms a grid of beams",
+        "beam 1: \"1,1\" is not θ:θ′",
+        "beam 1: \"2e6:0\"",
+        "beam 1: \"nan:1\"",
+        "no FRB beam output named \"nope\"",
+    ];
+    for (r, says) in replies[1..7].iter().zip(fails) {
+        assert_eq!(r[0], "fail", "{r}");
+        assert!(
+            r[1].as_str().unwrap().contains(says),
+            "{r} should say {says}"
+        );
+    }
+    assert_eq!(replies[7], json!(["ok"]), "the re-point");
+    let steady = v["steady"].as_u64().unwrap();
+    let o = &v["outputs"][0];
+    assert_eq!(o["checked"], 6, "{o}");
+    assert_eq!(o["sensor_positions_ok"], true, "{o}");
+    let effective = o["effective"].as_u64().unwrap();
+    assert!(
+        effective > 0 && effective <= steady,
+        "{effective} vs steady {steady}"
+    );
+    assert!(
+        o["before"].as_u64().unwrap() >= 1 && o["after"].as_u64().unwrap() >= 1,
+        "heaps on both sides of the re-point: {o}"
+    );
+    assert!(o["max_err"].as_f64().unwrap() < 2e-3, "{o}");
+    let g = &v["outputs"][1];
+    assert_eq!(g["checked"], 6, "{g}");
+    assert!(g["max_err"].as_f64().unwrap() < 2e-3, "{g}");
+    assert_eq!(report.frb.len(), 2);
 }

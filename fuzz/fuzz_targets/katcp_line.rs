@@ -1,13 +1,14 @@
 //! Fuzz katcp request lines through the server's parser and dispatch (`answer_line`) with each
 //! engine's own handler (the F-engine's `?gain`, `?gain-all`, `?delays`, `?capture-*`; the
 //! XB-engine's `?beam-weights`, `?beam-delays`, `?beam-quant-gains`, `?frb-weights`,
-//! `?capture-*`) and the standard requests. The input is split into lines as the server splits
+//! `?frb-beams` (a list output and a grid output), `?capture-*`) and the standard requests. The input is split into lines as the server splits
 //! them. Every reply must format and parse back to itself. Seeds: fuzz/seeds/katcp_line.
 #![no_main]
 
 use std::sync::Arc;
 
 use cbf::control::katcp::{Limits, Message, Sensors, Server, Session};
+use cbf::dsp::frb_resample::FrbBeams;
 use cbf::fengine::control::{EngineControl, OutputState};
 use cbf::xbengine::control::{OutputNames, XbControl};
 use libfuzzer_sys::fuzz_target;
@@ -33,8 +34,12 @@ fuzz_target!(|data: &[u8]| {
         OutputNames {
             corrprods: vec!["bl".into()],
             beams: vec!["b0".into(), "b1".into()],
-            frb: vec!["f0".into()],
+            frb: vec!["f0".into(), "f1".into()],
         },
+        &[
+            FrbBeams::List(vec![(0.0, 0.0), (1.5, -2.0), (0.25, 7.0)]),
+            FrbBeams::even(2, 3, 2, 2),
+        ],
         false,
         (0, 1024),
         1,

@@ -17,7 +17,8 @@
 //! Cartesian product of beam coordinates (§5.3, eq. 141–144) as V = Uᵀ I then J = V U′ per
 //! slow time; for arbitrary beams (§5.2, eq. 138–140) as J = I · W over blocks of
 //! [`SLOW_BLOCK`] slow times, so each row of W is read once per block. U, U′ and W are
-//! computed once (in f64 by eq. 7, then rounded to f32) by [`super::frb_resample`].
+//! computed once (in f64 by eq. 7, then rounded to f32) by [`super::frb_resample`], and a
+//! list's W again at each [`FrbBeamformer::repoint`] (on the caller's thread: 4MN·B products).
 //!
 //! Threads take contiguous ranges of channels under `std::thread::scope`, each with its own
 //! scratch; every buffer is allocated at construction, a call allocates nothing but the
@@ -32,7 +33,7 @@ use num_complex::Complex32;
 use rustfft::{Fft, FftPlanner};
 
 use super::frb::DishGrid;
-use super::frb_resample::{resample, FrbBeams, Resample};
+use super::frb_resample::{resample, FrbBeams, RepointError, Resample};
 
 /// Slow times resampled together in the non-factorisable stage 2.
 pub const SLOW_BLOCK: usize = 16;
@@ -165,6 +166,26 @@ impl FrbBeamformer {
 
     pub fn shape(&self) -> FrbChunkShape {
         self.plan.shape
+    }
+
+    /// Re-point a beam list (tracking beams, issue 17) to `positions`, as many as it has: stage
+    /// 2's W is rebuilt (in f64, rounded once, as at construction) and used from the next call.
+    /// A grid of beams is refused.
+    pub fn repoint(&mut self, positions: &[(f64, f64)]) -> Result<(), RepointError> {
+        let (m, n) = (self.plan.rows, self.plan.cols);
+        match &self.plan.resample {
+            Resample::Product { .. } => Err(RepointError::Grid),
+            Resample::General { beams, .. } if *beams != positions.len() => {
+                Err(RepointError::Count {
+                    given: positions.len(),
+                    beams: *beams,
+                })
+            }
+            Resample::General { .. } => {
+                self.plan.resample = Resample::new(m, n, &FrbBeams::List(positions.to_vec()));
+                Ok(())
+            }
+        }
     }
 
     pub fn beams(&self) -> usize {
@@ -471,14 +492,23 @@ mod tests {
     }
 
     fn check(grid: &DishGrid, shape: FrbChunkShape, beams: &FrbBeams, threads: usize) {
-        let data = inputs(shape, 99 + shape.t_ds as u64);
         let mut bf = FrbBeamformer::new(shape, grid, beams, threads);
+        check_formed(grid, shape, &mut bf, &beams.positions());
+    }
+
+    /// `bf`'s beams against the oracle's at `positions`.
+    fn check_formed(
+        grid: &DishGrid,
+        shape: FrbChunkShape,
+        bf: &mut FrbBeamformer,
+        positions: &[(f64, f64)],
+    ) {
+        let data = inputs(shape, 99 + shape.t_ds as u64);
         let mut out = vec![f32::NAN; bf.output_len()];
         bf.form(&data.0, &data.1, &data.2, &mut out);
-        let b = beams.len();
-        let positions = beams.positions();
+        let b = positions.len();
         for c in 0..shape.channels {
-            let want = oracle(grid, shape, &data, c, &positions);
+            let want = oracle(grid, shape, &data, c, positions);
             let got = &out[c * shape.slow() * b..(c + 1) * shape.slow() * b];
             let top = want.iter().fold(0.0f64, |a, &v| a.max(v));
             for (k, (&g, &w)) in got.iter().zip(&want).enumerate() {
@@ -522,6 +552,30 @@ mod tests {
             };
             check(&grid, shape, &beams, 2);
         }
+    }
+
+    /// A re-pointed list forms the oracle's beams at the new positions; a grid and a count
+    /// other than the list's are refused.
+    #[test]
+    fn a_repointed_list_forms_the_new_beams() {
+        let grid = partial_grid(2, 3, &[1]);
+        let shape = FrbChunkShape {
+            n_ants: grid.dishes(),
+            channels: 2,
+            spectra: 4,
+            batches: 1,
+            t_ds: 2,
+        };
+        let mut bf = FrbBeamformer::new(shape, &grid, &FrbBeams::List(vec![(0.0, 0.0); 3]), 2);
+        let moved = [(1.5, -0.5), (-0.3, 2.7), (6.1, 1.0)];
+        bf.repoint(&moved).unwrap();
+        check_formed(&grid, shape, &mut bf, &moved);
+        assert_eq!(
+            bf.repoint(&moved[..2]),
+            Err(RepointError::Count { given: 2, beams: 3 })
+        );
+        let mut product = FrbBeamformer::new(shape, &grid, &FrbBeams::even(2, 3, 1, 3), 1);
+        assert_eq!(product.repoint(&moved), Err(RepointError::Grid));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The FRB beamformer's second stage on the CPU (seed 004 §5): the beam sets an output forms,
 //! the resampling matrices of the main theorem (eq. 6) in float32, and their application to a
-//! block of intensities. The GPU's second stage (`gpu::frb_resample`) uploads the same tables;
-//! `dsp::frb::resample{,_factorised}` (f64) is the oracle.
+//! block of intensities. The GPU's second stage (`gpu::frb_resample`) uploads a product's U
+//! and U′ from here ([`u_table`]) and builds a list's W on the device (`gpu::frb_weights`), to
+//! within one rounding of [`w_table`]'s; `dsp::frb::resample{,_factorised}` (f64) is the
+//! oracle. A list can be re-pointed ([`FrbBeams::repointed`]; tracking beams, issue 17).
 #![deny(unsafe_code)]
 
 use super::frb::u_sum;
@@ -14,6 +16,15 @@ pub enum FrbBeams {
     Product { thetas: Vec<f64>, thetas2: Vec<f64> },
     /// Arbitrary (θ, θ′) pairs (non-factorisable, §5.2), in beam order.
     List(Vec<(f64, f64)>),
+}
+
+/// Why a beam set cannot be re-pointed (tracking beams, issue 17).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RepointError {
+    #[error("a grid of beams (θ × θ′) cannot be re-pointed, only a list")]
+    Grid,
+    #[error("{given} beam positions for an output of {beams} beams")]
+    Count { given: usize, beams: usize },
 }
 
 /// "P×Q beam grid" or "B listed beams", for reports.
@@ -56,6 +67,18 @@ impl FrbBeams {
         self.len() == 0
     }
 
+    /// A list's beams moved to `positions` (as many as it has); a product is refused.
+    pub fn repointed(&self, positions: &[(f64, f64)]) -> Result<FrbBeams, RepointError> {
+        match self {
+            FrbBeams::Product { .. } => Err(RepointError::Grid),
+            FrbBeams::List(l) if l.len() != positions.len() => Err(RepointError::Count {
+                given: positions.len(),
+                beams: l.len(),
+            }),
+            FrbBeams::List(_) => Ok(FrbBeams::List(positions.to_vec())),
+        }
+    }
+
     /// (θ, θ′) of every beam, in beam order.
     pub fn positions(&self) -> Vec<(f64, f64)> {
         match self {
@@ -95,43 +118,48 @@ impl<T> Resample<T> {
     /// The tables for `beams` of an `m` × `n` dish grid, each entry computed in f64 (W as the
     /// f64 product U·U′) and passed through `round` once.
     pub fn rounded(m: usize, n: usize, beams: &FrbBeams, round: impl Fn(f64) -> T) -> Resample<T> {
-        let (pm, pn) = (2 * m, 2 * n);
-        let round = &round;
-        let u = |side: usize, thetas: &[f64]| -> Vec<T> {
-            (0..2 * side)
-                .flat_map(|p| thetas.iter().map(move |&t| round(u_sum(p, side, t))))
-                .collect()
-        };
         match beams {
             FrbBeams::Product { thetas, thetas2 } => Resample::Product {
-                u: u(m, thetas),
-                u2: u(n, thetas2),
+                u: u_table(m, thetas, &round),
+                u2: u_table(n, thetas2, &round),
                 p: thetas.len(),
                 q: thetas2.len(),
             },
-            FrbBeams::List(list) => {
-                // U_p^M(θ_β) and U_q^N(θ′_β) once per (p, β) and (q, β), W their products:
-                // 2(M + N)·B cosine sums instead of 8MN·B.
-                let nb = list.len();
-                let ua: Vec<f64> = (0..pm)
-                    .flat_map(|p| list.iter().map(move |&(a, _)| u_sum(p, m, a)))
-                    .collect();
-                let ub: Vec<f64> = (0..pn)
-                    .flat_map(|q| list.iter().map(move |&(_, b)| u_sum(q, n, b)))
-                    .collect();
-                let (ua, ub) = (&ua, &ub);
-                Resample::General {
-                    w: (0..pm * pn)
-                        .flat_map(|r| {
-                            let (p, q) = (r / pn, r % pn);
-                            (0..nb).map(move |k| round(ua[p * nb + k] * ub[q * nb + k]))
-                        })
-                        .collect(),
-                    beams: nb,
-                }
-            }
+            FrbBeams::List(list) => Resample::General {
+                w: w_table(m, n, list, &round),
+                beams: list.len(),
+            },
         }
     }
+}
+
+/// U (2·`side` × P, row-major) of one axis of a product: U_p^side(θ_a) in f64 by eq. 7, each
+/// passed through `round` once.
+pub fn u_table<T>(side: usize, thetas: &[f64], round: impl Fn(f64) -> T) -> Vec<T> {
+    (0..2 * side)
+        .flat_map(|p| thetas.iter().map(move |&t| (p, t)))
+        .map(|(p, t)| round(u_sum(p, side, t)))
+        .collect()
+}
+
+/// W ((2M·2N) × B, row-major) of a beam list (eq. 138): U_p^M(θ_β) and U_q^N(θ′_β) in f64 once
+/// per (p, β) and (q, β), W their f64 products — 2(M + N)·B cosine sums instead of 8MN·B —
+/// each passed through `round` once. `gpu::frb_weights` builds the same table on the device.
+pub fn w_table<T>(m: usize, n: usize, list: &[(f64, f64)], round: impl Fn(f64) -> T) -> Vec<T> {
+    let (pm, pn, nb) = (2 * m, 2 * n, list.len());
+    let ua: Vec<f64> = (0..pm)
+        .flat_map(|p| list.iter().map(move |&(a, _)| u_sum(p, m, a)))
+        .collect();
+    let ub: Vec<f64> = (0..pn)
+        .flat_map(|q| list.iter().map(move |&(_, b)| u_sum(q, n, b)))
+        .collect();
+    (0..pm * pn)
+        .flat_map(|r| (0..nb).map(move |k| (r, k)))
+        .map(|(r, k)| {
+            let (p, q) = (r / pn, r % pn);
+            round(ua[p * nb + k] * ub[q * nb + k])
+        })
+        .collect()
 }
 
 /// Stage 2 of a block of slow times: `intensity` (slow, p < 2M, q < 2N) of a grid with `cols`
@@ -198,5 +226,45 @@ mod tests {
         assert_eq!(thetas, [-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5]);
         assert_eq!(thetas2, [-1.0, 0.0, 1.0]);
         assert_eq!(FrbBeams::even(4, 3, 8, 3).positions()[4], (-1.5, 0.0));
+    }
+
+    #[test]
+    fn only_a_list_of_as_many_beams_is_repointed() {
+        let list = FrbBeams::List(vec![(0.0, 0.0), (1.0, -2.0)]);
+        let moved = [(0.25, 3.0), (-7.5, 0.5)];
+        assert_eq!(list.repointed(&moved), Ok(FrbBeams::List(moved.to_vec())));
+        assert_eq!(
+            list.repointed(&moved[..1]),
+            Err(RepointError::Count { given: 1, beams: 2 })
+        );
+        assert_eq!(
+            FrbBeams::even(2, 2, 1, 2).repointed(&moved),
+            Err(RepointError::Grid)
+        );
+    }
+
+    /// The list's table against U·U′ formed entry by entry from `u_sum` (the row-major (ρ, β)
+    /// layout the GEMMs read), and a product's U against `u_sum` per (p, a).
+    #[test]
+    fn tables_hold_u_products_in_row_major_order() {
+        let (m, n) = (3, 2);
+        let list = [(0.3, -1.1), (2.5, 0.0), (-4.2, 7.9)];
+        let w = w_table(m, n, &list, |x| x);
+        assert_eq!(w.len(), 4 * m * n * list.len());
+        for p in 0..2 * m {
+            for q in 0..2 * n {
+                for (b, &(t, t2)) in list.iter().enumerate() {
+                    let want = u_sum(p, m, t) * u_sum(q, n, t2);
+                    assert_eq!(w[(p * 2 * n + q) * list.len() + b], want);
+                }
+            }
+        }
+        let thetas = [0.5, -1.25];
+        let u = u_table(m, &thetas, |x| x as f32);
+        for p in 0..2 * m {
+            for (a, &t) in thetas.iter().enumerate() {
+                assert_eq!(u[p * thetas.len() + a], u_sum(p, m, t) as f32);
+            }
+        }
     }
 }

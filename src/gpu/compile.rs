@@ -38,6 +38,9 @@ pub enum Kernel {
     FrbStage1,
     /// The FRB second stage's fp16 operands (`kernels/frb_half.cu`).
     FrbHalf,
+    /// The FRB second stage's resampling matrix for a beam list (`kernels/frb_weights.cu`:
+    /// `frb_w`, and `frb_u` before it).
+    FrbWeights,
     /// The narrowband down-conversion: mixer, low-pass FIR, subsampling (`kernels/ddc.cu`).
     Ddc,
     /// The narrowband PFB FIR on the complex DDC output (`kernels/pfb_complex.cu`).
@@ -60,6 +63,7 @@ impl Kernel {
             Kernel::Beamform => "beamform.cu",
             Kernel::FrbStage1 => "frb_stage1.cu",
             Kernel::FrbHalf => "frb_half.cu",
+            Kernel::FrbWeights => "frb_weights.cu",
             Kernel::Ddc => "ddc.cu",
             Kernel::PfbComplex => "pfb_complex.cu",
             Kernel::FmaPeak => "fma_peak.cu",
@@ -80,6 +84,7 @@ impl Kernel {
             Kernel::Beamform => "beamform",
             Kernel::FrbStage1 => "frb_stage1",
             Kernel::FrbHalf => "frb_half",
+            Kernel::FrbWeights => "frb_w",
             Kernel::Ddc => "ddc",
             Kernel::PfbComplex => "pfb_complex",
             Kernel::FmaPeak => "fma_peak",
@@ -125,6 +130,7 @@ impl Kernel {
             ),
             Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
             Kernel::FrbHalf => include_str!("../../kernels/frb_half.cu"),
+            Kernel::FrbWeights => include_str!("../../kernels/frb_weights.cu"),
             Kernel::Ddc => concat!(
                 include_str!("../../kernels/decode.cuh"),
                 include_str!("../../kernels/ddc.cu")

@@ -11,20 +11,30 @@
 //!   batched GEMMs (V = Uᵀ I, then J = V U′) with U (2M × A), U′ (2N × B) shared by every row;
 //!   output (row, a, b).
 //!
-//! The tables are `dsp::frb_resample::Resample`'s, each entry evaluated in f64 and rounded once
-//! (to float32: the CPU backend's own; or to scaled fp16).
+//! The tables: each entry evaluated in f64 by seed 004 eq. 7 and rounded once (to float32, the
+//! CPU backend's arithmetic, or to scaled fp16). A product's U and U′ (2(M·P + N·Q) entries)
+//! are `dsp::frb_resample::u_table`'s, made on the host and uploaded. A list's W (4MN·B
+//! entries) is made on the device from the (θ, θ′) list by [`super::frb_weights`], at
+//! construction and at every [`FrbResampler::repoint`] (tracking beams, §5.4): it equals the
+//! host's table bit for bit or one rounding apart (float32 entries below 2⁻²⁰, the near-zeros of
+//! U, within one spacing plus Δ): each is a correct rounding of a value within an absolute
+//! Δ ≤ 2⁻⁴⁴ of the host's f64 one ([`super::frb_weights::deviation`]; see there), which the
+//! bounds below add for lists.
+//! A re-point is queued on the compute stream, so calls queued before it use the old beams and
+//! calls after it the new ones, with one table.
 //!
 //! **Precisions.**
 //! - [`Precision::Float32`]: SGEMMs (no tensor cores). Error bound (standard float32 GEMM
 //!   bound, the self-test checks it value by value): a sum of k products in float32 is within
-//!   (k + 2)·2⁻²⁴·Σ|terms| of the exact one (the +2 for the rounding of both factors); the
-//!   factorised form chains two such sums, so its bound is
-//!   (2M + 2N + 4)·2⁻²⁴·Σ_{pq}|U_pa|·|I_pq|·|U′_qb|.
+//!   (k + 2)·2⁻²⁴·Σ|terms| of the exact one (the +2 for the rounding of both factors), plus
+//!   Δ·Σ|I| for a list's device-built W; the factorised form chains two such sums, so its
+//!   bound is (2M + 2N + 4)·2⁻²⁴·Σ_{pq}|U_pa|·|I_pq|·|U′_qb|.
 //! - [`Precision::Float16`] (the engine's default): the intensities converted to fp16 by a small
 //!   kernel, the tables and V stored in fp16, fp32 sums on the tensor cores
 //!   (`cublasGemmEx` / `cublasGemmStridedBatchedEx`, `CUDA_R_16F` operands,
 //!   `CUBLAS_COMPUTE_32F`); scales and the derived bound in [`super::frb_half`] (about 2⁻¹⁰ of
-//!   Σ|U|·I·|U′| for a list, 2⁻⁹ for a product, plus k·2⁻²² of it for the fp32 sums), checked
+//!   Σ|U|·I·|U′| for a list, 2⁻⁹ for a product, plus k·2⁻²² of it for the fp32 sums; a list's
+//!   W entries err by Δ besides their rounding, added to e_W), checked
 //!   value by value by the self-test beside the float32 check. It is the default because
 //!   that bound is acceptable for intensities: the output is float16 on the wire (the
 //!   encoding itself rounds by 2⁻¹¹), the FRB search downstream quantises to 4 or 8 bits
@@ -44,8 +54,9 @@ use cudarc::cublas::{result as blas, CudaBlas, Gemm, GemmConfig, StridedBatchedC
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 
 use super::frb_half::{f16_bits, f16_value, HalfIntensities, HalfScales, TABLE_SCALE};
+use super::frb_weights::ListWeights;
 use super::{Gpu, GpuError};
-use crate::dsp::frb_resample::{FrbBeams, Resample};
+use crate::dsp::frb_resample::{u_table, FrbBeams};
 
 /// Most beams one resampler forms per row (a beam list's W is 4MN × B floats).
 pub const MAX_BEAMS: usize = 1 << 16;
@@ -67,10 +78,13 @@ fn blas_err(e: cudarc::cublas::result::CublasError) -> GpuError {
     GpuError::Backend(format!("cuBLAS: {e:?}"))
 }
 
-/// The tables on the device (`dsp::frb_resample::Resample`'s).
+/// The tables on the device (module doc).
 enum Tables {
-    /// W ((2M·2N) × B), row-major.
-    General { w: CudaSlice<f32>, beams: usize },
+    /// W ((2M·2N) × B), row-major, and the kernel that builds it.
+    General {
+        w: CudaSlice<f32>,
+        build: ListWeights<f32>,
+    },
     /// U (2M × P), U′ (2N × Q), and V, one (P × 2N) per row of the largest call.
     Product {
         u: CudaSlice<f32>,
@@ -82,7 +96,7 @@ enum Tables {
     /// As `General`, fp16 bits of 2¹⁵·W, with the intensities' conversion.
     HalfGeneral {
         w: CudaSlice<u16>,
-        beams: usize,
+        build: ListWeights<u16>,
         input: HalfIntensities,
         scales: HalfScales,
     },
@@ -103,6 +117,7 @@ pub struct FrbResampler {
     blas: CudaBlas,
     rows: usize,
     cols: usize,
+    beams: usize,
     tables: Tables,
     max_rows: usize,
 }
@@ -290,20 +305,8 @@ impl FrbResampler {
         }
         let st = &gpu.compute;
         let blas = CudaBlas::new(Arc::clone(st)).map_err(blas_err)?;
-        let tables = match precision {
-            Precision::Float32 => match Resample::new(rows, cols, beams) {
-                Resample::General { w, beams } => Tables::General {
-                    w: st.clone_htod(&w)?,
-                    beams,
-                },
-                Resample::Product { u, u2, p, q } => Tables::Product {
-                    u: st.clone_htod(&u)?,
-                    u2: st.clone_htod(&u2)?,
-                    v: st.alloc_zeros::<f32>(max_rows * p * 2 * cols)?,
-                    p,
-                    q,
-                },
-            },
+        let half = match precision {
+            Precision::Float32 => None,
             Precision::Float16 { max_intensity } => {
                 let (lo, hi) = MAX_INTENSITY_RANGE;
                 if !(lo..=hi).contains(&max_intensity) {
@@ -312,35 +315,58 @@ impl FrbResampler {
                          (fp16 needs one from {lo:e} to {hi:e})"
                     )));
                 }
-                let input = HalfIntensities::new(gpu, max_rows * 4 * rows * cols)?;
-                match Resample::rounded(rows, cols, beams, |x| f16_bits(x * TABLE_SCALE)) {
-                    Resample::General { w, beams } => Tables::HalfGeneral {
-                        w: st.clone_htod(&w)?,
-                        beams,
-                        input,
-                        scales: HalfScales::new(max_intensity, 1.0),
-                    },
-                    Resample::Product { u, u2, p, q } => {
-                        // The scaled table's largest column sum Σ_p |Ũ_pa| (V's range).
-                        let column = (0..p)
-                            .map(|a| {
-                                u.iter()
-                                    .skip(a)
-                                    .step_by(p)
-                                    .map(|&b| f16_value(b).abs())
-                                    .sum()
-                            })
-                            .fold(0.0, f64::max);
-                        Tables::HalfProduct {
-                            u: st.clone_htod(&u)?,
-                            u2: st.clone_htod(&u2)?,
-                            v: st.alloc_zeros::<u16>(max_rows * p * 2 * cols)?,
-                            p,
-                            q,
-                            input,
-                            scales: HalfScales::new(max_intensity, column),
-                        }
-                    }
+                Some((
+                    max_intensity,
+                    HalfIntensities::new(gpu, max_rows * 4 * rows * cols)?,
+                ))
+            }
+        };
+        let tables = match (beams, half) {
+            (FrbBeams::List(list), None) => {
+                let mut build = ListWeights::new(gpu, rows, cols, n_beams)?;
+                let mut w = st.alloc_zeros(build.len())?;
+                build.build(list, &mut w)?;
+                Tables::General { w, build }
+            }
+            (FrbBeams::List(list), Some((max_intensity, input))) => {
+                let mut build = ListWeights::new(gpu, rows, cols, n_beams)?;
+                let mut w = st.alloc_zeros(build.len())?;
+                build.build(list, &mut w)?;
+                Tables::HalfGeneral {
+                    w,
+                    build,
+                    input,
+                    scales: HalfScales::new(max_intensity, 1.0),
+                }
+            }
+            (FrbBeams::Product { thetas, thetas2 }, None) => Tables::Product {
+                u: st.clone_htod(&u_table(rows, thetas, |x| x as f32))?,
+                u2: st.clone_htod(&u_table(cols, thetas2, |x| x as f32))?,
+                v: st.alloc_zeros::<f32>(max_rows * thetas.len() * 2 * cols)?,
+                p: thetas.len(),
+                q: thetas2.len(),
+            },
+            (FrbBeams::Product { thetas, thetas2 }, Some((max_intensity, input))) => {
+                let round = |x: f64| f16_bits(x * TABLE_SCALE);
+                let (u, p) = (u_table(rows, thetas, round), thetas.len());
+                // The scaled table's largest column sum Σ_p |Ũ_pa| (V's range).
+                let column = (0..p)
+                    .map(|a| {
+                        u.iter()
+                            .skip(a)
+                            .step_by(p)
+                            .map(|&b| f16_value(b).abs())
+                            .sum()
+                    })
+                    .fold(0.0, f64::max);
+                Tables::HalfProduct {
+                    u: st.clone_htod(&u)?,
+                    u2: st.clone_htod(&u_table(cols, thetas2, round))?,
+                    v: st.alloc_zeros::<u16>(max_rows * p * 2 * cols)?,
+                    p,
+                    q: thetas2.len(),
+                    input,
+                    scales: HalfScales::new(max_intensity, column),
                 }
             }
         };
@@ -349,6 +375,7 @@ impl FrbResampler {
             blas,
             rows,
             cols,
+            beams: n_beams,
             tables,
             max_rows,
         })
@@ -356,9 +383,19 @@ impl FrbResampler {
 
     /// Beams per row of the output.
     pub fn beams(&self) -> usize {
-        match self.tables {
-            Tables::General { beams, .. } | Tables::HalfGeneral { beams, .. } => beams,
-            Tables::Product { p, q, .. } | Tables::HalfProduct { p, q, .. } => p * q,
+        self.beams
+    }
+
+    /// Re-point a list's beams to `positions` (as many, finite): the list's W is rebuilt on
+    /// the compute stream, so resamplings queued before this call use the old beams and those
+    /// queued after it the new ones. A product's beams (a grid of θ × θ′) are refused.
+    pub fn repoint(&mut self, positions: &[(f64, f64)]) -> Result<(), GpuError> {
+        match &mut self.tables {
+            Tables::General { w, build } => build.build(positions, w),
+            Tables::HalfGeneral { w, build, .. } => build.build(positions, w),
+            Tables::Product { .. } | Tables::HalfProduct { .. } => Err(GpuError::Backend(
+                "FRB resampler: a grid of beams (θ × θ′) cannot be re-pointed, only a list".into(),
+            )),
         }
     }
 
@@ -397,8 +434,8 @@ impl FrbResampler {
         // and write — the input and output checked above, the tables and V sized at
         // construction for `max_rows` rows; the strides stay within `rows` rows.
         match &mut self.tables {
-            Tables::General { w, beams } => {
-                let cfg = list_gemm(*beams, rows, plane, 1.0);
+            Tables::General { w, .. } => {
+                let cfg = list_gemm(beams, rows, plane, 1.0);
                 unsafe { blas.gemm(cfg.gemm, &*w, i, out) }.map_err(blas_err)?;
             }
             Tables::Product { u, u2, v, p, q } => {
@@ -411,13 +448,10 @@ impl FrbResampler {
                 }
             }
             Tables::HalfGeneral {
-                w,
-                beams,
-                input,
-                scales,
+                w, input, scales, ..
             } => {
                 input.convert(i, rows * plane, scales.intensity as f32)?;
-                let cfg = list_gemm(*beams, rows, plane, scales.list_alpha() as f32);
+                let cfg = list_gemm(beams, rows, plane, scales.list_alpha() as f32);
                 unsafe { gemm_half(blas, gpu, &cfg, &*w, &input.half, out, r32) }?;
             }
             Tables::HalfProduct {

@@ -16,6 +16,7 @@ pub mod fft;
 pub mod frb;
 pub mod frb_half;
 pub mod frb_resample;
+pub mod frb_weights;
 pub mod memory;
 pub mod pfb;
 pub mod pfb_complex;

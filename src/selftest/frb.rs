@@ -6,7 +6,9 @@
 //! makes two or three calls whose lengths `t_ds` does not divide), several batches per call,
 //! −128 in the input, and weights of varied magnitude per (channel, dish, pol). The second stage
 //! (`gpu::frb_resample`) is checked against `dsp::frb`'s resampling, beam lists and beam grids,
-//! in float32 and in fp16, each against its own derived bound.
+//! in float32 and in fp16, each against its own derived bound (for a list, with the device-built
+//! W's deviation Δ per entry added, `gpu::frb_weights`), lists also after a re-point from other
+//! positions (tracking beams) and with beams on the half-integer grid.
 
 use std::sync::Arc;
 
@@ -23,6 +25,7 @@ use crate::dsp::frb_resample::FrbBeams;
 use crate::gpu::frb::{error_bound, FrbConfig, FrbStage1};
 use crate::gpu::frb_half::{dot_bound, rounded, v_bound};
 use crate::gpu::frb_resample::{FrbResampler, Precision};
+use crate::gpu::frb_weights::deviation;
 use crate::gpu::{Gpu, GpuError};
 
 struct Case {
@@ -165,7 +168,9 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
 /// The second stage (`gpu::frb_resample`) against `dsp::frb::resample{,_factorised}` on random
 /// intensities (a quarter of them 1 to 10⁴ times smaller), every beam within the bound of its
 /// precision: float32's GEMM bound (module doc of `gpu::frb_resample`) or the fp16 path's
-/// derived bound (`gpu::frb_half`), computed per value from f64 sums of magnitudes.
+/// derived bound (`gpu::frb_half`), computed per value from f64 sums of magnitudes; a list's
+/// bound adds Δ·Σ|I| for its device-built W. With `start`, the resampler is built for those
+/// beams and re-pointed to `set`'s (a list) before it runs.
 fn check_resample(
     gpu: &Arc<Gpu>,
     i: &[f32],
@@ -173,9 +178,13 @@ fn check_resample(
     set: &FrbBeams,
     rows: usize,
     precision: Precision,
+    start: Option<&FrbBeams>,
 ) -> Result<Check, GpuError> {
     let (pm, pn) = (2 * m, 2 * n);
-    let mut op = FrbResampler::new(gpu, m, n, set, rows, precision)?;
+    let mut op = FrbResampler::new(gpu, m, n, start.unwrap_or(set), rows, precision)?;
+    if start.is_some() {
+        op.repoint(&set.positions())?;
+    }
     let input = gpu.compute.clone_htod(i)?;
     let mut out = gpu.compute.alloc_zeros::<f32>(rows * set.len())?;
     op.resample(&input.as_view(), rows, &mut out)?;
@@ -190,22 +199,24 @@ fn check_resample(
         FrbBeams::List(beams) => {
             let want = resample(&exact, m, n, beams);
             let k = (pm * pn) as f64;
+            let delta = deviation(m, n);
             let mut bound = vec![0.0; want.len()];
             for (b, &(t, t2)) in beams.iter().enumerate() {
                 let (u, u2) = (u_abs(pm, m, t), u_abs(pn, n, t2));
                 for r in 0..rows {
                     let x = &exact[r * pm * pn..(r + 1) * pm * pn];
                     let w = |rho: usize| u[rho / pn] * u2[rho % pn];
+                    // W's entries err by Δ besides their rounding (`gpu::frb_weights`).
                     bound[r * beams.len() + b] = match &half {
-                        None => {
-                            (k + 2.0) * eps * (0..pm * pn).map(|rho| x[rho] * w(rho)).sum::<f64>()
-                        }
+                        None => (0..pm * pn)
+                            .map(|rho| x[rho] * (delta + (k + 2.0) * eps * (w(rho) + delta)))
+                            .sum(),
                         Some(s) => dot_bound((0..pm * pn).map(|rho| {
                             (
                                 x[rho],
                                 rounded(x[rho], s.intensity_floor()),
                                 w(rho),
-                                rounded(w(rho), s.table_floor()),
+                                rounded(w(rho), s.table_floor()) + delta,
                             )
                         })),
                     };
@@ -259,7 +270,10 @@ fn check_resample(
         rms += (err / lim).powi(2);
     }
     let rms = (rms / want.len().max(1) as f64).sqrt();
-    let kind = set.to_string();
+    let kind = match start {
+        Some(_) => format!("{set} re-pointed"),
+        None => set.to_string(),
+    };
     let (short, arith) = match precision {
         Precision::Float32 => ("f32", "float32".to_string()),
         Precision::Float16 { max_intensity } => (
@@ -277,6 +291,16 @@ fn check_resample(
             want.len()
         ),
     })
+}
+
+/// The second stage's beam sets: a list built for its own positions, a list built for others
+/// and re-pointed, a re-pointed list on the half-integer grid, a grid of beams (θ × θ′).
+#[derive(Clone, Copy)]
+enum Beams {
+    List(usize),
+    Repointed(usize),
+    OnGrid(usize),
+    Product(usize, usize),
 }
 
 pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
@@ -303,20 +327,41 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     .collect::<Result<Vec<_>, _>>()?;
     // Each shape in float32 and fp16, the fp16 bound on the inputs tight (their largest
     // possible value) or loose (values far below it, some subnormal once scaled).
-    for (grid, a, b, rows, loose) in [
-        ((3, 4), 7, 0, 5, 1.0),
-        ((8, 12), 5, 7, 11, 1.0),
-        ((24, 24), 48, 48, 4, 1e6),
-        ((24, 24), 100, 0, 3, 1e3),
+    for (grid, beams, rows, loose) in [
+        ((3, 4), Beams::Repointed(7), 5, 1.0),
+        ((8, 12), Beams::Product(5, 7), 11, 1.0),
+        ((24, 24), Beams::Product(48, 48), 4, 1e6),
+        ((24, 24), Beams::Repointed(100), 3, 1e3),
+        ((5, 3), Beams::List(9), 6, 1.0),
+        ((7, 4), Beams::OnGrid(11), 3, 1.0),
     ] {
-        let mut theta = |side: usize| rng.random_range(-(side as f64)..2.0 * side as f64);
-        let set = if b == 0 {
-            FrbBeams::List((0..a).map(|_| (theta(grid.0), theta(grid.1))).collect())
-        } else {
-            FrbBeams::Product {
-                thetas: (0..a).map(|_| theta(grid.0)).collect(),
-                thetas2: (0..b).map(|_| theta(grid.1)).collect(),
+        let theta =
+            |rng: &mut SmallRng, side: usize| rng.random_range(-(side as f64)..2.0 * side as f64);
+        let list = |rng: &mut SmallRng, k: usize| -> Vec<(f64, f64)> {
+            (0..k)
+                .map(|_| (theta(rng, grid.0), theta(rng, grid.1)))
+                .collect()
+        };
+        let (set, start) = match beams {
+            Beams::List(a) => (FrbBeams::List(list(&mut rng, a)), None),
+            Beams::Repointed(a) => (
+                FrbBeams::List(list(&mut rng, a)),
+                Some(FrbBeams::List(list(&mut rng, a))),
+            ),
+            Beams::OnGrid(a) => {
+                let mut half = |side: usize| {
+                    f64::from(rng.random_range(-2 * side as i32..4 * side as i32)) / 2.0
+                };
+                let on: Vec<(f64, f64)> = (0..a).map(|_| (half(grid.0), half(grid.1))).collect();
+                (FrbBeams::List(on), Some(FrbBeams::List(list(&mut rng, a))))
             }
+            Beams::Product(a, b) => (
+                FrbBeams::Product {
+                    thetas: (0..a).map(|_| theta(&mut rng, grid.0)).collect(),
+                    thetas2: (0..b).map(|_| theta(&mut rng, grid.1)).collect(),
+                },
+                None,
+            ),
         };
         let i: Vec<f32> = (0..rows * 4 * grid.0 * grid.1)
             .map(|_| {
@@ -334,7 +379,15 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
                 max_intensity: 1000.0 * loose,
             },
         ] {
-            checks.push(check_resample(gpu, &i, grid, &set, rows, precision)?);
+            checks.push(check_resample(
+                gpu,
+                &i,
+                grid,
+                &set,
+                rows,
+                precision,
+                start.as_ref(),
+            )?);
         }
     }
     Ok(checks)

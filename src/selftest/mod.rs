@@ -8,6 +8,7 @@ pub mod correlate;
 pub mod ddc;
 pub mod fengine;
 pub mod frb;
+pub mod frb_weights;
 pub mod narrowband;
 pub mod outputs;
 pub mod xbengine;
@@ -32,7 +33,7 @@ type Family = (
     fn(&Arc<Gpu>, u64) -> Result<Vec<Check>, GpuError>,
 );
 
-const FAMILIES: [Family; 9] = [
+const FAMILIES: [Family; 10] = [
     ("fengine", fengine::run),
     ("ddc", ddc::run),
     ("narrowband", narrowband::run),
@@ -40,6 +41,7 @@ const FAMILIES: [Family; 9] = [
     ("correlate", correlate::run),
     ("beamform", beamform::run),
     ("frb", frb::run),
+    ("frb_weights", frb_weights::run),
     ("xbengine", xbengine::run),
     ("xbengine_frb", xbengine_frb::run),
 ];

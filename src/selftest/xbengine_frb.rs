@@ -8,8 +8,9 @@
 //! ways), weights
 //! that differ per (channel, dish, pol) with channels 64× apart in magnitude (each channel
 //! scaled on its own), a partly filled grid, and both beam-set forms (a Cartesian product and a
-//! list). Errors are taken relative to each channel's peak, so a weak channel is judged as
-//! strictly as a strong one.
+//! list, which is also re-pointed before the second chunk while the first is still outstanding,
+//! so that chunk must keep the old beams and the later ones form the new). Errors are taken
+//! relative to each channel's peak, so a weak channel is judged as strictly as a strong one.
 //!
 //! This is a wiring check — heap layout, weights, scaling, versioning, both second-stage
 //! precisions — not the numeric one: each GPU stage is checked against its derived error bound
@@ -51,6 +52,7 @@ fn check(
     rng: &mut SmallRng,
     beams: FrbBeams,
     stage2_f32: bool,
+    repoint: Option<Vec<(f64, f64)>>,
 ) -> Result<Check, GpuError> {
     // 10 dishes on a 3×4 grid (two cells empty), 8 channels, 2 batches of 64 spectra, t_ds 16.
     let (rows, cols, channels, spectra, batches, t_ds) = (3, 4, 8, 64, 2, 16);
@@ -131,6 +133,9 @@ fn check(
             .into_iter()
             .zip(&mut heaps)
         {
+            if let (1, Some(moved)) = (k, &repoint) {
+                backend.frb_repoint(0, moved)?;
+            }
             backend.load(&chunk)?;
             backend.frb(0, &input, Vec::new())?;
             // One chunk late, as the engine collects them (after this chunk's weights).
@@ -167,7 +172,10 @@ fn check(
         }
         values += g.len();
     }
-    let form = beams.to_string();
+    let form = match repoint {
+        Some(_) => format!("{beams} re-pointed after chunk 1"),
+        None => beams.to_string(),
+    };
     let stage2 = if stage2_f32 { "f32" } else { "f16" };
     Ok(Check {
         name: format!(
@@ -184,16 +192,21 @@ fn check(
 
 pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xf4b_c0da);
-    let list: Vec<(f64, f64)> = (0..7)
-        .map(|_| (rng.random_range(-1.5..1.5), rng.random_range(-2.0..2.0)))
-        .collect();
-    // The default fp16 second stage for both forms, float32 for one.
+    let mut list = || -> Vec<(f64, f64)> {
+        (0..7)
+            .map(|_| (rng.random_range(-1.5..1.5), rng.random_range(-2.0..2.0)))
+            .collect()
+    };
+    let (first, moved, other) = (list(), list(), list());
+    // The default fp16 second stage for both forms, float32 for one and for a re-pointed list.
     [
-        (FrbBeams::even(3, 4, 5, 7), false),
-        (FrbBeams::List(list), false),
-        (FrbBeams::even(3, 4, 5, 7), true),
+        (FrbBeams::even(3, 4, 5, 7), false, None),
+        (FrbBeams::List(first.clone()), false, Some(moved.clone())),
+        (FrbBeams::List(other), false, None),
+        (FrbBeams::even(3, 4, 5, 7), true, None),
+        (FrbBeams::List(first), true, Some(moved)),
     ]
     .into_iter()
-    .map(|(beams, f32)| check(gpu, &mut rng, beams, f32))
+    .map(|(beams, f32, repoint)| check(gpu, &mut rng, beams, f32, repoint))
     .collect()
 }

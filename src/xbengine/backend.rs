@@ -144,6 +144,18 @@ pub trait XbBackend: Send {
             "no FRB intensities of output {output} are outstanding"
         )))
     }
+    /// Re-point FRB output `output`'s beam list to `positions` (as many beams; tracking beams,
+    /// issue 17): every [`XbBackend::frb`] call after this one forms the new beams, every
+    /// earlier one (outstanding or not) the old. A grid of beams or another count is refused.
+    fn frb_repoint(
+        &mut self,
+        output: usize,
+        _positions: &[(f64, f64)],
+    ) -> Result<(), BackendError> {
+        Err(BackendError(format!(
+            "this backend has no FRB beamformer to re-point (output {output})"
+        )))
+    }
     /// Page-lock `buffer` (a receive chunk, or an X heap buffer that will be given to `dump`)
     /// so that copies from and to it run at full speed; the CPU backend has nothing to do. The
     /// backend unlocks it when dropped, so it must be dropped before the buffer is freed (or
@@ -362,6 +374,17 @@ impl XbBackend for CpuBackend {
         let clips = encode_f16(&f.intensities, f.scale, &mut out);
         f.formed.push_back((out, clips));
         Ok(())
+    }
+
+    fn frb_repoint(&mut self, output: usize, positions: &[(f64, f64)]) -> Result<(), BackendError> {
+        let f = self
+            .frb
+            .get_mut(output)
+            .ok_or_else(|| BackendError(format!("no FRB output {output}")))?;
+        // Formed synchronously: the outstanding results already hold the old beams.
+        f.former
+            .repoint(positions)
+            .map_err(|e| BackendError(format!("FRB output {output}: {e}")))
     }
 
     fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {

@@ -1,6 +1,7 @@
 //! The XB-engine's katcp requests and sensors (katgpucbf xbgpu, facts §1.6, §1.7):
 //! `?capture-start stream [timestamp]`, `?capture-stop stream`, `?beam-weights`,
-//! `?beam-delays`, `?beam-quant-gains`, and cbf's `?frb-weights` for `--frb-beam` outputs.
+//! `?beam-delays`, `?beam-quant-gains`, and cbf's `?frb-weights` and `?frb-beams` for
+//! `--frb-beam` outputs ([`super::control_frb`]).
 //! Requests change shared state that the processing
 //! thread picks up at its next chunk; every malformed or impossible request gets a `fail`
 //! naming what was wrong. Beam changes bump the steering version and move
@@ -11,8 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::beams::{parse_delays, parse_gain, parse_weights, Steering};
-use super::frb_weights::{format_weight, parse_request, Channels, FrbWeights, FrbWeightsRequest};
+use super::control_frb::FrbControl;
+use super::frb_pointing::FrbPointing;
+use super::frb_weights::{Channels, FrbWeights};
 use crate::control::katcp::{Handler, Sensors, Status};
+use crate::dsp::frb_resample::FrbBeams;
 
 /// The outputs' names, by kind.
 #[derive(Debug, Clone, Default)]
@@ -40,15 +44,13 @@ impl Capture {
 pub struct XbControl {
     pub sensors: Arc<Sensors>,
     n_ants: usize,
-    /// This engine's channels (`chan-range`).
-    channels: Channels,
     /// Output names: correlation products first, then beams, then FRB beams.
     corrprods: Vec<String>,
     beams: Vec<String>,
     frb: Vec<String>,
     capture: Mutex<Vec<Capture>>,
     steering: Mutex<Steering>,
-    frb_weights: Mutex<Vec<FrbWeights>>,
+    frb_control: FrbControl,
     /// First timestamp a request made now is sure to affect (set by the processing thread).
     pub steady: AtomicU64,
 }
@@ -59,11 +61,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl XbControl {
-    /// The control state and its sensors. `chan_range` is this engine's (first, last) channel.
+    /// The control state and its sensors. `chan_range` is this engine's (first, last) channel;
+    /// `frb_beams` the FRB outputs' beam sets at start-up, in `names.frb`'s order.
     pub fn new(
         sensors: Arc<Sensors>,
         n_ants: usize,
         names: OutputNames,
+        frb_beams: &[FrbBeams],
         send_enabled: bool,
         chan_range: (u64, u64),
         dither_seed: u64,
@@ -167,43 +171,13 @@ impl XbControl {
             first: chan_range.0,
             count: (chan_range.1 - chan_range.0 + 1) as usize,
         };
-        let frb_weights = FrbWeights::ones(channels.count, n_ants);
-        for name in &frb {
-            sensors.add(
-                &format!("{name}.chan-range"),
-                "Channels of this output (first, last)",
-                "",
-                "string",
-                &range,
-            );
-            sensors.add(
-                &format!("{name}.weight"),
-                "The complex weights applied to the dishes of this FRB beamformer",
-                "",
-                "string",
-                frb_weights.describe(channels, name),
-            );
-            sensors.add(
-                &format!("{name}.frb-clip-cnt"),
-                "Number of intensities that saturated float16",
-                "",
-                "integer",
-                0,
-            );
-            sensors.add(
-                &format!("{name}.tx.next-timestamp"),
-                "Timestamp just after the last heap sent",
-                "",
-                "integer",
-                0,
-            );
-        }
+        let frb_control =
+            FrbControl::new(&sensors, frb.clone(), frb_beams, n_ants, channels, &range);
         let n = corrprods.len() + beams.len() + frb.len();
         XbControl {
             sensors,
             n_ants,
-            channels,
-            frb_weights: Mutex::new(vec![frb_weights; frb.len()]),
+            frb_control,
             corrprods,
             beams,
             frb,
@@ -221,8 +195,18 @@ impl XbControl {
 
     /// FRB output `i`'s weights, if their version differs from `version`.
     pub fn frb_weights_if_changed(&self, i: usize, version: u64) -> Option<FrbWeights> {
-        let w = lock(&self.frb_weights);
-        w.get(i).filter(|w| w.version != version).cloned()
+        self.frb_control.weights_if_changed(i, version)
+    }
+
+    /// FRB output `i`'s beam centres, if their version differs from `version`.
+    pub fn frb_beams_if_changed(&self, i: usize, version: u64) -> Option<FrbPointing> {
+        self.frb_control.beams_if_changed(i, version)
+    }
+
+    /// FRB output `i` forms `positions` from the chunk at `timestamp` on (its `.beams` sensor).
+    pub fn frb_beams_applied(&self, i: usize, timestamp: u64, positions: &[(f64, f64)]) {
+        self.frb_control
+            .beams_applied(&self.sensors, i, timestamp, positions);
     }
 
     /// Capture state of output `i` (correlation products first, then beams, then FRB beams).
@@ -310,6 +294,11 @@ impl Handler for XbControl {
                 "Set or read an FRB beamformer's complex dish weights: ?frb-weights stream \
                  [channel=c|a:b] [w0 w1 ... (one per dish, or one per dish and pol)]",
             ),
+            (
+                "frb-beams",
+                "Re-point or read an FRB beamformer's listed beams: ?frb-beams stream \
+                 [theta0:theta'0 theta1:theta'1 ... (one per beam, as many as it has)]",
+            ),
         ]
     }
 
@@ -373,39 +362,10 @@ impl Handler for XbControl {
                 );
                 Ok(vec![])
             })(),
-            "frb-weights" => (|| {
-                let name = stream_arg()?;
-                let i = self
-                    .frb
-                    .iter()
-                    .position(|n| n == name)
-                    .ok_or_else(|| format!("no FRB beam output named {name:?}"))?;
-                match parse_request(&args[1..], self.n_ants, self.channels)? {
-                    FrbWeightsRequest::Get { channels } => {
-                        let all = lock(&self.frb_weights);
-                        let w = all[i].get(channels.clone()).map_err(|c| {
-                            format!(
-                                "the weights of channels {} and {} differ: name a run of equal \
-                                 weights with channel=a:b ({name}.weight lists them)",
-                                self.channels.band(channels.start),
-                                self.channels.band(c)
-                            )
-                        })?;
-                        Ok(w.iter().map(format_weight).collect())
-                    }
-                    FrbWeightsRequest::Set { channels, weights } => {
-                        let text = {
-                            let mut all = lock(&self.frb_weights);
-                            all[i].set(channels, &weights);
-                            all[i].describe(self.channels, name)
-                        };
-                        self.note_change();
-                        self.sensors
-                            .set(&format!("{}.weight", self.frb[i]), text, Status::Nominal);
-                        Ok(vec![])
-                    }
-                }
-            })(),
+            "frb-weights" => self
+                .frb_control
+                .weights_request(&self.sensors, args, || self.note_change()),
+            "frb-beams" => self.frb_control.beams_request(args, || self.note_change()),
             _ => return None,
         })
     }
@@ -425,6 +385,7 @@ mod tests {
                 beams: vec!["b0".into(), "b1".into()],
                 frb: vec!["f0".into()],
             },
+            &[FrbBeams::even(1, 1, 1, 1)],
             false,
             (16, 19),
             42,

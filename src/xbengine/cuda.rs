@@ -387,6 +387,13 @@ impl XbBackend for CudaBackend {
             .form(&chunk, input, out)
     }
 
+    fn frb_repoint(&mut self, output: usize, positions: &[(f64, f64)]) -> Result<(), BackendError> {
+        self.frb
+            .get_mut(output)
+            .ok_or_else(|| BackendError(format!("no FRB output {output}")))?
+            .repoint(positions)
+    }
+
     fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
         self.frb
             .get_mut(output)

@@ -5,6 +5,9 @@
 //! the chunk's beams; the beams are copied back and encoded to float16 on the host as the CPU
 //! backend encodes its own, one chunk later.
 //!
+//! - **Beams**: a list's W is built on the device from the (θ, θ′) list at start-up and at each
+//!   re-point (`?frb-beams`, [`super::frb_pointing`]) by [`FrbResampler::repoint`], queued on
+//!   the compute stream between two chunks' stages: chunks already formed keep the old beams.
 //! - **Weights**: per (channel, dish, pol) (`?frb-weights`, [`super::frb_weights`]), the first
 //!   stage's own layout, uploaded only when their version changes. A channel's intensities are
 //!   linear in its |W|², so each channel's weights are scaled by a power of two s_c that puts
@@ -202,6 +205,15 @@ impl CudaFrb {
         }
         self.pending.push_back((s, out));
         Ok(())
+    }
+
+    /// Re-point the output's beam list (tracking beams): the second stage's W is rebuilt on the
+    /// compute stream from `positions`, after the stages of every chunk already formed and
+    /// before those of the next, so no outstanding chunk changes.
+    pub(super) fn repoint(&mut self, positions: &[(f64, f64)]) -> Result<(), BackendError> {
+        self.resampler
+            .repoint(positions)
+            .map_err(|e| BackendError(e.to_string()))
     }
 
     /// The oldest outstanding result (`None`: none), waiting for its copy: the heap buffer,

@@ -157,6 +157,7 @@ impl Engine {
         )?;
         let sensors = Arc::new(Sensors::default());
         let cps = config.channels_per_substream as u64;
+        let frb_beams: Vec<_> = config.frb_beams.iter().map(|f| f.beams.clone()).collect();
         let control = Arc::new(XbControl::new(
             Arc::clone(&sensors),
             config.array_size,
@@ -165,6 +166,7 @@ impl Engine {
                 beams: config.beams.iter().map(|b| b.name.clone()).collect(),
                 frb: config.frb_beams.iter().map(|b| b.name.clone()).collect(),
             },
+            &frb_beams,
             config.send_enabled,
             (
                 config.channel_offset_value,
@@ -398,6 +400,7 @@ impl Engine {
         let beam_capture = &capture[self.x.len()..self.x.len() + n_beams];
         let formed = self.beamform(chunk, first, beam_capture)?;
         self.pending.extend(formed);
+        frb::repoint(&mut self.frb, self.backend.as_mut(), &self.control, first)?;
         frb::start(
             &mut self.frb,
             self.backend.as_mut(),

@@ -4,7 +4,8 @@
 //! previous chunk's heaps once this chunk's other work is queued ([`finish`]), so that a GPU's
 //! FRB stages and copy back run beside the next chunk (at most [`FRB_SLOTS`] per output are
 //! with the backend); when the input pauses or stops, the engine's flush sends the last.
-//! `?frb-weights` reaches the backend at the next chunk.
+//! `?frb-weights` reaches the backend at the next chunk; so does `?frb-beams` ([`repoint`],
+//! every output, captured or not), and `{name}.beams` then shows that chunk's timestamp.
 
 use std::collections::VecDeque;
 
@@ -15,6 +16,7 @@ use super::config::{Plan, XbengineConfig};
 use super::control::{Capture, XbControl};
 use super::cuda_frb::CudaFrbSpec;
 use super::frb_output::FrbBeamOutput;
+use super::frb_pointing;
 use super::heaps::{FrbHeapFormat, FrbMeta};
 use super::metrics::{self, FrbTotals};
 use super::outputs::{rate, spawn_sink, stream_spec};
@@ -35,6 +37,8 @@ pub(super) struct FrbOutput {
     heap_bytes: usize,
     weights_version: u64,
     weights: Vec<Complex32>,
+    /// The version of the beam centres the backend forms.
+    beams_version: u64,
     pub(super) totals: FrbTotals,
     /// The heaps started on the backend and not yet sent, oldest first.
     started: VecDeque<FrbMeta>,
@@ -136,11 +140,35 @@ pub(super) fn frb_outputs(
                 heap_bytes,
                 weights_version: 0,
                 weights: Vec::new(),
+                beams_version: frb_pointing::CONFIGURED,
                 totals: FrbTotals::default(),
                 started: VecDeque::with_capacity(FRB_SLOTS),
             })
         })
         .collect()
+}
+
+/// Re-point every output whose beams `?frb-beams` moved since the last chunk, before the
+/// loaded chunk (first timestamp `first`) is formed, and show it in `{name}.beams`. The
+/// request was checked (a list, as many beams, positions in range), so the backend refusing
+/// is a fault of the engine's and stops it.
+pub(super) fn repoint(
+    outputs: &mut [FrbOutput],
+    backend: &mut dyn XbBackend,
+    control: &XbControl,
+    first: u64,
+) -> Result<(), EngineError> {
+    for (i, f) in outputs.iter_mut().enumerate() {
+        if let Some(p) = control.frb_beams_if_changed(i, f.beams_version) {
+            backend
+                .frb_repoint(i, &p.positions)
+                .map_err(|e| EngineError::Backend(e.to_string()))?;
+            f.beams_version = p.version;
+            control.frb_beams_applied(i, first, &p.positions);
+            tracing::debug!(output = %f.name, timestamp = first, beams = p.positions.len(), "FRB beams re-pointed");
+        }
+    }
+    Ok(())
 }
 
 /// Start every captured output on the loaded chunk (first timestamp `first`, presence

@@ -12,7 +12,8 @@
 //!   θ′_j = N(j − ⌊Q/2⌋)/Q, beam i·Q + j); `beams=FILE`: arbitrary beams, one line `θ θ′` per
 //!   beam (seed 004 eq. 1's normalised coordinates, |θ|, |θ′| ≤ [`MAX_THETA`]), same comments.
 //!   At most [`MAX_FRB_BEAMS`] beams; arbitrary beams also at most [`MAX_RESAMPLE_WEIGHTS`]
-//!   entries of the resampling matrix W (4MN × B).
+//!   entries of the resampling matrix W (4MN × B). A list can be re-pointed at run time,
+//!   keeping its count (`?frb-beams`, [`super::frb_pointing`]).
 //! - `scale=S`: intensities are sent as S·J in float16; default 1 / (2 · T · dishes), the mean
 //!   power per dish, polarisation and fast sample, so that noise of unit variance per
 //!   component reads ≈ 2 in every beam.
@@ -228,14 +229,19 @@ pub fn parse_dish_map(text: &str, rows: usize, cols: usize) -> Result<DishGrid, 
     DishGrid::new(rows, cols, &cells).map_err(|e| format!("{e} (antennas count from 0)"))
 }
 
+/// One coordinate of a beam centre, as the beams file and `?frb-beams` take it: a number
+/// within ±[`MAX_THETA`] (so finite).
+pub fn parse_theta(t: &str) -> Option<f64> {
+    t.parse::<f64>().ok().filter(|v| v.abs() <= MAX_THETA)
+}
+
 /// The arbitrary beams: one `θ θ′` line per beam.
 pub fn parse_beam_list(text: &str, rows: usize, cols: usize) -> Result<Vec<(f64, f64)>, String> {
     let mut beams = Vec::new();
     let per_beam = 4 * rows * cols;
     for (line, words) in lines(text) {
-        let num = |t: &str| t.parse::<f64>().ok().filter(|v| v.abs() <= MAX_THETA);
         let beam = match words.as_slice() {
-            [a, b] => num(a).zip(num(b)),
+            [a, b] => parse_theta(a).zip(parse_theta(b)),
             _ => None,
         };
         let beam = beam.ok_or_else(|| {

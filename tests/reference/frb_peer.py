@@ -18,13 +18,20 @@ Modes: "random" (uniform int8 voltages) and "point" (one sky direction: every di
 common random signal with the phase exp(-2 pi i (m theta0 / M + n theta0' / N)), so the
 intensity peaks in the beam pointing at (theta0, theta0')).
 
+Re-pointing (tracking beams): with "split" and "requests2", the batches before "split" are sent,
+then "requests2" (`?frb-beams`), then the rest. An output with "list2" reads its `{name}.beams`
+sensor at the end, "(timestamp, theta0, theta'0, ...)": the positions must be "list2" and every
+heap from that timestamp on is checked against "list2", every earlier one against "list".
+
 Usage: frb_peer.py CONFIG_JSON; prints one JSON line with the verdicts.
 """
 import asyncio
 import json
 import os
 import sys
+import time
 
+import aiokatcp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -77,6 +84,27 @@ def direct(cfg, e, weights, beams, t_ds):
     return power.reshape(e.shape[2], -1, t_ds, len(beams)).sum(axis=2)
 
 
+async def sensor_values(port, names):
+    """The values of sensors `names`, as strings."""
+    client = await asyncio.wait_for(aiokatcp.Client.connect("127.0.0.1", port), 10)
+    try:
+        out = {}
+        for name in names:
+            _, informs = await client.request("sensor-value", name)
+            out[name] = informs[0].arguments[4].decode()
+        return out
+    finally:
+        client.close()
+        await client.wait_closed()
+
+
+def parse_beams_sensor(text):
+    """(timestamp, [(theta, theta'), ...]) from "(T, a0, b0, a1, b1, ...)"."""
+    parts = [p.strip() for p in text.strip("()").split(",")]
+    values = [float(p) for p in parts[1:]]
+    return int(parts[0]), list(zip(values[0::2], values[1::2]))
+
+
 def run(cfg):
     rng = np.random.default_rng(cfg["seed"])
     x, wire = make_input(cfg, rng)
@@ -84,7 +112,15 @@ def run(cfg):
     cols = [Collector(o["port"]) for o in cfg["outputs"]]
     replies, _ = asyncio.run(katcp(cfg["katcp_port"], cfg["requests"]))
     streams = fengine_streams(cfg)
-    send_batches(cfg, streams, wire, range(cfg["batches"]), missing)
+    split = cfg.get("split", cfg["batches"])
+    send_batches(cfg, streams, wire, range(split), missing)
+    steady = None
+    if "requests2" in cfg:
+        # Give the engine time to form the chunks sent so far, then re-point.
+        time.sleep(0.5)
+        replies2, steady = asyncio.run(katcp(cfg["katcp_port"], cfg["requests2"]))
+        replies += replies2
+    send_batches(cfg, streams, wire, range(split, cfg["batches"]), missing)
     send_batches(cfg, streams, wire, range(cfg["batches"], cfg["batches"] + cfg["extra"]), [])
     heap_step = cfg["sph"] * cfg["sbs"]
     bpc = cfg["batches_per_chunk"]
@@ -93,15 +129,23 @@ def run(cfg):
     for b, a in missing:
         xm[b, a] = 0
     rows, ncols = cfg["grid"]
-    result = {"katcp": replies, "outputs": []}
+    result = {"katcp": replies, "outputs": [], "steady": steady}
     for out, col in zip(cfg["outputs"], cols):
         heaps = col.wait(cfg["expect_heaps"], 20, "frb_raw" if cfg["descriptor"] else None)
         beams = beam_positions(out, rows, ncols)
+        effective = None
+        if "list2" in out:
+            sensor = f"{out['name']}.beams"
+            effective, shown = parse_beams_sensor(
+                asyncio.run(sensor_values(cfg["katcp_port"], [sensor]))[sensor])
         weights = np.array([[[complex(w) for w in pols] for pols in chan] for chan in out["weights"]])
         t_ds = out["t_ds"]
         scale = out.get("scale", 1.0 / (2 * t_ds * cfg["ants"]))
         v = {"heaps": 0, "checked": 0, "max_err": 0.0, "bad_ants": 0, "frequency_ok": True,
-             "wrong_peak": 0, "peaks": 0}
+             "wrong_peak": 0, "peaks": 0, "before": 0, "after": 0}
+        if effective is not None:
+            v["effective"] = effective
+            v["sensor_positions_ok"] = shown == [tuple(b) for b in out["list2"]]
         desc = col.ig["frb_raw"] if "frb_raw" in col.ig else None
         if desc is not None:
             v["descriptor"] = [list(desc.shape), str(desc.dtype)]
@@ -116,7 +160,13 @@ def run(cfg):
             v["frequency_ok"] &= h[FREQUENCY] == cfg["c0"]
             ants = sum(all([b, a] not in missing for b in range(b0, b0 + bpc)) for a in range(cfg["ants"]))
             v["bad_ants"] += int(h[BEAM_ANTS] != ants)
-            want = scale * direct(cfg, xm[b0:b0 + bpc], weights, beams, t_ds)
+            pointed = beams
+            if effective is not None:
+                # Chunks from the sensor's timestamp on were formed with the new positions.
+                after = h[TIMESTAMP] >= effective
+                v["after" if after else "before"] += 1
+                pointed = [tuple(b) for b in out["list2"]] if after else beams
+            want = scale * direct(cfg, xm[b0:b0 + bpc], weights, pointed, t_ds)
             dtype = desc.dtype if desc is not None else np.dtype("<f2")
             got = np.frombuffer(h[FRB_RAW], dtype=dtype).reshape(want.shape).astype(float)
             # float16 keeps 11 bits: relative error, floored at a small part of the heap's peak
