@@ -20,6 +20,10 @@ const MAX_PB: usize = 16;
 /// 227 KiB), so that one plan fits every supported device.
 const MAX_SHARED: usize = 99 * 1024;
 
+/// Bytes of decoded span a block stages at once (a tile of its S rows): 32 KiB leaves room for
+/// several blocks per SM.
+const SPAN_BYTES: usize = 32 * 1024;
+
 /// What the filter is: fixed by the narrowband output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DdcShape {
@@ -57,30 +61,34 @@ impl DdcTuning {
         v
     }
 
-    /// The first of a few mappings, largest first, whose plan fits (4 outputs per thread, up
-    /// to 4 phases in parallel, blocks of at most 256 threads, the decoded span kept near
-    /// 32 KiB where the shape allows). Blocks of 512 made ptxas spill for some filters of two
-    /// register blocks (16-bit, S = 6, 160 taps: 4 bytes at 32 registers).
+    /// The first of a few mappings, largest first, whose whole decoded span fits 32 KiB (4
+    /// outputs per thread, up to 4 phases in parallel, blocks of at most 256 threads, or
+    /// fewer outputs per thread); where none of 2 outputs per thread or more does (large S),
+    /// the largest, with its span decoded in tiles (`DdcPlan::q_tile`). The lent H100,
+    /// 10-bit, 16·S taps (bench/ddc-bench-2026-11-27-qtile.txt): S = 128 ran at 94 GS/s with
+    /// the single output per thread that fitted untiled, 176 GS/s tiled at 4; S = 64 (8-bit)
+    /// ran 2.5 % faster untiled at 2 outputs than tiled at 4. Blocks of 512 made ptxas spill
+    /// for some filters of two register blocks (16-bit, S = 6, 160 taps: 4 bytes at 32
+    /// registers).
     pub fn default_for(shape: DdcShape) -> DdcTuning {
         let s = shape.subsampling;
         let subgroup = s.clamp(1, 4);
-        let candidates = [(4, 256 / subgroup / 32 * 32), (4, 32), (2, 32), (1, 32)];
-        let fits = |&(coarsen, groups): &(usize, usize)| {
-            let t = DdcTuning {
-                coarsen,
-                groups,
-                subgroup,
-            };
-            DdcPlan::new(shape, t)
-                .ok()
-                .filter(|p| p.shared_bytes() <= 32 * 1024)
-                .map(|_| t)
-        };
-        candidates.iter().find_map(fits).unwrap_or(DdcTuning {
-            coarsen: 1,
-            groups: 32,
+        let tuning = |(coarsen, groups): (usize, usize)| DdcTuning {
+            coarsen,
+            groups,
             subgroup,
-        })
+        };
+        let largest = (4, 256 / subgroup / 32 * 32);
+        let untiled = |&c: &(usize, usize)| {
+            DdcPlan::new(shape, tuning(c))
+                .ok()
+                .filter(|p| p.q_tile() == s && p.shared_bytes() <= SPAN_BYTES)
+                .map(|_| tuning(c))
+        };
+        [largest, (4, 32), (2, 32)]
+            .iter()
+            .find_map(untiled)
+            .unwrap_or(tuning(largest))
     }
 }
 
@@ -144,12 +152,32 @@ impl DdcPlan {
         self.tuning.groups * self.tuning.subgroup
     }
 
-    /// The larger of the decoded span (S padded rows, as the kernel's `ROW_STRIDE`) and the
-    /// partial sums (SG·O complex values).
-    pub fn shared_bytes(&self) -> usize {
+    /// Floats of one padded row of the decoded span (the kernel's `ROW_STRIDE`).
+    fn row_stride(&self) -> usize {
         let row = self.outputs_per_block() + self.taps_per_phase() - 1;
-        let stride = (row + row / 32 + 1) | 1;
-        let span = self.shape.subsampling * stride * 4;
+        (row + row / 32 + 1) | 1
+    }
+
+    /// Rows (phases) of the span decoded at once (the kernel's `QTILE`): all S where they fit
+    /// [`SPAN_BYTES`], else the most that do, in whole multiples of SG so that every thread
+    /// keeps its phases in the same order (the sums are then bit for bit those of the whole
+    /// span). Without tiles, the span of S = 128 at 4 outputs per thread took 270 KiB, so
+    /// only one output per thread fitted and the kernel ran at 95 GS/s
+    /// (bench/ddc-bench-2026-11-26-v1.txt).
+    pub fn q_tile(&self) -> usize {
+        let (s, sg) = (self.shape.subsampling, self.tuning.subgroup);
+        let fit = SPAN_BYTES / (self.row_stride() * 4);
+        if fit >= s {
+            s
+        } else {
+            (fit / sg * sg).max(sg)
+        }
+    }
+
+    /// The larger of the decoded span's tile (`q_tile` padded rows) and the partial sums
+    /// (SG·O complex values).
+    pub fn shared_bytes(&self) -> usize {
+        let span = self.q_tile() * self.row_stride() * 4;
         let parts = self.tuning.subgroup * self.outputs_per_block() * 8;
         span.max(parts)
     }
@@ -163,6 +191,7 @@ impl DdcPlan {
             ("COARSEN", self.tuning.coarsen as i64),
             ("GROUPS", self.tuning.groups as i64),
             ("SUBGROUP", self.tuning.subgroup as i64),
+            ("QTILE", self.q_tile() as i64),
         ]
     }
 
@@ -347,12 +376,28 @@ mod tests {
         ] {
             assert!(DdcPlan::new(sh, t).is_err(), "{t:?}");
         }
-        let big = shape(512, 8192);
-        let t = DdcTuning {
-            coarsen: 8,
-            groups: 128,
-            subgroup: 1,
-        };
-        assert!(DdcPlan::new(big, t).is_err());
+    }
+
+    /// A span too large for shared memory is decoded in tiles of whole multiples of SG rows
+    /// (S = 512 at 8 outputs per thread: 4 KiB per row, 1 MiB in all), within the budget.
+    #[test]
+    fn large_spans_are_staged_in_tiles() {
+        for (s, subgroup) in [(512, 1), (512, 4), (128, 4), (100, 3)] {
+            let t = DdcTuning {
+                coarsen: 8,
+                groups: 128,
+                subgroup,
+            };
+            let plan = DdcPlan::new(shape(s, 16 * s), t).unwrap();
+            let q = plan.q_tile();
+            assert!(
+                q < s && q % subgroup == 0 && q >= subgroup,
+                "S {s}: tile {q}"
+            );
+            assert!(q * plan.row_stride() * 4 <= SPAN_BYTES, "S {s}: tile {q}");
+        }
+        // Where the whole span fits, it is one tile.
+        let small = DdcPlan::new(shape(8, 128), DdcTuning::default_for(shape(8, 128))).unwrap();
+        assert_eq!(small.q_tile(), 8);
     }
 }

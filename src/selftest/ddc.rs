@@ -154,6 +154,10 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(10, 16, 256, 2000, t(8, 32, 2)),
         c(10, 16, 256, 2000, t(4, 256, 4)),
         c(12, 12, 200, 1000, t(8, 128, 3)),
+        // Spans decoded in tiles of phases (S = 128, no-discard decimation 64): the default
+        // mapping, and three phases in parallel (tiles of 27 rows, the last one of 20).
+        c(10, 128, 2048, 600, None),
+        c(10, 128, 2048, 600, t(4, 64, 3)),
     ]);
     // Every mapping the start-up tuner may pick (`gpu::ddc_tune::candidates`) for MeerKAT's
     // discard shapes at decimation 8 and 16.
