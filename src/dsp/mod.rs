@@ -8,6 +8,7 @@ pub mod beamform_fast;
 pub mod correlate;
 pub mod correlate_fast;
 pub mod ddc;
+pub mod ddc_fast;
 pub mod delay;
 pub mod frb;
 pub mod frb_fast;

@@ -22,7 +22,8 @@ use num_complex::Complex32;
 use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
 use super::narrowband_output::NarrowbandOutput;
 use crate::dsp::ddc::DdcError;
-use crate::dsp::ddc::{complex_pfb_fir, ddc, mixer_step, NarrowbandFft};
+use crate::dsp::ddc::{complex_pfb_fir, mixer_step, NarrowbandFft};
+use crate::dsp::ddc_fast::FastDdc;
 use crate::dsp::pfb::pfb_weights;
 use crate::dsp::postproc::{pack_4bit, postproc_heap_as, HeapInput, OutputBits, PhaseConvention};
 use crate::dsp::samples::unpack;
@@ -49,8 +50,7 @@ pub struct NarrowbandBackend {
     body: usize,
     pol_bytes: usize,
     tail_bytes: usize,
-    ddc_weights: Vec<f32>,
-    mixer: u32,
+    ddc: FastDdc,
     pfb_weights: Vec<f32>,
     fft: NarrowbandFft,
     /// Decoded samples of one polarisation, body and tail.
@@ -88,8 +88,11 @@ impl NarrowbandBackend {
             body: sizes.body,
             pol_bytes: sizes.body * bits / 8,
             tail_bytes: sizes.tail * bits / 8,
-            mixer: mixer_step(output.mixer_frequency(sizes.adc_sample_rate)),
-            ddc_weights,
+            ddc: FastDdc::new(
+                &ddc_weights,
+                s,
+                mixer_step(output.mixer_frequency(sizes.adc_sample_rate)),
+            ),
             pfb_weights: pfb_weights(fft_len, output.taps, output.w_cutoff, output.window),
             fft: NarrowbandFft::new(fft_len, channels),
             samples: vec![0; sizes.body + sizes.tail],
@@ -131,14 +134,8 @@ impl Backend for NarrowbandBackend {
                 Some(next) => unpack(&next[p * pb..p * pb + tb], self.sample_bits, rest),
                 None => rest.fill(0),
             }
-            ddc(
-                &self.samples,
-                &self.ddc_weights,
-                self.subsampling,
-                self.mixer,
-                first_sample,
-                &mut self.subsampled[p],
-            );
+            self.ddc
+                .run(&self.samples, first_sample, &mut self.subsampled[p]);
         }
         Ok(())
     }
