@@ -5,6 +5,7 @@
 
 pub mod beamform;
 pub mod beamform_fast;
+pub mod complex_pfb;
 pub mod correlate;
 pub mod correlate_fast;
 pub mod ddc;

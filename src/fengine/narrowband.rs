@@ -21,8 +21,9 @@ use num_complex::Complex32;
 
 use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
 use super::narrowband_output::NarrowbandOutput;
+use crate::dsp::complex_pfb::{complex_pfb_firs, pair_weights};
 use crate::dsp::ddc::DdcError;
-use crate::dsp::ddc::{complex_pfb_fir, mixer_step, NarrowbandFft};
+use crate::dsp::ddc::{mixer_step, NarrowbandFft};
 use crate::dsp::ddc_fast::FastDdc;
 use crate::dsp::pfb::pfb_weights;
 use crate::dsp::postproc::{pack_4bit, postproc_heap_as, HeapInput, OutputBits, PhaseConvention};
@@ -51,7 +52,8 @@ pub struct NarrowbandBackend {
     pol_bytes: usize,
     tail_bytes: usize,
     ddc: FastDdc,
-    pfb_weights: Vec<f32>,
+    /// The PFB weights, each twice (`dsp::complex_pfb::pair_weights`).
+    pfb_pairs: Vec<f32>,
     fft: NarrowbandFft,
     /// Decoded samples of one polarisation, body and tail.
     samples: Vec<i32>,
@@ -59,6 +61,8 @@ pub struct NarrowbandBackend {
     subsampled: [Vec<Complex32>; 2],
     /// PFB output per polarisation: spectra_per_heap × fft_len.
     frames: [Vec<Complex32>; 2],
+    /// Spectra asked for but not yet filtered, per polarisation: (first DDC output, slot).
+    pending: [Vec<(usize, usize)>; 2],
     /// Kept channels per polarisation: spectra_per_heap × channels.
     spectra: [Vec<Complex32>; 2],
     heap: Vec<i8>,
@@ -93,7 +97,12 @@ impl NarrowbandBackend {
                 s,
                 mixer_step(output.mixer_frequency(sizes.adc_sample_rate)),
             ),
-            pfb_weights: pfb_weights(fft_len, output.taps, output.w_cutoff, output.window),
+            pfb_pairs: pair_weights(&pfb_weights(
+                fft_len,
+                output.taps,
+                output.w_cutoff,
+                output.window,
+            )),
             fft: NarrowbandFft::new(fft_len, channels),
             samples: vec![0; sizes.body + sizes.tail],
             subsampled: [
@@ -103,6 +112,10 @@ impl NarrowbandBackend {
             frames: [
                 vec![Complex32::default(); sizes.spectra_per_heap * fft_len],
                 vec![Complex32::default(); sizes.spectra_per_heap * fft_len],
+            ],
+            pending: [
+                Vec::with_capacity(sizes.spectra_per_heap),
+                Vec::with_capacity(sizes.spectra_per_heap),
             ],
             spectra: [
                 vec![Complex32::default(); sizes.spectra_per_heap * channels],
@@ -123,8 +136,26 @@ impl NarrowbandBackend {
     }
 }
 
+impl NarrowbandBackend {
+    /// Filter every pending spectrum from the DDC output now held (before it is replaced, or
+    /// before the heap's FFTs).
+    fn filter_pending(&mut self) {
+        for p in 0..2 {
+            complex_pfb_firs(
+                &self.subsampled[p],
+                &self.pfb_pairs,
+                self.fft_len,
+                &self.pending[p],
+                &mut self.frames[p],
+            );
+            self.pending[p].clear();
+        }
+    }
+}
+
 impl Backend for NarrowbandBackend {
     fn load(&mut self, chunk: ChunkInput<'_>) -> Result<(), BackendError> {
+        self.filter_pending();
         let (pb, tb) = (self.pol_bytes, self.tail_bytes);
         let first_sample = chunk.id.wrapping_mul(self.body as u64);
         for p in 0..2 {
@@ -151,22 +182,17 @@ impl Backend for NarrowbandBackend {
                 self.subsampling
             )));
         }
-        let m = self.fft_len;
-        complex_pfb_fir(
-            &self.subsampled[pol],
-            &self.pfb_weights,
-            m,
-            offset / self.subsampling,
-            &mut self.frames[pol][k * m..(k + 1) * m],
-        );
+        self.pending[pol].push((offset / self.subsampling, k));
         Ok(())
     }
 
     fn discard(&mut self) -> Result<(), BackendError> {
+        self.pending.iter_mut().for_each(Vec::clear);
         Ok(())
     }
 
     fn back_end(&mut self, input: &BackEndInput<'_>) -> Result<(), BackendError> {
+        self.filter_pending();
         let (m, n) = (self.fft_len, self.channels);
         for p in 0..2 {
             for (frame, out) in self.frames[p]
