@@ -48,6 +48,11 @@ const BLOCK: usize = 32;
 /// The same with AVX-512: four registers per part again (two would leave the multiply-add
 /// units idle half the time waiting for the previous sum), of the thirty-two.
 const BLOCK_AVX512: usize = 64;
+/// Runs may be split at multiples of this many outputs without changing any value: a run over
+/// `x[S·k ..]` from sample `t_first + S·k` gives outputs k, k + 1, … bit for bit as the whole
+/// run does when k is a multiple of it (every block starts at the same outputs, so every
+/// output has the same sums and the same rotation).
+pub const SPLIT: usize = BLOCK_AVX512;
 /// Input samples per tile: its rows (4 bytes a sample) fit a 32–48 KiB L1 cache.
 const TILE_SAMPLES: usize = 8192;
 /// Bits of the mixer phase resolved by the coarse rotation table.
