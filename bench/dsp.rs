@@ -89,13 +89,14 @@ fn fengine(c: &mut Criterion) {
     g.finish();
 }
 
-/// The CPU narrowband path (issue 16): the DDC oracle on its own, then one MeerKAT-like
-/// output's backend per chunk of 2²⁵ samples per polarisation (10-bit, 32768 channels,
-/// decimation 8 and 16, katgpucbf's 16·S DDC taps and 16 PFB taps): `load` alone (unpack and
-/// DDC of both polarisations, body and tail) and the whole chunk through the pipeline (load,
-/// front ends, back ends), one chunk after another as the engine feeds them. Throughput: the
-/// chunk's digitiser samples per polarisation, so a figure is the ADC rate per polarisation
-/// one core keeps up with (MeerKAT L-band: 1712 MS/s).
+/// The CPU narrowband path (issue 16): the DDC oracle and the fast DDC on their own (input
+/// samples/s), then one MeerKAT-like output's backend per chunk of 2²⁵ samples per
+/// polarisation (10-bit, 32768 channels, decimation 8 and 16, katgpucbf's 16·S DDC taps and 16
+/// PFB taps): `load` alone (unpack and DDC of both polarisations, the tail's outputs carried
+/// from the chunk before) and the whole chunk through the pipeline (load, front ends, back
+/// ends), one chunk after another as the engine feeds them. Throughput: the chunk's digitiser
+/// samples per polarisation, so a figure is the ADC rate per polarisation one core keeps up
+/// with (MeerKAT L-band: 1712 MS/s).
 fn narrowband<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     use cbf::fengine::backend::{Backend, ChunkInput};
     use cbf::fengine::narrowband::{NarrowbandBackend, NarrowbandSizes};

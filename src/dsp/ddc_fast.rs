@@ -1,7 +1,7 @@
 //! The CPU backend's fast narrowband down-conversion: the contract of the oracle
 //! [`super::ddc::ddc`] (seed 000 §Down-conversion kernel, seed 002) — same inputs, `out`
-//! overwritten — in f32, within katgpucbf's DDC tolerances of it (the tests below), at tens of
-//! times its speed per core.
+//! overwritten — in f32, within katgpucbf's DDC tolerances of it (the tests below), at about
+//! fifteen times its speed per core (`bench/RESULTS.md`).
 //!
 //! How it is fast:
 //! - **Mixer folded into the taps once per configuration** ([`FastDdc::new`]), as the CUDA
@@ -22,11 +22,11 @@
 //!   the compiler keeps the block's sums in vector registers, and each weight load serves the
 //!   whole block. A tile is about 8192 input samples, so its rows stay in the L1/L2 cache
 //!   while every tap sweeps them.
-//! - **Per-output rotation from the fixed-point phase** of the output's absolute sample
-//!   (`mixer_phase`, as the oracle), once per block: e^{2πj·phase/2³²} = coarse[phase >> 20]·
-//!   e^{jε}, a table of 4096 f64-computed values times a cubic for ε < 2π·2⁻¹² (its error,
-//!   ε⁴/24 < 3·10⁻¹³, is far below f32's); output i of the block then turns by a further
-//!   e^{2πj·f·S·i}, from a table computed in f64 with the fixed-point phase.
+//! - **Rotation from the fixed-point phase** of the absolute sample (`mixer_phase`, as the
+//!   oracle), once per block: e^{2πj·phase/2³²} = `coarse[phase >> 20]`·e^{jε}, a table of
+//!   4096 f64-computed values times a cubic in ε < 2π·2⁻¹² (its error, ε⁴/24 < 3·10⁻¹³, is far
+//!   below f32's); output i of the block then turns by a further e^{2πj·f·S·i}, from a table
+//!   computed in f64 with the fixed-point phase.
 //! - **Vector instructions picked at run time**: AVX-512 where the CPU has it, else AVX2 with
 //!   FMA, else whatever the target has (the same code in each; `f32::mul_add` is one
 //!   instruction wherever FMA exists).
