@@ -11,6 +11,7 @@ use cbf::dsp::beamform_fast::Beamformer;
 use cbf::dsp::correlate::{correlate_accumulate, reduce, CorrShape};
 use cbf::dsp::correlate_fast::{self, Correlator};
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
+use cbf::dsp::ddc_fast::FastDdc;
 use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
 use cbf::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
 use cbf::dsp::frb_resample::{resample, FrbBeams, Resample};
@@ -88,8 +89,23 @@ fn fengine(c: &mut Criterion) {
     g.finish();
 }
 
-fn narrowband(c: &mut Criterion) {
-    let mut g = c.benchmark_group("narrowband");
+/// The CPU narrowband path (issue 16): the DDC oracle and the fast DDC on their own (input
+/// samples/s), then one MeerKAT-like output's backend per chunk of 2²⁵ samples per
+/// polarisation (10-bit, 32768 channels, decimation 8 and 16, katgpucbf's 16·S DDC taps and 16
+/// PFB taps): `load` alone (unpack and DDC of both polarisations, the tail's outputs carried
+/// from the chunk before) and the whole chunk through the pipeline (load, front ends, back
+/// ends), one chunk after another as the engine feeds them. Throughput: the chunk's digitiser
+/// samples per polarisation, so a figure is the ADC rate per polarisation one core keeps up
+/// with (MeerKAT L-band: 1712 MS/s).
+fn narrowband<M: Measurement>(c: &mut Criterion<M>, group: &str) {
+    use cbf::fengine::backend::{Backend, ChunkInput};
+    use cbf::fengine::narrowband::{NarrowbandBackend, NarrowbandSizes};
+    use cbf::fengine::narrowband_output::NarrowbandOutput;
+    use cbf::fengine::output::OutputSpec;
+    use cbf::fengine::pipeline::{ChunkView, Pipeline, PipelineConfig};
+    use cbf::fengine::place::InputLayout;
+    let mut g = c.benchmark_group(group);
+    g.sample_size(10);
     let s = 8;
     let h = ddc_weights_discard(16 * s, s, 0.005).unwrap();
     let n_out = 8192;
@@ -99,6 +115,83 @@ fn narrowband(c: &mut Criterion) {
     g.bench_function("ddc_subsampling8_128taps", |b| {
         b.iter(|| ddc(&x, &h, s, mixer_step(0.3), 0, &mut y))
     });
+    // The fast DDC on the same filter (symmetric: the folded form), and on the filter with
+    // its last tap nudged (the plain form).
+    let mut nudged = h.clone();
+    nudged[h.len() - 1] *= 1.001;
+    for (name, taps) in [("symmetric", &h), ("plain", &nudged)] {
+        let mut d = FastDdc::new(taps, s, mixer_step(0.3));
+        g.bench_function(format!("ddc_fast_{name}_subsampling8_128taps"), |b| {
+            b.iter(|| d.run(&x, 0, &mut y))
+        });
+    }
+    let (adc_rate, bits, chunk_samples) = (1712e6, 10u32, 1usize << 25);
+    let layout = InputLayout {
+        heap_samples: 4096,
+        heap_bytes: 5120,
+        chunk_samples: chunk_samples as u64,
+        mask_timestamp: false,
+    };
+    let data: Vec<u8> = (0..2 * packed_len(chunk_samples, bits))
+        .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+        .collect();
+    let present = vec![1u8; 2 * layout.heaps_per_pol()];
+    // Seconds per iteration with the oracle: one iteration per sample.
+    g.sampling_mode(criterion::SamplingMode::Flat);
+    g.throughput(Throughput::Elements(chunk_samples as u64));
+    for decimation in [8usize, 16] {
+        let o = NarrowbandOutput::parse(&format!(
+            "name=nb,channels=32768,centre_frequency=3.1e8,decimation={decimation},\
+             dst=127.0.0.1:9"
+        ))
+        .unwrap();
+        let spec = OutputSpec::Narrowband(o.clone());
+        let cfg = PipelineConfig {
+            layout,
+            sample_bits: bits,
+            spectra_per_heap: spec.spectra_per_heap(1 << 20).unwrap(),
+            max_delay_diff: 0,
+            gain: Complex32::new(0.02, 0.0),
+            dither_seed: 1,
+            out_bits: OutputBits::Eight,
+        };
+        let sizes = NarrowbandSizes {
+            adc_sample_rate: adc_rate,
+            sample_bits: bits,
+            body: chunk_samples,
+            tail: cfg.tail(spec.shape()),
+            spectra_per_heap: cfg.spectra_per_heap,
+            out_bits: cfg.out_bits,
+        };
+        let mut backend = NarrowbandBackend::new(&o, sizes).unwrap();
+        let mut id = 0u64;
+        g.bench_function(format!("load_dec{decimation}_32768ch"), |b| {
+            b.iter(|| {
+                id += 1;
+                backend.load(ChunkInput {
+                    id,
+                    data: &data,
+                    next: Some(&data),
+                })
+            })
+        });
+        let backend = Box::new(NarrowbandBackend::new(&o, sizes).unwrap());
+        let mut pipeline = Pipeline::with_backend(spec, cfg, backend);
+        let view = |chunk_id| ChunkView {
+            chunk_id,
+            data: &data,
+            present: &present,
+        };
+        let mut id = 0u64;
+        g.bench_function(format!("chunk_dec{decimation}_32768ch"), |b| {
+            b.iter(|| {
+                id += 1;
+                pipeline
+                    .process(view(id), Some(view(id + 1)), |h| assert!(h.valid))
+                    .unwrap()
+            })
+        });
+    }
     g.finish();
 }
 
@@ -159,11 +252,13 @@ fn correlation<M: Measurement>(c: &mut Criterion<M>, group: &str) {
 }
 
 fn xb_wall(c: &mut Criterion) {
+    narrowband(c, "narrowband");
     correlation(c, "xbengine");
     beamforming(c, "xbengine");
 }
 
 fn xb_cpu(c: &mut Criterion<CpuTime>) {
+    narrowband(c, "narrowband_cpu");
     correlation(c, "xbengine_cpu");
     beamforming(c, "xbengine_cpu");
     frb_case5(c);
@@ -447,7 +542,7 @@ fn fengine_pipeline(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fengine, narrowband, xb_wall, xb, fengine_pipeline);
+criterion_group!(benches, fengine, xb_wall, xb, fengine_pipeline);
 criterion_group! {
     name = cpu_time;
     config = Criterion::default().with_measurement(CpuTime);

@@ -124,7 +124,8 @@ pub fn ddc_weights_no_discard(
 
 /// The DDC oracle. `x`: input samples, `x[0]` being absolute sample `t_first`; `weights`: T
 /// real taps; `out`: `n` complex outputs, **overwritten**, needing
-/// `x.len() ≥ S·(n − 1) + T`. f64 arithmetic throughout.
+/// `x.len() ≥ S·(n − 1) + T`. f64 arithmetic throughout. The CPU backend runs
+/// [`super::ddc_fast::FastDdc`], tested against this.
 pub fn ddc(
     x: &[i32],
     weights: &[f32],

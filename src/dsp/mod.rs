@@ -5,9 +5,11 @@
 
 pub mod beamform;
 pub mod beamform_fast;
+pub mod complex_pfb;
 pub mod correlate;
 pub mod correlate_fast;
 pub mod ddc;
+pub mod ddc_fast;
 pub mod delay;
 pub mod frb;
 pub mod frb_fast;

@@ -8,8 +8,8 @@
 //! the timed search runs here and its winner is checked too.
 //!
 //! Tolerances as the single-output checks have them: every value within ±1 LSB, the
-//! differences unbiased, at most 1 in 10⁴ values off wideband and 1 in 10³ narrowband (the
-//! f32 DDC against the f64 oracle); digitiser power exact; clip counts within the values off
+//! differences unbiased, at most 1 in 10⁴ values off wideband and 1 in 10³ narrowband (two
+//! f32 DDCs summing in different orders); digitiser power exact; clip counts within the values off
 //! plus 1 in 10³ of the clips (the gains put the output RMS near 20, so clips are rare).
 
 use std::sync::Arc;
