@@ -17,8 +17,9 @@
 //! Cartesian product of beam coordinates (§5.3, eq. 141–144) as V = Uᵀ I then J = V U′ per
 //! slow time; for arbitrary beams (§5.2, eq. 138–140) as J = I · W over blocks of
 //! [`SLOW_BLOCK`] slow times, so each row of W is read once per block. U, U′ and W are
-//! computed once (in f64 by eq. 7, then rounded to f32) by [`super::frb_resample`], and a
-//! list's W again at each [`FrbBeamformer::repoint`] (on the caller's thread: 4MN·B products).
+//! computed once (in f64 by eq. 7, then rounded to f32) by [`super::frb_resample`]; a
+//! re-point ([`FrbBeamformer::repoint`]) swaps in a list's W built by the caller, off the data
+//! path (its cost is dominated by 2(M + N)·B cosine sums).
 //!
 //! Threads take contiguous ranges of channels under `std::thread::scope`, each with its own
 //! scratch; every buffer is allocated at construction, a call allocates nothing but the
@@ -97,7 +98,7 @@ struct Plan {
     /// Per dish: its index n·2M + m in the transposed grid.
     cells: Vec<usize>,
     beams: usize,
-    resample: Resample,
+    resample: Arc<Resample>,
     fft_rows: Arc<dyn Fft<f32>>,
     fft_cols: Arc<dyn Fft<f32>>,
 }
@@ -155,7 +156,7 @@ impl FrbBeamformer {
                 cols: n,
                 cells,
                 beams: beams.len(),
-                resample,
+                resample: Arc::new(resample),
                 fft_rows,
                 fft_cols,
             },
@@ -168,24 +169,35 @@ impl FrbBeamformer {
         self.plan.shape
     }
 
-    /// Re-point a beam list (tracking beams, issue 17) to `positions`, as many as it has: stage
-    /// 2's W is rebuilt (in f64, rounded once, as at construction) and used from the next call.
-    /// A grid of beams is refused.
-    pub fn repoint(&mut self, positions: &[(f64, f64)]) -> Result<(), RepointError> {
-        let (m, n) = (self.plan.rows, self.plan.cols);
-        match &self.plan.resample {
-            Resample::Product { .. } => Err(RepointError::Grid),
-            Resample::General { beams, .. } if *beams != positions.len() => {
-                Err(RepointError::Count {
-                    given: positions.len(),
-                    beams: *beams,
-                })
-            }
-            Resample::General { .. } => {
-                self.plan.resample = Resample::new(m, n, &FrbBeams::List(positions.to_vec()));
-                Ok(())
-            }
+    /// Re-point a beam list (tracking beams, issue 17): stage 2 uses `table` (a list's W for
+    /// this grid and as many beams, `Resample::new` of the new positions) from the next call.
+    /// The caller builds it: its f64 evaluation takes ~0.5 s for thousands of beams, which
+    /// must not stall the data path. Returns the table replaced, for the caller to drop where
+    /// freeing it costs nothing. A grid of beams, or a table of another shape, is refused.
+    pub fn repoint(&mut self, table: Arc<Resample>) -> Result<Arc<Resample>, RepointError> {
+        let (
+            Resample::General { w, beams },
+            Resample::General {
+                w: new,
+                beams: given,
+            },
+        ) = (&*self.plan.resample, &*table)
+        else {
+            return Err(RepointError::Grid);
+        };
+        if given != beams {
+            return Err(RepointError::Count {
+                given: *given,
+                beams: *beams,
+            });
         }
+        if new.len() != w.len() {
+            return Err(RepointError::Cells {
+                given: new.len() / (*given).max(1),
+                cells: w.len() / (*beams).max(1),
+            });
+        }
+        Ok(std::mem::replace(&mut self.plan.resample, table))
     }
 
     pub fn beams(&self) -> usize {
@@ -554,8 +566,8 @@ mod tests {
         }
     }
 
-    /// A re-pointed list forms the oracle's beams at the new positions; a grid and a count
-    /// other than the list's are refused.
+    /// A re-pointed list forms the oracle's beams at the new positions; a grid, and a table of
+    /// another count or grid size than the list's, are refused.
     #[test]
     fn a_repointed_list_forms_the_new_beams() {
         let grid = partial_grid(2, 3, &[1]);
@@ -568,14 +580,28 @@ mod tests {
         };
         let mut bf = FrbBeamformer::new(shape, &grid, &FrbBeams::List(vec![(0.0, 0.0); 3]), 2);
         let moved = [(1.5, -0.5), (-0.3, 2.7), (6.1, 1.0)];
-        bf.repoint(&moved).unwrap();
+        let table =
+            |m, n, p: &[(f64, f64)]| Arc::new(Resample::new(m, n, &FrbBeams::List(p.to_vec())));
+        bf.repoint(table(2, 3, &moved)).unwrap();
         check_formed(&grid, shape, &mut bf, &moved);
         assert_eq!(
-            bf.repoint(&moved[..2]),
-            Err(RepointError::Count { given: 2, beams: 3 })
+            bf.repoint(table(2, 3, &moved[..2])).unwrap_err(),
+            RepointError::Count { given: 2, beams: 3 }
         );
+        assert_eq!(
+            bf.repoint(table(3, 3, &moved)).unwrap_err(),
+            RepointError::Cells {
+                given: 36,
+                cells: 24
+            }
+        );
+        let grid_table = Arc::new(Resample::new(2, 3, &FrbBeams::even(2, 3, 1, 3)));
+        assert_eq!(bf.repoint(grid_table).unwrap_err(), RepointError::Grid);
         let mut product = FrbBeamformer::new(shape, &grid, &FrbBeams::even(2, 3, 1, 3), 1);
-        assert_eq!(product.repoint(&moved), Err(RepointError::Grid));
+        assert_eq!(
+            product.repoint(table(2, 3, &moved)).unwrap_err(),
+            RepointError::Grid
+        );
     }
 
     #[test]

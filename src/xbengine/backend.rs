@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::Arc;
 
 use num_complex::Complex32;
 
@@ -14,6 +15,7 @@ use crate::dsp::beamform_fast::Beamformer;
 use crate::dsp::correlate::{unpack_4bit, CorrShape};
 use crate::dsp::correlate_fast::{reduce, Correlator};
 use crate::dsp::frb_fast::{encode_f16, FrbBeamformer};
+use crate::dsp::frb_resample::Resample;
 
 /// A backend's failure: the engine stops on it.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,17 @@ pub struct BeamResult<'a> {
     pub data: &'a [u8],
     /// (batch, beam): complex values with a saturated part.
     pub clips: &'a [u64],
+}
+
+/// A re-point of an `--frb-beam` output's beam list (tracking beams, issue 17), prepared off
+/// the processing thread (by the `?frb-beams` request handler, [`super::control_frb`]).
+pub struct FrbRepoint<'a> {
+    /// (θ, θ′) per beam, in beam order: the CUDA backend builds its W from them on the device.
+    pub positions: &'a [(f64, f64)],
+    /// Their f32 W (`Resample::new`), which the CPU backend swaps in: its f64 evaluation takes
+    /// ~0.5 s for thousands of beams, too long for the processing thread. `None` where the
+    /// backend builds its own (CUDA).
+    pub table: Option<Arc<Resample>>,
 }
 
 /// One `--frb-beam` output's work on the loaded chunk.
@@ -144,14 +157,11 @@ pub trait XbBackend: Send {
             "no FRB intensities of output {output} are outstanding"
         )))
     }
-    /// Re-point FRB output `output`'s beam list to `positions` (as many beams; tracking beams,
-    /// issue 17): every [`XbBackend::frb`] call after this one forms the new beams, every
-    /// earlier one (outstanding or not) the old. A grid of beams or another count is refused.
-    fn frb_repoint(
-        &mut self,
-        output: usize,
-        _positions: &[(f64, f64)],
-    ) -> Result<(), BackendError> {
+    /// Re-point FRB output `output`'s beam list as `repoint` says (as many beams; tracking
+    /// beams, issue 17): every [`XbBackend::frb`] call after this one forms the new beams,
+    /// every earlier one (outstanding or not) the old. A grid of beams or another count is
+    /// refused, and so is a missing table where the backend needs one.
+    fn frb_repoint(&mut self, output: usize, _repoint: FrbRepoint<'_>) -> Result<(), BackendError> {
         Err(BackendError(format!(
             "this backend has no FRB beamformer to re-point (output {output})"
         )))
@@ -376,15 +386,24 @@ impl XbBackend for CpuBackend {
         Ok(())
     }
 
-    fn frb_repoint(&mut self, output: usize, positions: &[(f64, f64)]) -> Result<(), BackendError> {
+    fn frb_repoint(&mut self, output: usize, repoint: FrbRepoint<'_>) -> Result<(), BackendError> {
         let f = self
             .frb
             .get_mut(output)
             .ok_or_else(|| BackendError(format!("no FRB output {output}")))?;
+        let table = repoint.table.ok_or_else(|| {
+            BackendError(format!(
+                "FRB output {output}: the CPU backend re-points with a table built beforehand"
+            ))
+        })?;
         // Formed synchronously: the outstanding results already hold the old beams.
-        f.former
-            .repoint(positions)
-            .map_err(|e| BackendError(format!("FRB output {output}: {e}")))
+        let old = f
+            .former
+            .repoint(table)
+            .map_err(|e| BackendError(format!("FRB output {output}: {e}")))?;
+        // Freeing up to ~100 MB of old table is not the data path's work either.
+        std::thread::spawn(move || drop(old));
+        Ok(())
     }
 
     fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::accum::{Step, Verdict};
 use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape, BEAM_SLOTS};
 use super::config::{Plan, XbengineConfig};
-use super::control::{OutputNames, XbControl};
+use super::control::{FrbSetup, OutputNames, XbControl};
 use super::cuda::CudaBackend;
 use super::frb::{self, FrbOutput};
 use super::heaps::BeamMeta;
@@ -157,16 +157,25 @@ impl Engine {
         )?;
         let sensors = Arc::new(Sensors::default());
         let cps = config.channels_per_substream as u64;
-        let frb_beams: Vec<_> = config.frb_beams.iter().map(|f| f.beams.clone()).collect();
+        // The CPU backend's re-point tables are built by the request handler.
+        let host_tables = matches!(config.backend, BackendKind::Cpu);
+        let frb = config
+            .frb_beams
+            .iter()
+            .map(|f| FrbSetup {
+                name: f.name.clone(),
+                beams: f.beams.clone(),
+                host_grid: host_tables.then_some((f.grid.rows, f.grid.cols)),
+            })
+            .collect();
         let control = Arc::new(XbControl::new(
             Arc::clone(&sensors),
             config.array_size,
             OutputNames {
                 corrprods: config.corrprods.iter().map(|c| c.name.clone()).collect(),
                 beams: config.beams.iter().map(|b| b.name.clone()).collect(),
-                frb: config.frb_beams.iter().map(|b| b.name.clone()).collect(),
             },
-            &frb_beams,
+            frb,
             config.send_enabled,
             (
                 config.channel_offset_value,

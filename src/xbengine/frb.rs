@@ -5,13 +5,14 @@
 //! FRB stages and copy back run beside the next chunk (at most [`FRB_SLOTS`] per output are
 //! with the backend); when the input pauses or stops, the engine's flush sends the last.
 //! `?frb-weights` reaches the backend at the next chunk; so does `?frb-beams` ([`repoint`],
-//! every output, captured or not), and `{name}.beams` then shows that chunk's timestamp.
+//! every output, captured or not, with the table and sensor text the request handler built),
+//! and `{name}.beams` then shows that chunk's timestamp: the beams are in force from it.
 
 use std::collections::VecDeque;
 
 use num_complex::Complex32;
 
-use super::backend::{FrbChunk, XbBackend, FRB_SLOTS};
+use super::backend::{FrbChunk, FrbRepoint, XbBackend, FRB_SLOTS};
 use super::config::{Plan, XbengineConfig};
 use super::control::{Capture, XbControl};
 use super::cuda_frb::CudaFrbSpec;
@@ -160,11 +161,16 @@ pub(super) fn repoint(
 ) -> Result<(), EngineError> {
     for (i, f) in outputs.iter_mut().enumerate() {
         if let Some(p) = control.frb_beams_if_changed(i, f.beams_version) {
+            // Built by the request handler: this thread only swaps them in.
+            let repoint = FrbRepoint {
+                positions: &p.positions,
+                table: p.table,
+            };
             backend
-                .frb_repoint(i, &p.positions)
+                .frb_repoint(i, repoint)
                 .map_err(|e| EngineError::Backend(e.to_string()))?;
             f.beams_version = p.version;
-            control.frb_beams_applied(i, first, &p.positions);
+            control.frb_beams_applied(i, first, &p.listing);
             tracing::debug!(output = %f.name, timestamp = first, beams = p.positions.len(), "FRB beams re-pointed");
         }
     }
