@@ -77,7 +77,7 @@ pub struct BeamResult<'a> {
 }
 
 /// A re-point of an `--frb-beam` output's beam list (tracking beams, issue 17), prepared off
-/// the processing thread (by the `?frb-beams` request handler, [`super::control_frb`]).
+/// the processing thread (by the `?frb-beams` request handler, `xbengine::control_frb`).
 pub struct FrbRepoint<'a> {
     /// (θ, θ′) per beam, in beam order: the CUDA backend builds its W from them on the device.
     pub positions: &'a [(f64, f64)],
