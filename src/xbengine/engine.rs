@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::accum::{Step, Verdict};
 use super::backend::{BeamChunk, CpuBackend, XbBackend, XbShape, BEAM_SLOTS};
 use super::config::{Plan, XbengineConfig};
-use super::control::{FrbSetup, OutputNames, XbControl};
+use super::control::{OutputNames, XbControl};
 use super::cuda::CudaBackend;
 use super::frb::{self, FrbOutput};
 use super::heaps::BeamMeta;
@@ -157,17 +157,6 @@ impl Engine {
         )?;
         let sensors = Arc::new(Sensors::default());
         let cps = config.channels_per_substream as u64;
-        // The CPU backend's re-point tables are built by the request handler.
-        let host_tables = matches!(config.backend, BackendKind::Cpu);
-        let frb = config
-            .frb_beams
-            .iter()
-            .map(|f| FrbSetup {
-                name: f.name.clone(),
-                beams: f.beams.clone(),
-                host_grid: host_tables.then_some((f.grid.rows, f.grid.cols)),
-            })
-            .collect();
         let control = Arc::new(XbControl::new(
             Arc::clone(&sensors),
             config.array_size,
@@ -175,7 +164,7 @@ impl Engine {
                 corrprods: config.corrprods.iter().map(|c| c.name.clone()).collect(),
                 beams: config.beams.iter().map(|b| b.name.clone()).collect(),
             },
-            frb,
+            frb::control_setups(&config),
             config.send_enabled,
             (
                 config.channel_offset_value,

@@ -14,7 +14,7 @@ use num_complex::Complex32;
 
 use super::backend::{FrbChunk, FrbRepoint, XbBackend, FRB_SLOTS};
 use super::config::{Plan, XbengineConfig};
-use super::control::{Capture, XbControl};
+use super::control::{Capture, FrbSetup, XbControl};
 use super::cuda_frb::CudaFrbSpec;
 use super::frb_output::FrbBeamOutput;
 use super::frb_pointing;
@@ -26,6 +26,7 @@ use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
 use crate::engine::metrics::Metrics;
 use crate::engine::send::HeapSink;
 use crate::engine::{EngineError, Shutdown};
+use crate::fengine::BackendKind;
 use crate::gpu::frb::FrbConfig;
 
 /// Bytes of packet header and item pointers per packet (8 pointers, as a beam heap's).
@@ -71,6 +72,21 @@ pub(super) fn cpu_formers(config: &XbengineConfig, plan: &Plan) -> Vec<(FrbBeamf
             let shape = chunk_shape(config, plan, f);
             let former = FrbBeamformer::new(shape, &f.grid, &f.beams, config.cpu_threads);
             (former, f.scale() as f32)
+        })
+        .collect()
+}
+
+/// The outputs as the control side needs them: the CPU backend's re-point tables are built
+/// by the `?frb-beams` handler, the CUDA backend builds its own.
+pub(super) fn control_setups(config: &XbengineConfig) -> Vec<FrbSetup> {
+    let host_tables = matches!(config.backend, BackendKind::Cpu);
+    config
+        .frb_beams
+        .iter()
+        .map(|f| FrbSetup {
+            name: f.name.clone(),
+            beams: f.beams.clone(),
+            host_grid: host_tables.then_some((f.grid.rows, f.grid.cols)),
         })
         .collect()
 }
