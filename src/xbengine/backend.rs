@@ -401,8 +401,11 @@ impl XbBackend for CpuBackend {
             .former
             .repoint(table)
             .map_err(|e| BackendError(format!("FRB output {output}: {e}")))?;
-        // Freeing up to ~100 MB of old table is not the data path's work either.
-        std::thread::spawn(move || drop(old));
+        // Freeing up to ~100 MB of old table is not the data path's work either (if no thread
+        // can be started, the closure and the table are dropped here instead).
+        let _ = std::thread::Builder::new()
+            .name("frb-table-drop".into())
+            .spawn(move || drop(old));
         Ok(())
     }
 
@@ -468,5 +471,65 @@ mod tests {
             assert!((j - (a * a) as f32).abs() < 1e-3, "chunk {a}: {j}");
         }
         assert!(cpu.frb_formed(0).is_err());
+    }
+
+    /// The CPU backend re-points only with a table built beforehand, of the list's count, and
+    /// forms the new beam from the next chunk: two antennas of a 1×2 grid with equal samples
+    /// add to 4a² at zenith and cancel at θ′ = 1 (half of N = 2: phases 1 and e^{iπ}).
+    #[test]
+    fn the_cpu_backend_swaps_in_a_table_built_beforehand() {
+        let grid = DishGrid::new(1, 2, &[(0, 0), (0, 1)]).unwrap();
+        let shape = XbShape {
+            n_ants: 2,
+            channels: 1,
+            spectra: 2,
+            sample_bits: 8,
+            outputs: 0,
+            threads: 1,
+        };
+        let frb = FrbChunkShape {
+            n_ants: 2,
+            channels: 1,
+            spectra: 2,
+            batches: 1,
+            t_ds: 2,
+        };
+        let zenith = FrbBeams::List(vec![(0.0, 0.0)]);
+        let mut cpu = CpuBackend::new(shape, 1)
+            .with_frb(vec![(FrbBeamformer::new(frb, &grid, &zenith, 1), 1.0)]);
+        let (present, w) = ([1u8; 2], [Complex32::new(1.0, 0.0); 4]);
+        // (antenna, channel, spectrum, pol, re/im): spectrum 0, pol 0 of both antennas is 3.
+        let mut chunk = vec![0u8; 16];
+        chunk[0] = 3;
+        chunk[8] = 3;
+        let input = FrbChunk {
+            version: 1,
+            weights: &w,
+            present: &present,
+        };
+        let mut form = |cpu: &mut CpuBackend| {
+            cpu.load(&chunk).unwrap();
+            cpu.frb(0, &input, Vec::new()).unwrap();
+            let (heap, _) = cpu.frb_formed(0).unwrap();
+            half::f16::from_le_bytes([heap[0], heap[1]]).to_f32()
+        };
+        assert!((form(&mut cpu) - 36.0).abs() < 1e-3);
+        let moved = [(0.0, 1.0)];
+        let table =
+            |p: &[(f64, f64)]| Some(Arc::new(Resample::new(1, 2, &FrbBeams::List(p.to_vec()))));
+        let repoint = |table| FrbRepoint {
+            positions: &moved,
+            table,
+        };
+        assert!(cpu.frb_repoint(0, repoint(None)).is_err());
+        assert!(cpu
+            .frb_repoint(0, repoint(table(&[(0.0, 1.0), (1.0, 0.0)])))
+            .is_err());
+        assert!(
+            (form(&mut cpu) - 36.0).abs() < 1e-3,
+            "refusals change nothing"
+        );
+        cpu.frb_repoint(0, repoint(table(&moved))).unwrap();
+        assert!(form(&mut cpu).abs() < 1e-3, "the new beam cancels");
     }
 }
