@@ -507,7 +507,7 @@ mod tests {
             weights: &w,
             present: &present,
         };
-        let mut form = |cpu: &mut CpuBackend| {
+        let form = |cpu: &mut CpuBackend| {
             cpu.load(&chunk).unwrap();
             cpu.frb(0, &input, Vec::new()).unwrap();
             let (heap, _) = cpu.frb_formed(0).unwrap();
