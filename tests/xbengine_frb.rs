@@ -392,8 +392,8 @@ fn repointed_beams_hold_from_the_chunk_the_sensor_names() {
             {"port": ports[1], "weights": table(&ones, &[]), "t_ds": 3, "grid": [5, 6]},
         ]),
         json!(requests),
-        // Six chunks checked, the re-point after the third is sent: the engine's window of
-        // two chunks has formed the first by then, so at least one heap precedes it.
+        // Six chunks checked, the re-point after the third is sent and a heap of "fr" has come
+        // back (the peer polls fr.tx.next-timestamp), so at least one heap precedes it.
         json!({"seed": 23, "mode": "random", "lim": 50, "missing": [], "descriptor": false,
                "batches": 6 * BATCHES_PER_CHUNK, "split": 3 * BATCHES_PER_CHUNK,
                "requests2": [set], "expect_heaps": 6}),

@@ -3,7 +3,8 @@
 //! block of intensities. The GPU's second stage (`gpu::frb_resample`) uploads a product's U
 //! and U′ from here ([`u_table`]) and builds a list's W on the device (`gpu::frb_weights`), to
 //! within one rounding of [`w_table`]'s; `dsp::frb::resample{,_factorised}` (f64) is the
-//! oracle. A list can be re-pointed ([`FrbBeams::repointed`]; tracking beams, issue 17).
+//! oracle. A list is re-pointed (tracking beams, issue 17) by building its [`Resample`] anew off
+//! the data path and swapping it in (`FrbBeamformer::repoint`).
 #![deny(unsafe_code)]
 
 use super::frb::u_sum;
@@ -25,6 +26,8 @@ pub enum RepointError {
     Grid,
     #[error("{given} beam positions for an output of {beams} beams")]
     Count { given: usize, beams: usize },
+    #[error("a table of {given} grid cells for a beamformer of {cells}")]
+    Cells { given: usize, cells: usize },
 }
 
 /// "P×Q beam grid" or "B listed beams", for reports.
@@ -67,18 +70,6 @@ impl FrbBeams {
         self.len() == 0
     }
 
-    /// A list's beams moved to `positions` (as many as it has); a product is refused.
-    pub fn repointed(&self, positions: &[(f64, f64)]) -> Result<FrbBeams, RepointError> {
-        match self {
-            FrbBeams::Product { .. } => Err(RepointError::Grid),
-            FrbBeams::List(l) if l.len() != positions.len() => Err(RepointError::Count {
-                given: positions.len(),
-                beams: l.len(),
-            }),
-            FrbBeams::List(_) => Ok(FrbBeams::List(positions.to_vec())),
-        }
-    }
-
     /// (θ, θ′) of every beam, in beam order.
     pub fn positions(&self) -> Vec<(f64, f64)> {
         match self {
@@ -91,42 +82,35 @@ impl FrbBeams {
     }
 }
 
-/// Stage 2's matrices (seed 004 §5), from U evaluated in f64 by `dsp::frb::u_sum` and rounded
-/// once to the element type: f32 for the CPU backend and the GPU's float32 path
-/// ([`Resample::new`]), scaled fp16 for the GPU's half-precision path (`gpu::frb_half`).
+/// Stage 2's matrices (seed 004 §5) in f32, for the CPU backend: U evaluated in f64 by
+/// `dsp::frb::u_sum` and rounded once. (The GPU uploads [`u_table`] and builds W itself.)
 #[derive(Debug)]
-pub enum Resample<T = f32> {
+pub enum Resample {
     /// U (2M × P) and U′ (2N × Q), row-major.
     Product {
-        u: Vec<T>,
-        u2: Vec<T>,
+        u: Vec<f32>,
+        u2: Vec<f32>,
         p: usize,
         q: usize,
     },
     /// W ((2M·2N) × B), row-major.
-    General { w: Vec<T>, beams: usize },
+    General { w: Vec<f32>, beams: usize },
 }
 
 impl Resample {
-    /// The f32 tables for `beams` of an `m` × `n` dish grid.
-    pub fn new(m: usize, n: usize, beams: &FrbBeams) -> Resample {
-        Resample::rounded(m, n, beams, |x| x as f32)
-    }
-}
-
-impl<T> Resample<T> {
     /// The tables for `beams` of an `m` × `n` dish grid, each entry computed in f64 (W as the
-    /// f64 product U·U′) and passed through `round` once.
-    pub fn rounded(m: usize, n: usize, beams: &FrbBeams, round: impl Fn(f64) -> T) -> Resample<T> {
+    /// f64 product U·U′) and rounded to f32 once.
+    pub fn new(m: usize, n: usize, beams: &FrbBeams) -> Resample {
+        let round = |x: f64| x as f32;
         match beams {
             FrbBeams::Product { thetas, thetas2 } => Resample::Product {
-                u: u_table(m, thetas, &round),
-                u2: u_table(n, thetas2, &round),
+                u: u_table(m, thetas, round),
+                u2: u_table(n, thetas2, round),
                 p: thetas.len(),
                 q: thetas2.len(),
             },
             FrbBeams::List(list) => Resample::General {
-                w: w_table(m, n, list, &round),
+                w: w_table(m, n, list, round),
                 beams: list.len(),
             },
         }
@@ -226,21 +210,6 @@ mod tests {
         assert_eq!(thetas, [-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5]);
         assert_eq!(thetas2, [-1.0, 0.0, 1.0]);
         assert_eq!(FrbBeams::even(4, 3, 8, 3).positions()[4], (-1.5, 0.0));
-    }
-
-    #[test]
-    fn only_a_list_of_as_many_beams_is_repointed() {
-        let list = FrbBeams::List(vec![(0.0, 0.0), (1.0, -2.0)]);
-        let moved = [(0.25, 3.0), (-7.5, 0.5)];
-        assert_eq!(list.repointed(&moved), Ok(FrbBeams::List(moved.to_vec())));
-        assert_eq!(
-            list.repointed(&moved[..1]),
-            Err(RepointError::Count { given: 1, beams: 2 })
-        );
-        assert_eq!(
-            FrbBeams::even(2, 2, 1, 2).repointed(&moved),
-            Err(RepointError::Grid)
-        );
     }
 
     /// The list's table against U·U′ formed entry by entry from `u_sum` (the row-major (ρ, β)

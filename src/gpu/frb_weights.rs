@@ -14,15 +14,16 @@
 //! with the old table and before those queued after it: a re-point takes effect at a call
 //! boundary without a second table.
 //!
-//! **Agreement with the host's table** (`dsp::frb_resample::Resample::rounded`, which the CPU
-//! backend uses and the self-test compares with). The kernel evaluates each U by the cosine sum
-//! of `dsp::frb::u_sum` (seed 004 eq. 7) with the same IEEE-rounded +, −, ×, / in the same order
-//! (no FMA contraction), W as the same f64 product, and rounds W once: to nearest even in
+//! **Agreement with the host's table** (`dsp::frb_resample::w_table` in f64, which the
+//! self-test compares with; the CPU backend's `Resample::new` rounds the same values to f32).
+//! The kernel evaluates each U by the cosine sum of `dsp::frb::u_sum` (seed 004 eq. 7) with the
+//! same IEEE-rounded +, −, ×, / in the same order (no FMA contraction), W as the same f64 product, and rounds W once: to nearest even in
 //! float32 (as Rust's `as f32`), or 2¹⁵·W to nearest even in fp16, saturated at ±65504 (as
 //! `frb_half::f16_bits`). The doubles differ from the host's only through the cosines: CUDA's
 //! double `cos` is within 2 ulp of the correctly rounded value (CUDA C++ Programming Guide,
-//! mathematical functions appendix) and glibc's within 1 ulp (its manual's table of known
-//! errors), so two cosines of one argument differ by less than 4·2⁻⁵³ (|cos| ≤ 1). Through the
+//! mathematical functions appendix) and the host's within 1 ulp — the host premise: Rust's
+//! `f64::cos` is the platform libm's, glibc's on the engine hosts (its manual's table of known
+//! errors) — so two cosines of one argument differ by less than 4·2⁻⁵³ (|cos| ≤ 1). Through the
 //! sum (each side's rounding of a partial sum of magnitude ≤ k + 1 adds at most (k + 1)·2⁻⁵³),
 //! the division by n and the product (|U| ≤ 1: a mean of cosines), the two f64 values of an
 //! entry differ by at most **Δ = (M + N + 8)·2⁻⁵²** ([`deviation`]): with n = M or N,
@@ -53,7 +54,10 @@ use super::{Gpu, GpuError};
 
 /// Threads per block of both launches (along the beams).
 const BLOCK: u32 = 256;
-/// Largest side of the grid: `--frb-beam`'s, the sides [`deviation`] is stated for.
+/// Largest side of the grid, the sides [`deviation`] is stated for: the CPU backend's
+/// `--frb-beam` limit (`xbengine::frb_output::MAX_GRID_SIDE`); the CUDA backend's FRB stages
+/// take at most `gpu::frb::MAX_GRID_SIDE` = 32, so this op is also tried on larger grids by the
+/// self-test alone.
 pub const MAX_SIDE: usize = 64;
 
 /// The bound Δ on the difference between the GPU's and the host's f64 value of a W entry for an

@@ -48,23 +48,40 @@ impl Format {
         }
     }
 
-    /// The distance from representable `g` to the next one away from zero (at zero: the
-    /// smallest subnormal).
-    fn spacing(self, g: f64) -> f64 {
-        match self {
-            Format::F32 => {
-                // The next float32 up from |g| (finite, non-negative: its bits plus one).
-                let a = (g as f32).abs();
-                f64::from(f32::from_bits(a.to_bits() + 1)) - f64::from(a)
-            }
-            Format::F16 => {
-                if g.abs() < 2f64.powi(-14) {
-                    2f64.powi(-24)
-                } else {
-                    2f64.powi(g.abs().log2().floor() as i32 - 10)
-                }
-            }
+    /// Representable `g`'s place in the format's order: its magnitude's bit pattern, negated
+    /// for negative values (±0 both 0), so that adjacent values differ by one.
+    fn ordinal(self, g: f64) -> i64 {
+        let magnitude = match self {
+            Format::F32 => i64::from((g as f32).abs().to_bits()),
+            Format::F16 => i64::from(f16_bits(g.abs())),
+        };
+        if g < 0.0 {
+            -magnitude
+        } else {
+            magnitude
         }
+    }
+
+    /// The value at `ordinal` ([`Format::ordinal`]'s inverse).
+    fn value(self, ordinal: i64) -> f64 {
+        let magnitude = match self {
+            Format::F32 => f64::from(f32::from_bits(ordinal.unsigned_abs() as u32)),
+            Format::F16 => f16_value(ordinal.unsigned_abs() as u16),
+        };
+        magnitude.copysign(ordinal as f64)
+    }
+
+    /// Half the gap from representable `g` to its neighbour on `v`'s side (0 where v = g): a
+    /// correct rounding of x lies within it of x. At a power of two the gaps on either side
+    /// differ by a factor of two, so the side matters.
+    fn half_gap(self, g: f64, v: f64) -> f64 {
+        let k = self.ordinal(g);
+        let toward = match v.partial_cmp(&g) {
+            Some(std::cmp::Ordering::Greater) => k + 1,
+            Some(std::cmp::Ordering::Less) => k - 1,
+            _ => return 0.0,
+        };
+        0.5 * (self.value(toward) - g).abs()
     }
 
     /// Stored magnitudes from which the format's spacing exceeds Δ, so that a device entry is
@@ -80,15 +97,16 @@ impl Format {
 /// How a device table agrees with the host's f64 values.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Agreement {
-    /// max over entries of (|g − v| − ½·spacing(g)) / Δ, floored at 0: ≤ 1 when every entry
-    /// is the correct rounding of a value within Δ of the host's v.
+    /// max over entries of (|g − v| − ½·gap) / Δ, floored at 0, the gap from g to its
+    /// neighbour on v's side: ≤ 1 when every entry is the correct rounding of a value within
+    /// Δ of the host's v.
     pub worst: f64,
     /// Entries whose value differs from the host's rounding.
     pub differ: usize,
     /// Of those, the ones below the format's neighbour floor (float32's near-zeros: noise of
     /// the cosine sums on either side, bounded by Δ alone).
     pub near_zero: usize,
-    /// Of those at or above the floor, the ones more than one step away.
+    /// Of those at or above the floor, the ones more than one representable step away.
     pub far: usize,
     pub count: usize,
 }
@@ -112,15 +130,14 @@ pub fn agreement(host: &[f64], got: &[f64], format: Format, delta: f64) -> Agree
     };
     for (&h, &g) in host.iter().zip(got) {
         let v = h * format.scale();
-        let excess = ((g - v).abs() - 0.5 * format.spacing(g)).max(0.0) / d;
+        let excess = ((g - v).abs() - format.half_gap(g, v)).max(0.0) / d;
         a.worst = a.worst.max(excess);
         let r = format.round(v);
         if g != r {
             a.differ += 1;
-            let step = format.spacing(g.abs().max(r.abs()));
             if r.abs() < format.neighbour_floor() {
                 a.near_zero += 1;
-            } else if (g - r).abs() > step {
+            } else if (format.ordinal(g) - format.ordinal(r)).abs() > 1 {
                 a.far += 1;
             }
         }
@@ -346,22 +363,61 @@ mod tests {
         for format in [Format::F32, Format::F16] {
             let s = format.scale();
             let g = 0.625 * s;
-            let step = format.spacing(g);
-            let mid = (g + 0.5 * step) / s;
+            let up = |k: i64| format.value(format.ordinal(g) + k);
+            let mid = (g + up(1)) / 2.0 / s;
             // Just below the midpoint (the host rounds down to g), within Δ of it: the device
             // may round up.
             let near = mid - 0.5 * delta;
-            let a = agreement(&[near], &[g + step], format, delta);
+            let a = agreement(&[near], &[up(1)], format, delta);
             assert!(
                 a.pass() && a.differ == 1 && a.far == 0,
                 "{format:?} near: {a:?}"
             );
             // Far below the midpoint: rounding up is wrong.
-            let a = agreement(&[mid - 50.0 * delta], &[g + step], format, delta);
+            let a = agreement(&[mid - 50.0 * delta], &[up(1)], format, delta);
             assert!(!a.pass() && a.worst > 1.0, "{format:?} far: {a:?}");
             // Two steps.
-            let a = agreement(&[g / s], &[g + 2.0 * step], format, delta);
+            let a = agreement(&[g / s], &[up(2)], format, delta);
             assert!(!a.pass() && a.far == 1, "{format:?} two steps: {a:?}");
         }
+    }
+
+    /// At a power of two p the gap below is half the gap above: p given where the host's value
+    /// rounds to p's lower neighbour, clear of their midpoint, is caught (the review's fp16
+    /// case: 32768 where the correct rounding is 32752), and two steps below p are "far"
+    /// though within p's upper gap. (The checks by the gap above |g| passed both.)
+    #[test]
+    fn a_one_step_error_at_a_power_of_two_is_caught() {
+        let delta = deviation(8, 8);
+        for format in [Format::F32, Format::F16] {
+            let s = format.scale();
+            let p = 0.5 * s;
+            let below = format.value(format.ordinal(p) - 1);
+            let below2 = format.value(format.ordinal(p) - 2);
+            // The host's v rounds to `below` (between below's lower midpoint and its upper one,
+            // well clear of both by more than Δ); the device gives p: one step up, wrong.
+            let v = (below + 0.1 * (p - below)) / s;
+            assert_eq!(format.round(v * s), below, "{format:?}");
+            let a = agreement(&[v], &[p], format, delta);
+            assert!(
+                !a.pass() && a.worst > 1.0 && a.far == 0,
+                "{format:?} p for below: {a:?}"
+            );
+            // The correct rounding, and the neighbour near the midpoint, still pass.
+            assert!(agreement(&[v], &[below], format, delta).pass());
+            let mid = (below + p) / 2.0 / s;
+            assert!(
+                agreement(&[mid - 0.5 * delta], &[p], format, delta).pass(),
+                "{format:?} near the midpoint"
+            );
+            // Two steps below p counted far, though within the gap above p.
+            let a = agreement(&[p / s], &[below2], format, delta);
+            assert!(!a.pass() && a.far == 1, "{format:?} two steps below: {a:?}");
+        }
+        // The review's case in fp16 numbers: 2¹⁵·W = 32752.5 rounds to 32752; 32768 is wrong.
+        let v = 32752.5 / TABLE_SCALE;
+        assert_eq!(Format::F16.round(32752.5), 32752.0);
+        let a = agreement(&[v], &[32768.0], Format::F16, deviation(8, 8));
+        assert!(!a.pass(), "{a:?}");
     }
 }

@@ -30,10 +30,10 @@ use rand::{Rng, SeedableRng};
 use super::Check;
 use crate::dsp::frb::DishGrid;
 use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
-use crate::dsp::frb_resample::FrbBeams;
+use crate::dsp::frb_resample::{FrbBeams, Resample};
 use crate::gpu::frb::FrbConfig;
 use crate::gpu::{Gpu, GpuError};
-use crate::xbengine::backend::{CpuBackend, FrbChunk, XbBackend, XbShape};
+use crate::xbengine::backend::{CpuBackend, FrbChunk, FrbRepoint, XbBackend, XbShape};
 use crate::xbengine::cuda::CudaBackend;
 use crate::xbengine::cuda_frb::CudaFrbSpec;
 
@@ -107,6 +107,14 @@ fn check(
     // Per back end, the decoded heaps in chunk order.
     let mut heaps: [Vec<Vec<f64>>; 2] = Default::default();
     let sets = [(1u64, 20.0f32), (2, w_max as f32), (3, 100.0)];
+    // The CPU backend's re-point table, built beforehand as the request handler does.
+    let table = repoint.as_ref().map(|m| {
+        Arc::new(Resample::new(
+            grid.rows,
+            grid.cols,
+            &FrbBeams::List(m.clone()),
+        ))
+    });
     for (k, &(version, magnitude)) in sets.iter().enumerate() {
         let mut chunk: Vec<u8> = (0..batches * heap_bytes).map(|_| rng.random()).collect();
         let mut present = vec![1u8; batches * n_ants];
@@ -134,7 +142,14 @@ fn check(
             .zip(&mut heaps)
         {
             if let (1, Some(moved)) = (k, &repoint) {
-                backend.frb_repoint(0, moved)?;
+                let table = table.clone();
+                backend.frb_repoint(
+                    0,
+                    FrbRepoint {
+                        positions: moved,
+                        table,
+                    },
+                )?;
             }
             backend.load(&chunk)?;
             backend.frb(0, &input, Vec::new())?;

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::Arc;
 
 use num_complex::Complex32;
 
@@ -14,6 +15,7 @@ use crate::dsp::beamform_fast::Beamformer;
 use crate::dsp::correlate::{unpack_4bit, CorrShape};
 use crate::dsp::correlate_fast::{reduce, Correlator};
 use crate::dsp::frb_fast::{encode_f16, FrbBeamformer};
+use crate::dsp::frb_resample::Resample;
 
 /// A backend's failure: the engine stops on it.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,17 @@ pub struct BeamResult<'a> {
     pub data: &'a [u8],
     /// (batch, beam): complex values with a saturated part.
     pub clips: &'a [u64],
+}
+
+/// A re-point of an `--frb-beam` output's beam list (tracking beams, issue 17), prepared off
+/// the processing thread (by the `?frb-beams` request handler, `xbengine::control_frb`).
+pub struct FrbRepoint<'a> {
+    /// (θ, θ′) per beam, in beam order: the CUDA backend builds its W from them on the device.
+    pub positions: &'a [(f64, f64)],
+    /// Their f32 W (`Resample::new`), which the CPU backend swaps in: its f64 evaluation takes
+    /// ~0.5 s for thousands of beams, too long for the processing thread. `None` where the
+    /// backend builds its own (CUDA).
+    pub table: Option<Arc<Resample>>,
 }
 
 /// One `--frb-beam` output's work on the loaded chunk.
@@ -144,14 +157,11 @@ pub trait XbBackend: Send {
             "no FRB intensities of output {output} are outstanding"
         )))
     }
-    /// Re-point FRB output `output`'s beam list to `positions` (as many beams; tracking beams,
-    /// issue 17): every [`XbBackend::frb`] call after this one forms the new beams, every
-    /// earlier one (outstanding or not) the old. A grid of beams or another count is refused.
-    fn frb_repoint(
-        &mut self,
-        output: usize,
-        _positions: &[(f64, f64)],
-    ) -> Result<(), BackendError> {
+    /// Re-point FRB output `output`'s beam list as `repoint` says (as many beams; tracking
+    /// beams, issue 17): every [`XbBackend::frb`] call after this one forms the new beams,
+    /// every earlier one (outstanding or not) the old. A grid of beams or another count is
+    /// refused, and so is a missing table where the backend needs one.
+    fn frb_repoint(&mut self, output: usize, _repoint: FrbRepoint<'_>) -> Result<(), BackendError> {
         Err(BackendError(format!(
             "this backend has no FRB beamformer to re-point (output {output})"
         )))
@@ -376,15 +386,27 @@ impl XbBackend for CpuBackend {
         Ok(())
     }
 
-    fn frb_repoint(&mut self, output: usize, positions: &[(f64, f64)]) -> Result<(), BackendError> {
+    fn frb_repoint(&mut self, output: usize, repoint: FrbRepoint<'_>) -> Result<(), BackendError> {
         let f = self
             .frb
             .get_mut(output)
             .ok_or_else(|| BackendError(format!("no FRB output {output}")))?;
+        let table = repoint.table.ok_or_else(|| {
+            BackendError(format!(
+                "FRB output {output}: the CPU backend re-points with a table built beforehand"
+            ))
+        })?;
         // Formed synchronously: the outstanding results already hold the old beams.
-        f.former
-            .repoint(positions)
-            .map_err(|e| BackendError(format!("FRB output {output}: {e}")))
+        let old = f
+            .former
+            .repoint(table)
+            .map_err(|e| BackendError(format!("FRB output {output}: {e}")))?;
+        // Freeing up to ~100 MB of old table is not the data path's work either (if no thread
+        // can be started, the closure and the table are dropped here instead).
+        let _ = std::thread::Builder::new()
+            .name("frb-table-drop".into())
+            .spawn(move || drop(old));
+        Ok(())
     }
 
     fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
@@ -449,5 +471,65 @@ mod tests {
             assert!((j - (a * a) as f32).abs() < 1e-3, "chunk {a}: {j}");
         }
         assert!(cpu.frb_formed(0).is_err());
+    }
+
+    /// The CPU backend re-points only with a table built beforehand, of the list's count, and
+    /// forms the new beam from the next chunk: two antennas of a 1×2 grid with equal samples
+    /// add to 4a² at zenith and cancel at θ′ = 1 (half of N = 2: phases 1 and e^{iπ}).
+    #[test]
+    fn the_cpu_backend_swaps_in_a_table_built_beforehand() {
+        let grid = DishGrid::new(1, 2, &[(0, 0), (0, 1)]).unwrap();
+        let shape = XbShape {
+            n_ants: 2,
+            channels: 1,
+            spectra: 2,
+            sample_bits: 8,
+            outputs: 0,
+            threads: 1,
+        };
+        let frb = FrbChunkShape {
+            n_ants: 2,
+            channels: 1,
+            spectra: 2,
+            batches: 1,
+            t_ds: 2,
+        };
+        let zenith = FrbBeams::List(vec![(0.0, 0.0)]);
+        let mut cpu = CpuBackend::new(shape, 1)
+            .with_frb(vec![(FrbBeamformer::new(frb, &grid, &zenith, 1), 1.0)]);
+        let (present, w) = ([1u8; 2], [Complex32::new(1.0, 0.0); 4]);
+        // (antenna, channel, spectrum, pol, re/im): spectrum 0, pol 0 of both antennas is 3.
+        let mut chunk = vec![0u8; 16];
+        chunk[0] = 3;
+        chunk[8] = 3;
+        let input = FrbChunk {
+            version: 1,
+            weights: &w,
+            present: &present,
+        };
+        let form = |cpu: &mut CpuBackend| {
+            cpu.load(&chunk).unwrap();
+            cpu.frb(0, &input, Vec::new()).unwrap();
+            let (heap, _) = cpu.frb_formed(0).unwrap();
+            half::f16::from_le_bytes([heap[0], heap[1]]).to_f32()
+        };
+        assert!((form(&mut cpu) - 36.0).abs() < 1e-3);
+        let moved = [(0.0, 1.0)];
+        let table =
+            |p: &[(f64, f64)]| Some(Arc::new(Resample::new(1, 2, &FrbBeams::List(p.to_vec()))));
+        let repoint = |table| FrbRepoint {
+            positions: &moved,
+            table,
+        };
+        assert!(cpu.frb_repoint(0, repoint(None)).is_err());
+        assert!(cpu
+            .frb_repoint(0, repoint(table(&[(0.0, 1.0), (1.0, 0.0)])))
+            .is_err());
+        assert!(
+            (form(&mut cpu) - 36.0).abs() < 1e-3,
+            "refusals change nothing"
+        );
+        cpu.frb_repoint(0, repoint(table(&moved))).unwrap();
+        assert!(form(&mut cpu).abs() < 1e-3, "the new beam cancels");
     }
 }

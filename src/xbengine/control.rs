@@ -18,12 +18,22 @@ use super::frb_weights::{Channels, FrbWeights};
 use crate::control::katcp::{Handler, Sensors, Status};
 use crate::dsp::frb_resample::FrbBeams;
 
-/// The outputs' names, by kind.
+/// The correlation product and beam outputs' names.
 #[derive(Debug, Clone, Default)]
 pub struct OutputNames {
     pub corrprods: Vec<String>,
     pub beams: Vec<String>,
-    pub frb: Vec<String>,
+}
+
+/// An `--frb-beam` output as the control side needs it.
+#[derive(Debug, Clone)]
+pub struct FrbSetup {
+    pub name: String,
+    /// The beams it starts with.
+    pub beams: FrbBeams,
+    /// Its dish grid (rows, cols) where `?frb-beams` must build the stage-2 table for the
+    /// backend (the CPU's); `None` where the backend builds its own (CUDA).
+    pub host_grid: Option<(usize, usize)>,
 }
 
 /// Whether an output sends, and from which timestamp.
@@ -55,28 +65,24 @@ pub struct XbControl {
     pub steady: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Requests only replace whole values, so a poisoned lock still holds a consistent one.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl XbControl {
     /// The control state and its sensors. `chan_range` is this engine's (first, last) channel;
-    /// `frb_beams` the FRB outputs' beam sets at start-up, in `names.frb`'s order.
+    /// `frb` the FRB outputs.
     pub fn new(
         sensors: Arc<Sensors>,
         n_ants: usize,
         names: OutputNames,
-        frb_beams: &[FrbBeams],
+        frb: Vec<FrbSetup>,
         send_enabled: bool,
         chan_range: (u64, u64),
         dither_seed: u64,
     ) -> XbControl {
-        let OutputNames {
-            corrprods,
-            beams,
-            frb,
-        } = names;
+        let OutputNames { corrprods, beams } = names;
         let range = format!("({}, {})", chan_range.0, chan_range.1);
         sensors.add(
             "steady-state-timestamp",
@@ -171,8 +177,8 @@ impl XbControl {
             first: chan_range.0,
             count: (chan_range.1 - chan_range.0 + 1) as usize,
         };
-        let frb_control =
-            FrbControl::new(&sensors, frb.clone(), frb_beams, n_ants, channels, &range);
+        let frb_control = FrbControl::new(&sensors, &frb, n_ants, channels, &range);
+        let frb: Vec<String> = frb.into_iter().map(|f| f.name).collect();
         let n = corrprods.len() + beams.len() + frb.len();
         XbControl {
             sensors,
@@ -203,10 +209,11 @@ impl XbControl {
         self.frb_control.beams_if_changed(i, version)
     }
 
-    /// FRB output `i` forms `positions` from the chunk at `timestamp` on (its `.beams` sensor).
-    pub fn frb_beams_applied(&self, i: usize, timestamp: u64, positions: &[(f64, f64)]) {
+    /// FRB output `i`'s beams as `listing` ([`FrbPointing::listing`]) are in force from the
+    /// chunk at `timestamp` on (its `.beams` sensor).
+    pub fn frb_beams_applied(&self, i: usize, timestamp: u64, listing: &str) {
         self.frb_control
-            .beams_applied(&self.sensors, i, timestamp, positions);
+            .beams_applied(&self.sensors, i, timestamp, listing);
     }
 
     /// Capture state of output `i` (correlation products first, then beams, then FRB beams).
@@ -383,9 +390,12 @@ mod tests {
             OutputNames {
                 corrprods: vec!["bl".into()],
                 beams: vec!["b0".into(), "b1".into()],
-                frb: vec!["f0".into()],
             },
-            &[FrbBeams::even(1, 1, 1, 1)],
+            vec![FrbSetup {
+                name: "f0".into(),
+                beams: FrbBeams::even(1, 1, 1, 1),
+                host_grid: None,
+            }],
             false,
             (16, 19),
             42,

@@ -3,18 +3,24 @@
 //! versioned state the processing thread picks up at its next chunk ([`super::frb`]). A set
 //! moves `steady-state-timestamp` as every other change does ([`super::control`]); the
 //! `{name}.beams` sensor is set by the processing thread when a re-point takes effect, with
-//! that chunk's timestamp.
+//! the timestamp of the chunk it is in force from. A re-point's costly parts (the CPU
+//! backend's table, ~0.5 s for thousands of beams, and the sensor's text) are made here,
+//! on the katcp thread, before the reply.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use super::frb_pointing::{self, format_position, FrbBeamsRequest, FrbPointing};
+use super::control::{lock, FrbSetup};
+use super::frb_pointing::{self, format_position, listing, FrbBeamsRequest, FrbPointing};
 use super::frb_weights::{self, format_weight, Channels, FrbWeights, FrbWeightsRequest};
 use crate::control::katcp::{Sensors, Status};
-use crate::dsp::frb_resample::FrbBeams;
+use crate::dsp::frb_resample::{FrbBeams, Resample};
 
 /// The FRB outputs' shared state.
 pub(super) struct FrbControl {
     names: Vec<String>,
+    /// Per output, the dish grid (rows, cols) whose table a re-point builds (`None`: the
+    /// backend builds its own from the positions).
+    host_grids: Vec<Option<(usize, usize)>>,
     n_ants: usize,
     /// This engine's channels (`chan-range`).
     channels: Channels,
@@ -22,25 +28,21 @@ pub(super) struct FrbControl {
     pointing: Mutex<Vec<FrbPointing>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Requests only replace whole values, so a poisoned lock still holds a consistent one.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl FrbControl {
-    /// The outputs `names` started with `beams` (in the same order), and their sensors;
-    /// `range` is the `chan-range` sensor's text.
+    /// The outputs `setups`, and their sensors; `range` is the `chan-range` sensor's text.
     pub(super) fn new(
         sensors: &Sensors,
-        names: Vec<String>,
-        beams: &[FrbBeams],
+        setups: &[FrbSetup],
         n_ants: usize,
         channels: Channels,
         range: &str,
     ) -> FrbControl {
-        assert_eq!(names.len(), beams.len(), "one beam set per FRB output");
+        let names: Vec<String> = setups.iter().map(|s| s.name.clone()).collect();
         let weights = FrbWeights::ones(channels.count, n_ants);
-        let pointing: Vec<FrbPointing> = beams.iter().map(FrbPointing::new).collect();
+        let pointing: Vec<FrbPointing> = setups
+            .iter()
+            .map(|s| FrbPointing::new(&s.beams, &s.name))
+            .collect();
         for (name, p) in names.iter().zip(&pointing) {
             sensors.add(
                 &format!("{name}.chan-range"),
@@ -58,11 +60,11 @@ impl FrbControl {
             );
             sensors.add(
                 &format!("{name}.beams"),
-                "The beam centres in force and the timestamp of the first chunk formed with \
-                 them: (timestamp, theta0, theta'0, theta1, theta'1, ...)",
+                "The beam centres and the timestamp they are in force from: \
+                 (timestamp, theta0, theta'0, theta1, theta'1, ...)",
                 "",
                 "string",
-                frb_pointing::describe(0, &p.positions, name),
+                frb_pointing::sensor_value(0, &p.listing),
             );
             sensors.add(
                 &format!("{name}.frb-clip-cnt"),
@@ -82,6 +84,7 @@ impl FrbControl {
         FrbControl {
             weights: Mutex::new(vec![weights; names.len()]),
             pointing: Mutex::new(pointing),
+            host_grids: setups.iter().map(|s| s.host_grid).collect(),
             names,
             n_ants,
             channels,
@@ -108,18 +111,13 @@ impl FrbControl {
         p.get(i).filter(|p| p.version != version).cloned()
     }
 
-    /// Output `i` forms `positions` from the chunk at `timestamp` on: its `{name}.beams`.
-    pub(super) fn beams_applied(
-        &self,
-        sensors: &Sensors,
-        i: usize,
-        timestamp: u64,
-        positions: &[(f64, f64)],
-    ) {
+    /// Output `i`'s beams as `listing` ([`FrbPointing::listing`]) are in force from the chunk
+    /// at `timestamp` on: its `{name}.beams`.
+    pub(super) fn beams_applied(&self, sensors: &Sensors, i: usize, timestamp: u64, listing: &str) {
         if let Some(name) = self.names.get(i) {
             sensors.set(
                 &format!("{name}.beams"),
-                frb_pointing::describe(timestamp, positions, name),
+                frb_pointing::sensor_value(timestamp, listing),
                 Status::Nominal,
             );
         }
@@ -174,10 +172,18 @@ impl FrbControl {
         match frb_pointing::parse_request(&args[1..], &now, name)? {
             FrbBeamsRequest::Get => Ok(now.positions.iter().map(format_position).collect()),
             FrbBeamsRequest::Set(positions) => {
+                // Off the processing thread, which only swaps them in.
+                let table = self.host_grids[i].map(|(m, n)| {
+                    Arc::new(Resample::new(m, n, &FrbBeams::List(positions.clone())))
+                });
+                let listing = listing(&positions, name).into();
                 {
                     let mut all = lock(&self.pointing);
-                    all[i].positions = positions;
-                    all[i].version += 1;
+                    let p = &mut all[i];
+                    p.positions = positions;
+                    p.listing = listing;
+                    p.table = table;
+                    p.version += 1;
                 }
                 note_change();
                 Ok(vec![])
@@ -193,10 +199,17 @@ mod tests {
     fn control(sensors: &Sensors) -> FrbControl {
         FrbControl::new(
             sensors,
-            vec!["grid".into(), "list".into()],
             &[
-                FrbBeams::even(2, 3, 2, 1),
-                FrbBeams::List(vec![(0.5, -1.0), (2.0, 0.25)]),
+                FrbSetup {
+                    name: "grid".into(),
+                    beams: FrbBeams::even(2, 3, 2, 1),
+                    host_grid: Some((2, 3)),
+                },
+                FrbSetup {
+                    name: "list".into(),
+                    beams: FrbBeams::List(vec![(0.5, -1.0), (2.0, 0.25)]),
+                    host_grid: Some((1, 2)),
+                },
             ],
             4,
             Channels { first: 8, count: 2 },
@@ -248,7 +261,13 @@ mod tests {
             sensors.get("list.beams").unwrap().value,
             "(0, 0.5, -1.0, 2.0, 0.25)"
         );
-        c.beams_applied(&sensors, 1, 123_456, &p.positions);
+        // The table of the new positions is built with them, before the reply.
+        let Some(Resample::General { w, beams: 2 }) = p.table.as_deref() else {
+            panic!("{:?}", p.table)
+        };
+        // (2M·2N) × B for M = 1, N = 2, B = 2.
+        assert_eq!(w.len(), 16);
+        c.beams_applied(&sensors, 1, 123_456, &p.listing);
         assert_eq!(
             sensors.get("list.beams").unwrap().value,
             "(123456, 1.5, 3.0, -7.0, 0.125)"

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice};
 
 use super::backend::{
-    BackendError, BeamChunk, BeamResult, FrbChunk, XbBackend, XbShape, BEAM_SLOTS,
+    BackendError, BeamChunk, BeamResult, FrbChunk, FrbRepoint, XbBackend, XbShape, BEAM_SLOTS,
 };
 use super::cuda_frb::{CudaFrb, CudaFrbSpec};
 use crate::dsp::correlate::CorrShape;
@@ -387,11 +387,12 @@ impl XbBackend for CudaBackend {
             .form(&chunk, input, out)
     }
 
-    fn frb_repoint(&mut self, output: usize, positions: &[(f64, f64)]) -> Result<(), BackendError> {
+    fn frb_repoint(&mut self, output: usize, repoint: FrbRepoint<'_>) -> Result<(), BackendError> {
+        // W is built on the device from the positions (0.1 ms): no host table is needed.
         self.frb
             .get_mut(output)
             .ok_or_else(|| BackendError(format!("no FRB output {output}")))?
-            .repoint(positions)
+            .repoint(repoint.positions)
     }
 
     fn frb_formed(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {

@@ -157,16 +157,14 @@ impl Engine {
         )?;
         let sensors = Arc::new(Sensors::default());
         let cps = config.channels_per_substream as u64;
-        let frb_beams: Vec<_> = config.frb_beams.iter().map(|f| f.beams.clone()).collect();
         let control = Arc::new(XbControl::new(
             Arc::clone(&sensors),
             config.array_size,
             OutputNames {
                 corrprods: config.corrprods.iter().map(|c| c.name.clone()).collect(),
                 beams: config.beams.iter().map(|b| b.name.clone()).collect(),
-                frb: config.frb_beams.iter().map(|b| b.name.clone()).collect(),
             },
-            &frb_beams,
+            frb::control_setups(&config),
             config.send_enabled,
             (
                 config.channel_offset_value,

@@ -5,15 +5,16 @@
 //! FRB stages and copy back run beside the next chunk (at most [`FRB_SLOTS`] per output are
 //! with the backend); when the input pauses or stops, the engine's flush sends the last.
 //! `?frb-weights` reaches the backend at the next chunk; so does `?frb-beams` ([`repoint`],
-//! every output, captured or not), and `{name}.beams` then shows that chunk's timestamp.
+//! every output, captured or not, with the table and sensor text the request handler built),
+//! and `{name}.beams` then shows that chunk's timestamp: the beams are in force from it.
 
 use std::collections::VecDeque;
 
 use num_complex::Complex32;
 
-use super::backend::{FrbChunk, XbBackend, FRB_SLOTS};
+use super::backend::{FrbChunk, FrbRepoint, XbBackend, FRB_SLOTS};
 use super::config::{Plan, XbengineConfig};
-use super::control::{Capture, XbControl};
+use super::control::{Capture, FrbSetup, XbControl};
 use super::cuda_frb::CudaFrbSpec;
 use super::frb_output::FrbBeamOutput;
 use super::frb_pointing;
@@ -25,6 +26,7 @@ use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
 use crate::engine::metrics::Metrics;
 use crate::engine::send::HeapSink;
 use crate::engine::{EngineError, Shutdown};
+use crate::fengine::BackendKind;
 use crate::gpu::frb::FrbConfig;
 
 /// Bytes of packet header and item pointers per packet (8 pointers, as a beam heap's).
@@ -70,6 +72,21 @@ pub(super) fn cpu_formers(config: &XbengineConfig, plan: &Plan) -> Vec<(FrbBeamf
             let shape = chunk_shape(config, plan, f);
             let former = FrbBeamformer::new(shape, &f.grid, &f.beams, config.cpu_threads);
             (former, f.scale() as f32)
+        })
+        .collect()
+}
+
+/// The outputs as the control side needs them: the CPU backend's re-point tables are built
+/// by the `?frb-beams` handler, the CUDA backend builds its own.
+pub(super) fn control_setups(config: &XbengineConfig) -> Vec<FrbSetup> {
+    let host_tables = matches!(config.backend, BackendKind::Cpu);
+    config
+        .frb_beams
+        .iter()
+        .map(|f| FrbSetup {
+            name: f.name.clone(),
+            beams: f.beams.clone(),
+            host_grid: host_tables.then_some((f.grid.rows, f.grid.cols)),
         })
         .collect()
 }
@@ -160,11 +177,16 @@ pub(super) fn repoint(
 ) -> Result<(), EngineError> {
     for (i, f) in outputs.iter_mut().enumerate() {
         if let Some(p) = control.frb_beams_if_changed(i, f.beams_version) {
+            // Built by the request handler: this thread only swaps them in.
+            let repoint = FrbRepoint {
+                positions: &p.positions,
+                table: p.table,
+            };
             backend
-                .frb_repoint(i, &p.positions)
+                .frb_repoint(i, repoint)
                 .map_err(|e| EngineError::Backend(e.to_string()))?;
             f.beams_version = p.version;
-            control.frb_beams_applied(i, first, &p.positions);
+            control.frb_beams_applied(i, first, &p.listing);
             tracing::debug!(output = %f.name, timestamp = first, beams = p.positions.len(), "FRB beams re-pointed");
         }
     }

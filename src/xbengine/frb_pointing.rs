@@ -15,13 +15,18 @@
 //! a request is bounded by the output's own: one argument per beam (at most
 //! `frb_output::MAX_FRB_BEAMS`, within the katcp server's argument and line limits), the count
 //! checked before any value is parsed. A re-point
-//! is in force from the engine's next chunk; the `{name}.beams` sensor ([`describe`]) shows
-//! the positions in force and the timestamp of the first chunk formed with them, as
-//! katgpucbf's `{beam}.delay` sensor shows `(loadmcnt, delay0, phase0, …)`. Pure.
+//! is in force from the engine's next chunk; the `{name}.beams` sensor ([`sensor_value`])
+//! shows the positions in force and the timestamp T they are in force from (every chunk from
+//! T on that the output forms, whether or not it is capturing), as katgpucbf's `{beam}.delay`
+//! sensor shows `(loadmcnt, delay0, phase0, …)`. Everything costly in B (the positions' text,
+//! the CPU backend's table) is made by the request handler, so that the engine's processing
+//! thread only swaps it in. Pure.
 #![deny(unsafe_code)]
 
+use std::sync::Arc;
+
 use super::frb_output::parse_theta;
-use crate::dsp::frb_resample::FrbBeams;
+use crate::dsp::frb_resample::{FrbBeams, Resample};
 
 /// The version of the beams an output was started with (the backends are built with them).
 pub const CONFIGURED: u64 = 0;
@@ -31,7 +36,7 @@ pub const CONFIGURED: u64 = 0;
 pub const MAX_BEAMS_SENSOR_BYTES: usize = 1 << 20;
 
 /// One output's beam centres as last set, and their version.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct FrbPointing {
     /// [`CONFIGURED`], then bumped by every re-point.
     pub version: u64,
@@ -39,15 +44,23 @@ pub struct FrbPointing {
     pub positions: Vec<(f64, f64)>,
     /// A list (re-pointable), not a grid.
     pub list: bool,
+    /// `{name}.beams` after its timestamp ([`listing`]).
+    pub listing: Arc<str>,
+    /// The CPU backend's stage-2 table for `positions` (`None`: as started, or a backend that
+    /// builds its own).
+    pub table: Option<Arc<Resample>>,
 }
 
 impl FrbPointing {
-    /// As started with `beams`.
-    pub fn new(beams: &FrbBeams) -> FrbPointing {
+    /// As started with `beams`, by output `stream`.
+    pub fn new(beams: &FrbBeams, stream: &str) -> FrbPointing {
+        let positions = beams.positions();
         FrbPointing {
             version: CONFIGURED,
-            positions: beams.positions(),
+            listing: listing(&positions, stream).into(),
+            positions,
             list: matches!(beams, FrbBeams::List(_)),
+            table: None,
         }
     }
 }
@@ -111,21 +124,27 @@ pub fn format_position(&(a, b): &(f64, f64)) -> String {
     format!("{a:?}:{b:?}")
 }
 
-/// The `{name}.beams` sensor: `(timestamp, θ_0, θ′_0, θ_1, θ′_1, …)` with `timestamp` the
-/// first chunk formed with `positions`' (0: as started), up to [`MAX_BEAMS_SENSOR_BYTES`];
-/// past it `(timestamp, "B beams: too many to list; ?frb-beams stream reads them")`.
-pub fn describe(timestamp: u64, positions: &[(f64, f64)], stream: &str) -> String {
-    let mut text = format!("({timestamp}");
+/// The `{name}.beams` sensor after its timestamp: `, θ_0, θ′_0, θ_1, θ′_1, …)` up to
+/// [`MAX_BEAMS_SENSOR_BYTES`]; past it `, "B beams: too many to list; ?frb-beams stream reads
+/// them")`. Made once per re-point, by the request handler.
+pub fn listing(positions: &[(f64, f64)], stream: &str) -> String {
+    let mut text = String::new();
     for (a, b) in positions {
         text += &format!(", {a:?}, {b:?}");
         if text.len() > MAX_BEAMS_SENSOR_BYTES {
             return format!(
-                "({timestamp}, \"{} beams: too many to list; ?frb-beams {stream} reads them\")",
+                ", \"{} beams: too many to list; ?frb-beams {stream} reads them\")",
                 positions.len()
             );
         }
     }
     text + ")"
+}
+
+/// The `{name}.beams` sensor: `(timestamp, …)`, `listing` in force from `timestamp` (0: as
+/// started).
+pub fn sensor_value(timestamp: u64, listing: &str) -> String {
+    format!("({timestamp}{listing}")
 }
 
 #[cfg(test)]
@@ -137,7 +156,7 @@ mod tests {
     }
 
     fn list(n: usize) -> FrbPointing {
-        FrbPointing::new(&FrbBeams::List(vec![(0.0, 0.0); n]))
+        FrbPointing::new(&FrbBeams::List(vec![(0.0, 0.0); n]), "f")
     }
 
     #[test]
@@ -153,7 +172,7 @@ mod tests {
         );
         assert_eq!(parse_request(&[], &list(3), "f"), Ok(FrbBeamsRequest::Get));
         // A grid reads back too.
-        let grid = FrbPointing::new(&FrbBeams::even(2, 2, 2, 1));
+        let grid = FrbPointing::new(&FrbBeams::even(2, 2, 2, 1), "g");
         assert_eq!(parse_request(&[], &grid, "g"), Ok(FrbBeamsRequest::Get));
         assert_eq!(grid.positions, [(-1.0, 0.0), (0.0, 0.0)]);
         assert!(!grid.list && list(1).list);
@@ -185,7 +204,7 @@ mod tests {
                 "{bad}: {e}"
             );
         }
-        let grid = FrbPointing::new(&FrbBeams::even(2, 2, 1, 2));
+        let grid = FrbPointing::new(&FrbBeams::even(2, 2, 1, 2), "g");
         let e = parse_request(&args(&["0:0", "1:1"]), &grid, "g").unwrap_err();
         assert!(e.starts_with("g forms a grid of beams"), "{e}");
     }
@@ -198,21 +217,21 @@ mod tests {
         let back = parse_request(&text, &list(3), "f").unwrap();
         assert_eq!(back, FrbBeamsRequest::Set(p.to_vec()));
         assert_eq!(
-            describe(4096, &p[..2], "f"),
+            sensor_value(4096, &listing(&p[..2], "f")),
             "(4096, 0.1, -0.3333333333333333, 123456.789, 1e-300)"
         );
-        assert_eq!(describe(0, &[], "f"), "(0)");
+        assert_eq!(sensor_value(0, &listing(&[], "f")), "(0)");
     }
 
     #[test]
     fn the_sensor_stays_within_its_cap() {
         let many = vec![(-0.123456789012345, 0.987654321098765); 40_000];
-        let text = describe(77, &many, "f");
+        let text = sensor_value(77, &listing(&many, "f"));
         assert_eq!(
             text,
             "(77, \"40000 beams: too many to list; ?frb-beams f reads them\")"
         );
-        let fewer = describe(77, &many[..20_000], "f");
+        let fewer = sensor_value(77, &listing(&many[..20_000], "f"));
         assert!(fewer.len() <= MAX_BEAMS_SENSOR_BYTES && fewer.ends_with("0.987654321098765)"));
     }
 }

@@ -19,7 +19,8 @@ common random signal with the phase exp(-2 pi i (m theta0 / M + n theta0' / N)),
 intensity peaks in the beam pointing at (theta0, theta0')).
 
 Re-pointing (tracking beams): with "split" and "requests2", the batches before "split" are sent,
-then "requests2" (`?frb-beams`), then the rest. An output with "list2" reads its `{name}.beams`
+then, once every output with "list2" has sent a heap (formed with the old beams), "requests2"
+(`?frb-beams`), then the rest. An output with "list2" reads its `{name}.beams`
 sensor at the end, "(timestamp, theta0, theta'0, ...)": the positions must be "list2" and every
 heap from that timestamp on is checked against "list2", every earlier one against "list".
 
@@ -98,6 +99,25 @@ async def sensor_values(port, names):
         await client.wait_closed()
 
 
+async def wait_for_heaps(port, names, timeout=20.0):
+    """Until every output of `names` has sent a heap (its `tx.next-timestamp` leaves 0): the
+    engine has then formed its first chunk through, re-point check included."""
+    client = await asyncio.wait_for(aiokatcp.Client.connect("127.0.0.1", port), 10)
+    try:
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while True:
+                _, informs = await client.request("sensor-value", f"{name}.tx.next-timestamp")
+                if int(informs[0].arguments[4]) > 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} sent no heap in {timeout} s")
+                await asyncio.sleep(0.02)
+    finally:
+        client.close()
+        await client.wait_closed()
+
+
 def parse_beams_sensor(text):
     """(timestamp, [(theta, theta'), ...]) from "(T, a0, b0, a1, b1, ...)"."""
     parts = [p.strip() for p in text.strip("()").split(",")]
@@ -116,8 +136,10 @@ def run(cfg):
     send_batches(cfg, streams, wire, range(split), missing)
     steady = None
     if "requests2" in cfg:
-        # Give the engine time to form the chunks sent so far, then re-point.
-        time.sleep(0.5)
+        # Re-point once the engine has formed a chunk with the old beams (after 100 ms without
+        # input it sends what it holds).
+        tracked = [o["name"] for o in cfg["outputs"] if "list2" in o]
+        asyncio.run(wait_for_heaps(cfg["katcp_port"], tracked))
         replies2, steady = asyncio.run(katcp(cfg["katcp_port"], cfg["requests2"]))
         replies += replies2
     send_batches(cfg, streams, wire, range(split, cfg["batches"]), missing)
