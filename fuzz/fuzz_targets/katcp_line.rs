@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cbf::control::katcp::{Limits, Message, Sensors, Server, Session};
 use cbf::dsp::frb_resample::FrbBeams;
 use cbf::fengine::control::{EngineControl, OutputState};
-use cbf::xbengine::control::{OutputNames, XbControl};
+use cbf::xbengine::control::{FrbSetup, OutputNames, XbControl};
 use libfuzzer_sys::fuzz_target;
 use num_complex::Complex32;
 
@@ -34,11 +34,20 @@ fuzz_target!(|data: &[u8]| {
         OutputNames {
             corrprods: vec!["bl".into()],
             beams: vec!["b0".into(), "b1".into()],
-            frb: vec!["f0".into(), "f1".into()],
         },
-        &[
-            FrbBeams::List(vec![(0.0, 0.0), (1.5, -2.0), (0.25, 7.0)]),
-            FrbBeams::even(2, 3, 2, 2),
+        vec![
+            // A list re-pointable by `?frb-beams` (its CPU table built by the request) and a
+            // grid, which refuses it.
+            FrbSetup {
+                name: "f0".into(),
+                beams: FrbBeams::List(vec![(0.0, 0.0), (1.5, -2.0), (0.25, 7.0)]),
+                host_grid: Some((2, 3)),
+            },
+            FrbSetup {
+                name: "f1".into(),
+                beams: FrbBeams::even(2, 3, 2, 2),
+                host_grid: Some((2, 3)),
+            },
         ],
         false,
         (0, 1024),
