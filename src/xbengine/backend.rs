@@ -428,10 +428,9 @@ mod tests {
     use crate::dsp::frb_fast::FrbChunkShape;
     use crate::dsp::frb_resample::FrbBeams;
 
-    /// The CPU back end holds [`FRB_SLOTS`] FRB results per output, hands them back oldest
-    /// first, and refuses one more: the engine's one-chunk-late collection relies on it.
-    #[test]
-    fn frb_results_are_held_and_returned_oldest_first() {
+    /// A CPU backend of two antennas (a 1×2 dish grid, one channel, two spectra) with one FRB
+    /// output of one listed beam at zenith.
+    fn one_frb_beam() -> CpuBackend {
         let grid = DishGrid::new(1, 2, &[(0, 0), (0, 1)]).unwrap();
         let shape = XbShape {
             n_ants: 2,
@@ -449,8 +448,14 @@ mod tests {
             t_ds: 2,
         };
         let zenith = FrbBeams::List(vec![(0.0, 0.0)]);
-        let mut cpu = CpuBackend::new(shape, 1)
-            .with_frb(vec![(FrbBeamformer::new(frb, &grid, &zenith, 1), 1.0)]);
+        CpuBackend::new(shape, 1).with_frb(vec![(FrbBeamformer::new(frb, &grid, &zenith, 1), 1.0)])
+    }
+
+    /// The CPU back end holds [`FRB_SLOTS`] FRB results per output, hands them back oldest
+    /// first, and refuses one more: the engine's one-chunk-late collection relies on it.
+    #[test]
+    fn frb_results_are_held_and_returned_oldest_first() {
+        let mut cpu = one_frb_beam();
         let (present, w) = ([1u8; 2], [Complex32::new(1.0, 0.0); 4]);
         // Chunk a: antenna 0's first sample (pol 0) is a, the rest 0, so J = a² at zenith.
         for a in 1..=FRB_SLOTS as u8 + 1 {
@@ -478,25 +483,7 @@ mod tests {
     /// add to 4a² at zenith and cancel at θ′ = 1 (half of N = 2: phases 1 and e^{iπ}).
     #[test]
     fn the_cpu_backend_swaps_in_a_table_built_beforehand() {
-        let grid = DishGrid::new(1, 2, &[(0, 0), (0, 1)]).unwrap();
-        let shape = XbShape {
-            n_ants: 2,
-            channels: 1,
-            spectra: 2,
-            sample_bits: 8,
-            outputs: 0,
-            threads: 1,
-        };
-        let frb = FrbChunkShape {
-            n_ants: 2,
-            channels: 1,
-            spectra: 2,
-            batches: 1,
-            t_ds: 2,
-        };
-        let zenith = FrbBeams::List(vec![(0.0, 0.0)]);
-        let mut cpu = CpuBackend::new(shape, 1)
-            .with_frb(vec![(FrbBeamformer::new(frb, &grid, &zenith, 1), 1.0)]);
+        let mut cpu = one_frb_beam();
         let (present, w) = ([1u8; 2], [Complex32::new(1.0, 0.0); 4]);
         // (antenna, channel, spectrum, pol, re/im): spectrum 0, pol 0 of both antennas is 3.
         let mut chunk = vec![0u8; 16];
