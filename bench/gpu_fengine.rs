@@ -176,6 +176,10 @@ fn kernels(
 }
 
 /// The kernels on `spectra` spectra per call (the engine calls them once per heap).
+/// Bytes of the device copy that runs ahead of each timed launch (≈ 90 µs on an H100: longer
+/// than the host takes to issue the launches behind it).
+const PAD_BYTES: usize = 128 << 20;
+
 fn kernels_at(
     gpu: &Arc<Gpu>,
     channels: usize,
@@ -229,6 +233,12 @@ fn kernels_at(
     };
     let samples = (2 * spectra * step) as f64;
     gb.stage(&input)?;
+    // A device copy queued before the first event keeps the compute stream busy while the
+    // host issues the launches, so that the events time the kernels alone: on an idle
+    // stream the PFB's start event fired at once and its span held the host's ~15 µs launch
+    // call too, a quarter of a launch-size PFB (bench/gpu-notes.md v17).
+    let pad_src = gpu.compute.alloc_zeros::<u8>(PAD_BYTES)?;
+    let mut pad_dst = gpu.compute.alloc_zeros::<u8>(PAD_BYTES)?;
     let mut figs = Vec::new();
     for &section in sections {
         gb.set_section(section);
@@ -242,6 +252,7 @@ fn kernels_at(
                     gb.front_end(p, k * step, k)?;
                 }
             }
+            gpu.compute.memcpy_dtod(&pad_src, &mut pad_dst)?;
             let e0 = gb.mark()?;
             gb.flush_runs()?;
             let e1 = gb.mark()?;
@@ -407,6 +418,22 @@ fn main() -> Result<(), GpuError> {
     let timeline = std::env::args().any(|a| a == "--timeline");
     if std::env::args().any(|a| a == "--outputs-only") {
         return outputs::report(&gpu, quick, timeline);
+    }
+    // `--launch-only`: the kernels at the engine's launch size alone (one batch of
+    // `default_batch` heaps per launch), for the PFB's launch-size figure and a profiler.
+    if std::env::args().any(|a| a == "--launch-only") {
+        for channels in [4096, 32768] {
+            let sph = (1 << 20) / channels;
+            let spectra = sph * default_batch(sph);
+            for f in kernels_at(&gpu, channels, spectra, true, &[32, 64, 128, 256])? {
+                println!(
+                    "launch-size kernels {:>5} ch, {spectra:>4} spectra, section {:>3}: pfb {:>5.0} GB/s ({:>3.0}% of copy), fft {:>5.0} GB/s, postproc {:>5.0} GB/s ({:>3.0}%), chain {:>4.0} GS/s",
+                    f.channels, f.section, f.pfb, 100.0 * f.pfb / c.copy, f.fft, f.post,
+                    100.0 * f.post / c.copy, f.samples / GB
+                );
+            }
+        }
+        return Ok(());
     }
     let sections: &[usize] = if quick {
         &[32, 64, 128]
