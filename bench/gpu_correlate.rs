@@ -125,6 +125,9 @@ fn main() -> Result<(), GpuError> {
         // and written once per call) weigh a quarter as much per operation.
         (256, 120, 12288, 1),
         (576, 120, 12288, 1),
+        // 16× the peers' rows (the same bytes again): where the accumulators no longer count.
+        (256, 30, 49152, 1),
+        (576, 30, 49152, 1),
     ];
     let mut paths = vec![CorrPath::Mma];
     if CorrPath::best_for(&gpu) == CorrPath::Wgmma {

@@ -68,7 +68,16 @@ __device__ __forceinline__ void tile_of(int k, int &rt, int &ct)
     rt = k - ct * (ct + 1) / 2;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) corr_mma(const signed char *__restrict__ planar,
+// Blocks per SM the registers must allow: three on sm_90 (168 registers; its 228 KB of shared
+// memory holds three blocks' stages) where a launch is one window, the compiler's own choice
+// elsewhere (sm_89 has room for two blocks' stages only; the window loop spills at 168).
+#if __CUDA_ARCH__ >= 900 && TPAD <= WINDOW
+#define MIN_BLOCKS 3
+#else
+#define MIN_BLOCKS 1
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) corr_mma(const signed char *__restrict__ planar,
                                                               i64 *__restrict__ acc)
 {
     __shared__ __align__(128) unsigned char smem[STAGES][2][TILE_ROWS * KSTEP];
@@ -99,7 +108,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) corr_mma(const signed char
 
     for (int w0 = 0; w0 < TPAD; w0 += WINDOW)
     {
-        const int steps = (min(TPAD, w0 + WINDOW) - w0) / KSTEP;
+        int steps = (min(TPAD, w0 + WINDOW) - w0) / KSTEP;
+        // Opaque to the compiler: with one step known at compile time (TPAD = KSTEP) ptxas
+        // spread the sm_90 epilogue through the MMAs and spilled at 255 registers.
+        asm("" : "+r"(steps));
         int d[4][8][4];
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
@@ -154,15 +166,78 @@ extern "C" __global__ void __launch_bounds__(THREADS) corr_mma(const signed char
             }
         }
         asm volatile("cp.async.wait_group 0;\n" ::);
-        __syncthreads(); // the next window's prologue reuses the stage buffers
+        __syncthreads(); // the stage buffers are free: the next window's prologue, or staging
+        const int gid = lane >> 2, q = lane & 3;
+        i64 *out = acc + ((i64)b * CHANNELS + c) * N_BASELINES * 8;
+#if __CUDA_ARCH__ >= 900
+        // Epilogue on sm_90: each warp adds its 16 × 16 antennas with bulk asynchronous
+        // reduce-adds (as `corr_wgmma` does; two's-complement addition is the same for signed
+        // values), so the block leaves while the adds drain in L2 instead of waiting for its
+        // read-modify-writes' round trips. Round h stages the warp's column antennas
+        // 4h .. 4h + 3 (n8 tiles 2h, 2h + 1: columns (wc·4 + h)·8 + 2q + e) in the accumulators'
+        // order, (column antenna, row antenna, product, re/im), 1 KB of 16 row antennas for each;
+        // lane l < 4 then adds column antenna 4h + l's run. Two 4 KB buffers per warp alternate
+        // in the stage memory: before a buffer is written again, its adds must have read it.
+        if (!idle)
+        {
+            const u32 wbuf = sbase + warp * 8192;
+            longlong2 *staged = reinterpret_cast<longlong2 *>(&smem[0][0][0]) + warp * 512;
+            const int a1g = rt * 32 + wr * 16; // the warp's first row antenna
+#pragma unroll
+            for (int h = 0; h < 4; ++h)
+            {
+                if (h >= 2)
+                {
+                    if (lane < 4)
+                        asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+                    __syncwarp();
+                }
+                longlong2 *o = staged + (h & 1) * 256;
+#pragma unroll
+                for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                    {
+                        const i64 rr = d[mi][2 * h][e], ir = d[mi][2 * h][2 + e];
+                        const i64 ri = d[mi][2 * h + 1][e], ii = d[mi][2 * h + 1][2 + e];
+                        o[(q * 16 + mi * 4 + (gid >> 1)) * 4 + (gid & 1) + 2 * e] =
+                            make_longlong2(rr + ii, ir - ri);
+                    }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                __syncwarp();
+                if (lane < 4)
+                {
+                    const int a2 = ct * 32 + wc * 16 + h * 4 + lane;
+                    const int a1hi = min(a1g + 15, a2);
+                    if (a2 < N_ANTS && a1hi >= a1g)
+                    {
+                        i64 *dst = out + (i64)(a2 * (a2 + 1) / 2 + a1g) * 8;
+                        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;\n" ::"l"(dst),
+                                     "r"(wbuf + (h & 1) * 4096 + lane * 1024), "r"((a1hi - a1g + 1) * 64)
+                                     : "memory");
+                    }
+                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                }
+            }
+            // The staging must be read before the next window's copies overwrite it (and
+            // outlive the block); a following window's adds go to the same accumulators, so
+            // there these must have completed.
+            if (lane < 4)
+            {
+                if (w0 + WINDOW < TPAD)
+                    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+                else
+                    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            }
+        }
+        __syncthreads();
+#else
         if (idle)
             continue;
         // Epilogue: thread holds rows gid (Re) and gid + 8 (Im) of each m16 tile and columns
         // 2q, 2q + 1 of each n8 tile. Per m16 tile, all 8 read-modify-writes load before any
         // stores: one at a time, each waited a DRAM round trip (the compiler cannot prove that
         // the addresses differ), which cost as much as the multiplications.
-        const int gid = lane >> 2, q = lane & 3;
-        i64 *out = acc + ((i64)b * CHANNELS + c) * N_BASELINES * 8;
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
         {
@@ -194,5 +269,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) corr_mma(const signed char
                         *v[h][e] = make_longlong2(old[h][e].x + rr + ii, old[h][e].y + ir - ri);
                     }
         }
+#endif
     }
 }

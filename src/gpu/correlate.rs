@@ -25,7 +25,9 @@
 //! diagonal's lower triangle not computed, the planar rows in a tiled,
 //! pre-swizzled order staged by bulk asynchronous copies, the column tile multicast to both
 //! blocks), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`, any
-//! sm_80 and later device). [`CorrPath::best_for`] picks it from the device.
+//! sm_80 and later device; compiled for sm_90 it adds its tiles by bulk asynchronous
+//! reduce-adds and fits three blocks per SM, bench/correlator-notes.md v12).
+//! [`CorrPath::best_for`] picks it from the device.
 
 use std::ops::Range;
 use std::sync::Arc;
