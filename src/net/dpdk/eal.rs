@@ -134,6 +134,8 @@ pub(super) struct Port {
     /// The device's NUMA node, where DPDK knows it (its mempool is allocated there).
     pub numa_node: Option<u32>,
     pub pool: Pool,
+    /// mbufs in the pool.
+    pub pool_size: u32,
     rx_taken: AtomicBool,
     /// Per TX queue, whether a sender holds it (taken and given back at open and drop only).
     tx_taken: Mutex<Vec<bool>>,
@@ -364,6 +366,7 @@ fn start(id: u16, name: &str, tx_queues: u16) -> Result<Port, DpdkError> {
         mac: info.mac,
         numa_node: u32::try_from(info.socket).ok(),
         pool: Pool(pool),
+        pool_size: info.pool_size,
         rx_taken: AtomicBool::new(false),
         tx_taken: Mutex::new(vec![false; usize::from(tx_queues)]),
     })

@@ -147,14 +147,18 @@ impl DpdkReceiver {
         Ok(r)
     }
 
-    /// Drop what an earlier holder of the queue left in it.
+    /// Drop what an earlier holder of the queue left in it: at most the pool's size of frames,
+    /// since no more can be queued (and a port that makes frames up, `net_null`, never runs
+    /// out of them).
     fn discard_queued(&mut self) {
-        loop {
-            let n = self.burst(BURST);
+        let mut left = self.lease.port.pool_size as usize;
+        while left > 0 {
+            let n = self.burst(left);
             if n == 0 {
                 return;
             }
             self.free(n);
+            left -= n;
         }
     }
 
