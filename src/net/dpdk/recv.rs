@@ -187,7 +187,8 @@ impl DpdkReceiver {
     /// Lend the last burst's first `n` frames that are datagrams to our endpoints to `batch`,
     /// count the others by cause and free their mbufs; how many were lent.
     fn take_burst(&mut self, n: usize, batch: &mut RecvBatch) -> usize {
-        let mut kept = 0;
+        // The mbufs not lent are gathered at the front of `mbufs` (`refused` ≤ i) and freed.
+        let mut refused = 0;
         let mut lent = 0;
         for i in 0..n {
             let m = self.mbufs[i];
@@ -203,12 +204,12 @@ impl DpdkReceiver {
             if taken {
                 lent += 1;
             } else {
-                self.mbufs[kept] = m;
-                kept += 1;
+                self.mbufs[refused] = m;
+                refused += 1;
             }
         }
         self.lent.out.fetch_add(lent, Ordering::Relaxed);
-        self.free(kept);
+        self.free(refused);
         lent
     }
 

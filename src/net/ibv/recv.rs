@@ -214,8 +214,7 @@ impl PacketReceiver for IbvReceiver {
 
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
         // Clearing gives back the slots this batch held; they are posted below with the
-        // others given back since the last call.
-        // (A call that failed to poll left its slots in `to_post` for this one.)
+        // others given back since the last call (and any a call that failed to poll left).
         batch.clear();
         self.slots.take_returned(&mut self.to_post);
         let cap = batch.capacity().min(self.wcs.len());
