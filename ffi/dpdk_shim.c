@@ -3,8 +3,10 @@
  *
  * DPDK's fast-path calls (rte_eth_rx_burst, rte_eth_tx_burst, rte_pktmbuf_*) are static inline
  * functions in its headers, so Rust cannot link to them: this file wraps each in a plain
- * function, and does port set-up (one RX queue, a TX queue per sender, a mempool of whole-frame mbufs) in
- * one call so that the Rust side sees a handful of entry points with fixed-size structs.
+ * function, and does port set-up (one RX queue, a TX queue per sender, a mempool of whole-frame
+ * mbufs) in three calls (configure, pool, start: the pool is sized between the first two from the
+ * descriptor counts the device allows), so that the Rust side sees a handful of entry points with
+ * fixed-size structs.
  * Nothing here parses a frame or decides policy: that is src/net/frame.rs and src/net/dpdk.rs.
  *
  * Errors are returned as negative errno values (DPDK's convention); cbf_dpdk_strerror names
@@ -13,6 +15,8 @@
 #include <rte_config.h> /* first: the other headers depend on its definitions */
 
 #include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,7 +35,7 @@ struct cbf_dpdk_port_conf {
     uint16_t data_room; /* bytes of frame per mbuf (whole frames: no scatter) */
     uint16_t mtu;       /* requested MTU, clamped to the device's maximum */
     uint16_t tx_queues; /* TX queues: one per sender of the process on this port */
-    uint16_t _pad;
+    uint16_t cache;     /* mbufs in each lcore's cache of the pool */
 };
 
 /* Mirrors DpdkPortInfo in src/net/dpdk/ffi.rs. */
@@ -40,7 +44,10 @@ struct cbf_dpdk_port_info {
     uint8_t ip_cksum_offload; /* the NIC checks IPv4 header checksums (flags in ol_flags) */
     uint8_t udp_cksum_offload;
     uint16_t mtu;
+    uint16_t rx_desc; /* RX descriptors, as the device's limits adjusted them */
+    uint16_t tx_desc; /* TX descriptors, likewise */
     uint16_t _pad;
+    uint32_t pool_size; /* mbufs in the port's pool (created, or found by name) */
     int32_t socket; /* the device's NUMA node (rte_eth_dev_socket_id), -1 when unknown */
     char driver[32];
 };
@@ -99,36 +106,34 @@ int cbf_dpdk_port_max_tx(uint16_t port, uint16_t *max)
     return 0;
 }
 
-/* Configure and start `port` with one RX queue and c->tx_queues TX queues; on success *pool is
- * its mempool. */
-int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
-                        struct cbf_dpdk_port_info *info, struct rte_mempool **pool)
+/* The NUMA node to allocate the port's memory on: the device's, else the caller's. */
+static int port_socket(uint16_t port)
+{
+    int socket = rte_eth_dev_socket_id(port);
+
+    return socket < 0 ? (int)rte_socket_id() : socket;
+}
+
+/*
+ * Configure `port` with one RX queue and c->tx_queues TX queues (offloads, MTU), and adjust the
+ * descriptor counts to the device's limits: info->rx_desc and info->tx_desc are what the queues
+ * will get, so that the caller can size the pool from them (src/net/dpdk/eal.rs).
+ */
+int cbf_dpdk_port_configure(uint16_t port, const struct cbf_dpdk_port_conf *c,
+                            struct cbf_dpdk_port_info *info)
 {
     struct rte_eth_dev_info dev;
     struct rte_eth_conf conf;
-    struct rte_ether_addr mac;
-    char name[RTE_MEMPOOL_NAMESIZE];
     uint16_t rx_desc = c->rx_desc, tx_desc = c->tx_desc;
-    int socket = rte_eth_dev_socket_id(port);
-    uint16_t q;
     int r;
 
     if (!rte_eth_dev_is_valid_port(port))
         return -ENODEV;
     if (c->tx_queues == 0)
         return -EINVAL;
-    if (socket < 0)
-        socket = (int)rte_socket_id();
     r = rte_eth_dev_info_get(port, &dev);
     if (r < 0)
         return r;
-    snprintf(name, sizeof(name), "cbf_pool_%u", (unsigned)port);
-    *pool = rte_mempool_lookup(name);
-    if (*pool == NULL)
-        *pool = rte_pktmbuf_pool_create(name, c->mbufs, 256, 0,
-                                        (uint16_t)(c->data_room + RTE_PKTMBUF_HEADROOM), socket);
-    if (*pool == NULL)
-        return -rte_errno;
 
     memset(&conf, 0, sizeof(conf));
     memset(info, 0, sizeof(*info));
@@ -159,11 +164,46 @@ int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
     r = rte_eth_dev_adjust_nb_rx_tx_desc(port, &rx_desc, &tx_desc);
     if (r < 0)
         return r;
-    r = rte_eth_rx_queue_setup(port, 0, rx_desc, (unsigned)socket, NULL, *pool);
+    info->rx_desc = rx_desc;
+    info->tx_desc = tx_desc;
+    snprintf(info->driver, sizeof(info->driver), "%s", dev.driver_name ? dev.driver_name : "");
+    return 0;
+}
+
+/* The port's mempool of c->mbufs whole-frame mbufs (found by name if this process made it
+ * already); info->pool_size is how many it holds. */
+int cbf_dpdk_port_pool(uint16_t port, const struct cbf_dpdk_port_conf *c,
+                       struct cbf_dpdk_port_info *info, struct rte_mempool **pool)
+{
+    char name[RTE_MEMPOOL_NAMESIZE];
+
+    snprintf(name, sizeof(name), "cbf_pool_%u", (unsigned)port);
+    *pool = rte_mempool_lookup(name);
+    if (*pool == NULL)
+        *pool = rte_pktmbuf_pool_create(name, c->mbufs, c->cache, 0,
+                                        (uint16_t)(c->data_room + RTE_PKTMBUF_HEADROOM),
+                                        port_socket(port));
+    if (*pool == NULL)
+        return -rte_errno;
+    info->pool_size = (*pool)->size;
+    return 0;
+}
+
+/* Set up the configured port's queues with info's descriptor counts, RX from `pool`, and
+ * start it; info->mac is its address. */
+int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
+                        struct cbf_dpdk_port_info *info, struct rte_mempool *pool)
+{
+    struct rte_ether_addr mac;
+    unsigned socket = (unsigned)port_socket(port);
+    uint16_t q;
+    int r;
+
+    r = rte_eth_rx_queue_setup(port, 0, info->rx_desc, socket, NULL, pool);
     if (r < 0)
         return r;
     for (q = 0; q < c->tx_queues; q++) {
-        r = rte_eth_tx_queue_setup(port, q, tx_desc, (unsigned)socket, NULL);
+        r = rte_eth_tx_queue_setup(port, q, info->tx_desc, socket, NULL);
         if (r < 0)
             return r;
     }
@@ -174,7 +214,6 @@ int cbf_dpdk_port_start(uint16_t port, const struct cbf_dpdk_port_conf *c,
     if (r < 0)
         return r;
     memcpy(info->mac, mac.addr_bytes, 6);
-    snprintf(info->driver, sizeof(info->driver), "%s", dev.driver_name ? dev.driver_name : "");
     return 0;
 }
 
@@ -222,6 +261,56 @@ uint16_t cbf_dpdk_rx(uint16_t port, uint16_t queue, struct rte_mbuf **mbufs,
 void cbf_dpdk_free(struct rte_mbuf **mbufs, uint16_t n)
 {
     rte_pktmbuf_free_bulk(mbufs, n);
+}
+
+/* Free mbufs that a receive batch held, given back as the integer handles the Rust side keeps
+ * them under (src/net/dpdk/recv.rs), in bulk. */
+void cbf_dpdk_free_handles(const uintptr_t *handles, size_t n)
+{
+    struct rte_mbuf *m[64];
+
+    while (n > 0) {
+        size_t k = n < 64 ? n : 64, i;
+
+        for (i = 0; i < k; i++)
+            m[i] = (struct rte_mbuf *)handles[i];
+        rte_pktmbuf_free_bulk(m, (unsigned)k);
+        handles += k;
+        n -= k;
+    }
+}
+
+/* mbufs free in `pool` (its common store and every lcore's cache). */
+unsigned cbf_dpdk_pool_avail(const struct rte_mempool *pool)
+{
+    return rte_mempool_avail_count(pool);
+}
+
+struct span {
+    const uint8_t *p;
+    size_t n;
+    int inside;
+};
+
+static void span_in_chunk(struct rte_mempool *mp, void *opaque, struct rte_mempool_memhdr *h,
+                          unsigned idx)
+{
+    struct span *s = opaque;
+    const uint8_t *lo = h->addr;
+
+    (void)mp;
+    (void)idx;
+    if (s->p >= lo && s->n <= h->len && s->p - lo <= (ptrdiff_t)(h->len - s->n))
+        s->inside = 1;
+}
+
+/* Whether the n bytes at p lie in one of `pool`'s memory chunks (where its mbufs are). */
+int cbf_dpdk_pool_contains(struct rte_mempool *pool, const uint8_t *p, size_t n)
+{
+    struct span s = {p, n, 0};
+
+    rte_mempool_mem_iter(pool, span_in_chunk, &s);
+    return s.inside;
 }
 
 int cbf_dpdk_alloc(struct rte_mempool *pool, struct rte_mbuf **mbufs, uint16_t n)

@@ -1,35 +1,35 @@
 //! The receive batch every transport fills ([`RecvBatch`]): caller-owned slots the datagrams
-//! are copied or received into, or, for a transport whose kernel writes into memory of its own
-//! (io_uring's provided buffers), that memory *lent* to the batch until it is cleared, so that
-//! the payload is not copied once more on its way to the chunk.
+//! are copied or received into, or, for a transport whose NIC or kernel writes into memory of
+//! its own (io_uring's provided buffers, DPDK's mbufs, an ibverbs receive ring), that memory
+//! *lent* to the batch until it is cleared, so that the payload is not copied once more on its
+//! way to the chunk (issue 15: one copy per byte, into chunk memory).
 //!
-//! Lending ([`Lender`]): a transport that lends puts each filled buffer's id in the batch with
-//! [`RecvBatch::push_lent`]; the batch's packets are then read in the lender's memory, which the
-//! batch keeps alive (an `Arc`), and the ids go back to the lender when the batch is cleared
-//! (every receive call clears it first) or dropped. Until then the kernel cannot write into
-//! those buffers, since only the lender gives buffers to the kernel and it gives only those it
-//! got back. A batch holds either copied or lent packets, never both.
+//! Lending ([`Lender`]): a transport that lends puts each filled buffer in the batch with
+//! [`RecvBatch::push_lent`]: where its packet bytes lie (a pointer and a length) and an opaque
+//! handle for the buffer (a provided-buffer id, an mbuf, a ring slot). The batch's packets are
+//! then read where the transport's memory holds them; the batch keeps the lender alive (an
+//! `Arc`), and the handles go back to it when the batch is cleared (every receive call clears
+//! it first) or dropped. Until then the producer cannot write into those buffers, since only the
+//! lender gives buffers to the kernel or NIC and it gives only those it got back. A batch holds
+//! either copied or lent packets, never both, and lent ones of one lender only.
 
 use std::fmt;
 use std::sync::Arc;
 
 use super::numa;
 
-/// Memory a transport lends to batches: buffers in one allocation, each filled by the kernel
-/// and handed to a batch whole.
+/// Memory a transport lends to batches: buffers the kernel or NIC filled, each handed to a
+/// batch whole (with every packet in it) under a handle of the transport's choosing.
 pub(crate) trait Lender: Send + Sync + fmt::Debug {
-    /// The first byte of the buffer memory (the batch's packet offsets count from it).
-    fn base(&self) -> *const u8;
-    /// Bytes of buffer memory (for checking offsets).
-    fn len(&self) -> usize;
-    /// Buffers `ids` are no longer read by any batch; `ids` is left empty.
-    fn give_back(&self, ids: &mut Vec<u16>);
+    /// The buffers `handles` (as given to [`RecvBatch::push_lent`]) are no longer read by any
+    /// batch; `handles` is left empty.
+    fn give_back(&self, handles: &mut Vec<usize>);
 }
 
 /// Receive memory: `capacity` slots of `slot_size` bytes each. A transport fills slot `i`
 /// with one datagram, or with several equal-sized packets coalesced by the kernel (UDP GRO);
-/// [`RecvBatch::iter`] yields the packets either way. A lending transport fills the slots'
-/// bookkeeping only, the bytes staying in its buffers (see the module doc).
+/// [`RecvBatch::iter`] yields the packets either way. A lending transport uses the slots'
+/// count only, the bytes staying in its buffers (see the module doc).
 ///
 /// A datagram longer than a slot is truncated to the slot, and the SPEAD parser then refuses
 /// it (its payload length points past the packet), so oversized packets are counted rather
@@ -42,13 +42,22 @@ pub struct RecvBatch {
     /// (0 = one packet).
     slots: Vec<(usize, usize)>,
     filled: usize,
-    /// (start, length) of every packet, in order: in `buf`, or in the lender's memory.
+    /// (start in `buf`, length) of every copied packet, in order.
     packets: Vec<(usize, usize)>,
+    /// (first byte, length) of every lent packet, in order, in the lender's memory.
+    lent: Vec<(*const u8, usize)>,
     /// The transport whose buffers hold the packets, while they are lent.
     lender: Option<Arc<dyn Lender>>,
-    /// The ids of the buffers lent.
-    loans: Vec<u16>,
+    /// The handles of the buffers lent.
+    loans: Vec<usize>,
 }
+
+// SAFETY: the raw pointers in `lent` point into memory that the lender (held by the batch)
+// keeps allocated and that nothing writes while it is lent (the `push_lent` contract); reading
+// it from another thread is as safe as from this one, and `Lender` is `Send + Sync`.
+unsafe impl Send for RecvBatch {}
+// SAFETY: as above; `&RecvBatch` only reads the lent bytes.
+unsafe impl Sync for RecvBatch {}
 
 impl RecvBatch {
     pub fn new(capacity: usize, slot_size: usize) -> RecvBatch {
@@ -59,8 +68,9 @@ impl RecvBatch {
             slots: vec![(0, 0); capacity],
             filled: 0,
             packets: Vec::with_capacity(capacity),
+            lent: Vec::new(),
             lender: None,
-            loans: Vec::with_capacity(capacity),
+            loans: Vec::new(),
         }
     }
 
@@ -75,40 +85,39 @@ impl RecvBatch {
 
     /// Packets in the batch.
     pub fn len(&self) -> usize {
-        self.packets.len()
+        self.packets.len() + self.lent.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.packets.is_empty()
+        self.packets.is_empty() && self.lent.is_empty()
     }
 
     /// Empty the batch, giving lent buffers back.
     pub fn clear(&mut self) {
         self.filled = 0;
         self.packets.clear();
+        self.lent.clear();
         if let Some(lender) = self.lender.take() {
             lender.give_back(&mut self.loans);
         }
     }
 
-    /// The bytes at `start .. start + len` of the batch's memory or the lender's.
-    fn bytes(&self, (start, len): (usize, usize)) -> &[u8] {
-        match &self.lender {
-            None => &self.buf[start..start + len],
-            // SAFETY: `push_lent` checked that the range lies within the lender's memory, which
-            // the Arc keeps allocated; the buffer holding it is lent to this batch, so nothing
-            // writes into it until the batch gives it back (`clear`, which takes `&mut self`).
-            Some(lender) => unsafe { std::slice::from_raw_parts(lender.base().add(start), len) },
+    /// Packet `i` of the batch.
+    pub fn packet(&self, i: usize) -> &[u8] {
+        if self.lender.is_some() {
+            let (data, len) = self.lent[i];
+            // SAFETY: `push_lent`'s caller promised that `len` bytes at `data` stay allocated
+            // and unwritten until the handle is given back, which happens only in `clear`
+            // (taking `&mut self`, so not while this borrow lives); the Arc keeps the lender.
+            unsafe { std::slice::from_raw_parts(data, len) }
+        } else {
+            let (start, len) = self.packets[i];
+            &self.buf[start..start + len]
         }
     }
 
-    /// Packet `i` of the batch.
-    pub fn packet(&self, i: usize) -> &[u8] {
-        self.bytes(self.packets[i])
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
-        self.packets.iter().map(|&p| self.bytes(p))
+        (0..self.len()).map(|i| self.packet(i))
     }
 
     /// Copy a packet into the next slot (for transports that do not receive in place); false
@@ -129,56 +138,44 @@ impl RecvBatch {
         self.buf[start..start + n].copy_from_slice(&datagram[..n]);
         self.slots[self.filled] = (n, segment);
         self.filled += 1;
-        self.split_slot(start, n, segment);
+        split(start, n, segment, |p| self.packets.push(p));
         true
     }
 
-    /// Take buffer `id` of `lender` as the next slot: its datagram is the `len` bytes at
-    /// `start` of the lender's memory (cut into `segment`-byte packets when non-zero, as
-    /// [`RecvBatch::push_segmented`]). The buffer is the batch's until it is cleared. False
-    /// (the buffer not taken) when full, when the batch holds copied packets or another
-    /// lender's, or when the range lies outside the lender's memory.
-    pub(crate) fn push_lent(
+    /// Take a buffer of `lender` (`handle`, the lender's name for it) as the next slot: its
+    /// datagram is the `len` bytes at `data` (cut into `segment`-byte packets when non-zero, as
+    /// [`RecvBatch::push_segmented`]). The buffer is the batch's until it is cleared, when
+    /// `handle` goes back to the lender. False (the buffer not taken: it is still the caller's)
+    /// when full, or when the batch holds copied packets or another lender's.
+    ///
+    /// # Safety
+    /// The `len` bytes at `data` must be valid for reads, and stay allocated and unwritten
+    /// until `lender` gets `handle` back through [`Lender::give_back`].
+    pub(crate) unsafe fn push_lent(
         &mut self,
         lender: &Arc<dyn Lender>,
-        id: u16,
-        start: usize,
+        handle: usize,
+        data: *const u8,
         len: usize,
         segment: usize,
     ) -> bool {
-        let fits = start
-            .checked_add(len)
-            .is_some_and(|end| end <= lender.len());
         let same = match &self.lender {
             Some(l) => Arc::ptr_eq(l, lender),
             None => self.filled == 0,
         };
-        if self.filled == self.capacity() || !same || !fits {
+        if self.filled == self.capacity() || !same {
             return false;
         }
         if self.lender.is_none() {
             self.lender = Some(Arc::clone(lender));
         }
-        self.loans.push(id);
-        self.slots[self.filled] = (len, segment);
+        self.loans.push(handle);
         self.filled += 1;
-        self.split_slot(start, len, segment);
+        // Offsets from `data` stay within the `len` bytes the caller vouched for.
+        split(0, len, segment, |(off, l)| {
+            self.lent.push((data.wrapping_add(off), l))
+        });
         true
-    }
-
-    /// Append bytes `start .. start + len` to the packet list, cut into `segment`-byte
-    /// packets when it holds coalesced ones (`segment` 0: one packet).
-    fn split_slot(&mut self, start: usize, len: usize, segment: usize) {
-        if segment == 0 || segment >= len {
-            self.packets.push((start, len));
-        } else {
-            let mut off = 0;
-            while off < len {
-                let l = segment.min(len - off);
-                self.packets.push((start + off, l));
-                off += l;
-            }
-        }
     }
 
     /// The raw slot memory and the (length, segment size) table, for transports that receive
@@ -199,7 +196,23 @@ impl RecvBatch {
         self.filled = n.min(self.capacity());
         for i in 0..self.filled {
             let (len, seg) = self.slots[i];
-            self.split_slot(i * self.slot_size, len.min(self.slot_size), seg);
+            let len = len.min(self.slot_size);
+            split(i * self.slot_size, len, seg, |p| self.packets.push(p));
+        }
+    }
+}
+
+/// Cut the `len` bytes at `start` into `segment`-byte packets when they hold coalesced ones
+/// (`segment` 0: one packet), handing each (start, length) to `push` in order.
+fn split(start: usize, len: usize, segment: usize, mut push: impl FnMut((usize, usize))) {
+    if segment == 0 || segment >= len {
+        push((start, len));
+    } else {
+        let mut off = 0;
+        while off < len {
+            let l = segment.min(len - off);
+            push((start + off, l));
+            off += l;
         }
     }
 }
@@ -249,35 +262,47 @@ mod tests {
     #[derive(Debug)]
     struct Pool {
         mem: Vec<u8>,
-        back: Mutex<Vec<u16>>,
+        back: Mutex<Vec<usize>>,
     }
 
     impl Lender for Pool {
-        fn base(&self) -> *const u8 {
-            self.mem.as_ptr()
-        }
-        fn len(&self) -> usize {
-            self.mem.len()
-        }
-        fn give_back(&self, ids: &mut Vec<u16>) {
-            self.back.lock().unwrap().append(ids);
+        fn give_back(&self, handles: &mut Vec<usize>) {
+            self.back.lock().unwrap().append(handles);
         }
     }
 
-    /// Lent packets read as the lender's bytes (split by segment as copied ones are); every
-    /// id comes back exactly once, on clear or drop; a lent batch takes no copies, ranges
-    /// outside the lender's memory or past the capacity are refused.
+    /// Lend `len` bytes at `start` of the pool as buffer `handle`.
+    fn lend(b: &mut RecvBatch, pool: &Arc<Pool>, handle: usize, start: usize, len: usize) -> bool {
+        lend_segmented(b, pool, handle, start, len, 0)
+    }
+
+    fn lend_segmented(
+        b: &mut RecvBatch,
+        pool: &Arc<Pool>,
+        handle: usize,
+        start: usize,
+        len: usize,
+        segment: usize,
+    ) -> bool {
+        let lender: Arc<dyn Lender> = pool.clone();
+        let bytes = &pool.mem[start..start + len];
+        // SAFETY: the pool's memory lives in the Arc the batch keeps, and nothing writes it.
+        unsafe { b.push_lent(&lender, handle, bytes.as_ptr(), len, segment) }
+    }
+
+    /// Lent packets read as the lender's bytes, in place (split by segment as copied ones
+    /// are); every handle comes back exactly once, on clear or drop; a lent batch takes no
+    /// copies and a copied one no loans; the capacity counts lent buffers.
     #[test]
     fn lent_buffers_are_read_in_place_and_come_back_once() {
         let pool = Arc::new(Pool {
             mem: (0..=255).collect(),
             back: Mutex::new(Vec::new()),
         });
-        let lender: Arc<dyn Lender> = pool.clone();
         let mut b = RecvBatch::new(2, 0);
-        assert!(b.push_lent(&lender, 7, 10, 5, 0));
-        assert!(b.push_lent(&lender, 3, 100, 25, 10));
-        assert!(!b.push_lent(&lender, 4, 0, 1, 0), "full");
+        assert!(lend(&mut b, &pool, 7, 10, 5));
+        assert!(lend_segmented(&mut b, &pool, 3, 100, 25, 10));
+        assert!(!lend(&mut b, &pool, 4, 0, 1), "full");
         let got: Vec<Vec<u8>> = b.iter().map(<[u8]>::to_vec).collect();
         let want: Vec<Vec<u8>> = vec![
             (10..15).collect(),
@@ -286,6 +311,11 @@ mod tests {
             (120..125).collect(),
         ];
         assert_eq!(got, want);
+        let mem = pool.mem.as_ptr_range();
+        assert!(
+            b.iter().all(|p| mem.contains(&p.as_ptr())),
+            "read where the lender holds them"
+        );
         assert!(!b.push(&[1]), "no copies into a lent batch");
         assert!(
             pool.back.lock().unwrap().is_empty(),
@@ -296,22 +326,24 @@ mod tests {
         assert!(b.is_empty());
         b.clear();
         assert_eq!(pool.back.lock().unwrap().len(), 2, "given back once");
-        assert!(
-            !b.push_lent(&lender, 1, 250, 7, 0),
-            "past the lender's memory"
-        );
-        assert!(
-            !b.push_lent(&lender, 1, usize::MAX, 2, 0),
-            "overflowing range"
-        );
-        assert!(b.push_lent(&lender, 9, 0, 1, 0));
+        assert!(lend(&mut b, &pool, 9, 0, 1));
         drop(b);
         assert_eq!(*pool.back.lock().unwrap(), [7, 3, 9], "given back on drop");
         let mut copied = RecvBatch::new(2, 8);
         assert!(copied.push(&[1, 2]));
         assert!(
-            !copied.push_lent(&lender, 1, 0, 1, 0),
+            !lend(&mut copied, &pool, 1, 0, 1),
             "no loans into a copied batch"
         );
+        let other = Arc::new(Pool {
+            mem: vec![0; 4],
+            back: Mutex::new(Vec::new()),
+        });
+        let mut b = RecvBatch::new(4, 0);
+        assert!(lend(&mut b, &pool, 1, 0, 1));
+        assert!(!lend(&mut b, &other, 2, 0, 1), "one lender per batch");
+        drop(b);
+        assert!(other.back.lock().unwrap().is_empty());
+        assert_eq!(*pool.back.lock().unwrap(), [7, 3, 9, 1]);
     }
 }

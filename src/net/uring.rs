@@ -137,7 +137,8 @@ struct Buffers {
     mem: *mut u8,
     layout: Layout,
     size: usize,
-    returned: Mutex<Vec<u16>>,
+    /// Ids given back by batches (as `usize` handles).
+    returned: Mutex<Vec<usize>>,
 }
 
 // SAFETY: the memory is owned by this value and freed once, in Drop; which buffer may be read
@@ -181,20 +182,13 @@ impl Buffers {
     }
 }
 
+/// The handles are buffer ids (`bid`).
 impl Lender for Buffers {
-    fn base(&self) -> *const u8 {
-        self.mem
-    }
-
-    fn len(&self) -> usize {
-        self.layout.size()
-    }
-
-    fn give_back(&self, ids: &mut Vec<u16>) {
+    fn give_back(&self, handles: &mut Vec<usize>) {
         self.returned
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .append(ids);
+            .append(handles);
     }
 }
 
@@ -353,7 +347,9 @@ impl UringReceiver {
             .returned
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        for bid in back.drain(..) {
+        for handle in back.drain(..) {
+            // Only ids lent below come back, each < RING_BUFFERS.
+            let bid = handle as u16;
             self.ring_buffers
                 .push(bid, self.buffers.addr(bid), self.buf_size as u32);
         }
@@ -417,8 +413,18 @@ impl UringReceiver {
                     // A datagram cut short by the buffer fails SPEAD parsing and is counted
                     // there.
                     let payload = msg.payload_data();
-                    let start = payload.as_ptr() as usize - self.buffers.mem as usize;
-                    batch.push_lent(&self.lender, bid, start, payload.len(), segment)
+                    // SAFETY: the payload lies in buffer `bid`, which stays allocated while
+                    // the lender (held by the batch) lives and goes into the ring again only
+                    // after the batch gives it back (`take_back`).
+                    unsafe {
+                        batch.push_lent(
+                            &self.lender,
+                            usize::from(bid),
+                            payload.as_ptr(),
+                            payload.len(),
+                            segment,
+                        )
+                    }
                 }
                 Err(()) => false,
             };

@@ -46,12 +46,48 @@ pub(super) const DATA_ROOM: u16 = 9280;
 const RX_DESC: u16 = 1024;
 const TX_DESC: u16 = 1024;
 
-/// mbufs per port: every RX and TX descriptor may hold one, plus 1024 for bursts in flight and
-/// the pool's per-core caches, rounded up to DPDK's favourite 2ⁿ − 1: 4095 (~38 MiB, inside
-/// `-m 256`) with one TX queue, 8191 with two to four.
-pub(super) fn mbufs(tx_queues: u16) -> u32 {
-    let need = u32::from(RX_DESC) + u32::from(tx_queues) * u32::from(TX_DESC) + 1024;
-    need.next_power_of_two() - 1
+/// mbufs in each EAL lcore's cache of a port's pool.
+const POOL_CACHE: u16 = 256;
+
+/// The most mbufs of a port's pool that can be out of the pool at once, from who holds them,
+/// so that the RX queue can always be refilled while a receive batch holds its frames (an RX
+/// descriptor that finds no mbuf drops its frame, counted as `rx_nombuf`):
+///
+/// ```text
+///     rx_desc                      every RX descriptor holds an mbuf for the NIC to fill
+///   + tx_queues × (tx_desc + S)    every TX descriptor one not yet sent, and every sender a
+///                                  burst of S = send::BURST being filled
+///   + L                            the frames lent to receive batches: the receiver lends at
+///                                  most L = recv::MAX_LENT at once, then waits for them
+///   + ⌊3 C / 2⌋                    the cache of C = POOL_CACHE mbufs of the EAL's main lcore
+///                                  (the thread that started the EAL) may grow to its flush
+///                                  threshold, 1.5 C (DPDK's mempool guide); cbf runs nothing
+///                                  on the other lcores, and threads DPDK did not start (every
+///                                  other cbf thread) have no cache
+/// ```
+///
+/// The pool is made this size rounded up to 2ⁿ − 1 (the size DPDK's ring-backed pools use
+/// best): 4095 mbufs (~38 MiB, inside `-m 64`) with one or two TX queues, 8191 with three or
+/// four. Checked when the port starts against the pool it got ([`start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PoolNeed {
+    pub rx_desc: u16,
+    pub tx_desc: u16,
+    pub tx_queues: u16,
+}
+
+impl PoolNeed {
+    /// The formula above.
+    pub fn mbufs(&self) -> u32 {
+        let tx = u32::from(self.tx_queues) * (u32::from(self.tx_desc) + super::send::BURST as u32);
+        let cache = 3 * u32::from(POOL_CACHE) / 2;
+        u32::from(self.rx_desc) + tx + super::recv::MAX_LENT as u32 + cache
+    }
+
+    /// The size to create the pool with.
+    pub fn pool_size(&self) -> u32 {
+        (self.mbufs() + 1).next_power_of_two() - 1
+    }
 }
 
 /// Initialise the EAL with `args` (whitespace-separated, no quoting), or share the one the
@@ -98,6 +134,8 @@ pub(super) struct Port {
     /// The device's NUMA node, where DPDK knows it (its mempool is allocated there).
     pub numa_node: Option<u32>,
     pub pool: Pool,
+    /// mbufs in the pool.
+    pub pool_size: u32,
     rx_taken: AtomicBool,
     /// Per TX queue, whether a sender holds it (taken and given back at open and drop only).
     tx_taken: Mutex<Vec<bool>>,
@@ -252,26 +290,56 @@ fn port_id(name: &str) -> Result<u16, DpdkError> {
     Ok(id)
 }
 
+/// Configure port `id`, make its pool as [`PoolNeed`] says from the descriptor counts the
+/// device allows, refuse a pool smaller than that (one found by name, made before), and start it.
 fn start(id: u16, name: &str, tx_queues: u16) -> Result<Port, DpdkError> {
-    let conf = ffi::PortConf {
+    let failed = |step: &str, r: i32| DpdkError::Port {
+        port: name.to_string(),
+        error: format!("{step} failed: {}", ffi::strerror(r)),
+    };
+    let mut conf = ffi::PortConf {
         rx_desc: RX_DESC,
         tx_desc: TX_DESC,
-        mbufs: mbufs(tx_queues),
+        mbufs: 0,
         data_room: DATA_ROOM,
         mtu: DATA_ROOM - 14,
         tx_queues,
-        _pad: 0,
+        cache: POOL_CACHE,
     };
     // SAFETY: PortInfo is plain old data; all-zero is a valid value for the shim to overwrite.
     let mut info: ffi::PortInfo = unsafe { std::mem::zeroed() };
+    // SAFETY: conf and info are valid for the call; the shim writes only info.
+    let r = unsafe { ffi::cbf_dpdk_port_configure(id, &conf, &mut info) };
+    if r < 0 {
+        return Err(failed("set-up", r));
+    }
+    let need = PoolNeed {
+        rx_desc: info.rx_desc,
+        tx_desc: info.tx_desc,
+        tx_queues,
+    };
+    conf.mbufs = need.pool_size();
     let mut pool = std::ptr::null_mut();
     // SAFETY: conf, info and pool are valid for the call; the shim writes only info and pool.
-    let r = unsafe { ffi::cbf_dpdk_port_start(id, &conf, &mut info, &mut pool) };
+    let r = unsafe { ffi::cbf_dpdk_port_pool(id, &conf, &mut info, &mut pool) };
     if r < 0 {
+        return Err(failed("mbuf pool", r));
+    }
+    if info.pool_size < need.mbufs() {
         return Err(DpdkError::Port {
             port: name.to_string(),
-            error: format!("set-up failed: {}", ffi::strerror(r)),
+            error: format!(
+                "its mbuf pool holds {} mbufs, fewer than the {} that its queues, lent frames \
+                 and the main lcore's cache may hold at once ({need:?}): the RX queue could run dry",
+                info.pool_size,
+                need.mbufs()
+            ),
         });
+    }
+    // SAFETY: conf and info are valid for the call, pool is the port's pool from above.
+    let r = unsafe { ffi::cbf_dpdk_port_start(id, &conf, &mut info, pool) };
+    if r < 0 {
+        return Err(failed("start", r));
     }
     let driver: Vec<u8> = info
         .driver
@@ -285,6 +353,9 @@ fn start(id: u16, name: &str, tx_queues: u16) -> Result<Port, DpdkError> {
         mtu = info.mtu,
         numa_node = info.socket,
         tx_queues,
+        rx_desc = info.rx_desc,
+        tx_desc = info.tx_desc,
+        mbufs = info.pool_size,
         ip_cksum_offload = info.ip_cksum_offload != 0,
         udp_cksum_offload = info.udp_cksum_offload != 0,
         "DPDK port started"
@@ -295,6 +366,7 @@ fn start(id: u16, name: &str, tx_queues: u16) -> Result<Port, DpdkError> {
         mac: info.mac,
         numa_node: u32::try_from(info.socket).ok(),
         pool: Pool(pool),
+        pool_size: info.pool_size,
         rx_taken: AtomicBool::new(false),
         tx_taken: Mutex::new(vec![false; usize::from(tx_queues)]),
     })
@@ -309,4 +381,36 @@ pub(super) fn stats(port: &Port) -> ffi::DpdkStats {
         return ffi::DpdkStats::default();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pool sizes the formula gives for the shapes cbf runs, worked by hand: 1024 RX
+    /// descriptors, 1024 per TX queue plus a 32-frame send burst, 256 lent frames, 384 in the
+    /// main lcore's cache (1.5 × 256).
+    #[test]
+    fn pool_holds_every_holder_at_once() {
+        let need = |tx_queues| PoolNeed {
+            rx_desc: 1024,
+            tx_desc: 1024,
+            tx_queues,
+        };
+        assert_eq!(need(1).mbufs(), 1024 + 1056 + 256 + 384);
+        assert_eq!(need(1).pool_size(), 4095);
+        assert_eq!(need(2).mbufs(), 3776);
+        assert_eq!(need(2).pool_size(), 4095);
+        assert_eq!(need(3).pool_size(), 8191);
+        assert_eq!(need(4).mbufs(), 5888);
+        assert_eq!(need(4).pool_size(), 8191);
+        // A need of exactly 2ⁿ − 1 is met by that size, not the next.
+        let exact = PoolNeed {
+            rx_desc: 4095 - 1056 - 256 - 384,
+            tx_desc: 1024,
+            tx_queues: 1,
+        };
+        assert_eq!(exact.mbufs(), 4095);
+        assert_eq!(exact.pool_size(), 4095);
+    }
 }

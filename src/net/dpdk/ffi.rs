@@ -11,7 +11,8 @@ pub(super) struct PortConf {
     pub data_room: u16,
     pub mtu: u16,
     pub tx_queues: u16,
-    pub _pad: u16,
+    /// mbufs in each lcore's cache of the pool.
+    pub cache: u16,
 }
 
 /// `struct cbf_dpdk_port_info`.
@@ -22,7 +23,12 @@ pub(super) struct PortInfo {
     pub ip_cksum_offload: u8,
     pub udp_cksum_offload: u8,
     pub mtu: u16,
+    /// Descriptors per RX and TX queue, as the device's limits adjusted them.
+    pub rx_desc: u16,
+    pub tx_desc: u16,
     pub _pad: u16,
+    /// mbufs in the port's pool.
+    pub pool_size: u32,
     /// The device's NUMA node, -1 when unknown.
     pub socket: i32,
     pub driver: [c_char; 32],
@@ -77,11 +83,22 @@ extern "C" {
     pub(super) fn cbf_dpdk_port_count() -> u16;
     pub(super) fn cbf_dpdk_port_by_name(name: *const c_char, port: *mut u16) -> c_int;
     pub(super) fn cbf_dpdk_port_max_tx(port: u16, max: *mut u16) -> c_int;
-    pub(super) fn cbf_dpdk_port_start(
+    pub(super) fn cbf_dpdk_port_configure(
+        port: u16,
+        conf: *const PortConf,
+        info: *mut PortInfo,
+    ) -> c_int;
+    pub(super) fn cbf_dpdk_port_pool(
         port: u16,
         conf: *const PortConf,
         info: *mut PortInfo,
         pool: *mut *mut Mempool,
+    ) -> c_int;
+    pub(super) fn cbf_dpdk_port_start(
+        port: u16,
+        conf: *const PortConf,
+        info: *mut PortInfo,
+        pool: *mut Mempool,
     ) -> c_int;
     pub(super) fn cbf_dpdk_join(port: u16, macs: *const [u8; 6], n: u32) -> c_int;
     pub(super) fn cbf_dpdk_rx(
@@ -92,6 +109,9 @@ extern "C" {
         n: u16,
     ) -> u16;
     pub(super) fn cbf_dpdk_free(mbufs: *mut *mut Mbuf, n: u16);
+    pub(super) fn cbf_dpdk_free_handles(handles: *const usize, n: usize);
+    pub(super) fn cbf_dpdk_pool_avail(pool: *const Mempool) -> u32;
+    pub(super) fn cbf_dpdk_pool_contains(pool: *mut Mempool, p: *const u8, n: usize) -> c_int;
     pub(super) fn cbf_dpdk_alloc(pool: *mut Mempool, mbufs: *mut *mut Mbuf, n: u16) -> c_int;
     pub(super) fn cbf_dpdk_fill(mbuf: *mut Mbuf, len: u16) -> *mut u8;
     pub(super) fn cbf_dpdk_tx(port: u16, queue: u16, mbufs: *mut *mut Mbuf, n: u16) -> u16;

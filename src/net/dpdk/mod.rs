@@ -14,7 +14,11 @@
 //!   or on several.
 //! - Receive: RX bursts; each frame is parsed by [`crate::net::frame`] and kept only if it is a
 //!   datagram to one of the receiver's endpoints (others are counted as `not_ours`, malformed
-//!   ones by cause); the payload is copied into the caller's [`RecvBatch`](crate::net::RecvBatch).
+//!   ones by cause, and freed at once); the frames kept are lent to the caller's
+//!   [`RecvBatch`](crate::net::RecvBatch) in their mbufs, which go back to the pool when the
+//!   batch is cleared, so the payload is copied once, into the chunk. The port's pool is sized
+//!   for every holder of mbufs at once, lent ones included (`eal::PoolNeed`, checked when the
+//!   port starts), so that the RX queue never runs dry for want of them.
 //!   Multicast groups' MACs go into the port's filter list where the PMD has one, else all
 //!   multicast is let in; the software filter applies either way. The port's `imissed` and
 //!   `rx_nombuf` are reported as the transport's drops; `ierrors` with the port's counters.
@@ -28,8 +32,8 @@
 //! (DPDK's burst calls are inline functions in its headers). Without the feature the opening
 //! functions refuse with [`DpdkError::NotBuilt`], which the engines report against the flag.
 //! Not here (yet): several RX queues with RSS or `rte_flow` steering (one receive thread per
-//! port), receiving into chunk memory through external mbufs (the payload is copied from the
-//! mbuf into the batch, then by the chunk stream into the chunk, as for the socket paths).
+//! port); receiving into chunk memory through external mbufs (no copy at all: the payload is
+//! copied once, from the mbuf into the chunk).
 
 use std::net::SocketAddrV4;
 

@@ -13,7 +13,7 @@ use crate::net::frame::{self, FrameError, FrameHeaders, HEADERS_LEN};
 use crate::net::{PacketSender, SendBatch};
 
 /// Packets per TX burst.
-const BURST: usize = 32;
+pub(super) const BURST: usize = 32;
 /// How long the sender waits for mbufs or for room in the TX queue before it gives up on a
 /// batch: a port whose queue never drains (a ring nobody reads, a link down) must not hang the
 /// send thread. A full TX queue is then reported as the link being down (ENETDOWN).

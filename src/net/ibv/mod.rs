@@ -6,10 +6,12 @@
 //!   slots in registered memory; one steering rule per `--src` endpoint (destination IP and
 //!   port, and the group's multicast MAC, since some NICs need an Ethernet match) sends the
 //!   matching frames there and nowhere else; the kernel socket only joins the groups, so that
-//!   IGMP tells the switch to forward them. Each frame is checked by `net::frame::parse` and its
-//!   UDP payload copied into the caller's [`RecvBatch`](super::RecvBatch); its slot goes back
-//!   to the NIC at once. The slots are bound to the device's NUMA node (or
-//!   `--recv-numa-node`) before they are registered (`placement`).
+//!   IGMP tells the switch to forward them. Each frame is checked by `net::frame::parse` and
+//!   lent to the caller's [`RecvBatch`](super::RecvBatch) in its slot (the payload is copied
+//!   once, by the chunk stream into the chunk); the slot goes back to the NIC when the batch is
+//!   cleared (the next receive call) or dropped, a refused frame's at once (`recv_slots`). The
+//!   slots are bound to the device's NUMA node (or `--recv-numa-node`) before they are
+//!   registered (`placement`).
 //! - Send ([`IbvSender`]): one queue pair per interface with a ring of frame-sized slots (bound
 //!   to the device's NUMA node before it is registered, `placement`); each
 //!   packet is written into a slot behind `net::frame`'s Ethernet/IPv4/UDP headers (one copy,
@@ -24,11 +26,13 @@
 //! ConnectX-4 and later to cut the per-packet work); this transport posts one slot per frame,
 //! which every verbs NIC supports. No RDMA hardware was available to run any of this: the
 //! tests cover the refusals, device lookup through a fake sysfs, the structure layouts
-//! against the C compiler's, and the work requests and frames built as data.
+//! against the C compiler's, the work requests and frames built as data, and the receive
+//! slots' lending and giving back driven by completions given as data (`recv_slots`).
 
 mod device;
 mod placement;
 mod recv;
+mod recv_slots;
 mod send;
 mod verbs;
 

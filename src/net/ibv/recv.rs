@@ -1,17 +1,22 @@
-//! Receiving through a raw-packet queue pair (see the module doc of `net::ibv`).
+//! Receiving through a raw-packet queue pair (see the module doc of `net::ibv`): frames are
+//! lent to the caller's batch in their ring slots, which go back to the receive queue when the
+//! batch gives them back (`recv_slots`).
 
 use std::io;
 use std::net::SocketAddrV4;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::placement::{ring_memory, ring_node, Ring};
+use super::recv_slots::{lend_completed, Completion, RecvSlots};
 use super::verbs::{fill_recv, Channel, Context, Cq, Flow, FlowRule, Mr, Pd, Qp};
 use super::{slots_for, CompMode, IbvError};
-use crate::net::frame::{self, FrameDrops, UdpChecksum, HEADERS_LEN};
+use crate::net::frame::{self, FrameDrops, HEADERS_LEN};
 use crate::net::numa::{self, NumaError};
+use crate::net::recv_batch::Lender;
 use crate::net::{PacketReceiver, Received, RecvBatch};
 
 /// How long a receive call waits for frames before it returns [`Received::Idle`] (as the UDP
@@ -22,24 +27,28 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 const POLL_BATCH: usize = 64;
 
 /// A receiver for `endpoints` on one interface. Fields drop in order: the steering rules,
-/// then the queue pair, its completion queue and channel, the memory, the domain, the device.
+/// then the queue pair, its completion queue and channel, the registration, the domain, the
+/// device; the ring's memory goes with the last of the receiver and the batches holding slots.
 pub struct IbvReceiver {
     _flows: Vec<Flow>,
     qp: Qp,
     cq: Cq,
     _channel: Option<Channel>,
-    mr: Mr,
+    mr: Mr<Arc<RecvSlots>>,
     _pd: Pd,
     _ctx: Context,
     /// Joins the multicast groups (IGMP), so that the switch forwards them to this port.
     _join: Socket,
-    slot_len: usize,
+    /// The ring's slots, and the same object as batches hold it.
+    slots: Arc<RecvSlots>,
+    lender: Arc<dyn Lender>,
     wrs: Vec<ffi::ibv_recv_wr>,
     sges: Vec<ffi::ibv_sge>,
     wcs: Vec<ffi::ibv_wc>,
-    /// The slots a receive call completed, to post again (kept, so that receiving does not
+    /// One poll's completions, and the slots to post again (kept, so that receiving does not
     /// allocate).
-    done: Vec<usize>,
+    completed: Vec<Completion>,
+    to_post: Vec<usize>,
     mode: CompMode,
     drops: FrameDrops,
     failed_completions: u64,
@@ -89,10 +98,11 @@ impl IbvReceiver {
         let qp = Qp::raw_packet(&pd, &cq, dev.port, 0, slots)?;
         let device_node = numa::rdma_node(&dev.device);
         let node = ring_node(numa_node, device_node);
-        let mr = Mr::new(
-            &pd,
+        let ring = RecvSlots::new(
             ring_memory(Ring::Receive, slots * slot_len, node, numa_node.is_some())?,
-        )?;
+            slot_len,
+        );
+        let mr = Mr::new(&pd, Arc::clone(&ring))?;
         let flows = endpoints
             .iter()
             .map(|ep| {
@@ -115,12 +125,14 @@ impl IbvReceiver {
             _pd: pd,
             _ctx: ctx,
             _join: join,
-            slot_len,
+            lender: Arc::clone(&ring) as Arc<dyn Lender>,
+            slots: ring,
             wrs: vec![ffi::ibv_recv_wr::default(); slots],
             sges: vec![ffi::ibv_sge::default(); slots],
             // SAFETY: ibv_wc is plain data; zero is a valid (unused) completion.
             wcs: vec![unsafe { std::mem::zeroed() }; POLL_BATCH],
-            done: Vec::with_capacity(POLL_BATCH),
+            completed: Vec::with_capacity(POLL_BATCH),
+            to_post: Vec::with_capacity(slots),
             mode,
             drops: FrameDrops::default(),
             failed_completions: 0,
@@ -135,17 +147,11 @@ impl IbvReceiver {
     /// Hand slots back to the NIC, as one chain.
     fn post(&mut self, slots: impl Iterator<Item = usize>) -> io::Result<()> {
         let (base, lkey) = (self.mr.addr(), self.mr.lkey());
+        let slot_len = self.slots.slot_len();
         let mut first: Option<usize> = None;
         let mut prev: Option<usize> = None;
         for s in slots {
-            fill_recv(
-                &mut self.wrs[s],
-                &mut self.sges[s],
-                base,
-                s,
-                self.slot_len,
-                lkey,
-            );
+            fill_recv(&mut self.wrs[s], &mut self.sges[s], base, s, slot_len, lkey);
             let this: *mut ffi::ibv_recv_wr = &mut self.wrs[s];
             match prev {
                 Some(p) => self.wrs[p].next = this,
@@ -154,8 +160,8 @@ impl IbvReceiver {
             prev = Some(s);
         }
         match first {
-            // SAFETY: the chain was just built over this receiver's slots, which the NIC owns
-            // until their completions come back through recv_batch.
+            // SAFETY: the chain was just built over this receiver's slots, none of them posted
+            // or lent (`recv_slots`); the NIC owns them until their completions come back.
             Some(f) => unsafe { self.qp.post_recv(&mut self.wrs[f]) },
             None => Ok(()),
         }
@@ -198,7 +204,7 @@ impl PacketReceiver for IbvReceiver {
         }
         Err(NumaError::Bind {
             node,
-            bytes: self.mr.bytes().len(),
+            bytes: self.slots.bytes(),
             error: format!(
                 "the ibverbs receive ring is registered (pinned) and was placed on {:?} when it opened",
                 self.ring_node
@@ -207,41 +213,36 @@ impl PacketReceiver for IbvReceiver {
     }
 
     fn recv_batch(&mut self, batch: &mut RecvBatch) -> io::Result<Received> {
+        // Clearing gives back the slots this batch held; they are posted below with the
+        // others given back since the last call (and any a call that failed to poll left).
         batch.clear();
+        self.slots.take_returned(&mut self.to_post);
         let cap = batch.capacity().min(self.wcs.len());
         let n = self.poll(cap)?;
-        let mut done = std::mem::take(&mut self.done);
-        done.clear();
-        for k in 0..n {
-            let wc = self.wcs[k];
-            let slot = wc.wr_id() as usize;
-            if slot >= self.wrs.len() {
-                continue;
+        self.completed.clear();
+        for wc in &self.wcs[..n] {
+            let valid = wc.is_valid();
+            if !valid && self.failed_completions == 0 {
+                tracing::warn!(status = ?wc.error(), "ibverbs receive completion failed");
             }
-            done.push(slot);
-            if !wc.is_valid() {
-                if self.failed_completions == 0 {
-                    tracing::warn!(status = ?wc.error(), "ibverbs receive completion failed");
-                }
-                self.failed_completions += 1;
-                continue;
-            }
-            let start = slot * self.slot_len;
-            let frame = &self.mr.bytes()[start..start + wc.len().min(self.slot_len)];
-            match frame::parse(frame, UdpChecksum::Skip) {
-                Ok(d) => {
-                    batch.push(d.payload);
-                }
-                Err(cause) => {
-                    if self.drops.get(cause) == 0 {
-                        tracing::warn!(%cause, "ibverbs: frame dropped (logged once per cause)");
-                    }
-                    self.drops.add(cause);
-                }
-            }
+            self.completed.push(Completion {
+                slot: wc.wr_id(),
+                len: valid.then(|| wc.len()),
+            });
         }
-        self.post(done.iter().copied())?;
-        self.done = done;
+        self.failed_completions += lend_completed(
+            &self.slots,
+            &self.lender,
+            &self.completed,
+            batch,
+            &mut self.drops,
+            &mut self.to_post,
+        ) as u64;
+        let to_post = std::mem::take(&mut self.to_post);
+        let posted = self.post(to_post.iter().copied());
+        self.to_post = to_post;
+        self.to_post.clear();
+        posted?;
         Ok(if batch.is_empty() {
             Received::Idle
         } else {

@@ -141,25 +141,45 @@ impl Drop for Pd {
     }
 }
 
-/// Registered memory: `len` bytes the NIC reads (send) or writes (receive) directly.
-pub struct Mr {
+/// Memory a registration covers.
+///
+/// # Safety
+/// [`Region::region`] must give the same address and length for as long as the value lives,
+/// and that memory must stay allocated (and not move) meanwhile.
+pub unsafe trait Region: Send {
+    fn region(&self) -> (*mut u8, usize);
+}
+
+// SAFETY: a Vec that is not resized keeps its allocation; `Mr` hands out only slices of it.
+unsafe impl Region for Vec<u8> {
+    fn region(&self) -> (*mut u8, usize) {
+        (self.as_ptr().cast_mut(), self.len())
+    }
+}
+
+/// Registered memory: bytes the NIC reads (send) or writes (receive) directly, owned by `M`: a
+/// vector (the send ring), or memory shared with the batches its slots are lent to (the
+/// receive ring, `recv_slots`).
+pub struct Mr<M: Region = Vec<u8>> {
     mr: *mut ffi::ibv_mr,
-    buf: Vec<u8>,
+    mem: M,
 }
 // SAFETY: as for Context.
-unsafe impl Send for Mr {}
+unsafe impl<M: Region> Send for Mr<M> {}
 
-impl Mr {
-    /// Register `buf` (allocated and placed by the caller: pages bound to a NUMA node must be
+impl<M: Region> Mr<M> {
+    /// Register `mem` (allocated and placed by the caller: pages bound to a NUMA node must be
     /// bound before this, since registration pins them).
-    pub fn new(pd: &Pd, mut buf: Vec<u8>) -> io::Result<Mr> {
+    pub fn new(pd: &Pd, mem: M) -> io::Result<Mr<M>> {
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as c_int;
-        // SAFETY: buf lives as long as the registration (dropped after it, see Drop).
-        let mr = unsafe { ffi::ibv_reg_mr(pd.0, buf.as_mut_ptr().cast(), buf.len(), access) };
+        let (addr, len) = mem.region();
+        // SAFETY: the memory lives as long as the registration (`mem` is dropped after it, see
+        // Drop) and stays where it is (`Region`).
+        let mr = unsafe { ffi::ibv_reg_mr(pd.0, addr.cast(), len, access) };
         if mr.is_null() {
             return Err(failed("ibv_reg_mr"));
         }
-        Ok(Mr { mr, buf })
+        Ok(Mr { mr, mem })
     }
 
     pub fn lkey(&self) -> u32 {
@@ -168,21 +188,19 @@ impl Mr {
     }
 
     pub fn addr(&self) -> u64 {
-        self.buf.as_ptr() as u64
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf
-    }
-
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buf
+        self.mem.region().0 as u64
     }
 }
 
-impl Drop for Mr {
+impl Mr<Vec<u8>> {
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.mem
+    }
+}
+
+impl<M: Region> Drop for Mr<M> {
     fn drop(&mut self) {
-        // SAFETY: registered by ibv_reg_mr; the buffer is freed after this.
+        // SAFETY: registered by ibv_reg_mr; the memory is released (by `mem`) after this.
         unsafe { ffi::ibv_dereg_mr(self.mr) };
     }
 }
