@@ -1,8 +1,8 @@
 //! `cbf-frb-bench`: the FRB beamformer's first stage (issue 17; seed 004 §4) on the five cases
 //! of seed 004 Table 3, as a percentage of real time on this GPU, with Smith's A40 estimates
 //! beside them, writing float32 intensities (the float32 second stage's input) and fp16 ones
-//! (the fp16 second stage's operand, the engine's default: half the bytes written). Run CHORD's kernel (`../shared/peers/chord_frb_bench`, case 5) in the same
-//! device call for the ratio. Also printed: the device-to-device copy ceiling measured here
+//! (the fp16 second stage's operand, the engine's default: half the bytes written). Run CHORD's
+//! kernel (`../shared/peers/chord_frb_bench`, case 5) in the same device call for the ratio. Also printed: the device-to-device copy ceiling measured here
 //! (the input is read once: its share of the time at that rate) and the tensor-core rate the
 //! kernel's MMAs reach (fp16 `mma.sync` m16n8k16, counted as issued, padding included). The
 //! second stage (`gpu::frb_resample`, cuBLAS in float32 and in fp16, the latter on fp16 input as
@@ -23,7 +23,7 @@ use cbf::dsp::frb_resample::{w_table, FrbBeams};
 use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbStage1};
 use cbf::gpu::frb_half::f16_from_f32;
 use cbf::gpu::frb_resample::{FrbResampler, Precision};
-use cbf::gpu::{Gpu, GpuError};
+use cbf::gpu::{pow2_scale, Gpu, GpuError};
 use num_complex::Complex32;
 
 #[path = "timing.rs"]
@@ -174,7 +174,7 @@ fn measure(
         FrbIntensities::Float16 => {
             let mut out = gpu.compute.alloc_zeros::<u16>(cfg.output_len())?;
             // The engine's scale at these weights (any power of two times the same).
-            let scale = cbf::gpu::pow2_scale(cfg.max_intensity(0.5), 65504.0) as f32;
+            let scale = pow2_scale(cfg.max_intensity(0.5), 65504.0) as f32;
             let t = timed::<GpuError>(gpu, reps, &mut || {
                 op.run_half(&input.as_view(), &mut out, scale)?;
                 Ok(())

@@ -11,7 +11,9 @@
 //! `cbf-gpu-bench --timeline` times the F-engine's): per chunk, the GPU time of FRB stage 1,
 //! stage 2 and the copy back beside the correlator's, the reduce's and the beamformer's, each
 //! against the chunk's real-time span, and the FRB stages' share of the compute stream's busy
-//! time. No host timer is put around asynchronous work.
+//! time. No host timer is put around asynchronous work; one is put around the engine thread's
+//! collection of each FRB heap (`frb_formed`, which blocks: it waits for the copy and encodes
+//! the beams to float16 on the host), reported apart as host time.
 //!
 //! Adapted to the engine: its chunks are (batch, antenna, channel, spectrum, pol, re/im) with
 //! 8-bit samples (CHORD's are 4+4-bit: the copy in is twice CHORD's), t_ds must divide a
@@ -23,6 +25,7 @@
 use std::error::Error;
 use std::net::SocketAddrV4;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cbf::dsp::beamform::Beam;
 use cbf::dsp::frb::DishGrid;
@@ -52,6 +55,8 @@ const BEAMS: usize = 8;
 const DUMP_S: f64 = 0.5;
 /// Receive chunks in the ring (page-locked, 671 MB each).
 const RING: usize = 3;
+/// Chunks run before the timed ones.
+const WARM: usize = 3;
 
 /// What a run is built from, made and checked without a GPU.
 pub struct Setup {
@@ -207,8 +212,7 @@ fn run_case(
 ) -> Result<(), Box<dyn Error>> {
     let s = setup(beams)?;
     let batches = BATCHES;
-    let mut backend = CudaBackend::new(Arc::clone(gpu), s.shape, batches, BEAMS)?
-        .with_frb(std::slice::from_ref(&s.spec))?;
+    // Before the backend, so that it is dropped after it (the backend unlocks what it pinned).
     let mut ring: Vec<Vec<u8>> = (0..RING)
         .map(|i| {
             let mut v = vec![0u8; s.chunk_bytes];
@@ -219,6 +223,8 @@ fn run_case(
             v
         })
         .collect();
+    let mut backend = CudaBackend::new(Arc::clone(gpu), s.shape, batches, BEAMS)?
+        .with_frb(std::slice::from_ref(&s.spec))?;
     for c in &mut ring {
         backend.pin(c)?;
     }
@@ -245,6 +251,11 @@ fn run_case(
     };
     let mut beam_slots = std::collections::VecDeque::new();
     let mut dump_pending = false;
+    // FRB heap buffers, reused as the engine's send pool reuses them.
+    let mut frb_bufs: Vec<Vec<u8>> = vec![Vec::new(), Vec::new()];
+    // Host time in `frb_formed` (a blocking call: the copy's wait, then the float16 encoding
+    // on the engine thread), for the timed chunks.
+    let mut collect = Duration::ZERO;
     let mut step = |k: usize, backend: &mut CudaBackend| -> Result<(), Box<dyn Error>> {
         backend.load(&ring[k % RING])?;
         backend.correlate(0, 0..batches)?;
@@ -265,31 +276,36 @@ fn run_case(
             spectrum_step: 1,
             present: &present,
         })?);
-        backend.frb(0, &frb_input, Vec::new())?;
+        backend.frb(0, &frb_input, frb_bufs.pop().unwrap_or_default())?;
         if beam_slots.len() >= BEAM_SLOTS {
             let slot = beam_slots.pop_front().unwrap_or_default();
             std::hint::black_box(backend.beams(slot)?.data[0]);
         }
         // The previous chunk's FRB heap, as the engine collects it.
         if k > 0 {
-            std::hint::black_box(backend.frb_formed(0)?.0.len());
+            let t = Instant::now();
+            let (buf, _clips) = backend.frb_formed(0)?;
+            if k >= WARM {
+                collect += t.elapsed();
+            }
+            frb_bufs.push(buf);
         }
         backend.release()?;
         Ok(())
     };
-    let warm = 3;
-    for k in 0..warm {
+    for k in 0..WARM {
         step(k, &mut backend)?;
     }
     let timeline = backend.record_timeline();
-    for k in warm..warm + chunks {
+    for k in WARM..WARM + chunks {
         step(k, &mut backend)?;
     }
     let (window, labels) = timeline.summarise()?;
     // What is still outstanding, as the engine's flush collects it.
     backend.frb_formed(0)?;
     if dump_pending {
-        backend.dumped(0)?;
+        // The pinned heap buffer: kept until the backend has unlocked it (below).
+        x_heap = Some(backend.dumped(0)?.0);
     }
     println!(
         "FRB share, seed 004 case 5 ({DISHES} dishes on {}×{}, {CHANNELS} channels, t_ds {T_DS}), {name}, fp16 second stage; \
@@ -302,8 +318,15 @@ fn run_case(
     for line in report(&labels, window, chunks, s.span * 1e3) {
         println!("{line}");
     }
+    let host_ms = collect.as_secs_f64() * 1e3 / chunks as f64;
+    println!(
+        "  host, engine thread: collecting the previous chunk's FRB heap (wait for its copy, float16 encoding of {} values) {host_ms:.3} ms per chunk = {:.1} % of real time",
+        s.spec.config.channels * s.spec.config.out_rows() * s.spec.beams.len(),
+        100.0 * host_ms / (s.span * 1e3)
+    );
     // The backend unlocks the pinned chunks and heap buffer: before they are freed.
     drop(backend);
+    drop(x_heap);
     Ok(())
 }
 

@@ -188,6 +188,43 @@ fn every_kernel_compiles_for_every_architecture() {
             compiled += 1;
         }
     }
+    // `cbf-xb-bench --frb`'s chunk (seed 004 case 5: 512 antennas, 256 channels, 5 heaps of 256
+    // spectra merged into one row set of 1280 times) on the lent H100: the wgmma correlator's
+    // turn, MMA and reduce kernels and the beamformer (8 beams) at its fallback occupancy.
+    let (ants, channels) = (512, 256);
+    let turn = vec![
+        ("N_ANTS", ants),
+        ("CHANNELS", channels),
+        ("SPECTRA", 256),
+        ("GROUP", 5),
+        ("TPAD", 1280),
+        ("NP", 1024),
+        ("IN_BITS", 8),
+        ("TILED", 1),
+    ];
+    compile(Kernel::CorrTurn, &turn, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+    let defs = vec![
+        ("N_ANTS", ants),
+        ("CHANNELS", channels),
+        ("TPAD", 1280),
+        ("NP", 1024),
+        ("STAGES", 4),
+    ];
+    let target = Kernel::CorrWgmma.target("sm_90");
+    compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
+    let defs = vec![("N_ANTS", ants), ("CHANNELS", channels), ("N_ACC", 5)];
+    compile(Kernel::CorrReduce, &defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+    let cfg = BeamformConfig {
+        n_ants: 512,
+        channels: 256,
+        spectra: 256,
+        batches: 5,
+        beams: 8,
+        in_bits: 8,
+    };
+    let floor = OCCUPANCIES[OCCUPANCIES.len() - 1];
+    compile(Kernel::Beamform, &cfg.defines(floor), "sm_90").unwrap_or_else(|e| panic!("{e}"));
+    compiled += 4;
     // The FRB beamformer's first stage: every architecture at one shape in both output types,
     // and for the lent H100 every shape the self-tests and the benchmarks build (seed 004
     // Table 3's five grids, with the benchmark's block steps; the XB-engine benchmark's case 5
@@ -291,7 +328,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 1 + 4 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 20 + 26
+        ARCHES.len() * (7 * 3 + 20 + 1 + 4 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 26
     );
 }
 
