@@ -33,12 +33,12 @@
 //!   bound is (2M + 2N + 4)·2⁻²⁴·Σ_{pq}|U_pa|·|I_pq|·|U′_qb|.
 //! - [`Precision::Float16`] (the engine's default): the intensities in fp16 as the first stage
 //!   wrote them (no conversion pass here), the tables and V stored in fp16, fp32 sums on the
-//!   tensor cores
-//!   (`cublasGemmEx` / `cublasGemmStridedBatchedEx`, `CUDA_R_16F` operands,
+//!   tensor cores (`cublasGemmEx` / `cublasGemmStridedBatchedEx`, `CUDA_R_16F` operands,
 //!   `CUBLAS_COMPUTE_32F`); scales and the derived bound in [`super::frb_half`] (about 2⁻¹⁰ of
-//!   Σ|U|·I·|U′| for a list, 2⁻⁹ for a product, plus k·2⁻²² of it for the fp32 sums; a list's
-//!   W entries err by Δ besides their rounding, added to e_W), checked
-//!   value by value by the self-test beside the float32 check. It is the default because
+//!   Σ|U|·I·|U′| for a list, 2⁻⁹ for a product, plus k·2⁻²² of it for the fp32 sums, I the
+//!   float32 intensities the fp16 operands were rounded from once; a list's W entries err by
+//!   Δ besides their rounding, added to e_W), checked value by value by the self-test beside
+//!   the float32 check. It is the default because
 //!   that bound is acceptable for intensities: the output is float16 on the wire (the
 //!   encoding itself rounds by 2⁻¹¹), the FRB search downstream quantises to 4 or 8 bits
 //!   (seed 004 §5.2 footnote 10), and one slow sample's radiometer noise is 1/√(2·t_ds) of
