@@ -1,10 +1,12 @@
 //! `cbf-frb-bench`: the FRB beamformer's first stage (issue 17; seed 004 §4) on the five cases
 //! of seed 004 Table 3, as a percentage of real time on this GPU, with Smith's A40 estimates
-//! beside them. Run CHORD's kernel (`../shared/peers/chord_frb_bench`, case 5) in the same
-//! device call for the ratio. Also printed: the device-to-device copy ceiling measured here
+//! beside them, writing float32 intensities (the float32 second stage's input) and fp16 ones
+//! (the fp16 second stage's operand, the engine's default: half the bytes written). Run CHORD's
+//! kernel (`../shared/peers/chord_frb_bench`, case 5) in the same device call for the ratio. Also printed: the device-to-device copy ceiling measured here
 //! (the input is read once: its share of the time at that rate) and the tensor-core rate the
 //! kernel's MMAs reach (fp16 `mma.sync` m16n8k16, counted as issued, padding included). The
-//! second stage (`gpu::frb_resample`, cuBLAS in float32 and in fp16) is timed apart at case 5,
+//! second stage (`gpu::frb_resample`, cuBLAS in float32 and in fp16, the latter on fp16 input as
+//! the first stage writes it) is timed apart at case 5,
 //! and so is a re-point of its 5760 listed beams (`gpu::frb_weights`: W built on the device,
 //! 4MN·B entries written), beside the host's build of the same table on one core (what a
 //! re-point cost before, without its upload).
@@ -18,9 +20,10 @@ use std::sync::Arc;
 
 use cbf::dsp::frb::DishGrid;
 use cbf::dsp::frb_resample::{w_table, FrbBeams};
-use cbf::gpu::frb::{FrbConfig, FrbStage1};
+use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbStage1};
+use cbf::gpu::frb_half::f16_from_f32;
 use cbf::gpu::frb_resample::{FrbResampler, Precision};
-use cbf::gpu::{Gpu, GpuError};
+use cbf::gpu::{pow2_scale, Gpu, GpuError};
 use num_complex::Complex32;
 
 #[path = "timing.rs"]
@@ -117,8 +120,8 @@ fn mmas_per_sample(rows: usize, cols: usize) -> usize {
 fn measure(
     gpu: &Arc<Gpu>,
     case: &Case,
-    time_block: Option<usize>,
-    groups: Option<usize>,
+    (time_block, groups): (Option<usize>, Option<usize>),
+    output: FrbIntensities,
     copy: f64,
     reps: usize,
 ) -> Result<(), GpuError> {
@@ -134,6 +137,7 @@ fn measure(
         batches: 1,
         time_block,
         groups,
+        output,
     };
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     // A random dish map: the first D cells of a shuffled grid.
@@ -157,21 +161,37 @@ fn measure(
         .map(|_| (xorshift(&mut seed) >> 32) as u8)
         .collect();
     let input = gpu.compute.clone_htod(&bytes)?;
-    let mut out = gpu.compute.alloc_zeros::<f32>(cfg.output_len())?;
     let (regs, smem, blocks) = op.occupancy()?;
-    let t = timed::<GpuError>(gpu, reps, &mut || {
-        op.run(&input.as_view(), &mut out)?;
-        Ok(())
-    })?;
+    let (t, width) = match output {
+        FrbIntensities::Float32 => {
+            let mut out = gpu.compute.alloc_zeros::<f32>(cfg.output_len())?;
+            let t = timed::<GpuError>(gpu, reps, &mut || {
+                op.run(&input.as_view(), &mut out)?;
+                Ok(())
+            })?;
+            (t, 4)
+        }
+        FrbIntensities::Float16 => {
+            let mut out = gpu.compute.alloc_zeros::<u16>(cfg.output_len())?;
+            // The engine's scale at these weights (any power of two times the same).
+            let scale = pow2_scale(cfg.max_intensity(0.5), 65504.0) as f32;
+            let t = timed::<GpuError>(gpu, reps, &mut || {
+                op.run_half(&input.as_view(), &mut out, scale)?;
+                Ok(())
+            })?;
+            (t, 2)
+        }
+    };
     let real = times as f64 * case.t_s * 1e-6;
-    let out_bytes = case.channels * (times / case.t_ds) * 16 * case.rows * case.cols;
+    let out_bytes = case.channels * (times / case.t_ds) * 4 * case.rows * case.cols * width;
     let bytes_moved = (cfg.input_bytes() + out_bytes) as f64;
     let tflops = (case.channels * times * mmas_per_sample(case.rows, case.cols) * 4096) as f64 / t;
     println!(
-        "RESULT frb_stage1 {:<28} TB {:<4} R {:<4} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
+        "RESULT frb_stage1 {:<28} out {:<3} TB {:<4} R {:<4} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
          (Smith A40 estimate {:>4.1} %) | bytes {:>6.1} MB, {:>5.1} % of copy | mma {:>5.1} TFLOPS \
          | {regs} regs, {} KiB shared, {blocks} blocks/SM",
         case.name,
+        if width == 4 { "f32" } else { "f16" },
         time_block.map_or("auto".to_string(), |v| v.to_string()),
         groups.map_or("auto".to_string(), |v| v.to_string()),
         t * 1e3,
@@ -188,7 +208,7 @@ fn measure(
 
 /// The second stage at case 5 (one call's slow samples for every channel): a 96×96 beam grid
 /// and seed 004 Table 4's 10·MN = 5760 listed beams, each in float32 and in fp16 (tensor-core
-/// GEMMs; the time includes the intensities' conversion to fp16).
+/// GEMMs on fp16 intensities, as the first stage writes them for this path).
 fn measure_stage2(gpu: &Arc<Gpu>, reps: usize, copy: f64) -> Result<(), GpuError> {
     let case = &CASES[4];
     let times = 2064;
@@ -217,9 +237,21 @@ fn measure_stage2(gpu: &Arc<Gpu>, reps: usize, copy: f64) -> Result<(), GpuError
         for (arith, precision) in [("f32", Precision::Float32), ("f16", half)] {
             let mut op = FrbResampler::new(gpu, case.rows, case.cols, &set, rows, precision)?;
             let mut out = gpu.compute.alloc_zeros::<f32>(rows * op.beams())?;
-            let t = timed::<GpuError>(gpu, reps, &mut || {
-                op.resample(&input.as_view(), rows, &mut out)
-            })?;
+            let t = match op.half_scales() {
+                None => timed::<GpuError>(gpu, reps, &mut || {
+                    op.resample(&input.as_view(), rows, &mut out)
+                })?,
+                Some(s) => {
+                    let bits: Vec<u16> = i
+                        .iter()
+                        .map(|&x| f16_from_f32(x, s.intensity as f32))
+                        .collect();
+                    let half = gpu.compute.clone_htod(&bits)?;
+                    timed::<GpuError>(gpu, reps, &mut || {
+                        op.resample_half(&half.as_view(), rows, &mut out)
+                    })?
+                }
+            };
             println!(
                 "RESULT frb_stage2 case 5 {name:<18} {arith} {rows} rows {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time",
                 t * 1e3,
@@ -277,17 +309,32 @@ fn main() -> Result<(), GpuError> {
         copy / 1e9
     );
     let reps = if quick { 5 } else { 20 };
+    let both = [FrbIntensities::Float32, FrbIntensities::Float16];
     if let Some(k) = value("--case") {
         let case = CASES.get(k.wrapping_sub(1)).expect("--case 1 to 5");
-        return measure(&gpu, case, value("--tb"), value("--groups"), copy, reps);
+        for output in both {
+            measure(
+                &gpu,
+                case,
+                (value("--tb"), value("--groups")),
+                output,
+                copy,
+                reps,
+            )?;
+        }
+        return Ok(());
     }
     for case in &CASES {
-        measure(&gpu, case, None, None, copy, reps)?;
+        for output in both {
+            measure(&gpu, case, (None, None), output, copy, reps)?;
+        }
     }
     measure_stage2(&gpu, reps, copy)?;
     if !quick {
+        // The engine's form (fp16 output) at other block steps.
         for (tb, groups) in [(4, 2), (8, 2), (4, 4)] {
-            measure(&gpu, &CASES[4], Some(tb), Some(groups), copy, reps)?;
+            let tuning = (Some(tb), Some(groups));
+            measure(&gpu, &CASES[4], tuning, FrbIntensities::Float16, copy, reps)?;
         }
     }
     Ok(())

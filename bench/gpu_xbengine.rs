@@ -6,8 +6,12 @@
 //! bound (the same chunk copied from the same pinned memory) and the correlator op's own rate on
 //! device-resident input, so the path's rate is stated as a fraction of whichever bounds it.
 //!
+//! With `--frb`, instead, the share of the GPU's time per chunk an `--frb-beam` output takes
+//! beside the correlator and the beamformer (`gpu_xbengine_frb.rs`, seed 004's case 5).
+//!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-xb-bench [--quick] [--beamformer-only]` (the second skips the whole path).
+//! Usage: `cbf-xb-bench [--quick] [--beamformer-only | --frb]` (the second skips the whole
+//! path).
 
 use std::error::Error;
 use std::sync::Arc;
@@ -22,6 +26,8 @@ use cbf::xbengine::backend::{BeamChunk, XbBackend, XbShape, BEAM_SLOTS};
 use cbf::xbengine::cuda::CudaBackend;
 use num_complex::Complex64;
 
+#[path = "gpu_xbengine_frb.rs"]
+mod frb_share;
 #[path = "timing.rs"]
 mod timing;
 use timing::{median, timed};
@@ -332,6 +338,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         gpu.arch,
         CorrPath::best_for(&gpu)
     );
+    if std::env::args().any(|a| a == "--frb") {
+        return frb_share::run(&gpu, quick);
+    }
     let chunks = if quick { 8 } else { 40 };
     let copy = copy_bandwidth(&gpu)?;
     println!(

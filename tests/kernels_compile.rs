@@ -7,7 +7,7 @@
 use cbf::gpu::beamform::{BeamformConfig, OCCUPANCIES};
 use cbf::gpu::compile::{compile, nvrtc_present, Kernel};
 use cbf::gpu::ddc::{DdcPlan, DdcShape, DdcTuning};
-use cbf::gpu::frb::FrbConfig;
+use cbf::gpu::frb::{FrbConfig, FrbIntensities};
 
 const ARCHES: [&str; 4] = ["sm_80", "sm_89", "sm_90", "sm_90a"];
 
@@ -191,10 +191,52 @@ fn every_kernel_compiles_for_every_architecture() {
             compiled += 1;
         }
     }
-    // The FRB beamformer's first stage: every architecture at one shape, and for the lent H100
-    // every shape the self-test and the benchmark build (seed 004 Table 3's five grids, with
-    // the benchmark's block steps).
-    let frb = |rows, cols, dishes, t_ds, channels, spectra, time_block, groups| {
+    // `cbf-xb-bench --frb`'s chunk (seed 004 case 5: 512 antennas, 256 channels, 5 heaps of 256
+    // spectra merged into one row set of 1280 times) on the lent H100: the wgmma correlator's
+    // turn, MMA and reduce kernels and the beamformer (8 beams) at its fallback occupancy.
+    let (ants, channels) = (512, 256);
+    let turn = vec![
+        ("N_ANTS", ants),
+        ("CHANNELS", channels),
+        ("SPECTRA", 256),
+        ("GROUP", 5),
+        ("TPAD", 1280),
+        ("NP", 1024),
+        ("IN_BITS", 8),
+        ("TILED", 1),
+    ];
+    compile(Kernel::CorrTurn, &turn, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+    let defs = vec![
+        ("N_ANTS", ants),
+        ("CHANNELS", channels),
+        ("TPAD", 1280),
+        ("NP", 1024),
+        ("STAGES", 4),
+    ];
+    let target = Kernel::CorrWgmma.target("sm_90");
+    compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
+    let defs = vec![("N_ANTS", ants), ("CHANNELS", channels), ("N_ACC", 5)];
+    compile(Kernel::CorrReduce, &defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+    let cfg = BeamformConfig {
+        n_ants: 512,
+        channels: 256,
+        spectra: 256,
+        batches: 5,
+        beams: 8,
+        in_bits: 8,
+    };
+    let floor = OCCUPANCIES[OCCUPANCIES.len() - 1];
+    compile(Kernel::Beamform, &cfg.defines(floor), "sm_90").unwrap_or_else(|e| panic!("{e}"));
+    compiled += 4;
+    // The FRB beamformer's first stage: every architecture at one shape in both output types,
+    // and for the lent H100 every shape the self-tests and the benchmarks build (seed 004
+    // Table 3's five grids, with the benchmark's block steps; the XB-engine benchmark's case 5
+    // chunk), each in the output types they build it with.
+    let frb = |(rows, cols, dishes, t_ds), (channels, spectra, batches), tuning, output| {
+        let (time_block, groups) = match tuning {
+            Some((tb, r)) => (Some(tb), Some(r)),
+            None => (None, None),
+        };
         FrbConfig {
             rows,
             cols,
@@ -202,23 +244,25 @@ fn every_kernel_compiles_for_every_architecture() {
             t_ds,
             channels,
             spectra,
-            batches: 1,
+            batches,
             time_block,
             groups,
+            output,
         }
         .defines()
         .unwrap_or_else(|e| panic!("{e}"))
     };
+    let both = [FrbIntensities::Float32, FrbIntensities::Float16];
     for arch in ARCHES {
-        compile(
-            Kernel::FrbStage1,
-            &frb(24, 24, 512, 40, 256, 2064, None, None),
-            arch,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        // The second stage's fp16 conversion (no constants).
-        compile(Kernel::FrbHalf, &[], arch).unwrap_or_else(|e| panic!("{e}"));
-        compiled += 2;
+        for output in both {
+            compile(
+                Kernel::FrbStage1,
+                &frb((24, 24, 512, 40), (256, 2064, 1), None, output),
+                arch,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            compiled += 1;
+        }
         // The beam list's W built on the device, both element types (seed 004 case 5's grid).
         for half in [0, 1] {
             let defs = vec![("ROWS", 24), ("COLS", 24), ("HALF", half)];
@@ -246,26 +290,48 @@ fn every_kernel_compiles_for_every_architecture() {
             compiled += 1;
         }
     }
-    for defs in [
-        frb(5, 3, 15, 1, 2, 7, None, None),
-        frb(8, 12, 64, 3, 3, 16, None, None),
-        frb(16, 20, 256, 7, 2, 24, None, None),
-        frb(8, 8, 64, 40, 2048, 2064, None, None),
-        frb(8, 12, 64, 40, 2048, 2064, None, None),
-        frb(16, 16, 256, 25, 1024, 2050, None, None),
-        frb(16, 20, 256, 25, 1024, 2050, None, None),
-        frb(24, 24, 400, 40, 1, 100, None, None),
-        frb(24, 24, 512, 40, 2, 128, None, None),
-        frb(24, 24, 512, 40, 256, 2064, Some(4), Some(2)),
-        frb(24, 24, 512, 40, 256, 2064, Some(8), Some(2)),
-        frb(24, 24, 512, 40, 256, 2064, Some(4), Some(4)),
+    let mut shapes = Vec::new();
+    // `selftest::frb`'s cases and `selftest::xbengine_frb`'s grid; the five cases of
+    // `cbf-frb-bench`: both outputs.
+    for (grid, call) in [
+        ((5, 3, 15, 1), (2, 7, 1)),
+        ((8, 12, 64, 3), (3, 16, 2)),
+        ((16, 20, 256, 7), (2, 24, 2)),
+        ((24, 24, 512, 40), (2, 64, 2)),
+        ((24, 24, 400, 40), (1, 100, 1)),
+        ((3, 4, 10, 16), (8, 64, 2)),
+        ((8, 8, 64, 40), (2048, 2064, 1)),
+        ((8, 12, 64, 40), (2048, 2064, 1)),
+        ((16, 16, 256, 25), (1024, 2050, 1)),
+        ((16, 20, 256, 25), (1024, 2050, 1)),
+        ((24, 24, 512, 40), (256, 2064, 1)),
     ] {
-        compile(Kernel::FrbStage1, &defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        for output in both {
+            shapes.push(frb(grid, call, None, output));
+        }
+    }
+    // `cbf-frb-bench`'s block steps at case 5 and `cbf-xb-bench --frb`'s chunk: fp16 output.
+    for tuning in [(4, 2), (8, 2), (4, 4)] {
+        shapes.push(frb(
+            (24, 24, 512, 40),
+            (256, 2064, 1),
+            Some(tuning),
+            FrbIntensities::Float16,
+        ));
+    }
+    shapes.push(frb(
+        (24, 24, 512, 40),
+        (256, 256, 5),
+        None,
+        FrbIntensities::Float16,
+    ));
+    for defs in &shapes {
+        compile(Kernel::FrbStage1, defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 1 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 20 + 12
+        ARCHES.len() * (7 * 3 + 20 + 1 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 26
     );
 }
 

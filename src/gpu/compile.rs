@@ -36,8 +36,6 @@ pub enum Kernel {
     Beamform,
     /// The FRB beamformer's first stage (`kernels/frb_stage1.cu`).
     FrbStage1,
-    /// The FRB second stage's fp16 operands (`kernels/frb_half.cu`).
-    FrbHalf,
     /// The FRB second stage's resampling matrix for a beam list (`kernels/frb_weights.cu`:
     /// `frb_w`, and `frb_u` before it).
     FrbWeights,
@@ -62,7 +60,6 @@ impl Kernel {
             Kernel::CorrWgmma => "correlate_wgmma.cu",
             Kernel::Beamform => "beamform.cu",
             Kernel::FrbStage1 => "frb_stage1.cu",
-            Kernel::FrbHalf => "frb_half.cu",
             Kernel::FrbWeights => "frb_weights.cu",
             Kernel::Ddc => "ddc.cu",
             Kernel::PfbComplex => "pfb_complex.cu",
@@ -83,7 +80,6 @@ impl Kernel {
             Kernel::CorrWgmma => "corr_wgmma",
             Kernel::Beamform => "beamform",
             Kernel::FrbStage1 => "frb_stage1",
-            Kernel::FrbHalf => "frb_half",
             Kernel::FrbWeights => "frb_w",
             Kernel::Ddc => "ddc",
             Kernel::PfbComplex => "pfb_complex",
@@ -129,7 +125,6 @@ impl Kernel {
                 include_str!("../../kernels/beamform.cu")
             ),
             Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
-            Kernel::FrbHalf => include_str!("../../kernels/frb_half.cu"),
             Kernel::FrbWeights => include_str!("../../kernels/frb_weights.cu"),
             Kernel::Ddc => concat!(
                 include_str!("../../kernels/decode.cuh"),

@@ -5,11 +5,14 @@
 //! **(batch, dish, channel, spectrum, pol, re/im)** int8 (any byte is a valid sample, −128
 //! included: it is converted exactly). Call sample t is spectrum `t % spectra` of batch
 //! `t / spectra`. **Weights** ([`FrbStage1::set_weights`]): per (channel, dish, pol), complex.
-//! **Output**: float32 intensities **(channel, row, p < 2M, q < 2N)** with
-//! [`FrbConfig::out_rows`] rows per channel, of which the call's return value are complete
-//! slow samples (rows beyond are left as they were). Slow samples run on across calls: the op
-//! keeps the partial sums of a slot that a call ends inside and adds them into the next call's
-//! first row, so any `t_ds` works with any call length.
+//! **Output**: intensities **(channel, row, p < 2M, q < 2N)** with [`FrbConfig::out_rows`] rows
+//! per channel, of which the call's return value are complete slow samples (rows beyond are
+//! left as they were), in the type [`FrbConfig::output`] builds the kernel for
+//! ([`FrbIntensities`]): float32 I ([`FrbStage1::run`]), or the fp16 second stage's operand
+//! fp16(s·I) ([`FrbStage1::run_half`], s a power of two), the float32 value rounded once, so
+//! that stage needs no conversion pass of its own. Slow samples run on across calls: the op
+//! keeps the partial sums of a slot that a call ends inside (float32, whatever the output type)
+//! and adds them into the next call's first row, so any `t_ds` works with any call length.
 //!
 //! **Method** (`kernels/frb_stage1.cu`): the weighted field is gridded into shared memory and
 //! the two zero-padded 1-D transforms are dense DFT matrices applied with fp16 tensor-core MMAs
@@ -25,7 +28,9 @@
 //! |δẼ_pq| ≤ 3u·B, plus fp32 accumulation (at most 2⁻²⁴ per term of ≤ 2·max(M,N)·8 terms,
 //! below 0.1u·B for grids up to 64) and fp16 subnormal flushes (≤ 2⁻²⁵ absolute per value):
 //! δ = 3.1u·B + 2⁻²⁴·MN. Then |Î − I|_pq ≤ Σ_{τπ} (2|Ẽ_τπpq|·δ_τπ + δ_τπ²) + (2t_ds + 2)·2⁻²⁴·I_pq,
-//! the last term for the fp32 squares and running sum.
+//! the last term for the fp32 squares and running sum. The fp16 output adds its own rounding,
+//! u·s·I + η (η = 2⁻²⁵) in scaled units: the rounding of I that `gpu::frb_half`'s bound on the
+//! second stage already charges (e_I there), of the same float32 I.
 //!
 //! **Range**: fp16 holds G only while |G| < 65504: [`FrbStage1::set_weights`] refuses weights
 //! with 128·√2·N·max|W| ≥ 65000.
@@ -33,7 +38,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::f16;
 use num_complex::Complex32;
 
@@ -48,6 +53,18 @@ pub const MAX_GRID_SIDE: usize = 32;
 const MAX_SMEM: usize = 200 * 1024;
 /// Largest slow-sample factor accepted.
 pub const MAX_T_DS: usize = 1 << 16;
+
+/// The element type of the intensities the first stage writes (`-D OUT_HALF`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrbIntensities {
+    /// float32 I: the float32 second stage's input, and what the self-test checks against
+    /// `dsp::frb`.
+    Float32,
+    /// The fp16 second stage's operand: the bits of fp16(s·I) for the float32 I the other form
+    /// writes, s a power of two given to each run, saturated at ±65504 and rounded to nearest
+    /// even — what `gpu::frb_half::f16_from_f32` makes of that float32 value on the host.
+    Float16,
+}
 
 /// What one first stage is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +84,8 @@ pub struct FrbConfig {
     /// sums; blocks per SM give the parallelism. Measured on the H100 at seed 004's five grids,
     /// 2026-11-26: best or within 5 % of the best of 1, 2 and 4).
     pub groups: Option<usize>,
+    /// The output's element type.
+    pub output: FrbIntensities,
 }
 
 fn up(v: usize, k: usize) -> usize {
@@ -83,8 +102,9 @@ impl FrbConfig {
     /// at most `max_weight`. Exactly, |Ẽ| ≤ B = Σ_dishes |W|·|E| ≤ D·128√2·max|W| per (time,
     /// pol) (−128 in both parts is the largest sample); the kernel's |Ẽ| errs by at most
     /// δ = 3.1·2⁻¹¹·B + 2⁻²⁴·MN and its fp32 sums by (2·t_ds + 2)·2⁻²⁴ of I (module doc), so
-    /// I ≤ 2·t_ds·(B + δ)²·(1 + (2·t_ds + 2)·2⁻²⁴). The second stage's fp16 path scales its
-    /// inputs by this bound (`gpu::frb_half`).
+    /// I ≤ 2·t_ds·(B + δ)²·(1 + (2·t_ds + 2)·2⁻²⁴). The fp16 output ([`FrbStage1::run_half`])
+    /// and the second stage's fp16 path take their scale s_I from this bound
+    /// (`gpu::frb_half`), so no intensity saturates.
     pub fn max_intensity(&self, max_weight: f64) -> f64 {
         let eps = 2f64.powi(-24);
         let b = self.dishes as f64 * 128.0 * std::f64::consts::SQRT_2 * max_weight;
@@ -102,7 +122,7 @@ impl FrbConfig {
         self.times().div_ceil(self.t_ds)
     }
 
-    /// Output length (floats).
+    /// Output length (values, of the output's type).
     pub fn output_len(&self) -> usize {
         self.channels * self.out_rows() * 4 * self.rows * self.cols
     }
@@ -154,6 +174,10 @@ impl FrbConfig {
             ("BATCHES", self.batches as i64),
             ("TB", tb as i64),
             ("R", self.groups() as i64),
+            (
+                "OUT_HALF",
+                i64::from(self.output == FrbIntensities::Float16),
+            ),
         ])
     }
 
@@ -391,17 +415,55 @@ impl FrbStage1 {
         Ok(())
     }
 
-    /// Sum one call's samples (see the module doc) on the compute stream; returns the number of
-    /// complete slow samples written to rows 0.. of each channel of `out`.
+    /// Sum one call's samples (see the module doc) on the compute stream into float32 `out`
+    /// (a stage built for [`FrbIntensities::Float32`]); returns the number of complete slow
+    /// samples written to rows 0.. of each channel.
     pub fn run(
         &mut self,
         input: &CudaView<u8>,
         out: &mut CudaSlice<f32>,
     ) -> Result<usize, GpuError> {
+        self.expect(FrbIntensities::Float32)?;
+        self.launch(input, out, 1.0)
+    }
+
+    /// As [`FrbStage1::run`], into `out` as fp16 bits of `scale`·I (a stage built for
+    /// [`FrbIntensities::Float16`]); `scale` must be a power of two, so that scaling is exact.
+    pub fn run_half(
+        &mut self,
+        input: &CudaView<u8>,
+        out: &mut CudaSlice<u16>,
+        scale: f32,
+    ) -> Result<usize, GpuError> {
+        self.expect(FrbIntensities::Float16)?;
+        if !(scale.is_normal() && scale > 0.0 && scale.to_bits() & 0x7f_ffff == 0) {
+            return Err(GpuError::Backend(format!(
+                "FRB stage 1: fp16 output scale {scale:e} is not a normal power of two"
+            )));
+        }
+        self.launch(input, out, scale)
+    }
+
+    fn expect(&self, output: FrbIntensities) -> Result<(), GpuError> {
+        if self.cfg.output != output {
+            return Err(GpuError::Backend(format!(
+                "FRB stage 1: built for {:?} output, run for {output:?}",
+                self.cfg.output
+            )));
+        }
+        Ok(())
+    }
+
+    fn launch<T: DeviceRepr>(
+        &mut self,
+        input: &CudaView<u8>,
+        out: &mut CudaSlice<T>,
+        scale: f32,
+    ) -> Result<usize, GpuError> {
         let cfg = self.cfg;
         if input.len() != cfg.input_bytes() || out.len() != cfg.output_len() {
             return Err(GpuError::Backend(format!(
-                "FRB stage 1: input {} bytes and output {} floats, expected {} and {}",
+                "FRB stage 1: input {} bytes and output {} values, expected {} and {}",
                 input.len(),
                 out.len(),
                 cfg.input_bytes(),
@@ -438,9 +500,11 @@ impl FrbStage1 {
             .arg(carry_out)
             .arg(out)
             .arg(&phase)
-            .arg(&spb);
-        // SAFETY: the argument list matches `frb_stage1`'s; the lengths were checked above and
-        // the kernel indexes within the sizes of its -D constants.
+            .arg(&spb)
+            .arg(&scale);
+        // SAFETY: the argument list matches `frb_stage1`'s, `out`'s element type the kernel's
+        // `out_t` for this stage's OUT_HALF (checked by the callers); the lengths were checked
+        // above and the kernel indexes within the sizes of its -D constants.
         unsafe { b.launch(launch) }?;
         let total = self.phase + cfg.times();
         self.next_carry = read;

@@ -1,16 +1,18 @@
 //! The FRB second stage's half-precision arithmetic (issue 17; seed 004 §5 proposes float16
 //! for I, U and W, "using `cublasHgemm`"): fp16 operands, fp32 sums on the tensor cores. This
 //! module holds what [`super::frb_resample`]'s fp16 path needs besides the GEMMs: the scales
-//! that keep every operand in fp16's range, the rounding of the tables, the intensities'
-//! conversion (`kernels/frb_half.cu`), and the derived error bound the self-test checks value
-//! by value.
+//! that keep every operand in fp16's range, the rounding of the tables and of the intensities
+//! (the first stage writes them rounded, [`super::frb::FrbIntensities::Float16`];
+//! [`f16_from_f32`] is the same rounding on the host, for float32 intensities from elsewhere),
+//! and the derived error bound the self-test checks value by value.
 //!
 //! **Scales** (powers of two, so scaling and unscaling are exact):
 //! - intensities: s_I puts the caller's bound on every input intensity, `max_intensity`, in
 //!   (32752, 65504] ([`crate::gpu::pow2_scale`]), so no intensity overflows fp16 and those down
 //!   to 2⁻²⁹ of the bound are normal. Stage 1 can state that bound a priori
 //!   ([`super::frb::FrbConfig::max_intensity`]): a fixed scale needs no reduction over the
-//!   data and no read back.
+//!   data and no read back, so stage 1 writes fp16(s_I·I) itself, from the float32 sum it
+//!   would otherwise write, with no pass of its own over I.
 //! - tables: |U_p^M(θ)| ≤ 1 (seed 004 eq. 7: a mean of cosines), so |W| = |U·U′| ≤ 1 too;
 //!   both are stored as fp16(2¹⁵·value) ([`TABLE_SCALE`]), below 65504, normal down to 2⁻²⁹.
 //! - the factorised path's V = Uᵀ I (§5.3 eq. 143) is written in fp16 as α₁·ΣŨĨ with α₁ the
@@ -36,7 +38,10 @@
 //!    (|x| ≤ a_x, |y| ≤ a_y): |result − Σxy| ≤ Σ(e_x·a_y + a_x·e_y + e_x·e_y)
 //!    + k·2⁻²²·Σ(a_x + e_x)(a_y + e_y) — [`dot_bound`].
 //! 4. The list path (§5.2 eq. 140): one such sum over ρ = (p, q), k = 4MN, with
-//!    e_I = u·I + η/s_I and e_W = u·|W| + η/2¹⁵.
+//!    e_I = u·I + η/s_I and e_W = u·|W| + η/2¹⁵. Here I is the float32 intensity the fp16
+//!    operand was rounded from once (stage 1's float32 sum, rounded in its kernel; or the
+//!    caller's float32 value, rounded by [`f16_from_f32`]): the bound is on the error against
+//!    that I, and stage 1's own error against the exact intensity is bounded in `gpu::frb`.
 //! 5. The factorised path: V_aq = Σ_p U_pa I_pq by (3) with k = 2M, then rounded to fp16:
 //!    e_V = e₁ + u·(A + e₁) + η/(α₁·s_I·2¹⁵), A = Σ_p |U_pa|·I_pq ≥ |V_aq|; then
 //!    J_ab = Σ_q V_aq U′_qb by (3) with k = 2N, (a_x, e_x) = (A_aq, e_V), e_U′ = u·|U′| + η/2¹⁵.
@@ -46,12 +51,7 @@
 //! float16 output's own rounding over a few beams and far below the radiometer noise of one
 //! slow sample, 1/√(2·t_ds) — see [`super::frb_resample`] for why fp16 is the default.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
-
-use super::compile::Kernel;
-use super::{Gpu, GpuError};
+#![deny(unsafe_code)]
 
 /// Largest finite fp16.
 pub const F16_MAX: f64 = 65504.0;
@@ -72,6 +72,16 @@ pub fn f16_bits(x: f64) -> u16 {
     let v = ((x / ulp).round_ties_even() * ulp).clamp(-F16_MAX, F16_MAX);
     // v is an fp16 value, so every conversion path gives it exactly.
     half::f16::from_f64(v).to_bits()
+}
+
+/// The bits of fp16(`scale`·`x`) as the first stage writes them (`kernels/frb_stage1.cu` with
+/// OUT_HALF): the product taken in float32 as the kernel takes it (exact for a power of two in
+/// range), saturated at ±65504, then rounded once to the nearest fp16, ties to even, from the
+/// f32 (`half`'s conversion from f32 is round-to-nearest-even, by F16C or in software; from an
+/// f64 it would round to f32 first, a second rounding in general).
+pub fn f16_from_f32(x: f32, scale: f32) -> u16 {
+    let max = F16_MAX as f32;
+    half::f16::from_f32((x * scale).clamp(-max, max)).to_bits()
 }
 
 /// The value of fp16 bits.
@@ -157,54 +167,6 @@ pub fn v_bound(scales: &HalfScales, terms: impl Iterator<Item = (f64, f64)> + Cl
     (a, e1 + UNIT * (a + e1) + scales.v_floor())
 }
 
-/// Converts float32 intensities to the fp16 path's operands: fp16(s_I·I), rounded to nearest
-/// (`kernels/frb_half.cu`), on the compute stream.
-pub struct HalfIntensities {
-    gpu: Arc<Gpu>,
-    kernel: CudaFunction,
-    /// (row, p, q) fp16 bits, overwritten by each call.
-    pub half: CudaSlice<u16>,
-    blocks: u32,
-}
-
-impl HalfIntensities {
-    /// For calls of at most `len` intensities.
-    pub fn new(gpu: &Arc<Gpu>, len: usize) -> Result<HalfIntensities, GpuError> {
-        let kernel = gpu.function(Kernel::FrbHalf, &vec![])?;
-        // A grid-stride loop: enough blocks of 256 to fill the GPU, no more than the values.
-        let blocks = len.div_ceil(256).min(16 * gpu.sm_count()?).max(1) as u32;
-        Ok(HalfIntensities {
-            half: gpu.compute.alloc_zeros(len.max(1))?,
-            gpu: Arc::clone(gpu),
-            kernel,
-            blocks,
-        })
-    }
-
-    /// Convert the first `n` values of `input` with scale `scale` into [`Self::half`].
-    pub fn convert(&mut self, input: &CudaView<f32>, n: usize, scale: f32) -> Result<(), GpuError> {
-        if n > input.len() || n > self.half.len() {
-            return Err(GpuError::Backend(format!(
-                "FRB fp16 conversion: {n} values from {} into {}",
-                input.len(),
-                self.half.len()
-            )));
-        }
-        let launch = LaunchConfig {
-            grid_dim: (self.blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let count = n as i64;
-        let mut b = self.gpu.compute.launch_builder(&self.kernel);
-        b.arg(input).arg(&mut self.half).arg(&scale).arg(&count);
-        // SAFETY: the arguments match `frb_half`'s (const float *, unsigned short *, float,
-        // long long); the kernel touches indices below `count`, within both buffers (checked).
-        unsafe { b.launch(launch) }?;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,6 +227,33 @@ mod tests {
         }
         assert_eq!(f16_value(f16_bits(1e6)), F16_MAX);
         assert_eq!(f16_value(f16_bits(-65520.0)), -F16_MAX);
+    }
+
+    /// The first stage's rounding of scaled float32 values against [`f16_bits`] (searched
+    /// against every fp16 above) of the exact f64 product: random values across the normal and
+    /// subnormal ranges, fp16 midpoints (exact in float32) and just off them, saturation.
+    #[test]
+    fn rounding_from_f32_is_the_single_rounding_of_the_scaled_value() {
+        let mut rng = SmallRng::seed_from_u64(17);
+        let table = all_finite();
+        let mut xs: Vec<f32> = (0..50_000)
+            .map(|_| rng.random_range(1.0f32..2.0) * 2f32.powi(rng.random_range(-40..30)))
+            .collect();
+        for w in table.windows(2).step_by(31) {
+            let mid = (0.5 * (w[0] + w[1])) as f32;
+            xs.extend([
+                mid,
+                f32::from_bits(mid.to_bits() + 1),
+                f32::from_bits(mid.to_bits() - 1),
+            ]);
+        }
+        xs.extend([65504.0, 65519.99, 65520.0, 1e30, 0.0, -3.5e-8]);
+        for scale in [1.0f32, 2f32.powi(-20), 2f32.powi(12)] {
+            for &x in &xs {
+                let exact = f64::from(x) * f64::from(scale);
+                assert_eq!(f16_from_f32(x, scale), f16_bits(exact), "{x:e} × {scale:e}");
+            }
+        }
     }
 
     #[test]

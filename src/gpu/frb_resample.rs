@@ -2,9 +2,11 @@
 //! `dsp::frb::resample` and `dsp::frb::resample_factorised`, as cuBLAS GEMMs on the compute
 //! stream, in one of two precisions ([`Precision`]).
 //!
-//! **Input**: intensities on the half-integer grid, `rows` rows of (p < 2M, q < 2N) float32
-//! (first stage's output: a row per (channel, slow sample)). **Output**: `rows` rows of beams,
-//! float32, overwritten.
+//! **Input**: intensities on the half-integer grid, `rows` rows of (p < 2M, q < 2N) (first
+//! stage's output: a row per (channel, slow sample)), float32 ([`FrbResampler::resample`]) or,
+//! for the fp16 path, the bits of fp16(s_I·I) ([`FrbResampler::resample_half`]: as the first
+//! stage writes them with [`super::frb::FrbIntensities::Float16`], s_I from
+//! [`FrbResampler::half_scales`]). **Output**: `rows` rows of beams, float32, overwritten.
 //! - Arbitrary beams (θ_β, θ′_β) (§5.2, eq. 138–140): J = I·W, W_{(p,q),β} = U_p^M(θ_β)·U_q^N(θ′_β),
 //!   one GEMM (rows × 4MN) · (4MN × B).
 //! - A Cartesian product θ_a × θ′_b (§5.3, eq. 141–144): J_row = Uᵀ I_row U′, two strided
@@ -29,21 +31,21 @@
 //!   (k + 2)·2⁻²⁴·Σ|terms| of the exact one (the +2 for the rounding of both factors), plus
 //!   Δ·Σ|I| for a list's device-built W; the factorised form chains two such sums, so its
 //!   bound is (2M + 2N + 4)·2⁻²⁴·Σ_{pq}|U_pa|·|I_pq|·|U′_qb|.
-//! - [`Precision::Float16`] (the engine's default): the intensities converted to fp16 by a small
-//!   kernel, the tables and V stored in fp16, fp32 sums on the tensor cores
-//!   (`cublasGemmEx` / `cublasGemmStridedBatchedEx`, `CUDA_R_16F` operands,
+//! - [`Precision::Float16`] (the engine's default): the intensities in fp16 as the first stage
+//!   wrote them (no conversion pass here), the tables and V stored in fp16, fp32 sums on the
+//!   tensor cores (`cublasGemmEx` / `cublasGemmStridedBatchedEx`, `CUDA_R_16F` operands,
 //!   `CUBLAS_COMPUTE_32F`); scales and the derived bound in [`super::frb_half`] (about 2⁻¹⁰ of
-//!   Σ|U|·I·|U′| for a list, 2⁻⁹ for a product, plus k·2⁻²² of it for the fp32 sums; a list's
-//!   W entries err by Δ besides their rounding, added to e_W), checked
-//!   value by value by the self-test beside the float32 check. It is the default because
+//!   Σ|U|·I·|U′| for a list, 2⁻⁹ for a product, plus k·2⁻²² of it for the fp32 sums, I the
+//!   float32 intensities the fp16 operands were rounded from once; a list's W entries err by
+//!   Δ besides their rounding, added to e_W), checked value by value by the self-test beside
+//!   the float32 check. It is the default because
 //!   that bound is acceptable for intensities: the output is float16 on the wire (the
 //!   encoding itself rounds by 2⁻¹¹), the FRB search downstream quantises to 4 or 8 bits
 //!   (seed 004 §5.2 footnote 10), and one slow sample's radiometer noise is 1/√(2·t_ds) of
 //!   its mean (≥ 0.8 % for any t_ds ≤ 2¹³), far above the bound for beams that are not deep
 //!   nulls of Σ|U|·I·|U′|. Float32 stays selectable (`--frb-beam …,stage2=f32`) where
 //!   the beams must match the CPU backend's to float32's precision.
-//!   Memory: the fp16 tables and V take half the float32 ones, plus 2 bytes per input
-//!   intensity for the converted copy.
+//!   Memory: the fp16 tables and V take half the float32 ones.
 
 use std::sync::Arc;
 
@@ -53,7 +55,7 @@ use cudarc::cublas::sys::{
 use cudarc::cublas::{result as blas, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 
-use super::frb_half::{f16_bits, f16_value, HalfIntensities, HalfScales, TABLE_SCALE};
+use super::frb_half::{f16_bits, f16_value, HalfScales, TABLE_SCALE};
 use super::frb_weights::ListWeights;
 use super::{Gpu, GpuError};
 use crate::dsp::frb_resample::{u_table, FrbBeams};
@@ -70,7 +72,7 @@ pub enum Precision {
     /// float32 operands and sums.
     Float32,
     /// fp16 operands, fp32 tensor-core sums; every input intensity must be at most
-    /// `max_intensity` in magnitude (larger ones saturate at it).
+    /// `max_intensity` in magnitude (larger ones saturated at 65504/s_I when rounded).
     Float16 { max_intensity: f64 },
 }
 
@@ -93,11 +95,10 @@ enum Tables {
         p: usize,
         q: usize,
     },
-    /// As `General`, fp16 bits of 2¹⁵·W, with the intensities' conversion.
+    /// As `General`, fp16 bits of 2¹⁵·W.
     HalfGeneral {
         w: CudaSlice<u16>,
         build: ListWeights<u16>,
-        input: HalfIntensities,
         scales: HalfScales,
     },
     /// As `Product`, fp16 bits of 2¹⁵·U, 2¹⁵·U′ and of V scaled by α₁.
@@ -107,7 +108,6 @@ enum Tables {
         v: CudaSlice<u16>,
         p: usize,
         q: usize,
-        input: HalfIntensities,
         scales: HalfScales,
     },
 }
@@ -315,10 +315,7 @@ impl FrbResampler {
                          (fp16 needs one from {lo:e} to {hi:e})"
                     )));
                 }
-                Some((
-                    max_intensity,
-                    HalfIntensities::new(gpu, max_rows * 4 * rows * cols)?,
-                ))
+                Some(max_intensity)
             }
         };
         let tables = match (beams, half) {
@@ -328,14 +325,13 @@ impl FrbResampler {
                 build.build(list, &mut w)?;
                 Tables::General { w, build }
             }
-            (FrbBeams::List(list), Some((max_intensity, input))) => {
+            (FrbBeams::List(list), Some(max_intensity)) => {
                 let mut build = ListWeights::new(gpu, rows, cols, n_beams)?;
                 let mut w = st.alloc_zeros(build.len())?;
                 build.build(list, &mut w)?;
                 Tables::HalfGeneral {
                     w,
                     build,
-                    input,
                     scales: HalfScales::new(max_intensity, 1.0),
                 }
             }
@@ -346,7 +342,7 @@ impl FrbResampler {
                 p: thetas.len(),
                 q: thetas2.len(),
             },
-            (FrbBeams::Product { thetas, thetas2 }, Some((max_intensity, input))) => {
+            (FrbBeams::Product { thetas, thetas2 }, Some(max_intensity)) => {
                 let round = |x: f64| f16_bits(x * TABLE_SCALE);
                 let (u, p) = (u_table(rows, thetas, round), thetas.len());
                 // The scaled table's largest column sum Σ_p |Ũ_pa| (V's range).
@@ -365,7 +361,6 @@ impl FrbResampler {
                     v: st.alloc_zeros::<u16>(max_rows * p * 2 * cols)?,
                     p,
                     q: thetas2.len(),
-                    input,
                     scales: HalfScales::new(max_intensity, column),
                 }
             }
@@ -399,7 +394,8 @@ impl FrbResampler {
         }
     }
 
-    /// The fp16 path's scales (`None` for float32), for the self-test's bound.
+    /// The fp16 path's scales (`None` for float32): s_I, the one the intensities given to
+    /// [`FrbResampler::resample_half`] must be scaled by, and those of the self-test's bound.
     pub fn half_scales(&self) -> Option<HalfScales> {
         match self.tables {
             Tables::HalfGeneral { scales, .. } | Tables::HalfProduct { scales, .. } => Some(scales),
@@ -407,35 +403,24 @@ impl FrbResampler {
         }
     }
 
-    /// Resample `rows` rows of `i` (row-major (p, q)) into `out` (`rows` × beams), on the
-    /// compute stream.
+    /// Resample `rows` rows of float32 `i` (row-major (p, q)) into `out` (`rows` × beams), on
+    /// the compute stream ([`Precision::Float32`]).
     pub fn resample(
         &mut self,
         i: &CudaView<f32>,
         rows: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
+        self.check_call(i.len(), rows, out.len())?;
         let (pm, pn) = (2 * self.rows, 2 * self.cols);
-        let plane = pm * pn;
-        let beams = self.beams();
-        if rows == 0 || rows > self.max_rows || i.len() < rows * plane || out.len() < rows * beams {
-            return Err(GpuError::Backend(format!(
-                "FRB resampler: {rows} rows (1 to {}), input {} and output {} floats, need {} and {}",
-                self.max_rows,
-                i.len(),
-                out.len(),
-                rows * plane,
-                rows * beams
-            )));
-        }
-        let (blas, gpu) = (&self.blas, &*self.gpu);
-        let (r16, r32) = (cudaDataType_t::CUDA_R_16F, cudaDataType_t::CUDA_R_32F);
+        let beams = self.beams;
+        let blas = &self.blas;
         // SAFETY (every GEMM below): the buffers hold at least what the configurations read
         // and write — the input and output checked above, the tables and V sized at
         // construction for `max_rows` rows; the strides stay within `rows` rows.
         match &mut self.tables {
             Tables::General { w, .. } => {
-                let cfg = list_gemm(beams, rows, plane, 1.0);
+                let cfg = list_gemm(beams, rows, pm * pn, 1.0);
                 unsafe { blas.gemm(cfg.gemm, &*w, i, out) }.map_err(blas_err)?;
             }
             Tables::Product { u, u2, v, p, q } => {
@@ -447,12 +432,35 @@ impl FrbResampler {
                         .map_err(blas_err)?;
                 }
             }
-            Tables::HalfGeneral {
-                w, input, scales, ..
-            } => {
-                input.convert(i, rows * plane, scales.intensity as f32)?;
-                let cfg = list_gemm(beams, rows, plane, scales.list_alpha() as f32);
-                unsafe { gemm_half(blas, gpu, &cfg, &*w, &input.half, out, r32) }?;
+            Tables::HalfGeneral { .. } | Tables::HalfProduct { .. } => {
+                return Err(GpuError::Backend(
+                    "FRB resampler: built for fp16, given float32 intensities".into(),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Resample `rows` rows of `i`, the fp16 bits of s_I·I (row-major (p, q), s_I from
+    /// [`FrbResampler::half_scales`]), into `out` (`rows` × beams, float32, in I's units), on
+    /// the compute stream ([`Precision::Float16`]).
+    pub fn resample_half(
+        &mut self,
+        i: &CudaView<u16>,
+        rows: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        self.check_call(i.len(), rows, out.len())?;
+        let (pm, pn) = (2 * self.rows, 2 * self.cols);
+        let beams = self.beams;
+        let (blas, gpu) = (&self.blas, &*self.gpu);
+        let (r16, r32) = (cudaDataType_t::CUDA_R_16F, cudaDataType_t::CUDA_R_32F);
+        // SAFETY (every GEMM below): as in `resample`; `out` is float32 (CUDA_R_32F) and V
+        // fp16 bits (CUDA_R_16F).
+        match &mut self.tables {
+            Tables::HalfGeneral { w, scales, .. } => {
+                let cfg = list_gemm(beams, rows, pm * pn, scales.list_alpha() as f32);
+                unsafe { gemm_half(blas, gpu, &cfg, &*w, i, out, r32) }?;
             }
             Tables::HalfProduct {
                 u,
@@ -460,17 +468,34 @@ impl FrbResampler {
                 v,
                 p,
                 q,
-                input,
                 scales,
             } => {
-                input.convert(i, rows * plane, scales.intensity as f32)?;
                 let alphas = (scales.v as f32, scales.product_alpha() as f32);
                 let [first, second] = product_gemms((pm, pn), (*p, *q), rows, alphas);
                 unsafe {
-                    gemm_half(blas, gpu, &first, &input.half, &*u, v, r16)?;
+                    gemm_half(blas, gpu, &first, i, &*u, v, r16)?;
                     gemm_half(blas, gpu, &second, &*u2, &*v, out, r32)?;
                 }
             }
+            Tables::General { .. } | Tables::Product { .. } => {
+                return Err(GpuError::Backend(
+                    "FRB resampler: built for float32, given fp16 intensities".into(),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// A call's rows and buffer lengths (values) checked against the resampler's.
+    fn check_call(&self, input: usize, rows: usize, output: usize) -> Result<(), GpuError> {
+        let plane = 4 * self.rows * self.cols;
+        if rows == 0 || rows > self.max_rows || input < rows * plane || output < rows * self.beams {
+            return Err(GpuError::Backend(format!(
+                "FRB resampler: {rows} rows (1 to {}), input {input} and output {output} values, need {} and {}",
+                self.max_rows,
+                rows * plane,
+                rows * self.beams
+            )));
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::{CudaEvent, CudaStream, DevicePtrMut};
 
 use super::{Gpu, GpuError};
 
@@ -103,6 +103,25 @@ impl Timeline {
             return Ok(None);
         }
         stream.join(after)?;
+        self.start(gpu, stream)
+    }
+
+    /// A timing event recorded on `stream` once it has waited, as a write of `buf` on it would,
+    /// for the work on other streams that last read or wrote `buf` (cudarc's per-buffer
+    /// events), if recording: the span then times the stream's own work, not that wait, and no
+    /// wait is added that the write would not make anyway.
+    pub fn start_writing<T>(
+        &self,
+        gpu: &Arc<Gpu>,
+        stream: &CudaStream,
+        buf: &mut impl DevicePtrMut<T>,
+    ) -> Result<Option<CudaEvent>, GpuError> {
+        if self.spans.is_none() {
+            return Ok(None);
+        }
+        // Taking the pointer for writing queues the waits; the guard records a write event
+        // when dropped, which the real write records again after it.
+        drop(buf.device_ptr_mut(stream));
         self.start(gpu, stream)
     }
 

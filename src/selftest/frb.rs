@@ -4,14 +4,20 @@
 //! seed's grid shapes (8×12, 16×20, 24×24), an odd tiny grid (5×3) and partly filled grids,
 //! random dish maps, `t_ds` 1, 3, 7 and 40 with slow samples running across calls (each case
 //! makes two or three calls whose lengths `t_ds` does not divide), several batches per call,
-//! −128 in the input, and weights of varied magnitude per (channel, dish, pol). The second stage
+//! −128 in the input, and weights of varied magnitude per (channel, dish, pol). On the same input,
+//! the first stage built for fp16 output must write, bit for bit, the host's rounding of the
+//! float32 output (`gpu::frb_half::f16_from_f32`, `half`'s round-to-nearest from f32) at three
+//! scales: the engine's a-priori one, one that saturates the largest values and one that puts
+//! most in fp16's subnormals. The second stage
 //! (`gpu::frb_resample`) is checked against `dsp::frb`'s resampling, beam lists and beam grids,
-//! in float32 and in fp16, each against its own derived bound (for a list, with the device-built
+//! in float32 and in fp16 (inputs rounded to fp16 on the host, as the first stage writes them),
+//! each against its own derived bound (for a list, with the device-built
 //! W's deviation Δ per entry added, `gpu::frb_weights`), lists also after a re-point from other
 //! positions (tracking beams) and with beams on the half-integer grid.
 
 use std::sync::Arc;
 
+use cudarc::driver::CudaSlice;
 use num_complex::{Complex32, Complex64};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
@@ -22,11 +28,11 @@ use crate::dsp::frb::{
     intensities, resample, resample_factorised, u_sum, DishGrid, FieldTransform, FrbShape,
 };
 use crate::dsp::frb_resample::FrbBeams;
-use crate::gpu::frb::{error_bound, FrbConfig, FrbStage1};
-use crate::gpu::frb_half::{dot_bound, rounded, v_bound};
+use crate::gpu::frb::{error_bound, FrbConfig, FrbIntensities, FrbStage1};
+use crate::gpu::frb_half::{dot_bound, f16_from_f32, rounded, v_bound, F16_MAX};
 use crate::gpu::frb_resample::{FrbResampler, Precision};
 use crate::gpu::frb_weights::deviation;
-use crate::gpu::{Gpu, GpuError};
+use crate::gpu::{pow2_scale, Gpu, GpuError};
 
 struct Case {
     rows: usize,
@@ -61,7 +67,67 @@ fn fields(grid: &DishGrid, e: &[Complex64], w: &[Complex64], times: usize) -> (V
     (abs, b)
 }
 
-fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuError> {
+/// The first stage built for fp16 output beside the float32 one, at one scale choice.
+struct HalfOutput {
+    op: FrbStage1,
+    out: CudaSlice<u16>,
+    /// Values whose bits differed from the host's rounding, and values compared.
+    mismatches: usize,
+    compared: usize,
+    /// Values saturated (±65504) and subnormal (nonzero) among them.
+    saturated: usize,
+    subnormal: usize,
+}
+
+/// The scales of the three fp16 outputs for one call, from its float32 intensities: the
+/// engine's a-priori one (`a_priori`), one putting the largest into (2, 4]·65504 (the largest
+/// saturate) and one putting the median into (2⁻¹⁷, 2⁻¹⁶] (fp16's subnormals are below 2⁻¹⁴);
+/// all three the a-priori one for a call that completed no slow sample.
+fn half_scales(a_priori: f64, values: &[f32]) -> [f32; 3] {
+    let mut v: Vec<f64> = values.iter().map(|&x| f64::from(x)).collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return [a_priori as f32; 3];
+    }
+    let (median, top) = (v[v.len() / 2], v[v.len() - 1]);
+    [
+        a_priori,
+        4.0 * pow2_scale(top, F16_MAX),
+        pow2_scale(median, 2f64.powi(-16)),
+    ]
+    .map(|s| s as f32)
+}
+
+impl HalfOutput {
+    /// Compare the fp16 output of a call that wrote `rows` rows per channel at `scale` with
+    /// the host's rounding of the float32 one, `host` (the whole output buffer).
+    fn compare(
+        &mut self,
+        gpu: &Gpu,
+        cfg: &FrbConfig,
+        host: &[f32],
+        rows: usize,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        let bits = gpu.compute.clone_dtoh(&self.out)?;
+        let per_channel = cfg.out_rows() * 4 * cfg.rows * cfg.cols;
+        let used = rows * 4 * cfg.rows * cfg.cols;
+        for (b, h) in bits
+            .chunks_exact(per_channel)
+            .zip(host.chunks_exact(per_channel))
+        {
+            for (&got, &x) in b[..used].iter().zip(&h[..used]) {
+                self.mismatches += usize::from(got != f16_from_f32(x, scale));
+                self.saturated += usize::from(got & 0x7fff == 0x7bff);
+                self.subnormal += usize::from(got & 0x7c00 == 0 && got & 0x3ff != 0);
+                self.compared += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<[Check; 2], GpuError> {
     let (m, n) = (case.rows, case.cols);
     let mut cells: Vec<(usize, usize)> = (0..m * n).map(|c| (c / n, c % n)).collect();
     cells.shuffle(rng);
@@ -77,14 +143,40 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
         batches: case.batches,
         time_block: None,
         groups: None,
+        output: FrbIntensities::Float32,
     };
     let mut op = FrbStage1::new(Arc::clone(gpu), cfg, &grid)?;
+    let half_cfg = FrbConfig {
+        output: FrbIntensities::Float16,
+        ..cfg
+    };
+    let mut halves = (0..3)
+        .map(|_| {
+            Ok(HalfOutput {
+                op: FrbStage1::new(Arc::clone(gpu), half_cfg, &grid)?,
+                out: gpu.compute.alloc_zeros(cfg.output_len())?,
+                mismatches: 0,
+                compared: 0,
+                saturated: 0,
+                subnormal: 0,
+            })
+        })
+        .collect::<Result<Vec<_>, GpuError>>()?;
     let d = case.dishes;
     // Weights of varied magnitude, as float32 (the oracle gets the same values).
     let weights: Vec<Complex32> = (0..case.channels * d * 2)
         .map(|_| Complex32::from_polar(rng.random_range(0.05..1.5), rng.random_range(-3.2..3.2)))
         .collect();
     op.set_weights(&weights)?;
+    for h in &mut halves {
+        h.op.set_weights(&weights)?;
+    }
+    let largest = weights
+        .iter()
+        .map(|w| f64::from(w.norm()))
+        .fold(0.0, f64::max);
+    // The engine's scale: fixed by the bound on every intensity at these weights.
+    let a_priori = pow2_scale(cfg.max_intensity(largest), F16_MAX);
 
     let times = cfg.times();
     let per_call = cfg.input_bytes();
@@ -93,6 +185,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
     let mut e_all = vec![Vec::<Complex64>::new(); case.channels];
     let mut got = vec![Vec::<f32>::new(); case.channels];
     let mut out = gpu.compute.alloc_zeros::<f32>(cfg.output_len())?;
+    let mut rows_ok = true;
     for _ in 0..case.calls {
         let bytes: Vec<u8> = (0..per_call)
             .map(|_| {
@@ -106,6 +199,16 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
         let input = gpu.compute.clone_htod(&bytes)?;
         let rows = op.run(&input.as_view(), &mut out)?;
         let host = gpu.compute.clone_dtoh(&out)?;
+        let written: Vec<f32> = host
+            .chunks_exact(cfg.out_rows() * plane)
+            .flat_map(|c| c[..rows * plane].iter().copied())
+            .collect();
+        // Every call, so the fp16 stages' carries hold what the float32 one's does.
+        for (h, scale) in halves.iter_mut().zip(half_scales(a_priori, &written)) {
+            let half_rows = h.op.run_half(&input.as_view(), &mut h.out, scale)?;
+            rows_ok &= half_rows == rows;
+            h.compare(gpu, &cfg, &host, rows, scale)?;
+        }
         for (f, e) in e_all.iter_mut().enumerate() {
             for t in 0..times {
                 let (batch, s) = (t / case.spectra, t % case.spectra);
@@ -129,7 +232,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
         times: total,
         t_ds: case.t_ds,
     };
-    let (mut worst, mut rms, mut count, mut rows_ok) = (0.0f64, 0.0f64, 0usize, true);
+    let (mut worst, mut rms, mut count) = (0.0f64, 0.0f64, 0usize);
     for f in 0..case.channels {
         let mut wg = vec![Complex64::default(); 2 * m * n];
         for (dish, (r, c)) in grid.positions().enumerate() {
@@ -150,19 +253,43 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<Check, GpuEr
         }
     }
     let rms = (rms / count.max(1) as f64).sqrt();
-    Ok(Check {
-        name: format!(
-            "frb stage 1 {m:>2}×{n:<2} {d:>3} dishes t_ds {:>2} {} ch {} t ×{} ×{} calls",
-            case.t_ds, case.channels, case.spectra, case.batches, case.calls
-        ),
-        measured: worst,
-        limit: 1.0,
-        pass: rows_ok && count > 0 && worst <= 1.0,
-        note: format!(
-            "largest error / derived bound {worst:.3}; RMS relative error {rms:.2e} over {count} intensities{}",
-            if rows_ok { "" } else { "; WRONG number of slow samples" }
-        ),
-    })
+    let shape = format!(
+        "{m:>2}×{n:<2} {d:>3} dishes t_ds {:>2} {} ch {} t ×{} ×{} calls",
+        case.t_ds, case.channels, case.spectra, case.batches, case.calls
+    );
+    let wrong_rows = if rows_ok {
+        ""
+    } else {
+        "; WRONG number of slow samples"
+    };
+    let sum = |f: fn(&HalfOutput) -> usize| halves.iter().map(f).sum::<usize>();
+    let (mismatches, compared) = (sum(|h| h.mismatches), sum(|h| h.compared));
+    let (saturated, subnormal) = (sum(|h| h.saturated), sum(|h| h.subnormal));
+    Ok([
+        Check {
+            name: format!("frb stage 1 {shape}"),
+            measured: worst,
+            limit: 1.0,
+            pass: rows_ok && count > 0 && worst <= 1.0,
+            note: format!(
+                "largest error / derived bound {worst:.3}; RMS relative error {rms:.2e} over {count} intensities{wrong_rows}"
+            ),
+        },
+        Check {
+            name: format!("frb stage 1 fp16 out {shape}"),
+            measured: mismatches as f64,
+            limit: 0.0,
+            // Every scale's values compared, the saturation and subnormal paths taken.
+            pass: rows_ok
+                && mismatches == 0
+                && halves.iter().all(|h| h.compared > 0)
+                && saturated > 0
+                && subnormal > 0,
+            note: format!(
+                "fp16 values whose bits differ from the host's rounding of the float32 output: {mismatches} of {compared} ({saturated} saturated, {subnormal} subnormal), at the a-priori scale, one saturating the largest and one making the median subnormal{wrong_rows}"
+            ),
+        },
+    ])
 }
 
 /// The second stage (`gpu::frb_resample`) against `dsp::frb::resample{,_factorised}` on random
@@ -185,9 +312,18 @@ fn check_resample(
     if start.is_some() {
         op.repoint(&set.positions())?;
     }
-    let input = gpu.compute.clone_htod(i)?;
     let mut out = gpu.compute.alloc_zeros::<f32>(rows * set.len())?;
-    op.resample(&input.as_view(), rows, &mut out)?;
+    match op.half_scales() {
+        None => op.resample(&gpu.compute.clone_htod(i)?.as_view(), rows, &mut out)?,
+        Some(s) => {
+            // As the first stage writes them: fp16(s_I·I) rounded from float32.
+            let bits: Vec<u16> = i
+                .iter()
+                .map(|&x| f16_from_f32(x, s.intensity as f32))
+                .collect();
+            op.resample_half(&gpu.compute.clone_htod(&bits)?.as_view(), rows, &mut out)?;
+        }
+    }
     let got = gpu.compute.clone_dtoh(&out)?;
     let exact: Vec<f64> = i.iter().map(|&v| f64::from(v)).collect();
     let u_abs = |len: usize, side: usize, t: f64| -> Vec<f64> {
@@ -324,7 +460,10 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     ]
     .iter()
     .map(|case| check(gpu, &mut rng, case))
-    .collect::<Result<Vec<_>, _>>()?;
+    .collect::<Result<Vec<_>, _>>()?
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>();
     // Each shape in float32 and fp16, the fp16 bound on the inputs tight (their largest
     // possible value) or loose (values far below it, some subnormal once scaled).
     for (grid, beams, rows, loose) in [

@@ -13,7 +13,7 @@
 //! relative to each channel's peak, so a weak channel is judged as strictly as a strong one.
 //!
 //! This is a wiring check — heap layout, weights, scaling, versioning, both second-stage
-//! precisions — not the numeric one: each GPU stage is checked against its derived error bound
+//! precisions (the fp16 one fed by the first stage's fp16 output) — not the numeric one: each GPU stage is checked against its derived error bound
 //! by [`super::frb`]. Their errors (≤ 3.1·2⁻¹¹ of the field per value in stage 1; in stage 2
 //! float32, or fp16 within about 4·2⁻¹¹ of Σ|U|·I·|U′| ≤ 3.1·max I on this grid, random in sign so
 //! far less in practice; float16 encoding 2⁻¹¹) are below the limit used here, 1 % of the
@@ -31,7 +31,7 @@ use super::Check;
 use crate::dsp::frb::DishGrid;
 use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
 use crate::dsp::frb_resample::{FrbBeams, Resample};
-use crate::gpu::frb::FrbConfig;
+use crate::gpu::frb::{FrbConfig, FrbIntensities};
 use crate::gpu::{Gpu, GpuError};
 use crate::xbengine::backend::{CpuBackend, FrbChunk, FrbRepoint, XbBackend, XbShape};
 use crate::xbengine::cuda::CudaBackend;
@@ -95,11 +95,15 @@ fn check(
             batches,
             time_block: None,
             groups: None,
+            output: if stage2_f32 {
+                FrbIntensities::Float32
+            } else {
+                FrbIntensities::Float16
+            },
         },
         grid: grid.clone(),
         beams: beams.clone(),
         scale,
-        stage2_f32,
     };
     let mut cuda = CudaBackend::new(Arc::clone(gpu), shape, batches, 0)?.with_frb(&[spec])?;
     let heap_bytes = n_ants * channels * spectra * 4;

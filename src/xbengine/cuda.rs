@@ -16,6 +16,11 @@
 //! touches it wait for it; that is the event chain of seed 001 (copy → correlate → copy out),
 //! and it also keeps a device input slot from being overwritten while the compute stream still
 //! reads it. Every buffer is allocated at start-up.
+//!
+//! For benchmarks, [`CudaBackend::record_timeline`] event-times every copy and launch on the
+//! stream it runs on ("h2d chunk", "correlate", "reduce", "d2h vis", "beamform", "d2h beams",
+//! and the FRB outputs' spans), each span starting once its stream has made the waits on the
+//! other streams that its work would make anyway, so that it times the work alone.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -30,6 +35,7 @@ use crate::dsp::correlate::CorrShape;
 use crate::gpu::beamform::{BeamformConfig, Beamformer};
 use crate::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use crate::gpu::memory::HostRegistrations;
+use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
 
 fn gpu_error(e: impl Into<GpuError>) -> BackendError {
@@ -97,6 +103,8 @@ pub struct CudaBackend {
     pinned: HostRegistrations,
     /// The `--frb-beam` outputs ([`super::cuda_frb`]).
     frb: Vec<CudaFrb>,
+    /// Copies and launches, timed when a benchmark asks ([`CudaBackend::record_timeline`]).
+    timeline: Timeline,
 }
 
 impl CudaBackend {
@@ -185,6 +193,7 @@ impl CudaBackend {
             pinned: HostRegistrations::new(Arc::clone(&gpu)),
             input_bytes: cfg.input_bytes(),
             frb: Vec::new(),
+            timeline: Timeline::default(),
             gpu,
         })
     }
@@ -193,9 +202,23 @@ impl CudaBackend {
     pub fn with_frb(mut self, specs: &[CudaFrbSpec]) -> Result<CudaBackend, GpuError> {
         self.frb = specs
             .iter()
-            .map(|spec| CudaFrb::new(&self.gpu, spec))
-            .collect::<Result<_, _>>()?;
+            .map(|spec| {
+                let mut f = CudaFrb::new(&self.gpu, spec)?;
+                f.timeline = self.timeline.clone();
+                Ok(f)
+            })
+            .collect::<Result<_, GpuError>>()?;
         Ok(self)
+    }
+
+    /// Time every copy and launch from now on (for benchmarks); the handle summarises them
+    /// per label (module doc).
+    pub fn record_timeline(&mut self) -> Timeline {
+        self.timeline.enable();
+        for f in &mut self.frb {
+            f.timeline = self.timeline.clone();
+        }
+        self.timeline.clone()
     }
 }
 
@@ -225,11 +248,13 @@ impl XbBackend for CudaBackend {
             )));
         }
         self.current = (self.current + 1) % INPUT_SLOTS;
-        let h2d = &self.gpu.h2d;
-        h2d.memcpy_htod(chunk, &mut self.inputs[self.current])
-            .map_err(gpu_error)?;
+        let (gpu, tl) = (&self.gpu, &self.timeline);
+        let h2d = &gpu.h2d;
+        let slot = &mut self.inputs[self.current];
+        let t = tl.start_writing(gpu, h2d, slot).map_err(gpu_error)?;
+        h2d.memcpy_htod(chunk, slot).map_err(gpu_error)?;
         self.copied.record(h2d).map_err(gpu_error)?;
-        Ok(())
+        tl.end(gpu, h2d, "h2d chunk", t).map_err(gpu_error)
     }
 
     fn release(&mut self) -> Result<(), BackendError> {
@@ -240,13 +265,19 @@ impl XbBackend for CudaBackend {
         if batches.is_empty() {
             return Ok(());
         }
+        let (gpu, tl) = (&self.gpu, &self.timeline);
+        // The chunk's copy is the last work on the host-to-device stream.
+        let t = tl
+            .start_after(gpu, &gpu.compute, &gpu.h2d)
+            .map_err(gpu_error)?;
         self.correlator
             .correlate_range(
                 &self.inputs[self.current].as_view(),
                 &mut self.acc[output],
                 batches,
             )
-            .map_err(gpu_error)
+            .map_err(gpu_error)?;
+        tl.end(gpu, &gpu.compute, "correlate", t).map_err(gpu_error)
     }
 
     fn dump(
@@ -266,8 +297,12 @@ impl XbBackend for CudaBackend {
         for (f, &p) in flags.iter_mut().zip(present) {
             *f = u8::from(p);
         }
-        let st = &self.gpu.compute;
+        let (gpu, tl) = (&self.gpu, &self.timeline);
+        let st = &gpu.compute;
         st.memcpy_htod(&self.host_present, &mut self.present)
+            .map_err(gpu_error)?;
+        let t = tl
+            .start_writing(gpu, st, &mut self.vis)
             .map_err(gpu_error)?;
         self.correlator
             .reduce(
@@ -278,6 +313,7 @@ impl XbBackend for CudaBackend {
                 true,
             )
             .map_err(gpu_error)?;
+        tl.end(gpu, st, "reduce", t).map_err(gpu_error)?;
         let need = self.vis.len() * 4;
         if out.capacity() < need && self.pinned.covers(&out[..0]) {
             // Growing it would free page-locked memory the backend still has registered.
@@ -287,7 +323,8 @@ impl XbBackend for CudaBackend {
             )));
         }
         out.resize(need, 0);
-        let d2h = &self.gpu.d2h;
+        let d2h = &gpu.d2h;
+        let t = tl.start_after(gpu, d2h, st).map_err(gpu_error)?;
         let dump = &mut self.dumps[output];
         d2h.memcpy_dtoh(&self.clips, &mut dump.clips)
             .map_err(gpu_error)?;
@@ -307,13 +344,13 @@ impl XbBackend for CudaBackend {
                 Some(b) => b,
                 None => self
                     .bounce
-                    .insert(host(&self.gpu, self.vis.len()).map_err(gpu_error)?),
+                    .insert(host(gpu, self.vis.len()).map_err(gpu_error)?),
             };
             d2h.memcpy_dtoh(&self.vis, bounce).map_err(gpu_error)?;
         }
         dump.done.record(d2h).map_err(gpu_error)?;
         dump.buffer = Some(out);
-        Ok(())
+        tl.end(gpu, d2h, "d2h vis", t).map_err(gpu_error)
     }
 
     fn dumped(&mut self, output: usize) -> Result<(Vec<u8>, u64), BackendError> {
@@ -345,7 +382,11 @@ impl XbBackend for CudaBackend {
         let s = self.next_beam_slot;
         self.next_beam_slot = (s + 1) % BEAM_SLOTS;
         let slot = &mut self.beam_slots[s];
+        let (gpu, tl) = (&self.gpu, &self.timeline);
         bf.set_beams(input.version, input.beams)
+            .map_err(gpu_error)?;
+        let t = tl
+            .start_writing(gpu, &gpu.compute, &mut slot.data)
             .map_err(gpu_error)?;
         bf.form(
             &self.inputs[self.current].as_view(),
@@ -358,11 +399,15 @@ impl XbBackend for CudaBackend {
             &mut slot.clips,
         )
         .map_err(gpu_error)?;
-        let d2h = &self.gpu.d2h;
+        tl.end(gpu, &gpu.compute, "beamform", t)
+            .map_err(gpu_error)?;
+        let d2h = &gpu.d2h;
+        let t = tl.start_after(gpu, d2h, &gpu.compute).map_err(gpu_error)?;
         d2h.memcpy_dtoh(&slot.data, &mut slot.host_data)
             .map_err(gpu_error)?;
         d2h.memcpy_dtoh(&slot.clips, &mut slot.host_clips)
             .map_err(gpu_error)?;
+        tl.end(gpu, d2h, "d2h beams", t).map_err(gpu_error)?;
         Ok(s)
     }
 

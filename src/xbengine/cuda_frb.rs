@@ -16,7 +16,10 @@
 //!   weight is refused and a channel of small weights keeps its precision beside one of large.
 //! - **fp16 second stage**: its inputs are scaled by a bound fixed at start-up,
 //!   [`FrbConfig::max_intensity`] at the scaled weights' limit (below), which no intensity
-//!   of any chunk can exceed whatever the weights, so nothing is measured per chunk.
+//!   of any chunk can exceed whatever the weights, so nothing is measured per chunk, and the
+//!   first stage writes them so, as fp16 ([`FrbIntensities::Float16`] with the resampler's
+//!   s_I): the bits a conversion of its float32 output would give, without that pass. With
+//!   `stage2=f32` both stages keep float32.
 //! - **Missing antennas**: the engine zeroes missing heaps before the chunk is loaded, so they
 //!   add nothing; the presence flags are not needed here.
 //! - **Slow samples**: the configuration makes `t_ds` divide a chunk's spectra, so every call
@@ -29,6 +32,9 @@
 //!   the next chunk, waits for that copy only and encodes with the per-channel scales of the
 //!   weights the chunk was formed with (kept in its slot, so a weight change in between does
 //!   not reach the older chunk).
+//! - **Timing** (benchmarks, [`super::cuda::CudaBackend::record_timeline`]): the two stages and
+//!   the copy back are event-timed on the streams they run on ("frb stage 1", "frb stage 2",
+//!   "d2h frb"), each span starting once the stream has made the waits its work would make.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -41,19 +47,20 @@ use super::cuda::host;
 use crate::dsp::frb::DishGrid;
 use crate::dsp::frb_fast::encode_f16;
 use crate::dsp::frb_resample::FrbBeams;
-use crate::gpu::frb::{FrbConfig, FrbStage1};
+use crate::gpu::frb::{FrbConfig, FrbIntensities, FrbStage1};
 use crate::gpu::frb_resample::{FrbResampler, Precision};
+use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
 
 /// What one output's GPU stages are built from.
 pub struct CudaFrbSpec {
+    /// The first stage's shape; its output type is also the second stage's arithmetic:
+    /// [`FrbIntensities::Float16`] for the fp16 GEMMs (default), `Float32` with `stage2=f32`.
     pub config: FrbConfig,
     pub grid: DishGrid,
     pub beams: FrbBeams,
     /// The float16 encoding's scale (`--frb-beam`'s `scale`).
     pub scale: f32,
-    /// The second stage in float32 (`stage2=f32`) rather than fp16.
-    pub stage2_f32: bool,
 }
 
 /// One `--frb-beam` output on the GPU.
@@ -62,7 +69,7 @@ pub(super) struct CudaFrb {
     stage1: FrbStage1,
     resampler: FrbResampler,
     /// First stage's output, (channel, slow sample, p, q).
-    intensities: CudaSlice<f32>,
+    intensities: Intensities,
     /// Second stage's output, (channel, slow sample, beam).
     beams: CudaSlice<f32>,
     slots: Vec<FrbSlot>,
@@ -73,6 +80,17 @@ pub(super) struct CudaFrb {
     /// Per channel: 1/s_c² for the weights last uploaded; and their version.
     weight_scales: Vec<f32>,
     version: Option<u64>,
+    pub(super) timeline: Timeline,
+}
+
+/// The intensities between the stages, in the second stage's operand type.
+enum Intensities {
+    Float32(CudaSlice<f32>),
+    /// fp16 bits of `scale`·I, `scale` the resampler's s_I.
+    Float16 {
+        half: CudaSlice<u16>,
+        scale: f32,
+    },
 }
 
 /// One chunk's beams on their way back.
@@ -103,15 +121,21 @@ impl CudaFrb {
         let cfg = spec.config;
         let stage1 = FrbStage1::new(Arc::clone(gpu), cfg, &spec.grid)?;
         let rows = cfg.channels * cfg.out_rows();
-        let precision = if spec.stage2_f32 {
-            Precision::Float32
-        } else {
-            Precision::Float16 {
+        let precision = match cfg.output {
+            FrbIntensities::Float32 => Precision::Float32,
+            FrbIntensities::Float16 => Precision::Float16 {
                 max_intensity: cfg.max_intensity(weight_limit(&cfg)),
-            }
+            },
         };
         let resampler = FrbResampler::new(gpu, cfg.rows, cfg.cols, &spec.beams, rows, precision)?;
         let st = &gpu.compute;
+        let intensities = match resampler.half_scales() {
+            None => Intensities::Float32(st.alloc_zeros(cfg.output_len())?),
+            Some(s) => Intensities::Float16 {
+                half: st.alloc_zeros(cfg.output_len())?,
+                scale: s.intensity as f32,
+            },
+        };
         let len = rows * resampler.beams();
         let slots = (0..FRB_SLOTS)
             .map(|_| {
@@ -122,7 +146,7 @@ impl CudaFrb {
             })
             .collect::<Result<_, GpuError>>()?;
         Ok(CudaFrb {
-            intensities: st.alloc_zeros(cfg.output_len())?,
+            intensities,
             beams: st.alloc_zeros(len)?,
             slots,
             pending: VecDeque::with_capacity(FRB_SLOTS),
@@ -133,6 +157,7 @@ impl CudaFrb {
             scale: spec.scale,
             weight_scales: vec![1.0; cfg.channels],
             version: None,
+            timeline: Timeline::default(),
         })
     }
 
@@ -176,7 +201,16 @@ impl CudaFrb {
             self.stage1.set_weights(&scaled).map_err(err)?;
             self.version = Some(input.version);
         }
-        let rows = self.stage1.run(chunk, &mut self.intensities).map_err(err)?;
+        let gpu = Arc::clone(&self.gpu);
+        let (compute, d2h) = (&gpu.compute, &gpu.d2h);
+        let tl = &self.timeline;
+        let t = tl.start_after(&gpu, compute, &gpu.h2d).map_err(err)?;
+        let rows = match &mut self.intensities {
+            Intensities::Float32(i) => self.stage1.run(chunk, i),
+            Intensities::Float16 { half, scale } => self.stage1.run_half(chunk, half, *scale),
+        }
+        .map_err(err)?;
+        tl.end(&gpu, compute, "frb stage 1", t).map_err(err)?;
         if rows != cfg.out_rows() {
             return Err(BackendError(format!(
                 "FRB stage 1 ended {rows} slow samples per channel, expected {} (t_ds must divide \
@@ -184,22 +218,28 @@ impl CudaFrb {
                 cfg.out_rows()
             )));
         }
-        self.resampler
-            .resample(
-                &self.intensities.as_view(),
-                cfg.channels * rows,
-                &mut self.beams,
-            )
+        let t = tl
+            .start_writing(&gpu, compute, &mut self.beams)
             .map_err(err)?;
+        let n = cfg.channels * rows;
+        match &self.intensities {
+            Intensities::Float32(i) => self.resampler.resample(&i.as_view(), n, &mut self.beams),
+            Intensities::Float16 { half, .. } => {
+                self.resampler
+                    .resample_half(&half.as_view(), n, &mut self.beams)
+            }
+        }
+        .map_err(err)?;
+        tl.end(&gpu, compute, "frb stage 2", t).map_err(err)?;
         // A slot no outstanding chunk holds (fewer than FRB_SLOTS are, checked above).
         let s = (0..FRB_SLOTS)
             .find(|s| self.pending.iter().all(|p| p.0 != *s))
             .ok_or_else(|| BackendError("no free FRB result slot".into()))?;
         let slot = &mut self.slots[s];
-        self.gpu
-            .d2h
-            .memcpy_dtoh(&self.beams, &mut slot.host)
+        let t = tl.start_after(&gpu, d2h, compute).map_err(err)?;
+        d2h.memcpy_dtoh(&self.beams, &mut slot.host)
             .map_err(|e| err(e.into()))?;
+        tl.end(&gpu, d2h, "d2h frb", t).map_err(err)?;
         for (scale, &inverse) in slot.scales.iter_mut().zip(&self.weight_scales) {
             *scale = self.scale * inverse;
         }

@@ -27,7 +27,7 @@ use crate::engine::metrics::Metrics;
 use crate::engine::send::HeapSink;
 use crate::engine::{EngineError, Shutdown};
 use crate::fengine::BackendKind;
-use crate::gpu::frb::FrbConfig;
+use crate::gpu::frb::{FrbConfig, FrbIntensities};
 
 /// Bytes of packet header and item pointers per packet (8 pointers, as a beam heap's).
 const FRB_PREAMBLE: usize = 72;
@@ -107,11 +107,16 @@ pub(super) fn cuda_specs(config: &XbengineConfig, plan: &Plan) -> Vec<CudaFrbSpe
                 batches: plan.layout.batches,
                 time_block: None,
                 groups: None,
+                // The second stage's operand type (`stage2=`).
+                output: if f.stage2_f32 {
+                    FrbIntensities::Float32
+                } else {
+                    FrbIntensities::Float16
+                },
             },
             grid: f.grid.clone(),
             beams: f.beams.clone(),
             scale: f.scale() as f32,
-            stage2_f32: f.stage2_f32,
         })
         .collect()
 }
