@@ -13,7 +13,7 @@ use cbf::dsp::correlate_fast::{self, Correlator};
 use cbf::dsp::ddc::{ddc, ddc_weights_discard, mixer_step};
 use cbf::dsp::ddc_fast::FastDdc;
 use cbf::dsp::frb::{intensities, DishGrid, FrbShape};
-use cbf::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
+use cbf::dsp::frb_fast::{self, FrbBeamformer, FrbChunkShape};
 use cbf::dsp::frb_resample::{resample, FrbBeams, Resample};
 use cbf::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft, Window};
 use cbf::dsp::postproc::{postproc_heap, HeapInput, OutputBits, SpectrumDelay};
@@ -262,6 +262,23 @@ fn xb_cpu(c: &mut Criterion<CpuTime>) {
     correlation(c, "xbengine_cpu");
     beamforming(c, "xbengine_cpu");
     frb_case5(c);
+    frb_encode(c);
+}
+
+/// The FRB heap's float16 encoding (`dsp::frb_fast::encode_f16`, one thread), which both
+/// backends run on the engine thread for every beam value: 1 M values of magnitudes around
+/// the scale, a few saturating. Seed 004 case 5's 96×96 grid has 75.5 M per 35 ms chunk.
+fn frb_encode(c: &mut Criterion<CpuTime>) {
+    let mut g = c.benchmark_group("frb_cpu");
+    let j: Vec<f32> = (0..1 << 20)
+        .map(|i| ((i as u32).wrapping_mul(2654435761) >> 8) as f32 * 1e-2)
+        .collect();
+    let mut out = vec![0u8; 2 * j.len()];
+    g.throughput(Throughput::Elements(j.len() as u64));
+    g.bench_function("encode_f16_1M", |b| {
+        b.iter(|| frb_fast::encode_f16(&j, 0.5, &mut out))
+    });
+    g.finish();
 }
 
 /// The CPU FRB beamformer (`dsp::frb_fast`, one thread) at seed 004 Table 3's case 5 (full

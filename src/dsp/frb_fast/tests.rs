@@ -240,3 +240,52 @@ fn float16_encoding_saturates_and_counts() {
     // 3.0, −0.5, 65504, −65504 in IEEE binary16.
     assert_eq!(out, [0x00, 0x42, 0x00, 0xb8, 0xff, 0x7b, 0xff, 0xfb]);
 }
+
+/// The block-wise conversion gives the bits of an independent rounding (`gpu::frb_half::f16_bits`:
+/// the f64 value rounded to a multiple of its fp16 spacing, ties to even; an f32 is exact in
+/// f64, so this is one rounding) over normals, subnormals, halfway cases, saturation and a
+/// partial last block, with the clip count of a direct count.
+#[test]
+fn float16_encoding_matches_the_value_by_value_rounding() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut j: Vec<f32> = (0..2500)
+        .map(|_| {
+            let r = next();
+            // Random bits as a float across many magnitudes, finite only.
+            f32::from_bits((r as u32 & 0x807f_ffff) | (((r >> 32) as u32 % 60 + 100) << 23))
+        })
+        .collect();
+    // Exact halfway points between fp16 neighbours at scale 1, and the saturation edge.
+    j.extend([
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        65504.0,
+        65520.0,
+        -65519.0,
+        2f32.powi(-25),
+    ]);
+    for scale in [1.0f32, 0.5, 2f32.powi(-20), 2f32.powi(10)] {
+        let mut out = vec![0u8; 2 * j.len()];
+        let clips = encode_f16(&j, scale, &mut out);
+        let mut want_clips = 0;
+        for (i, &v) in j.iter().enumerate() {
+            let x = v * scale;
+            if x.abs() > F16_MAX {
+                want_clips += 1;
+            }
+            let want = crate::gpu::frb_half::f16_bits(f64::from(x));
+            assert_eq!(
+                [out[2 * i], out[2 * i + 1]],
+                want.to_le_bytes(),
+                "value {v} at scale {scale}"
+            );
+        }
+        assert_eq!(clips, want_clips);
+    }
+}
