@@ -149,14 +149,15 @@ fn per_chunk(labels: &[LabelSummary], label: &str, chunks: usize) -> f64 {
 }
 
 /// Spans of the compute stream, and of the FRB output among them.
-const COMPUTE: [&str; 5] = [
+const COMPUTE: [&str; 6] = [
     "correlate",
     "reduce",
     "beamform",
     "frb stage 1",
     "frb stage 2",
+    "frb encode",
 ];
-const FRB: [&str; 2] = ["frb stage 1", "frb stage 2"];
+const FRB: [&str; 3] = ["frb stage 1", "frb stage 2", "frb encode"];
 const COPIES: [&str; 4] = ["h2d chunk", "d2h vis", "d2h beams", "d2h frb"];
 
 /// The report's lines from the timeline's summary over `chunks` chunks of `span_ms` each
@@ -253,8 +254,8 @@ fn run_case(
     let mut dump_pending = false;
     // FRB heap buffers, reused as the engine's send pool reuses them.
     let mut frb_bufs: Vec<Vec<u8>> = vec![Vec::new(), Vec::new()];
-    // Host time in `frb_formed` (a blocking call: the copy's wait, then the float16 encoding
-    // on the engine thread), for the timed chunks.
+    // Host time in `frb_formed` (a blocking call: the copy's wait, then the heap's bytes
+    // copied on the engine thread), for the timed chunks.
     let mut collect = Duration::ZERO;
     let mut step = |k: usize, backend: &mut CudaBackend| -> Result<(), Box<dyn Error>> {
         backend.load(&ring[k % RING])?;
@@ -320,7 +321,7 @@ fn run_case(
     }
     let host_ms = collect.as_secs_f64() * 1e3 / chunks as f64;
     println!(
-        "  host, engine thread: collecting the previous chunk's FRB heap (wait for its copy, float16 encoding of {} values) {host_ms:.3} ms per chunk = {:.1} % of real time",
+        "  host, engine thread: collecting the previous chunk's FRB heap (wait for its copy, then {} float16 values copied into the heap) {host_ms:.3} ms per chunk = {:.1} % of real time",
         s.spec.config.channels * s.spec.config.out_rows() * s.spec.beams.len(),
         100.0 * host_ms / (s.span * 1e3)
     );

@@ -68,7 +68,8 @@ fn every_kernel_compiles_for_every_architecture() {
             }
         }
         compile(Kernel::Copy, &[], arch).unwrap_or_else(|e| panic!("{e}"));
-        compiled += 1;
+        compile(Kernel::F16Encode, &[], arch).unwrap_or_else(|e| panic!("{e}"));
+        compiled += 2;
         // The correlator: a single antenna, an odd count, and 1024 antennas; both input widths.
         // Short heaps are merged in groups of batches (32 spectra: 2 per 64-time step). Rows
         // longer than the mma kernel's int32 window (65536 times) loop over windows, which
@@ -331,7 +332,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 1 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 26
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 26
     );
 }
 

@@ -39,6 +39,7 @@ pub enum Kernel {
     /// The FRB second stage's resampling matrix for a beam list (`kernels/frb_weights.cu`:
     /// `frb_w`, and `frb_u` before it).
     FrbWeights,
+    F16Encode,
     /// The narrowband down-conversion: mixer, low-pass FIR, subsampling (`kernels/ddc.cu`).
     Ddc,
     /// The narrowband PFB FIR on the complex DDC output (`kernels/pfb_complex.cu`).
@@ -61,6 +62,7 @@ impl Kernel {
             Kernel::Beamform => "beamform.cu",
             Kernel::FrbStage1 => "frb_stage1.cu",
             Kernel::FrbWeights => "frb_weights.cu",
+            Kernel::F16Encode => "f16_encode.cu",
             Kernel::Ddc => "ddc.cu",
             Kernel::PfbComplex => "pfb_complex.cu",
             Kernel::FmaPeak => "fma_peak.cu",
@@ -81,6 +83,7 @@ impl Kernel {
             Kernel::Beamform => "beamform",
             Kernel::FrbStage1 => "frb_stage1",
             Kernel::FrbWeights => "frb_w",
+            Kernel::F16Encode => "f16_encode",
             Kernel::Ddc => "ddc",
             Kernel::PfbComplex => "pfb_complex",
             Kernel::FmaPeak => "fma_peak",
@@ -126,6 +129,7 @@ impl Kernel {
             ),
             Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
             Kernel::FrbWeights => include_str!("../../kernels/frb_weights.cu"),
+            Kernel::F16Encode => include_str!("../../kernels/f16_encode.cu"),
             Kernel::Ddc => concat!(
                 include_str!("../../kernels/decode.cuh"),
                 include_str!("../../kernels/ddc.cu")

@@ -12,6 +12,7 @@ pub mod compile;
 pub mod correlate;
 pub mod ddc;
 pub mod ddc_tune;
+pub mod f16_encode;
 pub mod fft;
 pub mod frb;
 pub mod frb_half;

@@ -6,6 +6,7 @@ pub mod backends;
 pub mod beamform;
 pub mod correlate;
 pub mod ddc;
+pub mod f16_encode;
 pub mod fengine;
 pub mod frb;
 pub mod frb_weights;
@@ -33,7 +34,7 @@ type Family = (
     fn(&Arc<Gpu>, u64) -> Result<Vec<Check>, GpuError>,
 );
 
-const FAMILIES: [Family; 10] = [
+const FAMILIES: [Family; 11] = [
     ("fengine", fengine::run),
     ("ddc", ddc::run),
     ("narrowband", narrowband::run),
@@ -42,6 +43,7 @@ const FAMILIES: [Family; 10] = [
     ("beamform", beamform::run),
     ("frb", frb::run),
     ("frb_weights", frb_weights::run),
+    ("f16_encode", f16_encode::run),
     ("xbengine", xbengine::run),
     ("xbengine_frb", xbengine_frb::run),
 ];

@@ -2,8 +2,8 @@
 //! ([`FrbStage1`], the gridded fp16 tensor-core transform summed to intensities) over the
 //! device copy of the chunk, then the second stage ([`FrbResampler`], cuBLAS: fp16 operands
 //! by default, float32 with `stage2=f32`) to the output's beams, on the compute stream after
-//! the chunk's beams; the beams are copied back and encoded to float16 on the host as the CPU
-//! backend encodes its own, one chunk later.
+//! the chunk's beams; the beams are encoded to float16 on the device ([`F16Encoder`], the bits
+//! of the CPU backend's `encode_f16`) and copied back into the heap, one chunk later.
 //!
 //! - **Beams**: a list's W is built on the device from the (θ, θ′) list at start-up and at each
 //!   re-point (`?frb-beams`, [`super::frb_pointing`]) by [`FrbResampler::repoint`], queued on
@@ -25,16 +25,18 @@
 //! - **Slow samples**: the configuration makes `t_ds` divide a chunk's spectra, so every call
 //!   ends on a slow-sample boundary and returns all its rows (the op could carry partial sums
 //!   across calls; the heap format has a fixed number of rows per chunk).
-//! - **Copy back**, as the beams': [`CudaFrb::form`] queues the stages and a copy of the
-//!   float32 beams into one of [`FRB_SLOTS`] pinned host buffers on the device-to-host stream
-//!   and returns; cudarc's events order the copy after the second stage and the next chunk's
-//!   second stage after the copy. [`CudaFrb::take`], called by the engine after it has queued
-//!   the next chunk, waits for that copy only and encodes with the per-channel scales of the
-//!   weights the chunk was formed with (kept in its slot, so a weight change in between does
-//!   not reach the older chunk).
+//! - **Encoding and copy back**, as the beams': [`CudaFrb::form`] queues the stages, the
+//!   float16 encoding with each channel's scale (the output's `scale` × 1/s_c² of the weights
+//!   the chunk is formed with, uploaded on the compute stream when the weights change, so
+//!   chunks already queued keep theirs) and a copy of the bytes and the saturation count into
+//!   one of [`FRB_SLOTS`] pinned host buffers on the device-to-host stream, and returns;
+//!   cudarc's events order the copy after the encoding and the next chunk's encoding after the
+//!   copy. [`CudaFrb::take`], called by the engine after it has queued the next chunk, waits
+//!   for that copy only and copies the bytes into the heap. Encoding on the host instead took
+//!   75–200 ms per 35 ms chunk at seed 004 case 5 on the device's host (bench/RESULTS.md).
 //! - **Timing** (benchmarks, [`super::cuda::CudaBackend::record_timeline`]): the two stages and
-//!   the copy back are event-timed on the streams they run on ("frb stage 1", "frb stage 2",
-//!   "d2h frb"), each span starting once the stream has made the waits its work would make.
+//!   the encoding and the copy back are event-timed on the streams they run on ("frb stage 1",
+//!   "frb stage 2", "frb encode", "d2h frb"), each span starting once the stream has made the waits its work would make.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -45,8 +47,8 @@ use num_complex::Complex32;
 use super::backend::{BackendError, FrbChunk, FRB_SLOTS};
 use super::cuda::host;
 use crate::dsp::frb::DishGrid;
-use crate::dsp::frb_fast::encode_f16;
 use crate::dsp::frb_resample::FrbBeams;
+use crate::gpu::f16_encode::F16Encoder;
 use crate::gpu::frb::{FrbConfig, FrbIntensities, FrbStage1};
 use crate::gpu::frb_resample::{FrbResampler, Precision};
 use crate::gpu::timeline::Timeline;
@@ -72,6 +74,12 @@ pub(super) struct CudaFrb {
     intensities: Intensities,
     /// Second stage's output, (channel, slow sample, beam).
     beams: CudaSlice<f32>,
+    encoder: F16Encoder,
+    /// Per channel: the float16 encoding's scale for the weights last uploaded.
+    encode_scales: CudaSlice<f32>,
+    /// The beams as float16 little-endian, and how many saturated.
+    encoded: CudaSlice<u8>,
+    clips: CudaSlice<u64>,
     slots: Vec<FrbSlot>,
     /// Chunks formed and not yet taken, oldest first: their slot and heap buffer.
     pending: VecDeque<(usize, Vec<u8>)>,
@@ -95,10 +103,11 @@ enum Intensities {
 
 /// One chunk's beams on their way back.
 struct FrbSlot {
-    /// (channel, slow sample, beam) float32, written by the device-to-host stream.
-    host: PinnedHostSlice<f32>,
-    /// Per channel: the float16 encoding's scale for this chunk.
-    scales: Vec<f32>,
+    /// (channel, slow sample, beam) float16 little-endian, written by the device-to-host
+    /// stream: the heap's bytes.
+    host: PinnedHostSlice<u8>,
+    /// Values saturated by the encoding.
+    clips: PinnedHostSlice<u64>,
 }
 
 /// The power of two s that puts max |w| in (limit/2, limit] (1 for all-zero weights).
@@ -140,14 +149,18 @@ impl CudaFrb {
         let slots = (0..FRB_SLOTS)
             .map(|_| {
                 Ok(FrbSlot {
-                    host: host(gpu, len)?,
-                    scales: vec![0.0; cfg.channels],
+                    host: host(gpu, 2 * len)?,
+                    clips: host(gpu, 1)?,
                 })
             })
             .collect::<Result<_, GpuError>>()?;
         Ok(CudaFrb {
             intensities,
             beams: st.alloc_zeros(len)?,
+            encoder: F16Encoder::new(gpu, cfg.channels, len / cfg.channels)?,
+            encode_scales: st.alloc_zeros(cfg.channels)?,
+            encoded: st.alloc_zeros(2 * len)?,
+            clips: st.alloc_zeros(1)?,
             slots,
             pending: VecDeque::with_capacity(FRB_SLOTS),
             gpu: Arc::clone(gpu),
@@ -199,6 +212,11 @@ impl CudaFrb {
                 *inverse = (1.0 / (s * s)) as f32;
             }
             self.stage1.set_weights(&scaled).map_err(err)?;
+            let scales: Vec<f32> = self.weight_scales.iter().map(|&i| self.scale * i).collect();
+            self.gpu
+                .compute
+                .memcpy_htod(&scales, &mut self.encode_scales)
+                .map_err(|e| err(e.into()))?;
             self.version = Some(input.version);
         }
         let gpu = Arc::clone(&self.gpu);
@@ -231,18 +249,33 @@ impl CudaFrb {
         }
         .map_err(err)?;
         tl.end(&gpu, compute, "frb stage 2", t).map_err(err)?;
+        let t = tl
+            .start_writing(&gpu, compute, &mut self.encoded)
+            .map_err(err)?;
+        compute
+            .memset_zeros(&mut self.clips)
+            .map_err(|e| err(e.into()))?;
+        self.encoder
+            .encode(
+                &self.beams.as_view(),
+                &self.encode_scales,
+                &mut self.encoded,
+                &mut self.clips,
+                n * self.resampler.beams() / cfg.channels,
+            )
+            .map_err(err)?;
+        tl.end(&gpu, compute, "frb encode", t).map_err(err)?;
         // A slot no outstanding chunk holds (fewer than FRB_SLOTS are, checked above).
         let s = (0..FRB_SLOTS)
             .find(|s| self.pending.iter().all(|p| p.0 != *s))
             .ok_or_else(|| BackendError("no free FRB result slot".into()))?;
         let slot = &mut self.slots[s];
         let t = tl.start_after(&gpu, d2h, compute).map_err(err)?;
-        d2h.memcpy_dtoh(&self.beams, &mut slot.host)
+        d2h.memcpy_dtoh(&self.encoded, &mut slot.host)
+            .map_err(|e| err(e.into()))?;
+        d2h.memcpy_dtoh(&self.clips, &mut slot.clips)
             .map_err(|e| err(e.into()))?;
         tl.end(&gpu, d2h, "d2h frb", t).map_err(err)?;
-        for (scale, &inverse) in slot.scales.iter_mut().zip(&self.weight_scales) {
-            *scale = self.scale * inverse;
-        }
         self.pending.push_back((s, out));
         Ok(())
     }
@@ -261,22 +294,13 @@ impl CudaFrb {
     pub(super) fn take(&mut self) -> Option<Result<(Vec<u8>, u64), BackendError>> {
         let (s, mut out) = self.pending.pop_front()?;
         let slot = &self.slots[s];
-        Some(
-            slot.host
-                .as_slice()
-                .map_err(|e| BackendError(GpuError::from(e).to_string()))
-                .map(|host| {
-                    out.resize(2 * host.len(), 0);
-                    let per_channel = host.len() / self.config.channels;
-                    let clips = host
-                        .chunks_exact(per_channel)
-                        .zip(out.chunks_exact_mut(2 * per_channel))
-                        .zip(&slot.scales)
-                        .map(|((j, o), &scale)| encode_f16(j, scale, o))
-                        .sum();
-                    (out, clips)
-                }),
-        )
+        let read = || -> Result<(Vec<u8>, u64), GpuError> {
+            let clips = slot.clips.as_slice()?[0];
+            out.clear();
+            out.extend_from_slice(slot.host.as_slice()?);
+            Ok((out, clips))
+        };
+        Some(read().map_err(|e| BackendError(e.to_string())))
     }
 }
 
