@@ -85,8 +85,7 @@ pub(super) struct CudaFrb {
     pending: VecDeque<(usize, Vec<u8>)>,
     config: FrbConfig,
     scale: f32,
-    /// Per channel: 1/s_c² for the weights last uploaded; and their version.
-    weight_scales: Vec<f32>,
+    /// The version of the weights last uploaded.
     version: Option<u64>,
     pub(super) timeline: Timeline,
 }
@@ -168,7 +167,6 @@ impl CudaFrb {
             resampler,
             config: cfg,
             scale: spec.scale,
-            weight_scales: vec![1.0; cfg.channels],
             version: None,
             timeline: Timeline::default(),
         })
@@ -200,19 +198,16 @@ impl CudaFrb {
             }
             let limit = weight_limit(&cfg);
             let mut scaled = Vec::with_capacity(input.weights.len());
-            for (row, inverse) in input
-                .weights
-                .chunks_exact(per_channel)
-                .zip(&mut self.weight_scales)
-            {
+            // Per channel: the encoding's scale, the output's `scale` × 1/s_c².
+            let mut scales = Vec::with_capacity(cfg.channels);
+            for row in input.weights.chunks_exact(per_channel) {
                 let s = weight_scale(row, limit);
                 scaled.extend(row.iter().map(|&w| w * s as f32));
-                // Beyond float32 (weights near its own limits) this is 0 or ∞, and the
+                // Beyond float32 (weights near its own limits) 1/s_c² is 0 or ∞, and the
                 // encoding underflows or saturates, as those intensities would anyway.
-                *inverse = (1.0 / (s * s)) as f32;
+                scales.push(self.scale * (1.0 / (s * s)) as f32);
             }
             self.stage1.set_weights(&scaled).map_err(err)?;
-            let scales: Vec<f32> = self.weight_scales.iter().map(|&i| self.scale * i).collect();
             self.gpu
                 .compute
                 .memcpy_htod(&scales, &mut self.encode_scales)
