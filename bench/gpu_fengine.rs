@@ -31,7 +31,7 @@ use num_complex::Complex32;
 mod outputs;
 #[path = "timing.rs"]
 mod timing;
-use timing::{copy_ceiling, median};
+use timing::{copy_at_size, copy_ceiling, median};
 
 const GB: f64 = 1e9;
 
@@ -272,14 +272,9 @@ fn kernels_at(
             channels,
             dither,
             section,
-            // katgpucbf's formulas (h100_measured.md): PFB = packed input read once with the
-            // filter history + f32 output + weights; FFT = complex64 read + written;
-            // post-processing = complex64 in + int8 out + gains.
-            pfb: ((samples + (2 * (taps - 1) * step) as f64) * 1.25
-                + samples * 4.0
-                + (taps * step * 4) as f64)
-                / tp
-                / GB,
+            // katgpucbf's formulas (h100_measured.md): PFB as `pfb_bytes`; FFT = complex64
+            // read + written; post-processing = complex64 in + int8 out + gains.
+            pfb: pfb_bytes(2 * spectra * step, step, taps) / tp / GB,
             fft: samples * 8.0 / tf / GB,
             post: (samples * 4.0 + samples + (2 * channels * 8) as f64) / tq / GB,
             samples: samples / (tp + tf + tq),
@@ -287,6 +282,15 @@ fn kernels_at(
     }
     gb.release()?;
     Ok(figs)
+}
+
+/// Bytes the PFB moves for `samples` output samples (both pols) of `step` per spectrum, by
+/// katgpucbf's formula (h100_measured.md): the packed 10-bit input read once with the filter
+/// history, the float32 output, the weights.
+fn pfb_bytes(samples: usize, step: usize, taps: usize) -> f64 {
+    (samples + 2 * (taps - 1) * step) as f64 * 1.25
+        + samples as f64 * 4.0
+        + (taps * step * 4) as f64
 }
 
 /// The engine path: `Pipeline` on `GpuBackend` over pinned chunks (10-bit, both pols),
@@ -425,11 +429,20 @@ fn main() -> Result<(), GpuError> {
         for channels in [4096, 32768] {
             let sph = (1 << 20) / channels;
             let spectra = sph * default_batch(sph);
+            // The copy ceiling at the PFB's own bytes (read + written) per launch.
+            let step = 2 * channels;
+            let pfb_bytes = pfb_bytes(2 * spectra * step, step, 16);
+            let copy_here = copy_at_size(&gpu, (pfb_bytes / 32.0) as usize, PAD_BYTES)? / GB;
+            println!(
+                "launch-size copy {channels:>5} ch: {:.1} MB read + written per launch, {copy_here:.0} GB/s ({:.0}% of the large copy)",
+                pfb_bytes * 1e-6,
+                100.0 * copy_here / c.copy
+            );
             for f in kernels_at(&gpu, channels, spectra, true, &[32, 64, 128, 256])? {
                 println!(
-                    "launch-size kernels {:>5} ch, {spectra:>4} spectra, section {:>3}: pfb {:>5.0} GB/s ({:>3.0}% of copy), fft {:>5.0} GB/s, postproc {:>5.0} GB/s ({:>3.0}%), chain {:>4.0} GS/s",
-                    f.channels, f.section, f.pfb, 100.0 * f.pfb / c.copy, f.fft, f.post,
-                    100.0 * f.post / c.copy, f.samples / GB
+                    "launch-size kernels {:>5} ch, {spectra:>4} spectra, section {:>3}: pfb {:>5.0} GB/s ({:>3.0}% of copy, {:>3.0}% of the copy at this size), fft {:>5.0} GB/s, postproc {:>5.0} GB/s ({:>3.0}%), chain {:>4.0} GS/s",
+                    f.channels, f.section, f.pfb, 100.0 * f.pfb / c.copy, 100.0 * f.pfb / copy_here,
+                    f.fft, f.post, 100.0 * f.post / c.copy, f.samples / GB
                 );
             }
         }

@@ -12,8 +12,8 @@
 //! stage 2 and the copy back beside the correlator's, the reduce's and the beamformer's, each
 //! against the chunk's real-time span, and the FRB stages' share of the compute stream's busy
 //! time. No host timer is put around asynchronous work; one is put around the engine thread's
-//! collection of each FRB heap (`frb_formed`, which blocks: it waits for the copy and encodes
-//! the beams to float16 on the host), reported apart as host time.
+//! collection of each FRB heap (`frb_formed`, which blocks: it waits for the copy, which the
+//! device makes into the page-locked heap buffer), reported apart as host time.
 //!
 //! Adapted to the engine: its chunks are (batch, antenna, channel, spectrum, pol, re/im) with
 //! 8-bit samples (CHORD's are 4+4-bit: the copy in is twice CHORD's), t_ds must divide a
@@ -224,9 +224,14 @@ fn run_case(
             v
         })
         .collect();
+    // FRB heap buffers, page-locked and reused as the engine's send pool's (the device writes
+    // the heaps into them).
+    let cfg = &s.spec.config;
+    let frb_bytes = cfg.channels * cfg.out_rows() * s.spec.beams.len() * 2;
+    let mut frb_bufs: Vec<Vec<u8>> = vec![vec![0u8; frb_bytes]; 2];
     let mut backend = CudaBackend::new(Arc::clone(gpu), s.shape, batches, BEAMS)?
         .with_frb(std::slice::from_ref(&s.spec))?;
-    for c in &mut ring {
+    for c in ring.iter_mut().chain(&mut frb_bufs) {
         backend.pin(c)?;
     }
     let n_ants = s.shape.n_ants;
@@ -252,10 +257,8 @@ fn run_case(
     };
     let mut beam_slots = std::collections::VecDeque::new();
     let mut dump_pending = false;
-    // FRB heap buffers, reused as the engine's send pool reuses them.
-    let mut frb_bufs: Vec<Vec<u8>> = vec![Vec::new(), Vec::new()];
-    // Host time in `frb_formed` (a blocking call: the copy's wait, then the heap's bytes
-    // copied on the engine thread), for the timed chunks.
+    // Host time in `frb_formed` (a blocking call: the wait for the copy into the heap), for
+    // the timed chunks.
     let mut collect = Duration::ZERO;
     let mut step = |k: usize, backend: &mut CudaBackend| -> Result<(), Box<dyn Error>> {
         backend.load(&ring[k % RING])?;
@@ -302,8 +305,9 @@ fn run_case(
         step(k, &mut backend)?;
     }
     let (window, labels) = timeline.summarise()?;
-    // What is still outstanding, as the engine's flush collects it.
-    backend.frb_formed(0)?;
+    // What is still outstanding, as the engine's flush collects it (kept until the backend has
+    // unlocked it).
+    frb_bufs.push(backend.frb_formed(0)?.0);
     if dump_pending {
         // The pinned heap buffer: kept until the backend has unlocked it (below).
         x_heap = Some(backend.dumped(0)?.0);
@@ -321,13 +325,14 @@ fn run_case(
     }
     let host_ms = collect.as_secs_f64() * 1e3 / chunks as f64;
     println!(
-        "  host, engine thread: collecting the previous chunk's FRB heap (wait for its copy, then {} float16 values copied into the heap) {host_ms:.3} ms per chunk = {:.1} % of real time",
+        "  host, engine thread: collecting the previous chunk's FRB heap (waiting for the device's copy of {} float16 values into it) {host_ms:.3} ms per chunk = {:.1} % of real time",
         s.spec.config.channels * s.spec.config.out_rows() * s.spec.beams.len(),
         100.0 * host_ms / (s.span * 1e3)
     );
-    // The backend unlocks the pinned chunks and heap buffer: before they are freed.
+    // The backend unlocks the pinned chunks and heap buffers: before they are freed.
     drop(backend);
     drop(x_heap);
+    drop(frb_bufs);
     Ok(())
 }
 

@@ -59,3 +59,44 @@ pub fn copy_ceiling(gpu: &Gpu, n: usize) -> Result<f64, GpuError> {
     }
     Ok(2.0 * (n * 16) as f64 / best)
 }
+
+/// [`copy_ceiling`] at a kernel's own size: `n` float4s, each timed launch queued behind a
+/// `pad`-byte device copy so that its events time the copy alone (as the launch-size kernels
+/// are timed), median of 10. A short launch pays its ramp and drain as a kernel of the same
+/// bytes does, so this is the ceiling such a kernel can be held to.
+pub fn copy_at_size(gpu: &Gpu, n: usize, pad: usize) -> Result<f64, GpuError> {
+    let st = &gpu.compute;
+    let src = st.alloc_zeros::<[f32; 4]>(n)?;
+    let mut dst = st.alloc_zeros::<[f32; 4]>(n)?;
+    let pad_src = st.alloc_zeros::<u8>(pad)?;
+    let mut pad_dst = st.alloc_zeros::<u8>(pad)?;
+    let f = gpu.function(Kernel::Copy, &vec![])?;
+    let sms = gpu.sm_count()? as u32;
+    let n64 = n as i64;
+    let mut best = f64::MAX;
+    for blocks in [sms * 8, n.div_ceil(256) as u32] {
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut v = Vec::new();
+        for rep in 0..12 {
+            let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+            let (a, b) = (gpu.ctx.new_event(timing)?, gpu.ctx.new_event(timing)?);
+            st.memcpy_dtod(&pad_src, &mut pad_dst)?;
+            a.record(st)?;
+            let mut l = st.launch_builder(&f);
+            l.arg(&mut dst).arg(&src).arg(&n64);
+            // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
+            unsafe { l.launch(cfg) }?;
+            b.record(st)?;
+            b.synchronize()?;
+            if rep >= 2 {
+                v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
+            }
+        }
+        best = best.min(median(v));
+    }
+    Ok(2.0 * (n * 16) as f64 / best)
+}

@@ -358,10 +358,16 @@ impl Beamformer {
         for (f, d) in dithered.iter_mut().zip(dither) {
             *f = i32::from(d.is_some());
         }
+        // On the host-to-device stream, where they queue behind the loaded chunk's copy (which
+        // the kernel waits for anyway) and ahead of the next chunk's: on the compute stream
+        // the copy engine ran them after the whole next chunk's copy, and the kernel waited
+        // ~6 ms for 100 bytes (bench/RESULTS.md, issue 17's FRB share). cudarc's events make
+        // the launch wait for them.
+        let h2d = &self.gpu.h2d;
+        h2d.memcpy_htod(&p.host_present, &mut p.present)?;
+        h2d.memcpy_htod(&p.host_seeds, &mut p.seeds)?;
+        h2d.memcpy_htod(&p.host_dithered, &mut p.dithered)?;
         let st = &self.gpu.compute;
-        st.memcpy_htod(&p.host_present, &mut p.present)?;
-        st.memcpy_htod(&p.host_seeds, &mut p.seeds)?;
-        st.memcpy_htod(&p.host_dithered, &mut p.dithered)?;
         st.memset_zeros(clips)?;
         let threads = cfg.threads();
         let launch = LaunchConfig {

@@ -9,7 +9,8 @@
 //! that differ per (channel, dish, pol) with channels 64× apart in magnitude (each channel
 //! scaled on its own), a partly filled grid, and both beam-set forms (a Cartesian product and a
 //! list, which is also re-pointed before the second chunk while the first is still outstanding,
-//! so that chunk must keep the old beams and the later ones form the new). Errors are taken
+//! so that chunk must keep the old beams and the later ones form the new), with heap buffers
+//! page-locked through `pin` (the device writes them, as in the engine) and not (staged). Errors are taken
 //! relative to each channel's peak, so a weak channel is judged as strictly as a strong one.
 //!
 //! This is a wiring check — heap layout, weights, scaling, versioning, both second-stage
@@ -105,7 +106,16 @@ fn check(
         beams: beams.clone(),
         scale,
     };
+    // The CUDA backend's heap buffers for chunks 0 and 2 are page-locked through `pin`, as
+    // the engine's are (the device copies into them), chunk 1's is not (staged). Declared
+    // before the backend so they outlive its registrations.
+    let frb_heap_bytes = channels * (spectra * batches / t_ds) * beams.len() * 2;
+    let mut locked: Vec<Vec<u8>> = vec![vec![0; frb_heap_bytes]; 2];
+    let mut returned: Vec<Vec<u8>> = Vec::new();
     let mut cuda = CudaBackend::new(Arc::clone(gpu), shape, batches, 0)?.with_frb(&[spec])?;
+    for b in &mut locked {
+        cuda.pin(b)?;
+    }
     let heap_bytes = n_ants * channels * spectra * 4;
     let (mut worst, mut values) = (0.0f64, 0usize);
     // Per back end, the decoded heaps in chunk order.
@@ -141,9 +151,10 @@ fn check(
             weights: &weights,
             present: &present,
         };
-        for (backend, got) in [&mut cuda as &mut dyn XbBackend, &mut cpu]
+        for (b, (backend, got)) in [&mut cuda as &mut dyn XbBackend, &mut cpu]
             .into_iter()
             .zip(&mut heaps)
+            .enumerate()
         {
             if let (1, Some(moved)) = (k, &repoint) {
                 let table = table.clone();
@@ -156,10 +167,16 @@ fn check(
                 )?;
             }
             backend.load(&chunk)?;
-            backend.frb(0, &input, Vec::new())?;
+            let out = match (b, k) {
+                (0, 0 | 2) => locked.pop().unwrap_or_default(),
+                _ => Vec::new(),
+            };
+            backend.frb(0, &input, out)?;
             // One chunk late, as the engine collects them (after this chunk's weights).
             if k > 0 {
-                got.push(decode(&backend.frb_formed(0)?.0));
+                let (heap, _) = backend.frb_formed(0)?;
+                got.push(decode(&heap));
+                returned.push(heap);
             }
             backend.release()?;
         }
@@ -169,8 +186,13 @@ fn check(
         .into_iter()
         .zip(&mut heaps)
     {
-        got.push(decode(&backend.frb_formed(0)?.0));
+        let (heap, _) = backend.frb_formed(0)?;
+        got.push(decode(&heap));
+        returned.push(heap);
     }
+    // Unlock the buffers before they are freed.
+    drop(cuda);
+    drop(returned);
     if heaps[0].len() != sets.len() || heaps[1].len() != sets.len() {
         return Err(GpuError::Backend("FRB heaps missing".into()));
     }

@@ -299,7 +299,10 @@ impl XbBackend for CudaBackend {
         }
         let (gpu, tl) = (&self.gpu, &self.timeline);
         let st = &gpu.compute;
-        st.memcpy_htod(&self.host_present, &mut self.present)
+        // On the host-to-device stream, ahead of the next chunk's copy (the compute stream's
+        // copy would wait behind it in the copy engine; see `gpu::beamform`).
+        gpu.h2d
+            .memcpy_htod(&self.host_present, &mut self.present)
             .map_err(gpu_error)?;
         let t = tl
             .start_writing(gpu, st, &mut self.vis)
@@ -423,13 +426,27 @@ impl XbBackend for CudaBackend {
         &mut self,
         output: usize,
         input: &FrbChunk<'_>,
-        out: Vec<u8>,
+        mut out: Vec<u8>,
     ) -> Result<(), BackendError> {
         let chunk = self.inputs[self.current].as_view();
-        self.frb
+        let frb = self
+            .frb
             .get_mut(output)
-            .ok_or_else(|| BackendError(format!("no FRB output {output}")))?
-            .form(&chunk, input, out)
+            .ok_or_else(|| BackendError(format!("no FRB output {output}")))?;
+        let need = frb.heap_bytes();
+        if out.capacity() < need && self.pinned.covers(&out[..0]) {
+            // Growing it would free page-locked memory the backend still has registered.
+            return Err(BackendError(format!(
+                "an FRB heap buffer given to pin holds {} bytes, a chunk takes {need}",
+                out.capacity()
+            )));
+        }
+        out.resize(need, 0);
+        let in_place = self.pinned.covers(&out);
+        // SAFETY: a buffer `pinned` covers lies in memory page-locked by `pin`, whose caller
+        // keeps it alive and unmoved while this backend lives, and the heap is not touched
+        // until `frb_formed` returns it.
+        unsafe { frb.form(&chunk, input, out, in_place) }
     }
 
     fn frb_repoint(&mut self, output: usize, repoint: FrbRepoint<'_>) -> Result<(), BackendError> {

@@ -29,11 +29,14 @@
 //!   float16 encoding with each channel's scale (the output's `scale` × 1/s_c² of the weights
 //!   the chunk is formed with, uploaded on the compute stream when the weights change, so
 //!   chunks already queued keep theirs) and a copy of the bytes and the saturation count into
-//!   one of [`FRB_SLOTS`] pinned host buffers on the device-to-host stream, and returns;
-//!   cudarc's events order the copy after the encoding and the next chunk's encoding after the
-//!   copy. [`CudaFrb::take`], called by the engine after it has queued the next chunk, waits
-//!   for that copy only and copies the bytes into the heap. Encoding on the host instead took
-//!   75–200 ms per 35 ms chunk at seed 004 case 5 on the device's host (bench/RESULTS.md).
+//!   the heap buffer on the device-to-host stream, and returns; cudarc's events order the
+//!   copy after the encoding and the next chunk's encoding after the copy. The engine's heap
+//!   buffers are page-locked ([`super::backend::XbBackend::pin`]), so the device writes the
+//!   heap itself; a buffer that is not goes through one of [`FRB_SLOTS`] pinned staging
+//!   buffers and is copied into on the host. [`CudaFrb::take`], called by the engine after it
+//!   has queued the next chunk, waits for that copy only. Encoding on the host took 75–200 ms
+//!   per 35 ms chunk at seed 004 case 5 on the device's host, and the staged copy 24 ms of
+//!   the engine thread's (bench/RESULTS.md).
 //! - **Timing** (benchmarks, [`super::cuda::CudaBackend::record_timeline`]): the two stages and
 //!   the encoding and the copy back are event-timed on the streams they run on ("frb stage 1",
 //!   "frb stage 2", "frb encode", "d2h frb"), each span starting once the stream has made the waits its work would make.
@@ -41,7 +44,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaView, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaView, DevicePtr, PinnedHostSlice};
 use num_complex::Complex32;
 
 use super::backend::{BackendError, FrbChunk, FRB_SLOTS};
@@ -83,6 +86,8 @@ pub(super) struct CudaFrb {
     slots: Vec<FrbSlot>,
     /// Chunks formed and not yet taken, oldest first: their slot and heap buffer.
     pending: VecDeque<(usize, Vec<u8>)>,
+    /// Bytes of one chunk's beams: float16 (channel, slow sample, beam).
+    heap_bytes: usize,
     config: FrbConfig,
     scale: f32,
     /// The version of the weights last uploaded.
@@ -102,11 +107,16 @@ enum Intensities {
 
 /// One chunk's beams on their way back.
 struct FrbSlot {
-    /// (channel, slow sample, beam) float16 little-endian, written by the device-to-host
-    /// stream: the heap's bytes.
-    host: PinnedHostSlice<u8>,
+    /// Staging for a heap buffer that is not page-locked: (channel, slow sample, beam) float16
+    /// little-endian, written by the device-to-host stream (allocated at the first such chunk;
+    /// the engine's buffers are page-locked and never need it).
+    staging: Option<PinnedHostSlice<u8>>,
+    /// The device wrote the heap buffer itself, not `staging`.
+    in_place: bool,
     /// Values saturated by the encoding.
     clips: PinnedHostSlice<u64>,
+    /// Recorded on the device-to-host stream after the chunk's copies.
+    done: CudaEvent,
 }
 
 /// The power of two s that puts max |w| in (limit/2, limit] (1 for all-zero weights).
@@ -148,8 +158,10 @@ impl CudaFrb {
         let slots = (0..FRB_SLOTS)
             .map(|_| {
                 Ok(FrbSlot {
-                    host: host(gpu, 2 * len)?,
+                    staging: None,
+                    in_place: false,
                     clips: host(gpu, 1)?,
+                    done: gpu.ctx.new_event(None)?,
                 })
             })
             .collect::<Result<_, GpuError>>()?;
@@ -162,6 +174,7 @@ impl CudaFrb {
             clips: st.alloc_zeros(1)?,
             slots,
             pending: VecDeque::with_capacity(FRB_SLOTS),
+            heap_bytes: 2 * len,
             gpu: Arc::clone(gpu),
             stage1,
             resampler,
@@ -172,13 +185,24 @@ impl CudaFrb {
         })
     }
 
+    /// Bytes of one chunk's heap.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.heap_bytes
+    }
+
     /// Queue the output's beams over `chunk` (the device copy of the loaded chunk) and their
-    /// copy back; [`CudaFrb::take`] returns them in `out`.
-    pub(super) fn form(
+    /// copy back; [`CudaFrb::take`] returns them in `out`, which holds [`CudaFrb::heap_bytes`]
+    /// bytes. With `in_place` the device copies into `out` itself.
+    ///
+    /// # Safety
+    /// With `in_place`, `out` lies in page-locked memory that stays alive and unmoved until
+    /// [`CudaFrb::take`] has returned it.
+    pub(super) unsafe fn form(
         &mut self,
         chunk: &CudaView<u8>,
         input: &FrbChunk<'_>,
-        out: Vec<u8>,
+        mut out: Vec<u8>,
+        in_place: bool,
     ) -> Result<(), BackendError> {
         let cfg = self.config;
         let err = |e: GpuError| BackendError(e.to_string());
@@ -264,12 +288,39 @@ impl CudaFrb {
         let s = (0..FRB_SLOTS)
             .find(|s| self.pending.iter().all(|p| p.0 != *s))
             .ok_or_else(|| BackendError("no free FRB result slot".into()))?;
+        if out.len() != self.heap_bytes {
+            return Err(BackendError(format!(
+                "an FRB heap buffer of {} bytes, a chunk's beams take {}",
+                out.len(),
+                self.heap_bytes
+            )));
+        }
         let slot = &mut self.slots[s];
         let t = tl.start_after(&gpu, d2h, compute).map_err(err)?;
-        d2h.memcpy_dtoh(&self.encoded, &mut slot.host)
-            .map_err(|e| err(e.into()))?;
+        slot.in_place = in_place;
+        if in_place {
+            let (src, _read) = self.encoded.device_ptr(d2h);
+            // SAFETY: `out` holds exactly the encoded bytes and lies in page-locked memory kept
+            // alive and unmoved until `take` returns it (this function's contract), which waits
+            // for `done` before handing it back. `device_ptr` made d2h wait for the encoding and
+            // records the read, so the next chunk's encoding waits for this copy.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(&mut out[..], src, d2h.cu_stream())
+                    .map_err(|e| err(e.into()))?;
+            }
+        } else {
+            let staging = match &mut slot.staging {
+                Some(h) => h,
+                None => slot
+                    .staging
+                    .insert(host(&gpu, self.heap_bytes).map_err(err)?),
+            };
+            d2h.memcpy_dtoh(&self.encoded, staging)
+                .map_err(|e| err(e.into()))?;
+        }
         d2h.memcpy_dtoh(&self.clips, &mut slot.clips)
             .map_err(|e| err(e.into()))?;
+        slot.done.record(d2h).map_err(|e| err(e.into()))?;
         tl.end(&gpu, d2h, "d2h frb", t).map_err(err)?;
         self.pending.push_back((s, out));
         Ok(())
@@ -290,9 +341,15 @@ impl CudaFrb {
         let (s, mut out) = self.pending.pop_front()?;
         let slot = &self.slots[s];
         let read = || -> Result<(Vec<u8>, u64), GpuError> {
+            slot.done.synchronize()?;
             let clips = slot.clips.as_slice()?[0];
-            out.clear();
-            out.extend_from_slice(slot.host.as_slice()?);
+            if !slot.in_place {
+                let staging = slot
+                    .staging
+                    .as_ref()
+                    .ok_or_else(|| GpuError::Backend("a staged FRB heap without staging".into()))?;
+                out.copy_from_slice(staging.as_slice()?);
+            }
             Ok((out, clips))
         };
         Some(read().map_err(|e| BackendError(e.to_string())))

@@ -207,7 +207,7 @@ impl Engine {
         } else {
             Some(beam_outputs(&config, &plan, &shutdown)?)
         };
-        let frb = frb::frb_outputs(&config, &plan, &shutdown)?;
+        let frb = frb::frb_outputs(&config, &plan, backend.as_mut(), &shutdown)?;
         Ok(Engine {
             config,
             plan,

@@ -125,6 +125,7 @@ pub(super) fn cuda_specs(config: &XbengineConfig, plan: &Plan) -> Vec<CudaFrbSpe
 pub(super) fn frb_outputs(
     config: &XbengineConfig,
     plan: &Plan,
+    backend: &mut dyn XbBackend,
     shutdown: &Shutdown,
 ) -> Result<Vec<FrbOutput>, EngineError> {
     let chunk_s = plan.layout.chunk_step() as f64 / config.adc_sample_rate;
@@ -145,7 +146,8 @@ pub(super) fn frb_outputs(
             let r = rate(config, heap_bytes, FRB_PREAMBLE, chunk_s);
             let stream = stream_spec(config, vec![f.dst], FRB_PREAMBLE, r).open()?;
             tracing::info!(output = %f.name, beams = f.beams.len(), t_ds = f.t_ds, rate_gbps = r * 8e-9, "FRB beams");
-            let mut nothing = |_: &mut [u8]| Ok(());
+            // The backend writes the heaps straight into these (page-locked on the CUDA backend).
+            let mut pin = |b: &mut [u8]| backend.pin(b).map_err(|e| format!("FRB heap buffer: {e}"));
             // One heap with the backend per slot, one with the send thread.
             let sink = spawn_sink(
                 config,
@@ -153,7 +155,7 @@ pub(super) fn frb_outputs(
                 &f.name,
                 stream,
                 format,
-                (FRB_SLOTS + 1, heap_bytes, &mut nothing),
+                (FRB_SLOTS + 1, heap_bytes, &mut pin),
                 shutdown,
             )?;
             Ok(FrbOutput {
