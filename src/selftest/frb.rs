@@ -1,7 +1,8 @@
 //! The FRB beamformer's first stage (`gpu::frb`) against `dsp::frb::intensities` (f64) on fresh
 //! random input: every intensity within the error bound derived in `gpu::frb` (fp16 operands,
 //! fp32 sums), computed per value from the exact field of a separate f64 FFT. Cases cover the
-//! seed's grid shapes (8×12, 16×20, 24×24), an odd tiny grid (5×3) and partly filled grids,
+//! seed's grid shapes (8×12, 16×20, 24×24), an odd tiny grid (5×3), 12×16, 4×8 and 16×16, and
+//! partly filled grids,
 //! random dish maps, `t_ds` 1, 3, 7 and 40 with slow samples running across calls (each case
 //! makes two or three calls whose lengths `t_ds` does not divide), several batches per call,
 //! −128 in the input, and weights of varied magnitude per (channel, dish, pol). On the same input,
@@ -457,6 +458,11 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(16, 20, 256, 7, 2, 24, 2, 2),
         c(24, 24, 512, 40, 2, 64, 2, 3),
         c(24, 24, 400, 40, 1, 100, 1, 1),
+        // More shapes: a grid whose m padding leaves a part step (12 rows), a small one, and
+        // a square grid at t_ds 1.
+        c(12, 16, 150, 3, 2, 24, 2, 2),
+        c(4, 8, 20, 7, 1, 16, 1, 2),
+        c(16, 16, 256, 1, 1, 16, 1, 2),
     ]
     .iter()
     .map(|case| check(gpu, &mut rng, case))
