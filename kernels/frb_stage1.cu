@@ -137,25 +137,54 @@ __device__ __forceinline__ out_t to_out(float v, float scale)
 }
 #endif
 
-// Queue the raw samples t0 … t0+n−1 of every dish into raw (tb, dish) words: a thread per dish
-// (its samples are consecutive in the chunk), so only one address is computed per dish.
-__device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, int f, int t0, int n)
-{
-    for (int d = threadIdx.x; d < D; d += WARPS * 32)
-        for (int tb = 0; tb < n; tb++) {
-            const int t = t0 + tb, batch = t / SPECTRA, s = t % SPECTRA;
-            const size_t word = ((size_t)(batch * D + d) * CHANNELS + f) * SPECTRA + s;
-            cp_async4(smem_addr(raw + tb * D + d), in + word);
-        }
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
 // Byte k of `biased` (a sample + 128) as a float sample: the bits 0x4B0000xx are 2²³ + xx, so
 // one byte permute and one add replace a quarter-rate int-to-float conversion.
 __device__ __forceinline__ float sample(u32 biased, int k)
 {
     return __int_as_float(__byte_perm(biased, 0x4B00u, k | 0x5640)) - 8388736.0f;
 }
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+// Queue the raw samples t0 … t0+n−1 of every dish into raw (dish, tb) words: a thread per dish
+// (its samples are consecutive in the chunk), four at a time where they start on a 16-byte
+// boundary of one batch (one copy instead of four: the 4-byte copies and their addresses were a
+// fifth of the kernel's instructions at seed 004 case 5, bench/RESULTS.md).
+__device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, int f, int t0, int n)
+{
+    for (int d = threadIdx.x; d < D; d += WARPS * 32) {
+        u32 *dst = raw + d * TB;
+        int tb = 0;
+#if TB % 4 == 0 && SPECTRA % 4 == 0
+        // s ≡ 0 (mod 4) and 4 | SPECTRA: the four lie in one batch, 16-byte aligned.
+        for (; tb + 4 <= n; tb += 4) {
+            const int t = t0 + tb, batch = t / SPECTRA, s = t % SPECTRA;
+            if (s % 4 != 0)
+                break;
+            cp_async16(smem_addr(dst + tb), in + ((size_t)(batch * D + d) * CHANNELS + f) * SPECTRA + s);
+        }
+#endif
+        for (; tb < n; tb++) {
+            const int t = t0 + tb, batch = t / SPECTRA, s = t % SPECTRA;
+            cp_async4(smem_addr(dst + tb), in + ((size_t)(batch * D + d) * CHANNELS + f) * SPECTRA + s);
+        }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Grid one raw sample (both pols) of a dish with its weights w into X at x.
+__device__ __forceinline__ void grid_sample(unsigned short *x, u32 raw, float4 w)
+{
+    const u32 biased = raw ^ 0x80808080u;
+    const float re0 = sample(biased, 0), im0 = sample(biased, 1);
+    const float re1 = sample(biased, 2), im1 = sample(biased, 3);
+    *(u32 *)x = pack(w.x * re0 - w.y * im0, w.x * im0 + w.y * re0);
+    *(u32 *)(x + MP * XROW) = pack(w.z * re1 - w.w * im1, w.z * im1 + w.w * re1);
+}
+
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const int *__restrict__ cells,
@@ -238,17 +267,24 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
         }
         __syncthreads();
 
-        // Gridding with weights: X[(tb, π, m)][(n, re/im)] = W·E, a (time, dish) per thread.
+        // Gridding with weights: X[(tb, π, m)][(n, re/im)] = W·E, two times of a dish per
+        // thread (the weights and cell read once for both); consecutive threads take
+        // consecutive dishes at the same times, so their writes fall in distinct cells.
         const u32 *cur = raw + (step & 1) * TB * D;
-        for (int e = threadIdx.x; e < n * D; e += WARPS * 32) {
-            const int tb = e / D, d = e % D;
-            const u32 biased = cur[tb * D + d] ^ 0x80808080u;
+        for (int e = threadIdx.x; e < (n + 1) / 2 * D; e += WARPS * 32) {
+            const int tb = 2 * (e / D), d = e % D;
             const float4 w = ((const float4 *)ws)[d];
             unsigned short *x = xs + tb * 2 * MP * XROW + cs[d];
-            const float re0 = sample(biased, 0), im0 = sample(biased, 1);
-            const float re1 = sample(biased, 2), im1 = sample(biased, 3);
-            *(u32 *)x = pack(w.x * re0 - w.y * im0, w.x * im0 + w.y * re0);
-            *(u32 *)(x + MP * XROW) = pack(w.z * re1 - w.w * im1, w.z * im1 + w.w * re1);
+#if TB % 2 == 0
+            const uint2 r2 = *(const uint2 *)(cur + d * TB + tb);
+            grid_sample(x, r2.x, w);
+            if (tb + 1 < n)
+                grid_sample(x + 2 * MP * XROW, r2.y, w);
+#else
+            grid_sample(x, cur[d * TB + tb], w);
+            if (tb + 1 < n)
+                grid_sample(x + 2 * MP * XROW, cur[d * TB + tb + 1], w);
+#endif
         }
         __syncthreads();
 
