@@ -23,6 +23,7 @@ pub mod pfb;
 pub mod pfb_complex;
 pub mod postproc;
 pub mod timeline;
+pub mod vkgdr;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
