@@ -47,6 +47,8 @@ pub enum GpuError {
     NoCufft,
     #[error("{0}")]
     Backend(String),
+    #[error("{0}")]
+    Vkgdr(#[from] vkgdr::VkgdrError),
     #[error("NVRTC could not compile {kernel} for {arch}: {log}")]
     Compile {
         kernel: &'static str,

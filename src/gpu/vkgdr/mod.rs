@@ -35,7 +35,7 @@ use std::os::fd::IntoRawFd;
 use std::sync::Arc;
 
 use ash::vk;
-use cudarc::driver::{sys, CudaContext, DriverError};
+use cudarc::driver::{sys, CudaContext, CudaStream, CudaViewMut, DevicePtrMut, DriverError};
 
 use vulkan::VulkanMemory;
 
@@ -243,6 +243,31 @@ impl VkgdrMemory {
         let p = host.as_ptr() as usize;
         (p >= start && p + host.len() <= start + self.len)
             .then(|| self.cuda.ptr + (p - start) as u64)
+    }
+
+    /// Queue on `stream` a device-to-device copy of `src` — bytes of this memory, named by
+    /// their host address — into `dst` (as long). `Ok(false)`, nothing queued, if `src` is not
+    /// wholly in this memory. The caller orders the copy after the host's writes of `src`
+    /// (module docs) and keeps `src` unwritten until the copy is done; `dst`'s own reads and
+    /// writes are ordered by cudarc as for any copy.
+    pub fn copy_to_device(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &[u8],
+        dst: &mut CudaViewMut<'_, u8>,
+    ) -> Result<bool, DriverError> {
+        let Some(from) = self.device_address(src) else {
+            return Ok(false);
+        };
+        if src.len() != dst.len() {
+            return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+        }
+        stream.context().bind_to_thread()?;
+        let (to, _record) = dst.device_ptr_mut(stream);
+        // SAFETY: `from` is `src.len()` bytes of this memory's device mapping, `to` as many of
+        // `dst`'s, on the stream `dst`'s pointer was taken for.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, src.len(), stream.cu_stream()) }.result()?;
+        Ok(true)
     }
 
     /// The Vulkan device's name and the size of the heap (BAR window) the memory came from.
