@@ -522,7 +522,8 @@ fn fengine_pipeline(c: &mut Criterion) {
             chunk_id: id,
             data: (0..2 * layout.pol_bytes())
                 .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
-                .collect(),
+                .collect::<Box<[u8]>>()
+                .into(),
             present: vec![1u8; 2 * per_pol].into_boxed_slice(),
             extra: vec![0u64; 2 * per_pol].into_boxed_slice(),
         })

@@ -603,3 +603,79 @@ fn persistent_too_old_input_resynchronises() {
     }
     assert_eq!(present, stats.heaps);
 }
+
+/// One allocation reached only through raw pointers, as a device memory's host mapping is
+/// (`--use-vkgdr`), lent to the chunks in slices.
+struct Lent(*mut [u8]);
+// SAFETY: only freed on drop; the bytes are reached through the chunks' buffers.
+unsafe impl Send for Lent {}
+// SAFETY: as above.
+unsafe impl Sync for Lent {}
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // SAFETY: made by Box::into_raw in `lent`, freed once.
+        drop(unsafe { Box::from_raw(self.0) });
+    }
+}
+
+/// `n` buffers of `len` bytes cut from one allocation, and its base address.
+fn lent(n: usize, len: usize) -> (Vec<cbf::spead::recv::ExternalBuffer>, *const u8) {
+    let raw: *mut [u8] = Box::into_raw(vec![0u8; n * len].into_boxed_slice());
+    let base = raw.cast::<u8>();
+    let owner = Arc::new(Lent(raw));
+    let buffers = (0..n)
+        .map(|i| {
+            // SAFETY: disjoint slices of the allocation, kept alive by `owner`.
+            unsafe { cbf::spead::recv::ExternalBuffer::new(base.add(i * len), len, owner.clone()) }
+                .unwrap()
+        })
+        .collect();
+    (buffers, base)
+}
+
+/// Chunks in lent memory fill exactly as owned ones, each in its own slice of the lender's
+/// allocation; a wrong number or size of buffers is refused.
+#[test]
+fn chunks_in_lent_memory_fill_the_lenders_bytes() {
+    let cfg = config(1);
+    let (buffers, base) = lent(cfg.n_chunks, cfg.chunk_bytes);
+    let slots: Vec<usize> = (0..cfg.n_chunks)
+        .map(|i| base as usize + i * cfg.chunk_bytes)
+        .collect();
+    let group = ChunkGroup::with_buffers(cfg.clone(), buffers).unwrap();
+    let (mut tx, rx) = mem::channel(1024, 1);
+    let n_heaps = 4 * HEAPS_PER_POL as u64;
+    for n in 0..n_heaps {
+        for pol in 0..2 {
+            for p in heap_packets(n, pol) {
+                let mut b = cbf::net::SendBatch::default();
+                b.push_packet(&p, 0);
+                cbf::net::PacketSender::send_batch(&mut tx, &b).unwrap();
+            }
+        }
+    }
+    drop(tx);
+    let stream = thread::spawn({
+        let g = Arc::clone(&group);
+        move || run_stream(g, rx)
+    });
+    let chunks = collect(&group);
+    stream.join().unwrap();
+    assert_eq!(chunks.len(), 4);
+    for c in &chunks {
+        assert!(c.data.is_external());
+        assert!(
+            slots.contains(&(c.data.as_ptr() as usize)),
+            "chunk {}",
+            c.chunk_id
+        );
+        for idx in 0..2 * HEAPS_PER_POL {
+            check_present_heap(c, idx);
+        }
+    }
+    drop(chunks);
+    let (short, _) = lent(cfg.n_chunks, cfg.chunk_bytes - 1);
+    assert!(ChunkGroup::with_buffers(cfg.clone(), short).is_err());
+    let (few, _) = lent(cfg.n_chunks - 1, cfg.chunk_bytes);
+    assert!(ChunkGroup::with_buffers(cfg, few).is_err());
+}

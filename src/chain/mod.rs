@@ -181,6 +181,7 @@ pub fn run(
                 recv_chunk_samples: chunk,
                 backend: BackendKind::Cpu,
                 gpu_device: 0,
+                use_vkgdr: false,
                 tuning_cache: None,
                 jones_per_batch: spectra * channels,
                 max_delay_diff: 0,

@@ -122,9 +122,14 @@ pub struct FengineArgs {
     /// digitisers that set them).
     #[arg(long)]
     pub mask_timestamp: bool,
-    /// katgpucbf's GPU-direct options, refused by name.
-    #[arg(long, hide = true)]
+    /// Receive straight into GPU memory through a host mapping of it (Vulkan device-local
+    /// host-visible memory imported into CUDA, as katgpucbf's vkgdr): no host-to-device copy
+    /// of the input. Needs --backend cuda, a Vulkan driver for the GPU and a BAR window as
+    /// large as the receive chunks (resizable BAR); refused at start-up, saying which is
+    /// missing, otherwise.
+    #[arg(long)]
     pub use_vkgdr: bool,
+    /// katgpucbf's GPUDirect RDMA send, refused by name.
     #[arg(long, hide = true)]
     pub use_peerdirect: bool,
     /// A narrowband output: name=…,channels=…,centre_frequency=…,decimation=…,dst=…[,ddc_taps=16×subsampling,weight_pass=0.005,pass_bandwidth=…,taps=16,w_cutoff=1.0,window_function=hann,dither=uniform,jones_per_batch=…]; pass_bandwidth (Hz) selects no-discard mode; repeatable.
@@ -177,17 +182,11 @@ impl FengineArgs {
         let send_transport =
             self.send_transport
                 .transport(self.ibv.send()?, "--send-ibv", &self.dpdk)?;
-        let gpu_direct = "GPU-direct receive and send are not implemented (the chunks are page-locked host memory)";
-        if self.use_vkgdr {
-            return Err(CliError::flag(
-                "--use-vkgdr",
-                format!("not supported: {gpu_direct}"),
-            ));
-        }
         if self.use_peerdirect {
             return Err(CliError::flag(
                 "--use-peerdirect",
-                format!("not supported: {gpu_direct}"),
+                "not supported: GPUDirect RDMA is not implemented (output heaps are copied to \
+                 host memory and sent from there)",
             ));
         }
         if self.send_chunk_jones == 0 {
@@ -240,6 +239,7 @@ impl FengineArgs {
             recv_chunk_samples: self.recv_chunk_samples,
             backend: self.backend,
             gpu_device: self.gpu_device,
+            use_vkgdr: self.use_vkgdr,
             tuning_cache: self.tuning_cache.clone(),
             jones_per_batch: self.jones_per_batch,
             max_delay_diff: self.max_delay_diff,
@@ -346,6 +346,36 @@ mod tests {
             Err(e) => e.flag,
             Ok(_) => "ok",
         }
+    }
+
+    /// `--use-vkgdr` is taken with the CUDA backend (whether the device can serve it is found
+    /// at start-up) and refused by name with the CPU one.
+    #[test]
+    fn use_vkgdr_needs_the_cuda_backend() {
+        let flag = |backend: Option<&str>| {
+            let mut v = vec![
+                "fengine",
+                "--adc-sample-rate=1712e6",
+                "--sync-time=0",
+                "--recv-chunk-samples=4194304",
+                "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
+                "--use-vkgdr",
+                "127.0.0.1:7148",
+            ];
+            v.extend(backend);
+            let config = Wrap::try_parse_from(v).unwrap().a.config().unwrap();
+            assert!(config.use_vkgdr);
+            config
+                .validate()
+                .map(|_| ())
+                .map_err(|e| (e.flag, e.to_string()))
+        };
+        for refused in [None, Some("--backend=cpu")] {
+            let (f, message) = flag(refused).unwrap_err();
+            assert_eq!(f, "--use-vkgdr");
+            assert!(message.contains("--backend cuda"), "{message}");
+        }
+        assert!(flag(Some("--backend=cuda")).is_ok());
     }
 
     #[test]
@@ -460,7 +490,6 @@ mod tests {
     #[test]
     fn flags_cbf_cannot_honour_are_refused_by_name() {
         for (flag, value) in [
-            ("--use-vkgdr", None),
             ("--use-peerdirect", None),
             // A completion vector without its ibverbs switch would be ignored: refused.
             ("--send-comp-vector", Some("-1")),

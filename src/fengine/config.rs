@@ -38,6 +38,10 @@ pub struct FengineConfig {
     pub recv_chunk_samples: usize,
     pub backend: BackendKind,
     pub gpu_device: usize,
+    /// Receive the chunks straight into GPU memory through a host mapping of it
+    /// (`--use-vkgdr`, `gpu::vkgdr`): the CUDA backend then copies each chunk on the device
+    /// instead of across PCIe. CUDA backend only.
+    pub use_vkgdr: bool,
     /// Where the DDC kernel's tuned mappings are kept (`--tuning-cache`; `None`: the default
     /// place, `gpu::ddc_tune::TuningCache::default_path`).
     pub tuning_cache: Option<std::path::PathBuf>,
@@ -81,6 +85,13 @@ impl FengineConfig {
     /// Check every flag and how they combine.
     pub fn validate(&self) -> Result<Plan, ConfigError> {
         check_sample_rate("--adc-sample-rate", self.adc_sample_rate)?;
+        if self.use_vkgdr && self.backend != BackendKind::Cuda {
+            return Err(ConfigError::new(
+                "--use-vkgdr",
+                "needs --backend cuda: it puts the receive chunks in GPU memory, which the CPU \
+                 backend would have to read back across PCIe",
+            ));
+        }
         self.affinity.validate(self.source.threads)?;
         if !valid_sample_bits(self.dig_sample_bits) {
             return Err(ConfigError::new(

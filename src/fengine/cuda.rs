@@ -4,7 +4,8 @@
 //!
 //! - the input: chunks on the device in slots that every output of the engine shares, each
 //!   sample uploaded once ([`SharedInput`], `cuda_input`; seed 000 §Multiple outputs); the
-//!   engine's chunks are page-locked, so the copies are DMA straight from them;
+//!   engine's chunks are page-locked, so the copies are DMA straight from them, or with
+//!   `--use-vkgdr` already in GPU memory (`gpu::vkgdr`), so the copies run on the device;
 //! - the front end: the wideband PFB or the narrowband DDC + complex PFB (`cuda_front`), its
 //!   consecutive spectra of one coarse delay batched into one launch (both polarisations in
 //!   one grid where their runs line up), into this output's frames;

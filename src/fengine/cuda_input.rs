@@ -23,13 +23,23 @@
 //! - **Host memory**: `copied` is recorded after the last copy that reads the current chunk's
 //!   host memory; an output's `release` waits for it, after which the engine may reuse the
 //!   chunk. The prefetch reads the next chunk's memory, which stays until its own turn.
+//!
+//! With `--use-vkgdr` the chunks themselves are in device memory, written by the receive
+//! threads through its host mapping ([`SharedInput::copy_on_device_from`]): every copy above
+//! becomes a device-to-device copy from the chunk's device address on the same stream, and
+//! nothing else changes: slots, events, holds, and `copied`, which now marks the last copy
+//! that reads the chunk's device memory, before the receivers may write into it again. (The
+//! kernels could read the chunk where it lies instead of from a slot, but the tail, the next
+//! chunk's head, would then be elsewhere, and every kernel would need two inputs; a copy on
+//! the device costs a few tens of µs per chunk of the device's memory bandwidth.)
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut};
 
 use super::backend::ChunkInput;
 use crate::gpu::timeline::Timeline;
+use crate::gpu::vkgdr::VkgdrMemory;
 use crate::gpu::{Gpu, GpuError};
 
 /// Device slots: the chunk the outputs are computing, the next one arriving, and the one
@@ -90,6 +100,9 @@ pub struct SharedInput {
 
 struct Uploads {
     gpu: Arc<Gpu>,
+    /// Where the engine's chunks live in device memory (`--use-vkgdr`): chunks there are
+    /// copied on the device, not across PCIe.
+    device_chunks: Option<Arc<VkgdrMemory>>,
     slots: Vec<Arc<DeviceChunk>>,
     book: SlotBook,
     pol_bytes: usize,
@@ -121,6 +134,7 @@ impl SharedInput {
         };
         let uploads = Uploads {
             gpu: Arc::clone(gpu),
+            device_chunks: None,
             slots: (0..SLOTS).map(|_| slot()).collect::<Result<_, _>>()?,
             book: SlotBook::default(),
             pol_bytes,
@@ -148,6 +162,12 @@ impl SharedInput {
     /// Bytes from one polarisation's samples to the next's in a slot.
     pub fn pol_stride(&self) -> usize {
         self.pol_stride
+    }
+
+    /// Chunks lying in `memory` are copied from its device side from now on: device-to-device
+    /// copies in place of the uploads (the slots, events and holds stay as they are).
+    pub fn copy_on_device_from(&self, memory: Arc<VkgdrMemory>) {
+        self.lock().device_chunks = Some(memory);
     }
 
     /// Time the copies from now on, into `timeline` (a benchmark's).
@@ -294,9 +314,12 @@ impl Uploads {
         }
         let (pb, stride) = (self.pol_bytes, self.pol_stride);
         let gpu = Arc::clone(&self.gpu);
+        let device_chunks = self.device_chunks.clone();
         let s = self.writable(i)?;
         for p in 0..2 {
-            gpu.h2d.memcpy_htod(
+            copy_in(
+                &gpu,
+                device_chunks.as_deref(),
                 &host[p * pb + from..p * pb + to],
                 &mut s.data.slice_mut(p * stride + from..p * stride + to),
             )?;
@@ -340,11 +363,14 @@ impl Uploads {
                 }
             }
             None => {
+                let device_chunks = self.device_chunks.clone();
                 let dst = self.writable(cur)?;
                 for p in 0..2 {
                     let at = p * stride + pb;
                     match chunk.next {
-                        Some(next) => h2d.memcpy_htod(
+                        Some(next) => copy_in(
+                            &gpu,
+                            device_chunks.as_deref(),
                             &next[p * pb..p * pb + tb],
                             &mut dst.data.slice_mut(at..at + tb),
                         )?,
@@ -363,6 +389,22 @@ impl Uploads {
         }
         Ok(())
     }
+}
+
+/// `src` (a chunk's bytes) into `dst` on the host-to-device stream: a device-to-device copy
+/// where the chunk lies in `device_chunks`, else an upload from host memory.
+fn copy_in(
+    gpu: &Gpu,
+    device_chunks: Option<&VkgdrMemory>,
+    src: &[u8],
+    dst: &mut CudaViewMut<'_, u8>,
+) -> Result<(), GpuError> {
+    if let Some(memory) = device_chunks {
+        if memory.copy_to_device(&gpu.h2d, src, dst)? {
+            return Ok(());
+        }
+    }
+    Ok(gpu.h2d.memcpy_htod(src, dst)?)
 }
 
 #[cfg(test)]

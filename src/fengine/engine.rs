@@ -16,6 +16,7 @@ use super::output::OutputSpec;
 use super::pipeline::{OutputHeap, Pipeline};
 use super::pipelines::{make_pipeline, open_gpu, pipeline_config, CudaShared};
 use super::place::{InputLayout, ITEMS, REJECT_REASONS};
+use super::vkgdr;
 use crate::control::katcp::{Sensors, Status};
 use crate::engine::affinity::on_cores;
 use crate::engine::control::ControlAddrs;
@@ -80,44 +81,52 @@ impl Engine {
             None,
         )?;
         let sources = open_sources(&config.source)?;
-        // Allocated and first touched on the receive cores, so that the chunks are on their
-        // NUMA node (the page-locking below keeps them there).
-        let recv_cores = config.affinity.recv_cores();
         let n_streams = sources.len();
-        let group = on_cores("fengine-alloc", &recv_cores, || {
-            ChunkGroup::new(ChunkGroupConfig {
-                heaps_per_chunk: 2 * per_pol,
-                chunk_bytes: 2 * layout.pol_bytes(),
-                // Three chunks in flight: the polarisations may arrive out of step by up to a
-                // chunk.
-                max_chunks: 3,
-                n_chunks: 8,
-                n_streams,
-                max_heaps: 16,
-                items: ITEMS.to_vec(),
-                reject_reasons: REJECT_REASONS.to_vec(),
-            })
-        })?
-        .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
-        // On the NIC's NUMA node (or --recv-numa-node), before they are page-locked.
-        bind_chunks(&group, config.source.numa_node, &sources)?;
+        let chunk_config = ChunkGroupConfig {
+            heaps_per_chunk: 2 * per_pol,
+            chunk_bytes: 2 * layout.pol_bytes(),
+            // Three chunks in flight: the polarisations may arrive out of step by up to a
+            // chunk.
+            max_chunks: 3,
+            n_chunks: 8,
+            n_streams,
+            max_heaps: 16,
+            items: ITEMS.to_vec(),
+            reject_reasons: REJECT_REASONS.to_vec(),
+        };
         let mut gpu = None;
-        let pinned = match config.backend {
-            BackendKind::Cpu => None,
-            BackendKind::Cuda => {
-                // Before any receiver writes into the chunks: the chunks are the copies'
-                // source, so they copy at the link's rate, as in `cbf-gpu-bench`.
-                let mut pins = HostRegistrations::new(open_gpu(&config, &mut gpu)?);
-                group
-                    .for_each_buffer(|b| {
-                        // SAFETY: the chunks live in `group` and never move; `pins` is
-                        // dropped before it (field order of `Engine`).
-                        unsafe { pins.register(b) }
-                    })
-                    .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
-                tracing::info!(chunks = pins.len(), "receive chunks page-locked");
-                Some(pins)
-            }
+        let (group, pinned, device_chunks) = if config.use_vkgdr {
+            // In GPU memory: nothing to page-lock or bind to a NUMA node.
+            let (group, memory) = vkgdr::chunk_group(&*open_gpu(&config, &mut gpu)?, chunk_config)?;
+            (group, None, Some(memory))
+        } else {
+            // Allocated and first touched on the receive cores, so that the chunks are on their
+            // NUMA node (the page-locking below keeps them there).
+            let recv_cores = config.affinity.recv_cores();
+            let group = on_cores("fengine-alloc", &recv_cores, || {
+                ChunkGroup::new(chunk_config)
+            })?
+            .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
+            // On the NIC's NUMA node (or --recv-numa-node), before they are page-locked.
+            bind_chunks(&group, config.source.numa_node, &sources)?;
+            let pinned = match config.backend {
+                BackendKind::Cpu => None,
+                BackendKind::Cuda => {
+                    // Before any receiver writes into the chunks: the chunks are the copies'
+                    // source, so they copy at the link's rate, as in `cbf-gpu-bench`.
+                    let mut pins = HostRegistrations::new(open_gpu(&config, &mut gpu)?);
+                    group
+                        .for_each_buffer(|b| {
+                            // SAFETY: the chunks live in `group` and never move; `pins` is
+                            // dropped before it (field order of `Engine`).
+                            unsafe { pins.register(b) }
+                        })
+                        .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
+                    tracing::info!(chunks = pins.len(), "receive chunks page-locked");
+                    Some(pins)
+                }
+            };
+            (group, pinned, None)
         };
         let place = Arc::new(move |p: &PlaceInput<'_>| layout.place(p));
         let receivers = Receivers::spawn(
@@ -196,7 +205,13 @@ impl Engine {
             metrics.touch_all("output_", &[o.name()]);
         }
         let mut cuda = match &gpu {
-            Some(g) => Some(CudaShared::new(&config, layout, &outputs, g)?),
+            Some(g) => Some(CudaShared::new(
+                &config,
+                layout,
+                &outputs,
+                g,
+                device_chunks,
+            )?),
             None => None,
         };
         let mut built = Vec::new();

@@ -25,6 +25,7 @@ pub mod output;
 pub mod pipeline;
 mod pipelines;
 pub mod place;
+mod vkgdr;
 
 pub use config::{BackendKind, FengineConfig};
 pub use engine::{Engine, FengineReport};

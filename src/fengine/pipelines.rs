@@ -15,6 +15,7 @@ use super::pipeline::{Pipeline, PipelineConfig};
 use super::place::InputLayout;
 use crate::engine::{ConfigError, EngineError};
 use crate::gpu::ddc_tune::TuningCache;
+use crate::gpu::vkgdr::VkgdrMemory;
 use crate::gpu::Gpu;
 
 /// The engine's GPU, opened on first use.
@@ -37,12 +38,14 @@ pub(super) struct CudaShared {
 }
 
 impl CudaShared {
-    /// Input slots on `gpu` whose tail is the longest any of `outputs` reads.
+    /// Input slots on `gpu` whose tail is the longest any of `outputs` reads, filled on the
+    /// device from `device_chunks` where the chunks live there (`--use-vkgdr`).
     pub(super) fn new(
         cfg: &FengineConfig,
         layout: InputLayout,
         outputs: &[(OutputSpec, usize)],
         gpu: &Arc<Gpu>,
+        device_chunks: Option<Arc<VkgdrMemory>>,
     ) -> Result<CudaShared, EngineError> {
         let pcfg = pipeline_config(cfg, layout, 1);
         let tail = outputs
@@ -57,6 +60,9 @@ impl CudaShared {
         };
         let input = SharedInput::new(gpu, shape)
             .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
+        if let Some(memory) = device_chunks {
+            input.copy_on_device_from(memory);
+        }
         tracing::info!(
             slots_bytes = 3 * 2 * input.pol_stride(),
             tail_samples = tail,

@@ -23,6 +23,7 @@ pub mod pfb;
 pub mod pfb_complex;
 pub mod postproc;
 pub mod timeline;
+pub mod vkgdr;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -46,6 +47,8 @@ pub enum GpuError {
     NoCufft,
     #[error("{0}")]
     Backend(String),
+    #[error("{0}")]
+    Vkgdr(#[from] vkgdr::VkgdrError),
     #[error("NVRTC could not compile {kernel} for {arch}: {log}")]
     Compile {
         kernel: &'static str,

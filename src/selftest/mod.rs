@@ -12,6 +12,7 @@ pub mod frb;
 pub mod frb_weights;
 pub mod narrowband;
 pub mod outputs;
+pub mod vkgdr;
 pub mod xbengine;
 pub mod xbengine_frb;
 
@@ -34,7 +35,7 @@ type Family = (
     fn(&Arc<Gpu>, u64) -> Result<Vec<Check>, GpuError>,
 );
 
-const FAMILIES: [Family; 11] = [
+const FAMILIES: [Family; 12] = [
     ("fengine", fengine::run),
     ("ddc", ddc::run),
     ("narrowband", narrowband::run),
@@ -46,6 +47,9 @@ const FAMILIES: [Family; 11] = [
     ("f16_encode", f16_encode::run),
     ("xbengine", xbengine::run),
     ("xbengine_frb", xbengine_frb::run),
+    // Last: a device without vkgdr stops this family with the reason (no Vulkan driver, no
+    // BAR window), reported as a failed check, after every other family has run.
+    ("vkgdr", vkgdr::run),
 ];
 
 /// Run every check on `gpu` with inputs drawn from `seed`. A family whose run fails with an

@@ -45,6 +45,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
+use super::chunk_data::ChunkData;
 pub use super::chunk_group::ChunkGroup;
 use super::chunk_group::{Acquired, ChunkPtrs, Holds, Latest};
 use super::ranges::{PayloadRanges, RecentCnts};
@@ -88,6 +89,13 @@ pub enum ChunkConfigError {
     TooFewChunks { n_chunks: usize, max_chunks: usize },
     #[error("at most {MAX_REJECT_REASONS} reject reasons are supported")]
     TooManyReasons,
+    #[error("{given} buffers of {bytes} bytes lent for {n_chunks} chunks of {chunk_bytes} bytes")]
+    Buffers {
+        given: usize,
+        bytes: usize,
+        n_chunks: usize,
+        chunk_bytes: usize,
+    },
 }
 
 impl ChunkGroupConfig {
@@ -121,7 +129,7 @@ impl ChunkGroupConfig {
 pub struct Chunk {
     pub chunk_id: u64,
     /// `chunk_bytes` of heap payload at the offsets the placement function chose.
-    pub data: Box<[u8]>,
+    pub data: ChunkData,
     /// 1 where the heap arrived complete, 0 otherwise.
     pub present: Box<[u8]>,
     /// Per heap, the `extra` value the placement function returned (complete heaps only).
@@ -137,6 +145,11 @@ impl Chunk {
             // SAFETY: a valid, exclusive byte of `data`; volatile so the store is not elided.
             unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 0) };
         }
+        Chunk::with_data(config, ChunkData::Owned(data))
+    }
+
+    /// A chunk whose payload lives in `data` (`chunk_bytes` long).
+    pub(super) fn with_data(config: &ChunkGroupConfig, data: ChunkData) -> Chunk {
         Chunk {
             chunk_id: 0,
             data,

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::chunk::{confirm_heaps, Chunk, ChunkConfigError, ChunkGroupConfig};
+use super::chunk_data::{ChunkData, ExternalBuffer};
 use super::stats::StreamStats;
 
 /// How long a stream waiting for a free chunk sleeps before it looks at the window again
@@ -163,13 +164,42 @@ impl ChunkGroup {
     /// Allocate every chunk now; none is allocated later.
     pub fn new(config: ChunkGroupConfig) -> Result<Arc<ChunkGroup>, ChunkConfigError> {
         config.validate()?;
+        let chunks = (0..config.n_chunks).map(|_| Chunk::new(&config)).collect();
+        Ok(Self::with_chunks(config, chunks))
+    }
+
+    /// Chunks whose payloads live in `buffers` (one of `chunk_bytes` per chunk), lent by
+    /// their owner for the group's life: device memory the host writes through a mapping, for
+    /// a consumer that reads the chunks on the device (`--use-vkgdr`).
+    pub fn with_buffers(
+        config: ChunkGroupConfig,
+        buffers: Vec<ExternalBuffer>,
+    ) -> Result<Arc<ChunkGroup>, ChunkConfigError> {
+        config.validate()?;
+        if buffers.len() != config.n_chunks || buffers.iter().any(|b| b.len() != config.chunk_bytes)
+        {
+            return Err(ChunkConfigError::Buffers {
+                given: buffers.len(),
+                bytes: buffers.first().map_or(0, ExternalBuffer::len),
+                n_chunks: config.n_chunks,
+                chunk_bytes: config.chunk_bytes,
+            });
+        }
+        let chunks = buffers
+            .into_iter()
+            .map(|b| Chunk::with_data(&config, ChunkData::External(b)))
+            .collect();
+        Ok(Self::with_chunks(config, chunks))
+    }
+
+    fn with_chunks(config: ChunkGroupConfig, chunks: Vec<Chunk>) -> Arc<ChunkGroup> {
         let (free_tx, free_rx) = crossbeam_channel::bounded(config.n_chunks);
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(config.n_chunks);
-        for _ in 0..config.n_chunks {
+        for chunk in chunks {
             // Cannot fail: the channel holds exactly n_chunks.
-            let _ = free_tx.try_send(Box::new(Chunk::new(&config)));
+            let _ = free_tx.try_send(Box::new(chunk));
         }
-        Ok(Arc::new(ChunkGroup {
+        Arc::new(ChunkGroup {
             state: Mutex::new(GroupState {
                 slots: VecDeque::with_capacity(config.n_chunks),
                 head: None,
@@ -190,7 +220,7 @@ impl ChunkGroup {
             free_tx,
             free_rx,
             ready_rx,
-        }))
+        })
     }
 
     /// Hand every chunk's data to `f` once, e.g. to page-lock it for a GPU's copies. Call it
