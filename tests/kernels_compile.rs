@@ -314,6 +314,17 @@ fn every_kernel_compiles_for_every_architecture() {
             shapes.push(frb(grid, call, None, output));
         }
     }
+    // `selftest::frb`'s grouped cases (both outputs).
+    for (grid, call, groups) in [
+        ((24, 24, 512, 40), (2, 64, 2), 2),
+        ((16, 16, 200, 7), (2, 24, 2), 2),
+        ((8, 12, 64, 3), (3, 16, 2), 4),
+    ] {
+        let tb = (4..=64).find(|tb| (2 * tb) % groups == 0).unwrap_or(4);
+        for output in both {
+            shapes.push(frb(grid, call, Some((tb, groups)), output));
+        }
+    }
     // `cbf-frb-bench`'s block steps at case 5 and `cbf-xb-bench --frb`'s chunk: fp16 output.
     for tuning in [(4, 2), (8, 2), (4, 4)] {
         shapes.push(frb(
@@ -335,7 +346,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 32
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 38
     );
 }
 

@@ -44,6 +44,8 @@ struct Case {
     spectra: usize,
     batches: usize,
     calls: usize,
+    /// Warp groups (`FrbConfig::groups`; None: the default).
+    groups: Option<usize>,
 }
 
 /// |Ẽ| per (time, pol, p, q) and B = Σ|W·E| per (time, pol), in f64, for one channel.
@@ -143,7 +145,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<[Check; 2], 
         spectra: case.spectra,
         batches: case.batches,
         time_block: None,
-        groups: None,
+        groups: case.groups,
         output: FrbIntensities::Float32,
     };
     let mut op = FrbStage1::new(Arc::clone(gpu), cfg, &grid)?;
@@ -254,8 +256,11 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<[Check; 2], 
         }
     }
     let rms = (rms / count.max(1) as f64).sqrt();
+    let groups = case
+        .groups
+        .map_or(String::new(), |g| format!(", {g} warp groups"));
     let shape = format!(
-        "{m:>2}×{n:<2} {d:>3} dishes t_ds {:>2} {} ch {} t ×{} ×{} calls",
+        "{m:>2}×{n:<2} {d:>3} dishes t_ds {:>2} {} ch {} t ×{} ×{} calls{groups}",
         case.t_ds, case.channels, case.spectra, case.batches, case.calls
     );
     let wrong_rows = if rows_ok {
@@ -451,6 +456,13 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         spectra,
         batches,
         calls,
+        groups: None,
+    };
+    // Two and four warp groups (their partial sums added through shared memory at each slow
+    // sample's end), where two measured faster.
+    let grouped = |groups, case: Case| Case {
+        groups: Some(groups),
+        ..case
     };
     let mut checks = [
         c(5, 3, 15, 1, 2, 7, 1, 2),
@@ -463,6 +475,9 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(12, 16, 150, 3, 2, 24, 2, 2),
         c(4, 8, 20, 7, 1, 16, 1, 2),
         c(16, 16, 256, 1, 1, 16, 1, 2),
+        grouped(2, c(24, 24, 512, 40, 2, 64, 2, 3)),
+        grouped(2, c(16, 16, 200, 7, 2, 24, 2, 2)),
+        grouped(4, c(8, 12, 64, 3, 3, 16, 2, 3)),
     ]
     .iter()
     .map(|case| check(gpu, &mut rng, case))
