@@ -18,10 +18,22 @@ pub fn timed<E: From<DriverError>>(
     reps: usize,
     f: &mut dyn FnMut() -> Result<(), E>,
 ) -> Result<f64, E> {
+    timed_behind(gpu, reps, &mut || Ok(()), f)
+}
+
+/// [`timed`], with `before` queued ahead of each run's first event (work that keeps the
+/// stream busy, so that the events time `f` alone and not the host's launch call).
+pub fn timed_behind<E: From<DriverError>>(
+    gpu: &Gpu,
+    reps: usize,
+    before: &mut dyn FnMut() -> Result<(), E>,
+    f: &mut dyn FnMut() -> Result<(), E>,
+) -> Result<f64, E> {
     let mut v = Vec::new();
     for rep in 0..reps + 2 {
         let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
         let (a, b) = (gpu.ctx.new_event(timing)?, gpu.ctx.new_event(timing)?);
+        before()?;
         a.record(&gpu.compute)?;
         f()?;
         b.record(&gpu.compute)?;
@@ -36,40 +48,25 @@ pub fn timed<E: From<DriverError>>(
 /// Device-to-device copy of `n` float4s (`kernels/copy.cu`), bytes read + written per second:
 /// the faster of a persistent grid (8 blocks per SM) and one thread per float4.
 pub fn copy_ceiling(gpu: &Gpu, n: usize) -> Result<f64, GpuError> {
-    let st = &gpu.compute;
-    let src = st.alloc_zeros::<[f32; 4]>(n)?;
-    let mut dst = st.alloc_zeros::<[f32; 4]>(n)?;
-    let f = gpu.function(Kernel::Copy, &vec![])?;
-    let sms = gpu.sm_count()? as u32;
-    let n64 = n as i64;
-    let mut best = f64::MAX;
-    for blocks in [sms * 8, (n / 256) as u32] {
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        best = best.min(timed::<GpuError>(gpu, 10, &mut || {
-            let mut l = st.launch_builder(&f);
-            l.arg(&mut dst).arg(&src).arg(&n64);
-            // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
-            unsafe { l.launch(cfg) }?;
-            Ok(())
-        })?);
-    }
-    Ok(2.0 * (n * 16) as f64 / best)
+    copy_rate(gpu, n, 0)
 }
 
 /// [`copy_ceiling`] at a kernel's own size: `n` float4s, each timed launch queued behind a
 /// `pad`-byte device copy so that its events time the copy alone (as the launch-size kernels
-/// are timed), median of 10. A short launch pays its ramp and drain as a kernel of the same
-/// bytes does, so this is the ceiling such a kernel can be held to.
+/// are timed). A short launch pays its ramp and drain as a kernel of the same bytes does, so
+/// this is the ceiling such a kernel can be held to.
 pub fn copy_at_size(gpu: &Gpu, n: usize, pad: usize) -> Result<f64, GpuError> {
+    copy_rate(gpu, n, pad)
+}
+
+/// The copy of `n` float4s, median of 10 event-timed launches, each behind a `pad`-byte device
+/// copy (none for 0).
+fn copy_rate(gpu: &Gpu, n: usize, pad: usize) -> Result<f64, GpuError> {
     let st = &gpu.compute;
     let src = st.alloc_zeros::<[f32; 4]>(n)?;
     let mut dst = st.alloc_zeros::<[f32; 4]>(n)?;
-    let pad_src = st.alloc_zeros::<u8>(pad)?;
-    let mut pad_dst = st.alloc_zeros::<u8>(pad)?;
+    let pad_src = st.alloc_zeros::<u8>(pad.max(1))?;
+    let mut pad_dst = st.alloc_zeros::<u8>(pad.max(1))?;
     let f = gpu.function(Kernel::Copy, &vec![])?;
     let sms = gpu.sm_count()? as u32;
     let n64 = n as i64;
@@ -80,23 +77,19 @@ pub fn copy_at_size(gpu: &Gpu, n: usize, pad: usize) -> Result<f64, GpuError> {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut v = Vec::new();
-        for rep in 0..12 {
-            let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-            let (a, b) = (gpu.ctx.new_event(timing)?, gpu.ctx.new_event(timing)?);
-            st.memcpy_dtod(&pad_src, &mut pad_dst)?;
-            a.record(st)?;
+        let mut before = || -> Result<(), GpuError> {
+            if pad > 0 {
+                st.memcpy_dtod(&pad_src, &mut pad_dst)?;
+            }
+            Ok(())
+        };
+        best = best.min(timed_behind::<GpuError>(gpu, 10, &mut before, &mut || {
             let mut l = st.launch_builder(&f);
             l.arg(&mut dst).arg(&src).arg(&n64);
             // SAFETY: copy(float4*, const float4*, long long n) over two n-element buffers.
             unsafe { l.launch(cfg) }?;
-            b.record(st)?;
-            b.synchronize()?;
-            if rep >= 2 {
-                v.push(f64::from(a.elapsed_ms(&b)?) * 1e-3);
-            }
-        }
-        best = best.min(median(v));
+            Ok(())
+        })?);
     }
     Ok(2.0 * (n * 16) as f64 / best)
 }

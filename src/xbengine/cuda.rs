@@ -222,6 +222,25 @@ impl CudaBackend {
     }
 }
 
+/// Size `out` (a heap buffer) to `need` bytes and say whether it lies in memory given to
+/// `pin`, so that the device may copy into it directly. A page-locked buffer too small is
+/// refused: growing it would free memory the backend still has registered.
+fn heap_buffer(
+    pinned: &HostRegistrations,
+    out: &mut Vec<u8>,
+    need: usize,
+    what: &str,
+) -> Result<bool, BackendError> {
+    if out.capacity() < need && pinned.covers(&out[..0]) {
+        return Err(BackendError(format!(
+            "{what} buffer given to pin holds {} bytes, the device writes {need}",
+            out.capacity()
+        )));
+    }
+    out.resize(need, 0);
+    Ok(pinned.covers(out))
+}
+
 /// Pinned host memory the device writes and the host reads (not write-combined, which is
 /// cudarc's default and slow to read).
 pub(super) fn host<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -317,21 +336,13 @@ impl XbBackend for CudaBackend {
             )
             .map_err(gpu_error)?;
         tl.end(gpu, st, "reduce", t).map_err(gpu_error)?;
-        let need = self.vis.len() * 4;
-        if out.capacity() < need && self.pinned.covers(&out[..0]) {
-            // Growing it would free page-locked memory the backend still has registered.
-            return Err(BackendError(format!(
-                "an X heap buffer given to pin holds {} bytes, a dump takes {need}",
-                out.capacity()
-            )));
-        }
-        out.resize(need, 0);
+        let in_place = heap_buffer(&self.pinned, &mut out, self.vis.len() * 4, "an X heap")?;
         let d2h = &gpu.d2h;
         let t = tl.start_after(gpu, d2h, st).map_err(gpu_error)?;
         let dump = &mut self.dumps[output];
         d2h.memcpy_dtoh(&self.clips, &mut dump.clips)
             .map_err(gpu_error)?;
-        dump.in_place = self.pinned.covers(&out);
+        dump.in_place = in_place;
         if dump.in_place {
             let (src, _read) = self.vis.device_ptr(d2h);
             // SAFETY: `out` holds exactly the visibilities' bytes and lies in memory page-locked
@@ -433,16 +444,7 @@ impl XbBackend for CudaBackend {
             .frb
             .get_mut(output)
             .ok_or_else(|| BackendError(format!("no FRB output {output}")))?;
-        let need = frb.heap_bytes();
-        if out.capacity() < need && self.pinned.covers(&out[..0]) {
-            // Growing it would free page-locked memory the backend still has registered.
-            return Err(BackendError(format!(
-                "an FRB heap buffer given to pin holds {} bytes, a chunk takes {need}",
-                out.capacity()
-            )));
-        }
-        out.resize(need, 0);
-        let in_place = self.pinned.covers(&out);
+        let in_place = heap_buffer(&self.pinned, &mut out, frb.heap_bytes(), "an FRB heap")?;
         // SAFETY: a buffer `pinned` covers lies in memory page-locked by `pin`, whose caller
         // keeps it alive and unmoved while this backend lives, and the heap is not touched
         // until `frb_formed` returns it.

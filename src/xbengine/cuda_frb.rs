@@ -211,6 +211,13 @@ impl CudaFrb {
                 "{FRB_SLOTS} FRB results of this output are already outstanding"
             )));
         }
+        if out.len() != self.heap_bytes {
+            return Err(BackendError(format!(
+                "an FRB heap buffer of {} bytes, a chunk's beams take {}",
+                out.len(),
+                self.heap_bytes
+            )));
+        }
         if self.version != Some(input.version) {
             let per_channel = cfg.dishes * 2;
             if input.weights.len() != cfg.channels * per_channel {
@@ -288,13 +295,6 @@ impl CudaFrb {
         let s = (0..FRB_SLOTS)
             .find(|s| self.pending.iter().all(|p| p.0 != *s))
             .ok_or_else(|| BackendError("no free FRB result slot".into()))?;
-        if out.len() != self.heap_bytes {
-            return Err(BackendError(format!(
-                "an FRB heap buffer of {} bytes, a chunk's beams take {}",
-                out.len(),
-                self.heap_bytes
-            )));
-        }
         let slot = &mut self.slots[s];
         let t = tl.start_after(&gpu, d2h, compute).map_err(err)?;
         slot.in_place = in_place;
