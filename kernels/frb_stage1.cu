@@ -47,7 +47,8 @@
 // tile, register, lane); the kernel reads the first NT2H column tiles of each k step.
 //
 // Input: the XB-engine's chunk, (batch, dish, channel, spectrum, pol, re/im) int8; call sample
-// t is spectrum t % SPECTRA of batch t / SPECTRA. Weights: (channel, dish, pol) float2;
+// t is spectrum t % SPECTRA of batch t / SPECTRA. Weights: (channel, dish, pol) float2, held in
+// shared memory as fp16 pairs (Wr, Wi) and (−Wi, Wr) per pol (`grid_sample`);
 // `cells`: per dish, the offset of its (m, n) in a gridded row ((m·XROW + 2n) halves).
 // Unoccupied cells and the padding stay zero from the start: gridding writes only occupied
 // cells. Gridded rows are padded by 16 bytes so that ldmatrix's eight row addresses fall in
@@ -137,13 +138,6 @@ __device__ __forceinline__ out_t to_out(float v, float scale)
 }
 #endif
 
-// Byte k of `biased` (a sample + 128) as a float sample: the bits 0x4B0000xx are 2²³ + xx, so
-// one byte permute and one add replace a quarter-rate int-to-float conversion.
-__device__ __forceinline__ float sample(u32 biased, int k)
-{
-    return __int_as_float(__byte_perm(biased, 0x4B00u, k | 0x5640)) - 8388736.0f;
-}
-
 __device__ __forceinline__ void cp_async16(u32 dst, const void *src)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
@@ -175,16 +169,45 @@ __device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, i
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-// Grid one raw sample (both pols) of a dish with its weights w into X at x.
-__device__ __forceinline__ void grid_sample(unsigned short *x, u32 raw, float4 w)
+// Times of a dish one gridding thread takes (its weights and cell read once for all of them).
+#if TB % 4 == 0
+#define GT 4
+#elif TB % 2 == 0
+#define GT 2
+#else
+#define GT 1
+#endif
+
+// re·a + im·b for the complex sample s = (re, im) (fp16 pair): one fp16 multiply, rounded, and
+// one fused multiply-add, with re and im taken from s's halves.
+__device__ __forceinline__ u32 cmul(u32 s, u32 a, u32 b)
 {
-    const u32 biased = raw ^ 0x80808080u;
-    const float re0 = sample(biased, 0), im0 = sample(biased, 1);
-    const float re1 = sample(biased, 2), im1 = sample(biased, 3);
-    *(u32 *)x = pack(w.x * re0 - w.y * im0, w.x * im0 + w.y * re0);
-    *(u32 *)(x + MP * XROW) = pack(w.z * re1 - w.w * im1, w.z * im1 + w.w * re1);
+    u32 r;
+    asm("{\n.reg .f16 re, im;\n.reg .b32 rr, ii, t;\n"
+        "mov.b32 {re, im}, %1;\n"
+        "mov.b32 rr, {re, re};\n"
+        "mov.b32 ii, {im, im};\n"
+        "mul.rn.f16x2 t, rr, %2;\n"
+        "fma.rn.f16x2 %0, ii, %3, t;\n}"
+        : "=r"(r)
+        : "r"(s), "r"(a), "r"(b));
+    return r;
 }
 
+// Grid one raw sample (both pols) of a dish into X at x: W·E in fp16 pairs. `w` holds, per pol,
+// (Wr, Wi) and (−Wi, Wr), so W·E = re·(Wr, Wi) + im·(−Wi, Wr). A sample byte b + 128 under the
+// fp16 exponent of 1024 (bits 0x64xx) is 1024 + b + 128 exactly; subtracting 1152 leaves b,
+// exactly. Two fp16 pair operations per pol replace four float conversions, four multiplies
+// and a pack (the gridding was a third of the stall samples at seed 004 case 5, bench/RESULTS.md).
+__device__ __forceinline__ void grid_sample(unsigned short *x, u32 raw, uint4 w)
+{
+    const u32 biased = raw ^ 0x80808080u;
+    u32 e0, e1;
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(e0) : "r"(__byte_perm(biased, 0x6464u, 0x4140)), "r"(0x64806480u));
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(e1) : "r"(__byte_perm(biased, 0x6464u, 0x4342)), "r"(0x64806480u));
+    *(u32 *)x = cmul(e0, w.x, w.y);
+    *(u32 *)(x + MP * XROW) = cmul(e1, w.z, w.w);
+}
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const int *__restrict__ cells,
@@ -195,7 +218,7 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
     extern __shared__ __align__(16) unsigned char smem[];
     u32 *raw = (u32 *)smem;
     unsigned short *xs = (unsigned short *)(smem + RAW_BYTES);
-    float2 *ws = (float2 *)(smem + RAW_BYTES + X_BYTES);
+    uint4 *ws = (uint4 *)(smem + RAW_BYTES + X_BYTES);
     int *cs = (int *)(smem + RAW_BYTES + X_BYTES + W_BYTES);
     float *red = (float *)(smem + RAW_BYTES + X_BYTES + W_BYTES + CELL_BYTES);
 
@@ -215,8 +238,10 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
     // Set-up: zero X (unoccupied cells and padding stay zero), weights, cells, tables.
     for (int e = threadIdx.x; e < X_BYTES / 4; e += WARPS * 32)
         ((u32 *)xs)[e] = 0;
-    for (int e = threadIdx.x; e < 2 * D; e += WARPS * 32)
-        ws[e] = weights[(size_t)f * 2 * D + e];
+    for (int d = threadIdx.x; d < D; d += WARPS * 32) {
+        const float2 w0 = weights[((size_t)f * D + d) * 2], w1 = weights[((size_t)f * D + d) * 2 + 1];
+        ws[d] = make_uint4(pack(w0.x, w0.y), pack(-w0.y, w0.x), pack(w1.x, w1.y), pack(-w1.y, w1.x));
+    }
     for (int e = threadIdx.x; e < D; e += WARPS * 32)
         cs[e] = cells[e];
     u32 a1[2][K1S][4];
@@ -267,24 +292,27 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
         }
         __syncthreads();
 
-        // Gridding with weights: X[(tb, π, m)][(n, re/im)] = W·E, two times of a dish per
-        // thread (the weights and cell read once for both); consecutive threads take
+        // Gridding with weights: X[(tb, π, m)][(n, re/im)] = W·E, GT times of a dish per
+        // thread (the weights and cell read once for all); consecutive threads take
         // consecutive dishes at the same times, so their writes fall in distinct cells.
         const u32 *cur = raw + (step & 1) * TB * D;
-        for (int e = threadIdx.x; e < (n + 1) / 2 * D; e += WARPS * 32) {
-            const int tb = 2 * (e / D), d = e % D;
-            const float4 w = ((const float4 *)ws)[d];
+        for (int e = threadIdx.x; e < (n + GT - 1) / GT * D; e += WARPS * 32) {
+            const int tb = GT * (e / D), d = e % D;
+            const uint4 w = ws[d];
             unsigned short *x = xs + tb * 2 * MP * XROW + cs[d];
-#if TB % 2 == 0
-            const uint2 r2 = *(const uint2 *)(cur + d * TB + tb);
-            grid_sample(x, r2.x, w);
-            if (tb + 1 < n)
-                grid_sample(x + 2 * MP * XROW, r2.y, w);
+#if GT == 4
+            const uint4 v = *(const uint4 *)(cur + d * TB + tb);
+            const u32 rw[4] = {v.x, v.y, v.z, v.w};
+#elif GT == 2
+            const uint2 v = *(const uint2 *)(cur + d * TB + tb);
+            const u32 rw[2] = {v.x, v.y};
 #else
-            grid_sample(x, cur[d * TB + tb], w);
-            if (tb + 1 < n)
-                grid_sample(x + 2 * MP * XROW, cur[d * TB + tb + 1], w);
+            const u32 rw[1] = {cur[d * TB + tb]};
 #endif
+#pragma unroll
+            for (int k = 0; k < GT; k++)
+                if (k == 0 || tb + k < n)
+                    grid_sample(x + k * 2 * MP * XROW, rw[k], w);
         }
         __syncthreads();
 

@@ -20,17 +20,22 @@
 //! |Ẽ|² is summed over pols and `t_ds` samples in fp32 registers.
 //!
 //! **Error bound** (derived; [`error_bound`] computes it and the self-test checks the kernel
-//! against it). Let u = 2⁻¹¹ (fp16 unit roundoff) and, for one (time, pol),
-//! B = Σ_{mn} |X_mn| with X = W·E the weighted gridded field. (1) X is rounded to fp16 once:
-//! |δX| ≤ u|X|. (2) Each DFT entry cos θ + i sin θ is rounded per part: |δw| ≤ u/2 (|parts| ≤ 1).
-//! (3) Stage 1 then gives |δG_mq| ≤ (u + u/2)·Σ_n|X_mn|, and rounding G to fp16 adds u·|G_mq|
-//! ≤ u·Σ_n|X_mn|. (4) Stage 2's entries add (u/2)·Σ_m|G_mq|. So
-//! |δẼ_pq| ≤ 3u·B, plus fp32 accumulation (at most 2⁻²⁴ per term of ≤ 2·max(M,N)·8 terms,
-//! below 0.1u·B for grids up to 64) and fp16 subnormal flushes (≤ 2⁻²⁵ absolute per value):
-//! δ = 3.1u·B + 2⁻²⁴·MN. Then |Î − I|_pq ≤ Σ_{τπ} (2|Ẽ_τπpq|·δ_τπ + δ_τπ²) + (2t_ds + 2)·2⁻²⁴·I_pq,
-//! the last term for the fp32 squares and running sum. The fp16 output adds its own rounding,
-//! u·s·I + η (η = 2⁻²⁵) in scaled units: the rounding of I that `gpu::frb_half`'s bound on the
-//! second stage already charges (e_I there), of the same float32 I.
+//! against it). Let u = 2⁻¹¹ (fp16 unit roundoff), η = 2⁻²⁵ (half fp16's subnormal spacing)
+//! and, for one (time, pol), B = Σ_{mn} |X_mn| with X = W·E the weighted gridded field.
+//! (1) X is formed in fp16 (`grid_sample`): W's parts are rounded to fp16 (u|W_part| + η),
+//! re·Ŵ is rounded (u + η per part) and im·Ŵ added by a fused multiply-add rounded once
+//! (u + η). Per part that is ≤ 3.01u·(|re||Wr| + |im||Wi|) (or the other pairing) + 260η, as
+//! |re| + |im| ≤ 256; over both parts, with (|re| + |im|)(|Wr| + |Wi|) ≤ 2|E||W|,
+//! |δX| ≤ 6.02u|X| + 520η ≤ 6.02u|X| + 2⁻¹⁵. (2) Each DFT entry cos θ + i sin θ is rounded per
+//! part: |δw| ≤ u/2 (|parts| ≤ 1). (3) Stage 1 then gives |δG_mq| ≤ (6.02u + u/2)·Σ_n|X_mn| plus
+//! the cells' absolute terms, and rounding G to fp16 adds u·|G_mq| ≤ u·Σ_n|X_mn|. (4) Stage 2's
+//! entries add (u/2)·Σ_m|G_mq|. So |δẼ_pq| ≤ 8.02u·B plus fp32 accumulation (at most 2⁻²⁴ per
+//! term of ≤ 2·max(M,N)·8 terms, below 0.1u·B for grids up to 64), the cells' 2⁻¹⁵ each through
+//! DFT entries of modulus ≤ 1 + u, and fp16 subnormal flushes of G and Ẽ (≤ 2⁻²⁵ absolute per
+//! value): δ = 8.2u·B + 2⁻¹⁴·MN. Then |Î − I|_pq ≤ Σ_{τπ} (2|Ẽ_τπpq|·δ_τπ + δ_τπ²) +
+//! (2t_ds + 2)·2⁻²⁴·I_pq, the last term for the fp32 squares and running sum. The fp16 output
+//! adds its own rounding, u·s·I + η in scaled units: the rounding of I that `gpu::frb_half`'s
+//! bound on the second stage already charges (e_I there), of the same float32 I.
 //!
 //! **Range**: fp16 holds G only while |G| < 65504: [`FrbStage1::set_weights`] refuses weights
 //! with 128·√2·N·max|W| ≥ 65000.
@@ -534,7 +539,7 @@ pub fn error_bound(
             for pol in 0..2 {
                 let tp = tau * 2 + pol;
                 let delta =
-                    3.1 * u * x_abs_sum[tp] + 2f64.powi(-24) * (grid.rows * grid.cols) as f64;
+                    8.2 * u * x_abs_sum[tp] + 2f64.powi(-14) * (grid.rows * grid.cols) as f64;
                 for k in 0..plane {
                     bound[s * plane + k] +=
                         2.0 * e_tilde_abs[tp * plane + k] * delta + delta * delta;

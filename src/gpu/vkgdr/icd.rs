@@ -66,6 +66,24 @@ pub fn library_for(manifest: &Path, library_path: &str) -> PathBuf {
     }
 }
 
+/// The libraries to try for a manifest's ICD, in order: the one it names, then, where that is
+/// NVIDIA's GLX library, NVIDIA's EGL library beside it. Both carry the driver's Vulkan entry
+/// points, but the GLX one initialises for an X server: on a headless machine (the lent H100)
+/// its negotiation fails with ERROR_INITIALIZATION_FAILED (the dynamic linker logs
+/// `libnvidia-glcore: undefined symbol: ErrorF`), while the EGL one negotiates and creates
+/// instances (bench/device-probe-vulkan-2026-11-27-s13.txt). NVIDIA's headless installs name the
+/// EGL library in the manifest themselves.
+pub fn library_candidates(manifest: &Path, library_path: &str) -> Vec<PathBuf> {
+    let named = library_for(manifest, library_path);
+    let mut out = vec![named.clone()];
+    if let Some(name) = named.file_name().and_then(|n| n.to_str()) {
+        if let Some(rest) = name.strip_prefix("libGLX_nvidia.so") {
+            out.push(named.with_file_name(format!("libEGL_nvidia.so{rest}")));
+        }
+    }
+    out
+}
+
 /// The manifest files to try: those `override_list` names (the value of `VK_DRIVER_FILES` or
 /// `VK_ICD_FILENAMES`, colon-separated files or folders) if given, else every `*.json` in
 /// `dirs`; folders are read in name order. Also returns every place looked at, for the error
@@ -153,14 +171,36 @@ pub fn vulkan_libs() -> Result<Vec<VulkanLib>, String> {
     Ok(libs)
 }
 
-/// Load the ICD of the manifest at `file`.
+/// Load the ICD of the manifest at `file`: the first of its [`library_candidates`] that
+/// loads and negotiates; the error names each one tried and why it was refused.
 fn load_icd(file: &Path) -> Result<VulkanLib, String> {
     let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
     let manifest = parse_manifest(&text)?;
-    let path = library_for(file, &manifest.library_path);
+    let mut refused = Vec::new();
+    for path in library_candidates(file, &manifest.library_path) {
+        match load_library(&path) {
+            Ok((entry, lib)) => {
+                return Ok(VulkanLib {
+                    entry,
+                    source: format!(
+                        "the Vulkan driver {} (manifest {})",
+                        path.display(),
+                        file.display()
+                    ),
+                    _icd: Some(lib),
+                })
+            }
+            Err(e) => refused.push(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(refused.join("; "))
+}
+
+/// dlopen one ICD library, agree on the interface version and take its
+/// `vk_icdGetInstanceProcAddr` as the entry's `vkGetInstanceProcAddr`.
+fn load_library(path: &Path) -> Result<(ash::Entry, libloading::Library), String> {
     // SAFETY: loads the GPU driver's library named by its own manifest, as the loader would.
-    let lib = unsafe { libloading::Library::new(&path) }
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| e.to_string())?;
     // SAFETY: the symbols' types are the loader–ICD interface's (LoaderDriverInterface.md).
     let gipa: IcdGetInstanceProcAddr = unsafe {
         if let Ok(negotiate) = lib.get::<NegotiateFn>(b"vk_icdNegotiateLoaderICDInterfaceVersion") {
@@ -173,24 +213,16 @@ fn load_icd(file: &Path) -> Result<VulkanLib, String> {
             }
         }
         *lib.get::<IcdGetInstanceProcAddr>(b"vk_icdGetInstanceProcAddr")
-            .map_err(|e| format!("{}: no vk_icdGetInstanceProcAddr: {e}", path.display()))?
+            .map_err(|e| format!("no vk_icdGetInstanceProcAddr: {e}"))?
     };
     // SAFETY: `gipa` is the ICD's vkGetInstanceProcAddr (the loader's signature); `lib` is
-    // kept beside the entry, so it stays valid as long as the entry.
+    // returned beside the entry and kept with it, so it stays valid as long as the entry.
     let entry = unsafe {
         ash::Entry::from_static_fn(ash::StaticFn {
             get_instance_proc_addr: gipa,
         })
     };
-    Ok(VulkanLib {
-        entry,
-        source: format!(
-            "the Vulkan driver {} (manifest {})",
-            path.display(),
-            file.display()
-        ),
-        _icd: Some(lib),
-    })
+    Ok((entry, lib))
 }
 
 /// A NUL-terminated fixed-size Vulkan string as text.
@@ -255,6 +287,32 @@ mod tests {
         assert_eq!(
             library_for(m, "/usr/lib/libx.so"),
             Path::new("/usr/lib/libx.so")
+        );
+    }
+
+    /// NVIDIA's GLX library is followed by its EGL library in the same place (the one that
+    /// works headless); any other library is tried alone.
+    #[test]
+    fn nvidia_glx_falls_back_to_egl() {
+        let m = Path::new("/usr/share/vulkan/icd.d/nvidia_icd.json");
+        assert_eq!(
+            library_candidates(m, "libGLX_nvidia.so.0"),
+            [Path::new("libGLX_nvidia.so.0"), Path::new("libEGL_nvidia.so.0")]
+        );
+        assert_eq!(
+            library_candidates(m, "/usr/lib64/libGLX_nvidia.so.580.159.04"),
+            [
+                Path::new("/usr/lib64/libGLX_nvidia.so.580.159.04"),
+                Path::new("/usr/lib64/libEGL_nvidia.so.580.159.04")
+            ]
+        );
+        assert_eq!(
+            library_candidates(m, "libEGL_nvidia.so.0"),
+            [Path::new("libEGL_nvidia.so.0")]
+        );
+        assert_eq!(
+            library_candidates(m, "../lib/libvulkan_lvp.so"),
+            [Path::new("/usr/share/vulkan/icd.d/../lib/libvulkan_lvp.so")]
         );
     }
 
