@@ -85,9 +85,10 @@ pub struct FrbConfig {
     /// Time samples per block step (None: the smallest of at least 4 that gives every warp
     /// group the same number of (time, pol) pairs).
     pub time_block: Option<usize>,
-    /// Warp groups over (time, pol) pairs (None: 2 where 8 | N, so that no warp's q values are
-    /// padding, else 1). Measured on the H100 with the kernel of 2026-11-27 (bench/RESULTS.md,
-    /// twice): 2 groups are 10–14 % faster than 1 at 16×16 and 24×24 and level at 8×8; at 8×12
+    /// Warp groups over (time, pol) pairs (None: 2 where 8 | N and N ≥ 16, so that no warp's
+    /// q values are padding, else 1). Measured on the H100 with the fp16 gridding of
+    /// 2026-11-27 (bench/RESULTS.md): 2 groups are 10–14 % faster than 1 at 16×16 and 24×24;
+    /// at 8×8 8–11 % slower (one warp along q: the groups' reduction is not paid back); at 8×12
     /// level and at 16×20 22 % slower; 4 slower everywhere. The self-test checks 2 and 4.
     pub groups: Option<usize>,
     /// The output's element type.
@@ -145,7 +146,11 @@ impl FrbConfig {
 
     fn groups(&self) -> usize {
         self.groups
-            .unwrap_or(if self.cols % 8 == 0 { 2 } else { 1 })
+            .unwrap_or(if self.cols % 8 == 0 && self.cols >= 16 {
+                2
+            } else {
+                1
+            })
     }
 
     fn warps(&self) -> usize {

@@ -47,20 +47,35 @@ const FAMILIES: [Family; 12] = [
     ("f16_encode", f16_encode::run),
     ("xbengine", xbengine::run),
     ("xbengine_frb", xbengine_frb::run),
-    // Last: a device without vkgdr stops this family with the reason (no Vulkan driver, no
-    // BAR window), reported as a failed check, after every other family has run.
+    // Last: a device without vkgdr stops this family with the reason, after every other
+    // family has run: a failed check, or unavailable where the device has no BAR window to
+    // offer (`run`).
     ("vkgdr", vkgdr::run),
 ];
+
+/// What the self-test found: every check, and the families this device cannot run at all,
+/// each with the reason (neither passed nor failed, and not counted).
+pub struct Report {
+    pub checks: Vec<Check>,
+    pub unavailable: Vec<(&'static str, String)>,
+}
 
 /// Run every check on `gpu` with inputs drawn from `seed`. A family whose run fails with an
 /// error (a CUDA call refused, a kernel that does not build) is reported as one failed check
 /// naming the family and the error, and the families after it still run (an error that leaves
-/// the context unusable fails them too, each saying so).
-pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Vec<Check> {
+/// the context unusable fails them too, each saying so). The one exception is a device that
+/// lacks a feature outright, as Vulkan itself reports it (vkgdr: no BAR window an exportable
+/// buffer may use, [`crate::gpu::vkgdr::VkgdrError::device_lacks_it`]): that family is listed
+/// as unavailable. A failure on the way to asking the device is still a failure.
+pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Report {
     let mut checks = Vec::new();
+    let mut unavailable = Vec::new();
     for (name, family) in FAMILIES {
         match family(gpu, seed) {
             Ok(c) => checks.extend(c),
+            Err(GpuError::Vkgdr(e)) if e.device_lacks_it() => {
+                unavailable.push((name, e.to_string()))
+            }
             Err(e) => checks.push(Check {
                 name: format!("{name}: did not run"),
                 measured: f64::NAN,
@@ -70,5 +85,8 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Vec<Check> {
             }),
         }
     }
-    checks
+    Report {
+        checks,
+        unavailable,
+    }
 }

@@ -55,11 +55,52 @@ pub fn choose(
     }
 }
 
+/// The memory types as a message lists them: index, flags (L device-local, V host-visible,
+/// C host-coherent, H host-cached), heap and its size, and whether the buffer may use it
+/// (`type_bits`), e.g. "0 L heap 0 (80.0 GiB); 1 VC heap 1 (1.0 TiB, not allowed)".
+pub fn describe(types: &[vk::MemoryType], heaps: &[vk::MemoryHeap], type_bits: u32) -> String {
+    let flag = |t: &vk::MemoryType, f: vk::MemoryPropertyFlags, c: char| {
+        t.property_flags.contains(f).then_some(c)
+    };
+    let parts: Vec<String> = types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let flags: String = [
+                flag(t, vk::MemoryPropertyFlags::DEVICE_LOCAL, 'L'),
+                flag(t, vk::MemoryPropertyFlags::HOST_VISIBLE, 'V'),
+                flag(t, vk::MemoryPropertyFlags::HOST_COHERENT, 'C'),
+                flag(t, vk::MemoryPropertyFlags::HOST_CACHED, 'H'),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let heap = heaps.get(t.heap_index as usize).map_or(0, |h| h.size);
+            let allowed = i < 32 && type_bits & (1 << i) != 0;
+            format!(
+                "{i} {} heap {} ({}{})",
+                if flags.is_empty() { "-" } else { &flags },
+                t.heap_index,
+                size(heap),
+                if allowed { "" } else { ", not allowed" }
+            )
+        })
+        .collect();
+    if parts.is_empty() {
+        "no memory types".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 /// `bytes` as a short size for messages ("256 MiB", "80 GiB", "1234 bytes").
 pub fn size(bytes: u64) -> String {
+    const TIB: u64 = 1 << 40;
     const GIB: u64 = 1 << 30;
     const MIB: u64 = 1 << 20;
-    if bytes >= GIB {
+    if bytes >= TIB {
+        format!("{:.1} TiB", bytes as f64 / TIB as f64)
+    } else if bytes >= GIB {
         format!("{:.1} GiB", bytes as f64 / GIB as f64)
     } else if bytes >= MIB {
         format!("{:.1} MiB", bytes as f64 / MIB as f64)
@@ -153,6 +194,19 @@ mod tests {
         let types = [ty(LOCAL | HOST, 0), ty(LOCAL | HOST, 1)];
         assert_eq!(choose(&types, &heaps, !0, 1), Ok((1, 48 << 30)));
         assert_eq!(choose(&types, &heaps, 0b01, 1), Ok((0, CLASSIC_BAR)));
+    }
+
+    /// The listing names every type's flags, heap and size, and the types the buffer may not
+    /// use.
+    #[test]
+    fn memory_types_are_listed_for_the_error() {
+        let (types, heaps) = nvidia(Some(CLASSIC_BAR));
+        assert_eq!(
+            describe(&types, &heaps, 0b0111),
+            "0 L heap 0 (80.0 GiB); 1 VC heap 1 (1.0 TiB); 2 VCH heap 1 (1.0 TiB); \
+             3 LVC heap 2 (256.0 MiB, not allowed)"
+        );
+        assert_eq!(describe(&[], &[], !0), "no memory types");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! Containers that mount the NVIDIA driver with the `graphics` capability carry its ICD (the
 //! manifest `/usr/share/vulkan/icd.d/nvidia_icd.json`, naming `libGLX_nvidia.so.0`) but often
-//! no loader. The loader–ICD interface (Khronos `LoaderDriverInterface.md`) is small enough to
+//! no loader (and no X server, which the GLX library needs: [`library_candidates`]). The loader–ICD interface (Khronos `LoaderDriverInterface.md`) is small enough to
 //! stand in for: read the manifests (`VK_DRIVER_FILES` or the older `VK_ICD_FILENAMES` if set,
 //! else the standard directories), dlopen each manifest's `library_path` (a bare file name is
 //! left to the dynamic linker's search, a relative path is taken from the manifest's folder),
@@ -297,7 +297,10 @@ mod tests {
         let m = Path::new("/usr/share/vulkan/icd.d/nvidia_icd.json");
         assert_eq!(
             library_candidates(m, "libGLX_nvidia.so.0"),
-            [Path::new("libGLX_nvidia.so.0"), Path::new("libEGL_nvidia.so.0")]
+            [
+                Path::new("libGLX_nvidia.so.0"),
+                Path::new("libEGL_nvidia.so.0")
+            ]
         );
         assert_eq!(
             library_candidates(m, "/usr/lib64/libGLX_nvidia.so.580.159.04"),

@@ -52,8 +52,8 @@ pub enum VkgdrError {
     NoMatchingDevice { uuid: String, seen: String },
     #[error("--use-vkgdr: {device} cannot export memory as a file descriptor (VK_KHR_external_memory_fd); drop --use-vkgdr")]
     NoExternalMemoryFd { device: String },
-    #[error("--use-vkgdr: {device} has no device-local host-visible host-coherent memory (no BAR window the host can write through); drop --use-vkgdr")]
-    NoBarMemory { device: String },
+    #[error("--use-vkgdr: {device} has no device-local host-visible host-coherent memory (no BAR window the host can write through; its memory types, \"not allowed\" for an exportable buffer: {types}); drop --use-vkgdr")]
+    NoBarMemory { device: String, types: String },
     #[error("--use-vkgdr: {bytes} bytes ({}) asked for, but {device}'s device-local host-visible heap (the PCIe BAR window) is {heap} bytes ({}){}; drop --use-vkgdr or make the chunks smaller (--recv-chunk-samples)", bar::size(*.bytes), bar::size(*.heap), bar_hint(*.heap))]
     BarTooSmall {
         device: String,
@@ -82,6 +82,18 @@ pub enum VkgdrError {
     Cuda(#[from] DriverError),
     #[error("--use-vkgdr: no memory asked for")]
     Empty,
+}
+
+impl VkgdrError {
+    /// Whether the device itself lacks what vkgdr needs — Vulkan answered, and the memory it
+    /// lists has no BAR window, or too small a one — as opposed
+    /// to a failure on the way there (no driver found, a refused call), which may be cbf's.
+    pub fn device_lacks_it(&self) -> bool {
+        matches!(
+            self,
+            VkgdrError::NoBarMemory { .. } | VkgdrError::BarTooSmall { .. }
+        )
+    }
 }
 
 /// The advice a small BAR heap deserves: without resizable BAR the window is 256 MiB.
@@ -335,7 +347,10 @@ mod tests {
                 seen: "llvmpipe".into(),
             },
             VkgdrError::NoExternalMemoryFd { device: "x".into() },
-            VkgdrError::NoBarMemory { device: "x".into() },
+            VkgdrError::NoBarMemory {
+                device: "x".into(),
+                types: "0 L heap 0 (80.0 GiB)".into(),
+            },
             VkgdrError::Vulkan {
                 call: "vkCreateInstance",
                 result: vk::Result::ERROR_INITIALIZATION_FAILED,
@@ -344,6 +359,38 @@ mod tests {
         for e in errors {
             assert!(e.to_string().contains("--use-vkgdr"), "{e}");
         }
+    }
+
+    /// Only the device's own memory layout counts as the device lacking vkgdr; every failure
+    /// on the way to asking it does not.
+    #[test]
+    fn only_the_memory_layout_means_the_device_lacks_it() {
+        let lacks = [
+            VkgdrError::NoBarMemory {
+                device: "x".into(),
+                types: "0 L heap 0 (80.0 GiB)".into(),
+            },
+            VkgdrError::BarTooSmall {
+                device: "x".into(),
+                heap: 256 << 20,
+                bytes: 1 << 30,
+            },
+        ];
+        assert!(lacks.iter().all(VkgdrError::device_lacks_it));
+        let ours = [
+            VkgdrError::NoVulkan("refused loader interface version 5".into()),
+            VkgdrError::NoMatchingDevice {
+                uuid: "u".into(),
+                seen: "v".into(),
+            },
+            VkgdrError::NoExternalMemoryFd { device: "x".into() },
+            VkgdrError::Vulkan {
+                call: "vkCreateInstance",
+                result: vk::Result::ERROR_INITIALIZATION_FAILED,
+            },
+            VkgdrError::Empty,
+        ];
+        assert!(!ours.iter().any(VkgdrError::device_lacks_it));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The Vulkan half of vkgdr memory: an instance and a device on the GPU whose UUID is the CUDA
 //! device's, one buffer's worth of device-local host-visible memory allocated exportable as an
-//! opaque file descriptor, and that memory mapped into the host. Everything it made is
+//! opaque file descriptor (bound to the buffer where the driver lets a buffer use that memory,
+//! else on its own), and that memory mapped into the host. Everything it made is
 //! destroyed, in reverse order, when it is dropped, also when it stops half way on an error.
 
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -190,22 +191,38 @@ impl VulkanMemory {
         self.dedicated = dedicated.requires_dedicated_allocation == vk::TRUE
             || features.contains(vk::ExternalMemoryFeatureFlags::DEDICATED_ONLY);
         let memory_props = unsafe { inst.get_physical_device_memory_properties(pd) };
-        let (type_index, heap) = bar::choose(
+        let (types, heaps) = (
             memory_props.memory_types_as_slice(),
             memory_props.memory_heaps_as_slice(),
-            reqs.memory_type_bits,
-            reqs.size,
-        )
-        .map_err(|e| match e {
+        );
+        let no_bar = |e| match e {
             NoBar::None => VkgdrError::NoBarMemory {
                 device: self.device_name.clone(),
+                types: bar::describe(types, heaps, reqs.memory_type_bits),
             },
             NoBar::TooSmall { heap, bytes } => VkgdrError::BarTooSmall {
                 device: self.device_name.clone(),
                 heap,
                 bytes,
             },
-        })?;
+        };
+        // The buffer's own types first (the memory is then bound to it, dedicated where the
+        // driver asks). A driver may leave the BAR type out of an exportable buffer's types
+        // while it still exports memory of that type: the lent H100's lists its device-local
+        // host-visible type 4 but not for the buffer (bench/RESULTS.md). Then the memory is
+        // allocated on its own, bound to no buffer, as katgpucbf's vkgdr library allocates
+        // it: CUDA imports the descriptor, which is all a buffer was for.
+        let (type_index, heap) = match bar::choose(types, heaps, reqs.memory_type_bits, reqs.size) {
+            Ok(chosen) => chosen,
+            Err(NoBar::None) => {
+                let chosen = bar::choose(types, heaps, !0, reqs.size).map_err(no_bar)?;
+                unsafe { device.destroy_buffer(self.buffer, None) };
+                self.buffer = vk::Buffer::null();
+                self.dedicated = false;
+                chosen
+            }
+            Err(e) => return Err(no_bar(e)),
+        };
         self.heap = heap;
         let mut export = vk::ExportMemoryAllocateInfo::default().handle_types(handle);
         let mut to_buffer = vk::MemoryDedicatedAllocateInfo::default().buffer(self.buffer);
@@ -224,8 +241,10 @@ impl VulkanMemory {
                 result,
             })?;
         self.size = reqs.size;
-        unsafe { device.bind_buffer_memory(self.buffer, self.memory, 0) }
-            .map_err(vk_err("vkBindBufferMemory"))?;
+        if self.buffer != vk::Buffer::null() {
+            unsafe { device.bind_buffer_memory(self.buffer, self.memory, 0) }
+                .map_err(vk_err("vkBindBufferMemory"))?;
+        }
         let host = unsafe {
             device.map_memory(self.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
         }
