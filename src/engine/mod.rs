@@ -8,6 +8,7 @@
 pub mod affinity;
 pub mod control;
 pub mod health;
+pub mod lease;
 pub mod metrics;
 pub mod recv;
 pub mod recv_numa;

@@ -5,6 +5,12 @@
 //! and the thread; when all are in flight the engine waits (back-pressure instead of loss).
 //! What a buffer becomes on the wire is the engine's [`HeapFormat`]; descriptors go out on a
 //! timer, unpaced, as katgpucbf sends them.
+//!
+//! With `--use-peerdirect` (seed 000 §PeerDirect) nothing is copied: the engine hands the
+//! thread a [`DevicePayload`] — where the heaps' bytes lie in GPU memory and a [`Lease`] on the
+//! buffer holding them — the packets gather their payload from there (`net::ibv`), and the
+//! lease is dropped, giving the buffer back, only once the stream's completions say the NIC
+//! has read every packet (`SendStream::wait_sent`).
 
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,11 +21,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::affinity::pin_current_thread;
+use super::lease::Lease;
 pub use super::send_dpdk::DpdkSend;
 use super::send_dpdk::{open_dpdk_senders, plan_dpdk_senders};
 use super::{ConfigError, EngineError, Shutdown};
 use crate::net::udp::UdpSender;
-use crate::net::{NetSender, PacketSender};
+use crate::net::{DeviceBytes, DeviceMemory, NetSender, PacketSender};
 use crate::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
 
 /// How an engine's finished buffers become heaps: one heap per substream (destination) of each
@@ -32,6 +39,18 @@ pub trait HeapFormat: Send + 'static {
     /// The heap for `substream` of one buffer, or `None` to send nothing there this time
     /// (a beam whose capture is stopped).
     fn heap<'a>(&self, data: &'a [u8], meta: &Self::Meta, substream: usize) -> Option<Heap<'a>>;
+    /// [`HeapFormat::heap`] for a buffer whose bytes stay in device memory
+    /// (`--use-peerdirect`); an error where this format has no such form (the engines refuse
+    /// the flag before that can happen).
+    fn device_heap(
+        &self,
+        data: DeviceBytes,
+        meta: &Self::Meta,
+        substream: usize,
+    ) -> Result<Option<Heap<'static>>, String> {
+        let _ = (data, meta, substream);
+        Err("this stream cannot send from device memory".into())
+    }
     /// The descriptor heap sent to `substream`.
     fn descriptors(&self, substream: usize) -> Heap<'static>;
 }
@@ -111,6 +130,47 @@ pub fn open_senders(
     transport: &SendTransport,
     flags: SendFlags,
 ) -> Result<Vec<NetSender>, ConfigError> {
+    let wire = Wire {
+        dst,
+        interfaces,
+        ttl,
+        buffer,
+        max_packet,
+    };
+    open_gathering(wire, transport, flags, &[])
+}
+
+/// Where and how [`open_senders`]' senders send.
+#[derive(Clone, Copy)]
+struct Wire<'a> {
+    dst: &'a [SocketAddrV4],
+    interfaces: &'a [String],
+    ttl: u32,
+    buffer: usize,
+    max_packet: usize,
+}
+
+/// [`open_senders`] whose packets may gather payload from `device` memory, which only ibverbs
+/// can (`--use-peerdirect`; the engines refuse the flag on other transports first).
+fn open_gathering(
+    wire: Wire<'_>,
+    transport: &SendTransport,
+    flags: SendFlags,
+    device: &[Arc<dyn DeviceMemory>],
+) -> Result<Vec<NetSender>, ConfigError> {
+    let Wire {
+        dst,
+        interfaces,
+        ttl,
+        buffer,
+        max_packet,
+    } = wire;
+    if !device.is_empty() && !matches!(transport, SendTransport::Ibv { .. }) {
+        return Err(ConfigError::new(
+            "--use-peerdirect",
+            format!("needs {}", flags.ibv),
+        ));
+    }
     match transport {
         SendTransport::Udp => {
             let ifaces: Vec<Option<&str>> = if interfaces.is_empty() {
@@ -124,29 +184,25 @@ pub fn open_senders(
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| ConfigError::new(flags.interface, e))
         }
-        SendTransport::Ibv { comp_vector } => open_ibv(
-            dst,
-            interfaces,
-            ttl,
-            buffer,
-            max_packet,
-            *comp_vector,
-            flags,
-        ),
+        SendTransport::Ibv { comp_vector } => open_ibv(wire, *comp_vector, flags, device),
         SendTransport::Dpdk(cfg) => open_dpdk_senders(dst, interfaces, ttl, max_packet, cfg, flags),
     }
 }
 
 #[cfg(feature = "ibv")]
 fn open_ibv(
-    dst: &[SocketAddrV4],
-    interfaces: &[String],
-    ttl: u32,
-    buffer: usize,
-    max_packet: usize,
+    wire: Wire<'_>,
     comp_vector: i32,
     flags: SendFlags,
+    device: &[Arc<dyn DeviceMemory>],
 ) -> Result<Vec<NetSender>, ConfigError> {
+    let Wire {
+        dst,
+        interfaces,
+        ttl,
+        buffer,
+        max_packet,
+    } = wire;
     let (iface_flag, ibv_flag) = (flags.interface, flags.ibv);
     use crate::net::ibv::{rdma_devices, IbvSender};
     // First whether this host has RDMA at all, so that the refusal says so.
@@ -160,7 +216,7 @@ fn open_ibv(
     interfaces
         .iter()
         .map(|i| {
-            IbvSender::open(dst, i, ttl, buffer, max_packet, comp_vector)
+            IbvSender::open(dst, i, ttl, buffer, max_packet, comp_vector, device)
                 .map(|s| Box::new(s) as NetSender)
                 .map_err(|e| ConfigError::new(ibv_flag, e))
         })
@@ -169,13 +225,10 @@ fn open_ibv(
 
 #[cfg(not(feature = "ibv"))]
 fn open_ibv(
-    _: &[SocketAddrV4],
-    _: &[String],
-    _: u32,
-    _: usize,
-    _: usize,
+    _: Wire<'_>,
     _: i32,
     flags: SendFlags,
+    _: &[Arc<dyn DeviceMemory>],
 ) -> Result<Vec<NetSender>, ConfigError> {
     Err(ConfigError::new(flags.ibv, crate::net::IBV_NOT_BUILT))
 }
@@ -196,15 +249,23 @@ pub struct StreamSpec {
 impl StreamSpec {
     /// Open the senders (one per interface, or one on the default route).
     pub fn open(&self) -> Result<SendStream<NetSender>, ConfigError> {
-        let senders = open_senders(
-            &self.dst,
-            &self.interfaces,
-            self.ttl,
-            self.buffer,
-            self.config.max_packet_size,
-            &self.transport,
-            SendFlags::ENGINE,
-        )?;
+        self.open_with(&[])
+    }
+
+    /// [`StreamSpec::open`] with `device` memory registered with every sender, for heaps
+    /// sent from it (`--use-peerdirect`; ibverbs only).
+    pub fn open_with(
+        &self,
+        device: &[Arc<dyn DeviceMemory>],
+    ) -> Result<SendStream<NetSender>, ConfigError> {
+        let wire = Wire {
+            dst: &self.dst,
+            interfaces: &self.interfaces,
+            ttl: self.ttl,
+            buffer: self.buffer,
+            max_packet: self.config.max_packet_size,
+        };
+        let senders = open_gathering(wire, &self.transport, SendFlags::ENGINE, device)?;
         let mut stream = SendStream::new(self.config, senders)
             .map_err(|e| ConfigError::new(SendFlags::ENGINE.interface, e))?;
         stream.set_interface_names(&self.interfaces);
@@ -218,6 +279,23 @@ impl StreamSpec {
 pub struct DescriptorSchedule {
     pub first: Instant,
     pub period: Duration,
+}
+
+/// One buffer's heaps, interleaved (katgpucbf's `ROUND_ROBIN`), paced.
+fn send_buffer(
+    stream: &mut SendStream<NetSender>,
+    heaps: &[(usize, Heap<'_>)],
+) -> Result<(), String> {
+    let refs: Vec<HeapRef> = heaps
+        .iter()
+        .map(|(s, heap)| HeapRef::new(heap, *s))
+        .collect();
+    if refs.is_empty() {
+        return Ok(());
+    }
+    stream
+        .send_heaps(&refs, SendMode::RoundRobin)
+        .map_err(|e| e.to_string())
 }
 
 /// One descriptor heap per substream of `format`, unpaced.
@@ -308,9 +386,24 @@ pub type BufferPool<'a> = (
     &'a mut dyn FnMut(&mut [u8]) -> Result<(), String>,
 );
 
+/// Heaps whose bytes stay in device memory (`--use-peerdirect`): where they lie, and the hold
+/// on the buffer there, dropped once the NIC has read them.
+#[derive(Debug)]
+pub struct DevicePayload {
+    pub bytes: DeviceBytes,
+    pub lease: Lease,
+}
+
+/// What the engine hands its send thread: a buffer of the pool, filled, or heaps in device
+/// memory.
+enum Payload {
+    Host(Vec<u8>),
+    Device(DevicePayload),
+}
+
 /// A send thread and its buffer pool.
 pub struct HeapSink<M> {
-    heaps: Sender<(Vec<u8>, M)>,
+    heaps: Sender<(Payload, M)>,
     free: Receiver<Vec<u8>>,
     thread: Option<JoinHandle<Result<(), String>>>,
     counters: Arc<SinkCounters>,
@@ -348,7 +441,7 @@ impl<M: Send + 'static> HeapSink<M> {
     ) -> std::io::Result<HeapSink<M>> {
         let (buffers, buffer_bytes, prepare) = pool;
         stream.set_hurry(shutdown.flag());
-        let (heaps, rx) = crossbeam_channel::bounded::<(Vec<u8>, M)>(buffers);
+        let (heaps, rx) = crossbeam_channel::bounded::<(Payload, M)>(buffers);
         let (give, free) = crossbeam_channel::bounded(buffers);
         for _ in 0..buffers {
             let mut b = vec![0u8; buffer_bytes];
@@ -362,42 +455,57 @@ impl<M: Send + 'static> HeapSink<M> {
         let core = thread.core;
         let thread = std::thread::Builder::new().name(thread.name).spawn(
             move || -> Result<(), String> {
-                if let Some(c) = core {
-                    // Checked at start-up; a failure now stops this output with the reason.
-                    pin_current_thread(c).map_err(|e| format!("--send-affinity: {e}"))?;
-                }
-                let n = format.substreams();
-                send_descriptors(&mut stream, &format)?;
-                let mut next_desc = descriptors.first;
-                loop {
-                    if Instant::now() >= next_desc {
-                        send_descriptors(&mut stream, &format)?;
-                        next_desc += descriptors.period;
+                let sent = (|| -> Result<(), String> {
+                    if let Some(c) = core {
+                        // Checked at start-up; a failure now stops this output with the reason.
+                        pin_current_thread(c).map_err(|e| format!("--send-affinity: {e}"))?;
                     }
-                    let (data, meta) = match rx.recv_timeout(Duration::from_millis(100)) {
-                        Ok(h) => h,
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => return Ok(()),
-                    };
-                    let heaps: Vec<(usize, Heap<'_>)> = (0..n)
-                        .filter_map(|s| format.heap(&data, &meta, s).map(|h| (s, h)))
-                        .collect();
-                    let refs: Vec<HeapRef> = heaps
-                        .iter()
-                        .map(|(s, heap)| HeapRef::new(heap, *s))
-                        .collect();
-                    if !refs.is_empty() {
-                        stream
-                            .send_heaps(&refs, SendMode::RoundRobin)
-                            .map_err(|e| e.to_string())?;
+                    send_descriptors(&mut stream, &format)?;
+                    let mut next_desc = descriptors.first;
+                    loop {
+                        if Instant::now() >= next_desc {
+                            send_descriptors(&mut stream, &format)?;
+                            next_desc += descriptors.period;
+                        }
+                        let (data, meta) = match rx.recv_timeout(Duration::from_millis(100)) {
+                            Ok(h) => h,
+                            Err(RecvTimeoutError::Timeout) => continue,
+                            Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                        };
+                        match data {
+                            Payload::Host(data) => {
+                                let n = format.substreams();
+                                let heaps: Vec<(usize, Heap<'_>)> = (0..n)
+                                    .filter_map(|s| format.heap(&data, &meta, s).map(|h| (s, h)))
+                                    .collect();
+                                send_buffer(&mut stream, &heaps)?;
+                                drop(heaps);
+                                // The engine may have gone: then the buffer is simply dropped.
+                                let _ = give.send(data);
+                            }
+                            Payload::Device(d) => {
+                                let heaps = (0..format.substreams())
+                                    .filter_map(|s| {
+                                        format
+                                            .device_heap(d.bytes, &meta, s)
+                                            .transpose()
+                                            .map(|h| h.map(|h| (s, h)))
+                                    })
+                                    .collect::<Result<Vec<_>, String>>()?;
+                                send_buffer(&mut stream, &heaps)?;
+                                // The buffer goes back only once the NIC has read it.
+                                stream.wait_sent().map_err(|e| e.to_string())?;
+                                drop(d.lease);
+                            }
+                        }
+                        c.buffers.fetch_add(1, Ordering::Relaxed);
+                        c.update(&stream);
                     }
-                    drop(refs);
-                    drop(heaps);
-                    c.buffers.fetch_add(1, Ordering::Relaxed);
-                    c.update(&stream);
-                    // The engine may have gone: then the buffer is simply dropped.
-                    let _ = give.send(data);
-                }
+                })();
+                // Give back the leases of what is still queued, so that an engine waiting for
+                // its device buffers learns of the stop instead of waiting for them.
+                while rx.try_recv().is_ok() {}
+                sent
             },
         )?;
         Ok(HeapSink {
@@ -419,7 +527,13 @@ impl<M: Send + 'static> HeapSink<M> {
     /// Queue a filled buffer for sending.
     pub fn send(&self, data: Vec<u8>, meta: M) {
         // A closed channel means the thread stopped on an error, which check() reports.
-        let _ = self.heaps.send((data, meta));
+        let _ = self.heaps.send((Payload::Host(data), meta));
+    }
+
+    /// Queue heaps in device memory for sending from there; their lease is dropped once the
+    /// NIC has read them (at once if the thread has stopped).
+    pub fn send_device(&self, data: DevicePayload, meta: M) {
+        let _ = self.heaps.send((Payload::Device(data), meta));
     }
 
     /// Buffers sent so far.

@@ -21,6 +21,7 @@ pub mod heaps;
 pub mod metrics;
 pub mod narrowband;
 pub mod narrowband_output;
+mod out_ring;
 pub mod output;
 pub mod pipeline;
 mod pipelines;

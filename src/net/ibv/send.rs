@@ -1,17 +1,24 @@
 //! Sending through a raw-packet queue pair (see the module doc of `net::ibv`).
+//!
+//! With device memory to send from (`--use-peerdirect`, seed 000 §PeerDirect), each region is
+//! registered with the NIC when the sender opens, and a packet whose payload lies there goes
+//! out as a gather of two entries: its Ethernet/IPv4/UDP and SPEAD headers written into the
+//! ring slot, then its payload read by the NIC straight from GPU memory. Such payload must not
+//! change until the NIC has read it: [`PacketSender::wait_sent`] waits for every completion.
 
 use std::io;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 
 use super::placement::send_ring_memory;
-use super::verbs::{chain_send, Channel, Context, Cq, Mr, Pd, Qp};
+use super::verbs::{chain_send, Channel, Context, Cq, Gather, Mr, Pd, Qp, SEND_SGES};
 use super::{slots_for, CompMode, IbvError};
 use crate::net::frame::{self, FrameHeaders, HEADERS_LEN};
-use crate::net::{PacketSender, SendBatch};
+use crate::net::{DeviceBytes, DeviceMemory, PacketSender, SendBatch};
 
 /// Most requests posted as one chain (one doorbell, one signalled completion).
 const MAX_CHAIN: usize = 64;
@@ -27,6 +34,11 @@ pub struct IbvSender {
     cq: Cq,
     _channel: Option<Channel>,
     mr: Mr,
+    /// Device memory packets may gather payload from, registered (kept for the registrations'
+    /// life; dropped before the domain).
+    _device: Vec<Mr<Arc<dyn DeviceMemory>>>,
+    /// Each registration's range and lkey, for [`device_entry`].
+    device_keys: Vec<(DeviceBytes, u32)>,
     _pd: Pd,
     _ctx: Context,
     /// Holds the UDP source port the frames carry, so that no kernel socket takes it.
@@ -40,7 +52,7 @@ pub struct IbvSender {
     in_flight: usize,
     wrs: Vec<ffi::ibv_send_wr>,
     sges: Vec<ffi::ibv_sge>,
-    frames: Vec<(u64, u32)>,
+    frames: Vec<Gather>,
     wcs: Vec<ffi::ibv_wc>,
     mode: CompMode,
     ident: u16,
@@ -54,7 +66,8 @@ impl IbvSender {
     /// Send to `dests` (IPv4 multicast: unicast would need ARP, which a raw queue pair does
     /// not do, as in spead2) from `interface` with `ttl`, through a ring of `buffer` bytes of
     /// frames of up to `max_packet` UDP payload bytes; completions per `comp_vector`
-    /// (katgpucbf's `--send-comp-vector`: ≥ 0 interrupts, < 0 polling).
+    /// (katgpucbf's `--send-comp-vector`: ≥ 0 interrupts, < 0 polling). Packets may gather
+    /// payload from `device` memory, which is registered now.
     pub fn open(
         dests: &[SocketAddrV4],
         interface: &str,
@@ -62,6 +75,7 @@ impl IbvSender {
         buffer: usize,
         max_packet: usize,
         comp_vector: i32,
+        device: &[Arc<dyn DeviceMemory>],
     ) -> Result<IbvSender, IbvError> {
         if dests.is_empty() {
             return Err(IbvError::Config("no destinations to send to".into()));
@@ -95,16 +109,37 @@ impl IbvSender {
             CompMode::Polling => 0,
         };
         let cq = Cq::new(&ctx, slots, channel.as_ref().map(|c| (c, vector)))?;
-        let qp = Qp::raw_packet(&pd, &cq, dev.port, slots, 0)?;
+        let sges = if device.is_empty() {
+            1
+        } else {
+            SEND_SGES as u32
+        };
+        let qp = Qp::raw_packet(&pd, &cq, dev.port, slots, 0, sges)?;
         // Bound to the device's node before registration pins it (`placement`).
         let (ring, node) = send_ring_memory(Path::new("/sys"), &dev.device, slots * slot_len)?;
         let mr = Mr::new(&pd, ring)?;
-        tracing::info!(interface, device = %dev.device, port = dev.port, slots, mode = %mode, numa_node = ?node, "ibverbs sender");
+        let device = device
+            .iter()
+            .map(|m| Mr::new(&pd, Arc::clone(m)).map_err(|e| peer_error(&dev.device, e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let device_keys = device
+            .iter()
+            .map(|m| {
+                let range = DeviceBytes {
+                    addr: m.addr(),
+                    len: m.len(),
+                };
+                (range, m.lkey())
+            })
+            .collect();
+        tracing::info!(interface, device = %dev.device, port = dev.port, slots, mode = %mode, numa_node = ?node, gpu_regions = device.len(), "ibverbs sender");
         Ok(IbvSender {
             qp,
             cq,
             _channel: channel,
             mr,
+            _device: device,
+            device_keys,
             _pd: pd,
             _ctx: ctx,
             _port: port,
@@ -114,7 +149,7 @@ impl IbvSender {
             next: 0,
             in_flight: 0,
             wrs: vec![ffi::ibv_send_wr::default(); MAX_CHAIN],
-            sges: vec![ffi::ibv_sge::default(); MAX_CHAIN],
+            sges: vec![ffi::ibv_sge::default(); MAX_CHAIN * SEND_SGES],
             frames: Vec::with_capacity(MAX_CHAIN),
             // SAFETY: ibv_wc is plain data; zero is a valid (unused) completion.
             wcs: vec![unsafe { std::mem::zeroed() }; MAX_CHAIN],
@@ -177,12 +212,20 @@ impl PacketSender for IbvSender {
                 let out = &mut self.mr.bytes_mut()[start..start + self.slot_len];
                 let len = write_frame(out, &self.headers, batch, i + k, self.ident)?;
                 self.ident = self.ident.wrapping_add(1);
-                self.frames
-                    .push((self.mr.addr() + start as u64, len as u32));
+                let device = match batch.packet(i + k).device {
+                    Some(d) => Some(device_entry(&self.device_keys, d)?),
+                    None => None,
+                };
+                self.frames.push(Gather {
+                    frame: (self.mr.addr() + start as u64, len as u32),
+                    device,
+                });
             }
             chain_send(&mut self.wrs, &mut self.sges, &self.frames, self.mr.lkey());
             // SAFETY: the chain covers slots this sender owns and does not touch again until
-            // their completion is reaped (in_flight counts them).
+            // their completion is reaped (in_flight counts them), and device payload in
+            // registered regions, which the caller keeps until `wait_sent` (the trait's
+            // contract).
             unsafe { self.qp.post_send(&mut self.wrs[0])? };
             self.in_flight += chunk;
             self.next = (self.next + chunk) % self.slots;
@@ -190,11 +233,48 @@ impl PacketSender for IbvSender {
         }
         Ok(())
     }
+
+    fn wait_sent(&mut self) -> io::Result<()> {
+        while self.in_flight > 0 {
+            self.reap(true)?;
+        }
+        Ok(())
+    }
 }
 
-/// Write packet `i` of `batch` into `out` as a whole frame: the Ethernet/IPv4/UDP headers for
-/// its destination (`net::frame`), then its SPEAD header and payload pieces. Returns the frame
-/// length.
+/// A registration of device memory failed: most often because GPUDirect RDMA is not set up.
+fn peer_error(device: &str, e: io::Error) -> IbvError {
+    IbvError::Config(format!(
+        "--use-peerdirect: registering GPU memory with {device} failed ({e}); GPUDirect RDMA \
+         needs the nvidia_peermem kernel module loaded"
+    ))
+}
+
+/// The gather entry (address, length, lkey) for device payload `d`: the registered region
+/// that holds it whole, or an error (payload outside every region would be read from memory
+/// the NIC was never given).
+pub fn device_entry(regions: &[(DeviceBytes, u32)], d: DeviceBytes) -> io::Result<(u64, u32, u32)> {
+    let len = u32::try_from(d.len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "device payload over 4 GiB"))?;
+    regions
+        .iter()
+        .find(|(r, _)| r.contains(&d))
+        .map(|&(_, lkey)| (d.addr, len, lkey))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "device payload at {:#x} ({} bytes) lies in no registered region",
+                    d.addr, d.len
+                ),
+            )
+        })
+}
+
+/// Write packet `i` of `batch` into `out` as a frame: the Ethernet/IPv4/UDP headers for its
+/// destination (`net::frame`, lengths counting the whole packet), then its SPEAD header and
+/// host payload pieces; a device slice, if the packet has one, is left for the NIC to gather
+/// after these. Returns the bytes written.
 pub fn write_frame(
     out: &mut [u8],
     headers: &[FrameHeaders],
@@ -209,7 +289,7 @@ pub fn write_frame(
             format!("destination {} out of range", p.dest),
         )
     })?;
-    let len = HEADERS_LEN + p.len;
+    let len = HEADERS_LEN + p.len - p.device.map_or(0, |d| d.len);
     if len > out.len() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
