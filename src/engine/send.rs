@@ -388,7 +388,7 @@ pub type BufferPool<'a> = (
 
 /// Heaps whose bytes stay in device memory (`--use-peerdirect`): where they lie, and the hold
 /// on the buffer there, dropped once the NIC has read them.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct DevicePayload {
     pub bytes: DeviceBytes,
     pub lease: Lease,

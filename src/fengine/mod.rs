@@ -23,6 +23,7 @@ pub mod narrowband;
 pub mod narrowband_output;
 mod out_ring;
 pub mod output;
+mod peerdirect;
 pub mod pipeline;
 mod pipelines;
 pub mod place;

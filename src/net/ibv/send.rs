@@ -245,8 +245,8 @@ impl PacketSender for IbvSender {
 /// A registration of device memory failed: most often because GPUDirect RDMA is not set up.
 fn peer_error(device: &str, e: io::Error) -> IbvError {
     IbvError::Config(format!(
-        "--use-peerdirect: registering GPU memory with {device} failed ({e}); GPUDirect RDMA \
-         needs the nvidia_peermem kernel module loaded"
+        "registering GPU memory with {device} failed ({e}): --use-peerdirect needs GPUDirect \
+         RDMA (the nvidia_peermem kernel module loaded)"
     ))
 }
 
