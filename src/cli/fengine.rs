@@ -375,6 +375,45 @@ mod tests {
         assert!(flag(Some("--backend=cuda")).is_ok());
     }
 
+    /// `--use-peerdirect` is taken with the CUDA backend and `--send-ibv` in a build with
+    /// ibverbs (whether the host can do GPUDirect RDMA is found at start-up), and refused by
+    /// name, saying what it needs, otherwise.
+    #[test]
+    fn use_peerdirect_needs_cuda_and_ibverbs() {
+        let check = |extra: &[&str]| {
+            let mut v = vec![
+                "fengine",
+                "--adc-sample-rate=1712e6",
+                "--sync-time=0",
+                "--recv-chunk-samples=4194304",
+                "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
+                "--send-interface=eth0",
+                "--use-peerdirect",
+                "127.0.0.1:7148",
+            ];
+            v.extend(extra);
+            let config = Wrap::try_parse_from(v).unwrap().a.config().unwrap();
+            assert!(config.use_peerdirect);
+            config.validate().map(|_| ()).map_err(|e| {
+                assert_eq!(e.flag, "--use-peerdirect");
+                e.message
+            })
+        };
+        for cpu in [&["--send-ibv"][..], &["--send-ibv", "--backend=cpu"]] {
+            let message = check(cpu).unwrap_err();
+            assert!(message.contains("--backend cuda"), "{message}");
+        }
+        let message = check(&["--backend=cuda"]).unwrap_err();
+        assert!(message.contains("--send-ibv"), "{message}");
+        let built = check(&["--backend=cuda", "--send-ibv"]);
+        if cfg!(feature = "ibv") {
+            assert!(built.is_ok(), "{built:?}");
+        } else {
+            let message = built.unwrap_err();
+            assert!(message.contains("built without ibverbs"), "{message}");
+        }
+    }
+
     #[test]
     fn bad_flags_are_named() {
         assert_eq!(flag_of(&[]), "ok");

@@ -58,6 +58,31 @@ pub fn not_gathered() -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::{mem, PacketSender, SendBatch};
+
+    /// A transport that copies packets refuses a batch with device payload (it cannot read
+    /// it) and sends one without; the gathered packet's length counts its device bytes.
+    #[test]
+    fn copying_transports_refuse_device_payload() {
+        let (mut tx, _rx) = mem::channel(4, 1);
+        let header = [1u8; 8];
+        let mut batch = SendBatch::default();
+        batch.push_packet(&header, 0);
+        tx.send_batch(&batch).unwrap();
+        let (h, p) = (batch.header_buf().len(), batch.parts_buf().len());
+        batch.header_buf().extend_from_slice(&header);
+        let d = DeviceBytes {
+            addr: 1 << 40,
+            len: 100,
+        };
+        batch.finish_gathered(h, p, Some(d), 0);
+        assert_eq!(batch.packet(1).len, 108);
+        assert_eq!(batch.packet(1).device, Some(d));
+        let e = tx.send_batch(&batch).unwrap_err();
+        assert!(e.to_string().contains("--send-ibv"), "{e}");
+        batch.clear();
+        assert!(batch.host_only().is_ok());
+    }
 
     #[test]
     fn slices_stay_inside() {

@@ -417,6 +417,54 @@ mod tests {
         assert_eq!(got, data);
     }
 
+    /// A device item is sliced like host bytes (each packet's share, at the offsets its
+    /// header carries) but never read: `next_packet`, which copies, gives up on it; it must be
+    /// the last payload item, and not empty.
+    #[test]
+    fn device_items_are_sliced_not_read() {
+        let d = DeviceBytes {
+            addr: 0x7f00_0000_0000,
+            len: 3000,
+        };
+        let mut heap = Heap::new();
+        heap.add_immediate(0x1600, 7).add_device(0x4300, d);
+        heap.repeat_pointers = true;
+        let mut g = PacketGenerator::new(&heap, 1, Flavour::SPEAD_64_48, 1024).unwrap();
+        let (mut header, mut parts, mut device) = (Vec::new(), Vec::new(), None);
+        let mut offset = 0;
+        while let Some(n) = g.next_packet_parts(&mut header, &mut parts, &mut device) {
+            let payload = 1024 - (8 + 6 * 8);
+            let want = payload.min(3000 - offset);
+            assert!(parts.is_empty());
+            assert_eq!(device, d.slice(offset, want));
+            assert_eq!(n, header.len() + want);
+            offset += want;
+            header.clear();
+        }
+        assert_eq!(offset, 3000);
+        let mut g = PacketGenerator::new(&heap, 1, Flavour::SPEAD_64_48, 1024).unwrap();
+        let mut out = vec![0xa5; 5];
+        assert_eq!(g.next_packet(&mut out), None);
+        assert_eq!(out, [0xa5; 5]);
+
+        let mut after = Heap::new();
+        after.add_device(0x4300, d).add_bytes(0x4301, &[1u8, 2][..]);
+        let mut empty = Heap::new();
+        empty.add_device(
+            0x4300,
+            DeviceBytes {
+                addr: d.addr,
+                len: 0,
+            },
+        );
+        for bad in [after, empty] {
+            assert_eq!(
+                PacketGenerator::new(&bad, 1, Flavour::SPEAD_64_48, 1024).unwrap_err(),
+                PacketiseError::DevicePayload
+            );
+        }
+    }
+
     #[test]
     fn refuses_tiny_packets() {
         let heap = Heap::new();
