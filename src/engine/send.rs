@@ -574,7 +574,93 @@ impl<M: Send + 'static> HeapSink<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::lease::Ledger;
     use crate::engine::recv::{assert_ibv_refusal, rdma_available};
+    use crate::fengine::heaps::FHeapFormat;
+    use crate::net::SendBatch;
+    use crate::spead::send::SendStreamConfig;
+
+    /// A NIC that takes packets with device payload and completes them only when the test
+    /// says so (one `done` per `wait_sent`).
+    struct GatedNic {
+        gathered: Sender<usize>,
+        done: Receiver<()>,
+    }
+
+    impl PacketSender for GatedNic {
+        fn destinations(&self) -> usize {
+            2
+        }
+        fn send_batch(&mut self, batch: &SendBatch<'_>) -> std::io::Result<()> {
+            let n = (0..batch.len())
+                .filter(|&i| batch.packet(i).device.is_some())
+                .count();
+            let _ = self.gathered.send(n);
+            Ok(())
+        }
+        fn wait_sent(&mut self) -> std::io::Result<()> {
+            self.done
+                .recv()
+                .map_err(|_| std::io::Error::other("test over"))
+        }
+    }
+
+    /// The send thread gives a device buffer back only after the NIC's completions for every
+    /// packet gathered from it: while they are outstanding the buffer stays lent.
+    #[test]
+    fn a_device_buffer_returns_only_after_its_sends_complete() {
+        let (gathered, packets) = crossbeam_channel::unbounded();
+        let (complete, done) = crossbeam_channel::unbounded();
+        let nic: NetSender = Box::new(GatedNic { gathered, done });
+        let config = SendStreamConfig {
+            max_packet_size: 8192 + 72,
+            ..Default::default()
+        };
+        let stream = SendStream::new(config, vec![nic]).unwrap();
+        let format = FHeapFormat {
+            feng_id: 0,
+            channels: 64,
+            destinations: 2,
+            spectra_per_heap: 256,
+            sample_bits: 8,
+        };
+        let schedule = DescriptorSchedule {
+            first: Instant::now() + Duration::from_secs(3600),
+            period: Duration::from_secs(3600),
+        };
+        let thread = SendThread {
+            name: "test-tx".into(),
+            core: None,
+        };
+        let shutdown = Shutdown::manual();
+        let mut sink =
+            HeapSink::<u64>::spawn(thread, stream, format, schedule, 2, 0, &shutdown).unwrap();
+        // The descriptors at start-up are host heaps: no device packets.
+        assert_eq!(packets.recv().unwrap(), 0);
+        let ledger = Ledger::new(1);
+        // 64 channels × 256 spectra × 4 bytes = 64 KiB: 32 KiB per destination, 4 packets each.
+        let bytes = DeviceBytes {
+            addr: 1 << 40,
+            len: 64 * 256 * 4,
+        };
+        sink.send_device(
+            DevicePayload {
+                bytes,
+                lease: ledger.lend(0),
+            },
+            1 << 20,
+        );
+        let mut sent = 0;
+        while sent < 8 {
+            sent += packets.recv().unwrap();
+        }
+        assert_eq!(sent, 8);
+        assert!(ledger.lent(0), "returned before the NIC completed");
+        complete.send(()).unwrap();
+        ledger.wait_returned(0, Duration::from_secs(60)).unwrap();
+        drop(complete);
+        sink.join().unwrap();
+    }
 
     /// `--send-ibv` (dsim `--ibv`) is refused at start-up, by the flag the caller names.
     #[test]
