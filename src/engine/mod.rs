@@ -14,6 +14,7 @@ pub mod recv;
 pub mod recv_numa;
 pub mod send;
 mod send_dpdk;
+mod send_sink;
 mod shutdown;
 
 pub use shutdown::{terminate, Shutdown};
