@@ -309,7 +309,12 @@ impl Engine {
             format,
             schedule,
             SEND_BUFFERS,
-            channels * sph * value_bytes,
+            // With --use-peerdirect the heaps are sent from the device: no host buffers.
+            if cfg.use_peerdirect {
+                0
+            } else {
+                channels * sph * value_bytes
+            },
             shutdown,
         )?;
         Ok(Output {
