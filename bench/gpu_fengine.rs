@@ -203,6 +203,7 @@ fn kernels_at(
             unzip: default_unzip(channels),
             batch: 1,
             depth: 1,
+            peer: false,
         },
     )?;
     let mut data = vec![0u8; 2 * body * 10 / 8];
@@ -338,6 +339,7 @@ fn whole_path(
             unzip: default_unzip(channels),
             batch: default_batch(sph),
             depth: slots,
+            peer: false,
         },
     )?;
     let mut backend = backend;
@@ -376,7 +378,9 @@ fn whole_path(
         };
         pipeline.process(view(id)?, Some(view(id + 1)?), |h| {
             heaps += 1;
-            check = check.wrapping_add(u64::from(h.data[h.data.len() / 2]));
+            if let Some(d) = h.data.host() {
+                check = check.wrapping_add(u64::from(d[d.len() / 2]));
+            }
         })?;
     }
     pipeline.flush(|_| heaps += 1)?;

@@ -155,6 +155,7 @@ pub fn whole_path_outputs(
             unzip: default_unzip(o.channels()),
             batch: default_batch(sph),
             depth: default_depth(sph),
+            peer: false,
         };
         let mut backend = match &o {
             OutputSpec::Wideband(w) => GpuBackend::wideband(&input, w, gcfg)?,
@@ -203,7 +204,9 @@ pub fn whole_path_outputs(
         for p in &mut pipelines {
             p.process(view(id), Some(view(id + 1)), |h| {
                 heaps += 1;
-                check = check.wrapping_add(u64::from(h.data[h.data.len() / 2]));
+                if let Some(d) = h.data.host() {
+                    check = check.wrapping_add(u64::from(d[d.len() / 2]));
+                }
             })?;
         }
     }

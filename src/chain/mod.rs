@@ -182,6 +182,7 @@ pub fn run(
                 backend: BackendKind::Cpu,
                 gpu_device: 0,
                 use_vkgdr: false,
+                use_peerdirect: false,
                 tuning_cache: None,
                 jones_per_batch: spectra * channels,
                 max_delay_diff: 0,

@@ -129,8 +129,11 @@ pub struct FengineArgs {
     /// missing, otherwise.
     #[arg(long)]
     pub use_vkgdr: bool,
-    /// katgpucbf's GPUDirect RDMA send, refused by name.
-    #[arg(long, hide = true)]
+    /// Send the output heaps straight from GPU memory (GPUDirect RDMA, as katgpucbf's
+    /// PeerDirect): the NIC reads each packet's payload from the device, so the heaps are never
+    /// copied to the host. Needs --backend cuda, --send-ibv, a build with ibverbs, and the
+    /// nvidia_peermem kernel module; refused at start-up, saying which is missing, otherwise.
+    #[arg(long)]
     pub use_peerdirect: bool,
     /// A narrowband output: name=…,channels=…,centre_frequency=…,decimation=…,dst=…[,ddc_taps=16×subsampling,weight_pass=0.005,pass_bandwidth=…,taps=16,w_cutoff=1.0,window_function=hann,dither=uniform,jones_per_batch=…]; pass_bandwidth (Hz) selects no-discard mode; repeatable.
     #[arg(long)]
@@ -182,13 +185,6 @@ impl FengineArgs {
         let send_transport =
             self.send_transport
                 .transport(self.ibv.send()?, "--send-ibv", &self.dpdk)?;
-        if self.use_peerdirect {
-            return Err(CliError::flag(
-                "--use-peerdirect",
-                "not supported: GPUDirect RDMA is not implemented (output heaps are copied to \
-                 host memory and sent from there)",
-            ));
-        }
         if self.send_chunk_jones == 0 {
             return Err(CliError::flag("--send-chunk-jones", "must be positive"));
         }
@@ -240,6 +236,7 @@ impl FengineArgs {
             backend: self.backend,
             gpu_device: self.gpu_device,
             use_vkgdr: self.use_vkgdr,
+            use_peerdirect: self.use_peerdirect,
             tuning_cache: self.tuning_cache.clone(),
             jones_per_batch: self.jones_per_batch,
             max_delay_diff: self.max_delay_diff,
@@ -378,6 +375,45 @@ mod tests {
         assert!(flag(Some("--backend=cuda")).is_ok());
     }
 
+    /// `--use-peerdirect` is taken with the CUDA backend and `--send-ibv` in a build with
+    /// ibverbs (whether the host can do GPUDirect RDMA is found at start-up), and refused by
+    /// name, saying what it needs, otherwise.
+    #[test]
+    fn use_peerdirect_needs_cuda_and_ibverbs() {
+        let check = |extra: &[&str]| {
+            let mut v = vec![
+                "fengine",
+                "--adc-sample-rate=1712e6",
+                "--sync-time=0",
+                "--recv-chunk-samples=4194304",
+                "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
+                "--send-interface=eth0",
+                "--use-peerdirect",
+                "127.0.0.1:7148",
+            ];
+            v.extend(extra);
+            let config = Wrap::try_parse_from(v).unwrap().a.config().unwrap();
+            assert!(config.use_peerdirect);
+            config.validate().map(|_| ()).map_err(|e| {
+                assert_eq!(e.flag, "--use-peerdirect");
+                e.message
+            })
+        };
+        for cpu in [&["--send-ibv"][..], &["--send-ibv", "--backend=cpu"]] {
+            let message = check(cpu).unwrap_err();
+            assert!(message.contains("--backend cuda"), "{message}");
+        }
+        let message = check(&["--backend=cuda"]).unwrap_err();
+        assert!(message.contains("--send-ibv"), "{message}");
+        let built = check(&["--backend=cuda", "--send-ibv"]);
+        if cfg!(feature = "ibv") {
+            assert!(built.is_ok(), "{built:?}");
+        } else {
+            let message = built.unwrap_err();
+            assert!(message.contains("built without ibverbs"), "{message}");
+        }
+    }
+
     #[test]
     fn bad_flags_are_named() {
         assert_eq!(flag_of(&[]), "ok");
@@ -490,7 +526,6 @@ mod tests {
     #[test]
     fn flags_cbf_cannot_honour_are_refused_by_name() {
         for (flag, value) in [
-            ("--use-peerdirect", None),
             // A completion vector without its ibverbs switch would be ignored: refused.
             ("--send-comp-vector", Some("-1")),
             ("--recv-comp-vector", Some("0,1")),

@@ -8,11 +8,13 @@
 pub mod affinity;
 pub mod control;
 pub mod health;
+pub mod lease;
 pub mod metrics;
 pub mod recv;
 pub mod recv_numa;
 pub mod send;
 mod send_dpdk;
+mod send_sink;
 mod shutdown;
 
 pub use shutdown::{terminate, Shutdown};

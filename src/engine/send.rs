@@ -4,23 +4,28 @@
 //! buffers are copied into one of a few preallocated buffers that circulate between the engine
 //! and the thread; when all are in flight the engine waits (back-pressure instead of loss).
 //! What a buffer becomes on the wire is the engine's [`HeapFormat`]; descriptors go out on a
-//! timer, unpaced, as katgpucbf sends them.
+//! timer, unpaced, as katgpucbf sends them. The thread and its buffers are `send_sink`'s
+//! ([`HeapSink`]); this module opens the streams.
+//!
+//! With `--use-peerdirect` (seed 000 §PeerDirect) nothing is copied: the engine hands the
+//! thread a [`DevicePayload`] — where the heaps' bytes lie in GPU memory and a lease
+//! (`engine::lease`) on the buffer holding them — the packets gather their payload from there (`net::ibv`), and the
+//! lease is dropped, giving the buffer back, only once the stream's completions say the NIC
+//! has read every packet (`SendStream::wait_sent`).
 
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-
-use super::affinity::pin_current_thread;
 pub use super::send_dpdk::DpdkSend;
 use super::send_dpdk::{open_dpdk_senders, plan_dpdk_senders};
-use super::{ConfigError, EngineError, Shutdown};
+pub use super::send_sink::{
+    BufferPool, DescriptorSchedule, DevicePayload, HeapSink, InterfaceCounters, SendThread,
+    SinkCounters,
+};
+use super::ConfigError;
 use crate::net::udp::UdpSender;
-use crate::net::{NetSender, PacketSender};
-use crate::spead::send::{Heap, HeapRef, SendMode, SendStream, SendStreamConfig};
+use crate::net::{DeviceBytes, DeviceMemory, NetSender};
+use crate::spead::send::{Heap, SendStream, SendStreamConfig};
 
 /// How an engine's finished buffers become heaps: one heap per substream (destination) of each
 /// buffer, plus the stream's descriptors.
@@ -32,6 +37,18 @@ pub trait HeapFormat: Send + 'static {
     /// The heap for `substream` of one buffer, or `None` to send nothing there this time
     /// (a beam whose capture is stopped).
     fn heap<'a>(&self, data: &'a [u8], meta: &Self::Meta, substream: usize) -> Option<Heap<'a>>;
+    /// [`HeapFormat::heap`] for a buffer whose bytes stay in device memory
+    /// (`--use-peerdirect`); an error where this format has no such form (the engines refuse
+    /// the flag before that can happen).
+    fn device_heap(
+        &self,
+        data: DeviceBytes,
+        meta: &Self::Meta,
+        substream: usize,
+    ) -> Result<Option<Heap<'static>>, String> {
+        let _ = (data, meta, substream);
+        Err("this stream cannot send from device memory".into())
+    }
     /// The descriptor heap sent to `substream`.
     fn descriptors(&self, substream: usize) -> Heap<'static>;
 }
@@ -111,6 +128,47 @@ pub fn open_senders(
     transport: &SendTransport,
     flags: SendFlags,
 ) -> Result<Vec<NetSender>, ConfigError> {
+    let wire = Wire {
+        dst,
+        interfaces,
+        ttl,
+        buffer,
+        max_packet,
+    };
+    open_gathering(wire, transport, flags, &[])
+}
+
+/// Where and how [`open_senders`]' senders send.
+#[derive(Clone, Copy)]
+struct Wire<'a> {
+    dst: &'a [SocketAddrV4],
+    interfaces: &'a [String],
+    ttl: u32,
+    buffer: usize,
+    max_packet: usize,
+}
+
+/// [`open_senders`] whose packets may gather payload from `device` memory, which only ibverbs
+/// can (`--use-peerdirect`; the engines refuse the flag on other transports first).
+fn open_gathering(
+    wire: Wire<'_>,
+    transport: &SendTransport,
+    flags: SendFlags,
+    device: &[Arc<dyn DeviceMemory>],
+) -> Result<Vec<NetSender>, ConfigError> {
+    let Wire {
+        dst,
+        interfaces,
+        ttl,
+        buffer,
+        max_packet,
+    } = wire;
+    if !device.is_empty() && !matches!(transport, SendTransport::Ibv { .. }) {
+        return Err(ConfigError::new(
+            "--use-peerdirect",
+            format!("needs {}", flags.ibv),
+        ));
+    }
     match transport {
         SendTransport::Udp => {
             let ifaces: Vec<Option<&str>> = if interfaces.is_empty() {
@@ -124,29 +182,25 @@ pub fn open_senders(
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| ConfigError::new(flags.interface, e))
         }
-        SendTransport::Ibv { comp_vector } => open_ibv(
-            dst,
-            interfaces,
-            ttl,
-            buffer,
-            max_packet,
-            *comp_vector,
-            flags,
-        ),
+        SendTransport::Ibv { comp_vector } => open_ibv(wire, *comp_vector, flags, device),
         SendTransport::Dpdk(cfg) => open_dpdk_senders(dst, interfaces, ttl, max_packet, cfg, flags),
     }
 }
 
 #[cfg(feature = "ibv")]
 fn open_ibv(
-    dst: &[SocketAddrV4],
-    interfaces: &[String],
-    ttl: u32,
-    buffer: usize,
-    max_packet: usize,
+    wire: Wire<'_>,
     comp_vector: i32,
     flags: SendFlags,
+    device: &[Arc<dyn DeviceMemory>],
 ) -> Result<Vec<NetSender>, ConfigError> {
+    let Wire {
+        dst,
+        interfaces,
+        ttl,
+        buffer,
+        max_packet,
+    } = wire;
     let (iface_flag, ibv_flag) = (flags.interface, flags.ibv);
     use crate::net::ibv::{rdma_devices, IbvSender};
     // First whether this host has RDMA at all, so that the refusal says so.
@@ -160,7 +214,7 @@ fn open_ibv(
     interfaces
         .iter()
         .map(|i| {
-            IbvSender::open(dst, i, ttl, buffer, max_packet, comp_vector)
+            IbvSender::open(dst, i, ttl, buffer, max_packet, comp_vector, device)
                 .map(|s| Box::new(s) as NetSender)
                 .map_err(|e| ConfigError::new(ibv_flag, e))
         })
@@ -169,13 +223,10 @@ fn open_ibv(
 
 #[cfg(not(feature = "ibv"))]
 fn open_ibv(
-    _: &[SocketAddrV4],
-    _: &[String],
-    _: u32,
-    _: usize,
-    _: usize,
+    _: Wire<'_>,
     _: i32,
     flags: SendFlags,
+    _: &[Arc<dyn DeviceMemory>],
 ) -> Result<Vec<NetSender>, ConfigError> {
     Err(ConfigError::new(flags.ibv, crate::net::IBV_NOT_BUILT))
 }
@@ -196,264 +247,27 @@ pub struct StreamSpec {
 impl StreamSpec {
     /// Open the senders (one per interface, or one on the default route).
     pub fn open(&self) -> Result<SendStream<NetSender>, ConfigError> {
-        let senders = open_senders(
-            &self.dst,
-            &self.interfaces,
-            self.ttl,
-            self.buffer,
-            self.config.max_packet_size,
-            &self.transport,
-            SendFlags::ENGINE,
-        )?;
+        self.open_with(&[])
+    }
+
+    /// [`StreamSpec::open`] with `device` memory registered with every sender, for heaps
+    /// sent from it (`--use-peerdirect`; ibverbs only).
+    pub fn open_with(
+        &self,
+        device: &[Arc<dyn DeviceMemory>],
+    ) -> Result<SendStream<NetSender>, ConfigError> {
+        let wire = Wire {
+            dst: &self.dst,
+            interfaces: &self.interfaces,
+            ttl: self.ttl,
+            buffer: self.buffer,
+            max_packet: self.config.max_packet_size,
+        };
+        let senders = open_gathering(wire, &self.transport, SendFlags::ENGINE, device)?;
         let mut stream = SendStream::new(self.config, senders)
             .map_err(|e| ConfigError::new(SendFlags::ENGINE.interface, e))?;
         stream.set_interface_names(&self.interfaces);
         Ok(stream)
-    }
-}
-
-/// When descriptors are sent: once at start-up (so that a receiver that joins with the
-/// engine can decode its first heaps), then at `first`, then every `period`.
-#[derive(Debug, Clone, Copy)]
-pub struct DescriptorSchedule {
-    pub first: Instant,
-    pub period: Duration,
-}
-
-/// One descriptor heap per substream of `format`, unpaced.
-fn send_descriptors<F: HeapFormat>(
-    stream: &mut SendStream<NetSender>,
-    format: &F,
-) -> Result<(), String> {
-    let d: Vec<Heap<'static>> = (0..format.substreams())
-        .map(|s| format.descriptors(s))
-        .collect();
-    let refs: Vec<HeapRef> = d
-        .iter()
-        .enumerate()
-        .map(|(s, heap)| HeapRef {
-            heap,
-            cnt: None,
-            substream: s,
-            unpaced: true,
-        })
-        .collect();
-    stream
-        .send_heaps(&refs, SendMode::RoundRobin)
-        .map_err(|e| e.to_string())
-}
-
-/// Heaps and bytes sent so far (read by metrics and sensors from other threads).
-#[derive(Debug, Default)]
-pub struct SinkCounters {
-    /// Buffers handed to the stream (each as up to one heap per substream).
-    pub buffers: AtomicU64,
-    pub bytes: AtomicU64,
-    /// Heaps lost because no send interface was up (`SendCounters::lost_heaps`).
-    pub lost_heaps: AtomicU64,
-    /// One per send interface, in `--send-interface` order.
-    pub interfaces: Vec<InterfaceCounters>,
-}
-
-/// What one send interface carried, and how often it went down.
-#[derive(Debug, Default)]
-pub struct InterfaceCounters {
-    pub name: String,
-    pub bytes: AtomicU64,
-    pub downs: AtomicU64,
-    pub live: AtomicBool,
-}
-
-impl SinkCounters {
-    fn for_stream<S: PacketSender>(stream: &SendStream<S>) -> SinkCounters {
-        SinkCounters {
-            interfaces: stream
-                .interfaces()
-                .map(|(name, _)| InterfaceCounters {
-                    name: name.to_string(),
-                    live: AtomicBool::new(true),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        }
-    }
-
-    /// Bring the counters up to `stream`'s.
-    fn update<S: PacketSender>(&self, stream: &SendStream<S>) {
-        let c = stream.counters();
-        self.bytes.store(c.bytes, Ordering::Relaxed);
-        self.lost_heaps.store(c.lost_heaps, Ordering::Relaxed);
-        for (mine, (_, theirs)) in self.interfaces.iter().zip(stream.interfaces()) {
-            mine.bytes.store(theirs.bytes, Ordering::Relaxed);
-            mine.downs.store(theirs.downs, Ordering::Relaxed);
-            mine.live.store(theirs.live, Ordering::Relaxed);
-        }
-    }
-}
-
-/// A send thread's name (at most 15 bytes, Linux's limit, so that `top -H` tells them apart)
-/// and the core it is bound to (`--send-affinity`).
-#[derive(Debug, Clone)]
-pub struct SendThread {
-    pub name: String,
-    pub core: Option<usize>,
-}
-
-/// A sink's buffers: how many, bytes each, and what to do to each before use (an error stops
-/// the start with its message).
-pub type BufferPool<'a> = (
-    usize,
-    usize,
-    &'a mut dyn FnMut(&mut [u8]) -> Result<(), String>,
-);
-
-/// A send thread and its buffer pool.
-pub struct HeapSink<M> {
-    heaps: Sender<(Vec<u8>, M)>,
-    free: Receiver<Vec<u8>>,
-    thread: Option<JoinHandle<Result<(), String>>>,
-    counters: Arc<SinkCounters>,
-}
-
-impl<M: Send + 'static> HeapSink<M> {
-    /// Start `thread` with `buffers` buffers of `buffer_bytes` capacity. Once `shutdown` is
-    /// raised the stream stops pacing, so that what is queued goes out and the engine stops
-    /// promptly however low `--send-rate-factor` is.
-    pub fn spawn<F: HeapFormat<Meta = M>>(
-        thread: SendThread,
-        stream: SendStream<NetSender>,
-        format: F,
-        descriptors: DescriptorSchedule,
-        buffers: usize,
-        buffer_bytes: usize,
-        shutdown: &Shutdown,
-    ) -> std::io::Result<HeapSink<M>> {
-        let mut nothing = |_: &mut [u8]| Ok(());
-        let pool: BufferPool<'_> = (buffers, buffer_bytes, &mut nothing);
-        Self::spawn_with(thread, stream, format, descriptors, pool, shutdown)
-    }
-
-    /// [`HeapSink::spawn`] with `pool` = (buffers, bytes each, `prepare`): every buffer is
-    /// allocated (zeroed) and handed to `prepare` before the thread starts (the
-    /// XB-engine page-locks its X heap buffers there, so that the GPU writes into them). The
-    /// buffers keep their memory for the sink's life.
-    pub fn spawn_with<F: HeapFormat<Meta = M>>(
-        thread: SendThread,
-        mut stream: SendStream<NetSender>,
-        format: F,
-        descriptors: DescriptorSchedule,
-        pool: BufferPool<'_>,
-        shutdown: &Shutdown,
-    ) -> std::io::Result<HeapSink<M>> {
-        let (buffers, buffer_bytes, prepare) = pool;
-        stream.set_hurry(shutdown.flag());
-        let (heaps, rx) = crossbeam_channel::bounded::<(Vec<u8>, M)>(buffers);
-        let (give, free) = crossbeam_channel::bounded(buffers);
-        for _ in 0..buffers {
-            let mut b = vec![0u8; buffer_bytes];
-            prepare(&mut b).map_err(std::io::Error::other)?;
-            b.clear();
-            // Cannot fail: the channel has room for every buffer.
-            let _ = give.send(b);
-        }
-        let counters = Arc::new(SinkCounters::for_stream(&stream));
-        let c = Arc::clone(&counters);
-        let core = thread.core;
-        let thread = std::thread::Builder::new().name(thread.name).spawn(
-            move || -> Result<(), String> {
-                if let Some(c) = core {
-                    // Checked at start-up; a failure now stops this output with the reason.
-                    pin_current_thread(c).map_err(|e| format!("--send-affinity: {e}"))?;
-                }
-                let n = format.substreams();
-                send_descriptors(&mut stream, &format)?;
-                let mut next_desc = descriptors.first;
-                loop {
-                    if Instant::now() >= next_desc {
-                        send_descriptors(&mut stream, &format)?;
-                        next_desc += descriptors.period;
-                    }
-                    let (data, meta) = match rx.recv_timeout(Duration::from_millis(100)) {
-                        Ok(h) => h,
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => return Ok(()),
-                    };
-                    let heaps: Vec<(usize, Heap<'_>)> = (0..n)
-                        .filter_map(|s| format.heap(&data, &meta, s).map(|h| (s, h)))
-                        .collect();
-                    let refs: Vec<HeapRef> = heaps
-                        .iter()
-                        .map(|(s, heap)| HeapRef::new(heap, *s))
-                        .collect();
-                    if !refs.is_empty() {
-                        stream
-                            .send_heaps(&refs, SendMode::RoundRobin)
-                            .map_err(|e| e.to_string())?;
-                    }
-                    drop(refs);
-                    drop(heaps);
-                    c.buffers.fetch_add(1, Ordering::Relaxed);
-                    c.update(&stream);
-                    // The engine may have gone: then the buffer is simply dropped.
-                    let _ = give.send(data);
-                }
-            },
-        )?;
-        Ok(HeapSink {
-            heaps,
-            free,
-            thread: Some(thread),
-            counters,
-        })
-    }
-
-    /// A free buffer (cleared), waiting while every buffer is in flight; `None` if the send
-    /// thread has stopped (on an error that [`HeapSink::check`] reports).
-    pub fn buffer(&self) -> Option<Vec<u8>> {
-        let mut b = self.free.recv().ok()?;
-        b.clear();
-        Some(b)
-    }
-
-    /// Queue a filled buffer for sending.
-    pub fn send(&self, data: Vec<u8>, meta: M) {
-        // A closed channel means the thread stopped on an error, which check() reports.
-        let _ = self.heaps.send((data, meta));
-    }
-
-    /// Buffers sent so far.
-    pub fn sent(&self) -> u64 {
-        self.counters.buffers.load(Ordering::Relaxed)
-    }
-
-    /// Bytes sent so far (packets, headers included).
-    pub fn bytes(&self) -> u64 {
-        self.counters.bytes.load(Ordering::Relaxed)
-    }
-
-    /// The counters, to read from another thread.
-    pub fn counters(&self) -> Arc<SinkCounters> {
-        Arc::clone(&self.counters)
-    }
-
-    /// A send failure, if the thread stopped on one.
-    pub fn check(&mut self) -> Result<(), EngineError> {
-        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
-            return self.join();
-        }
-        Ok(())
-    }
-
-    /// Let the thread send what is queued, and stop it.
-    pub fn join(&mut self) -> Result<(), EngineError> {
-        let (dead, _) = crossbeam_channel::bounded(1);
-        drop(std::mem::replace(&mut self.heaps, dead));
-        match self.thread.take().map(|t| t.join()) {
-            Some(Ok(Err(e))) => Err(EngineError::Send(e)),
-            Some(Err(_)) => Err(EngineError::Panicked("send")),
-            _ => Ok(()),
-        }
     }
 }
 

@@ -9,12 +9,16 @@
 //! submits a heap once [`Backend::ready`] says there is room, [`Backend::finished`] hands
 //! results back in submission order.
 
+use std::sync::Arc;
+
 use num_complex::Complex32;
 
 use super::output::WidebandOutput;
 use crate::dsp::pfb::{pfb_fir, pfb_weights, ChannelFft};
 use crate::dsp::postproc::{pack_4bit, postproc_heap, HeapInput, OutputBits, SpectrumDelay};
 use crate::dsp::samples::unpack;
+use crate::engine::send::DevicePayload;
+use crate::net::DeviceMemory;
 
 /// A backend's failure: the engine stops on it (a GPU fault is not something to run on past).
 #[derive(Debug, thiserror::Error)]
@@ -41,10 +45,29 @@ pub struct BackEndInput<'a> {
     pub dither: Option<u64>,
 }
 
+/// A finished heap's wire bytes: (channel, spectrum, pol, re/im).
+#[derive(Debug)]
+pub enum HeapData<'a> {
+    /// In host memory.
+    Host(&'a [u8]),
+    /// Left in device memory to be sent from there (`--use-peerdirect`): where, and the hold
+    /// on the buffer, which is written again only once every hold on it is dropped.
+    Device(DevicePayload),
+}
+
+impl<'a> HeapData<'a> {
+    /// The bytes, where the host can read them.
+    pub fn host(&self) -> Option<&'a [u8]> {
+        match self {
+            HeapData::Host(b) => Some(b),
+            HeapData::Device(_) => None,
+        }
+    }
+}
+
 /// A heap the back end finished.
 pub struct Finished<'a> {
-    /// Wire bytes: (channel, spectrum, pol, re/im).
-    pub data: &'a [u8],
+    pub data: HeapData<'a>,
     /// Clipped complex values per pol.
     pub clips: [u64; 2],
     /// Σx² of the digitiser samples the heap's spectra counted, per pol (int64).
@@ -68,6 +91,19 @@ pub trait Backend: Send {
     fn back_end(&mut self, input: &BackEndInput<'_>) -> Result<(), BackendError>;
     /// Whether another heap may be submitted, or heaps in flight must be taken first.
     fn ready(&self) -> bool;
+    /// Not [`Backend::ready`] with no heap in flight: wait for room, which only a backend whose
+    /// heaps are sent from its own buffers can have to do (until the send thread gives them
+    /// back); for any other that is a bug, reported as an error.
+    fn wait_ready(&mut self) -> Result<(), BackendError> {
+        Err(BackendError(
+            "backend not ready with no heap in flight".into(),
+        ))
+    }
+    /// The device memory its heaps are sent from, for the NIC to register
+    /// (`--use-peerdirect`); none where heaps come back to the host.
+    fn peer_memory(&self) -> Vec<Arc<dyn DeviceMemory>> {
+        Vec::new()
+    }
     /// The oldest heap in flight, once done (waiting for it if `wait`, which also launches a
     /// partly filled batch); `None` if none is.
     fn finished(&mut self, wait: bool) -> Result<Option<Finished<'_>>, BackendError>;
@@ -204,6 +240,10 @@ impl Backend for CpuBackend {
             OutputBits::Eight => bytemuck::cast_slice(&self.heap),
             OutputBits::Four => &self.packed,
         };
-        Ok(Some(Finished { data, clips, power }))
+        Ok(Some(Finished {
+            data: HeapData::Host(data),
+            clips,
+            power,
+        }))
     }
 }

@@ -42,6 +42,10 @@ pub struct FengineConfig {
     /// (`--use-vkgdr`, `gpu::vkgdr`): the CUDA backend then copies each chunk on the device
     /// instead of across PCIe. CUDA backend only.
     pub use_vkgdr: bool,
+    /// Send the output heaps from GPU memory, which the NIC reads through GPUDirect RDMA
+    /// (`--use-peerdirect`, seed 000 §PeerDirect): no device-to-host copy of the heaps. CUDA
+    /// backend and ibverbs only; checked further at start-up (`fengine::peerdirect`).
+    pub use_peerdirect: bool,
     /// Where the DDC kernel's tuned mappings are kept (`--tuning-cache`; `None`: the default
     /// place, `gpu::ddc_tune::TuningCache::default_path`).
     pub tuning_cache: Option<std::path::PathBuf>,
@@ -92,6 +96,7 @@ impl FengineConfig {
                  backend would have to read back across PCIe",
             ));
         }
+        self.check_peerdirect()?;
         self.affinity.validate(self.source.threads)?;
         if !valid_sample_bits(self.dig_sample_bits) {
             return Err(ConfigError::new(
@@ -204,6 +209,34 @@ impl FengineConfig {
             },
             outputs,
         })
+    }
+
+    /// `--use-peerdirect` needs the CUDA backend (the heaps must be in GPU memory), ibverbs
+    /// (the only transport that gathers from registered device memory) and a build with it.
+    fn check_peerdirect(&self) -> Result<(), ConfigError> {
+        const FLAG: &str = "--use-peerdirect";
+        if !self.use_peerdirect {
+            return Ok(());
+        }
+        if self.backend != BackendKind::Cuda {
+            return Err(ConfigError::new(
+                FLAG,
+                "needs --backend cuda: it sends the output heaps from GPU memory",
+            ));
+        }
+        if !matches!(
+            self.send_transport,
+            crate::engine::send::SendTransport::Ibv { .. }
+        ) {
+            return Err(ConfigError::new(
+                FLAG,
+                "needs --send-ibv: only the ibverbs transport lets the NIC read GPU memory",
+            ));
+        }
+        if !cfg!(feature = "ibv") {
+            return Err(ConfigError::new(FLAG, crate::net::IBV_NOT_BUILT));
+        }
+        Ok(())
     }
 
     /// Output sample width.

@@ -10,13 +10,16 @@
 //!   consecutive spectra of one coarse delay batched into one launch (both polarisations in
 //!   one grid where their runs line up), into this output's frames;
 //! - the back end (`cuda_back`): batched C2C cuFFT and post-processing, compiled for the
-//!   output's kind, and the copies of the heaps back to pinned host memory.
+//!   output's kind, and the copies of the heaps back to pinned host memory — or, with
+//!   `--use-peerdirect` (`GpuConfig::peer`), the heaps left in device memory for the NIC.
 //!
 //! Every buffer is allocated at start-up.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice};
+
+use crate::net::DeviceMemory;
 
 use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
 use super::cuda_back::BackEnd;
@@ -32,7 +35,7 @@ use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
 
 pub use super::cuda_front::DdcChoice;
-pub use super::cuda_shape::{default_batch, default_depth, default_unzip, GpuConfig};
+pub use super::cuda_shape::{default_batch, default_depth, default_unzip, peer_depth, GpuConfig};
 
 /// A run of consecutive spectra of one polarisation with one coarse delay.
 #[derive(Debug, Clone, Copy)]
@@ -401,6 +404,14 @@ impl Backend for GpuBackend {
 
     fn ready(&self) -> bool {
         self.back.ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<(), BackendError> {
+        self.back.wait_returned()
+    }
+
+    fn peer_memory(&self) -> Vec<Arc<dyn DeviceMemory>> {
+        self.back.peer_memory()
     }
 
     fn finished(&mut self, wait: bool) -> Result<Option<Finished<'_>>, BackendError> {

@@ -5,20 +5,32 @@
 //! h's copy-out overlaps heap h+1's compute. The per-heap delay terms are written into mapped
 //! host memory rather than copied (seed 000 §Postprocessing: small copies queue behind the
 //! sample transfers), and moved into device memory once per launch by the post-processing op.
+//!
+//! With `--use-peerdirect` (seed 000 §PeerDirect) the heaps are not copied: each finished heap
+//! is handed on as its place in the slot's device memory with a lease on the slot, and a slot
+//! is written again only once every lease on it is back, that is, once the NIC has read its
+//! heaps (`out_ring`); only the clip and power counters still come to the host.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use cudarc::driver::CudaSlice;
 
-use super::backend::{BackEndInput, Finished};
+use super::backend::{BackEndInput, BackendError, Finished, HeapData};
 use super::cuda_shape::GpuConfig;
 use super::cuda_slot::OutSlot;
+use super::out_ring::{OutRing, Taken};
 use crate::dsp::postproc::{OutputBits, PhaseConvention};
+use crate::engine::send::DevicePayload;
 use crate::gpu::fft::BatchedFft;
 use crate::gpu::postproc::{Postproc, PostprocShape};
 use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
+use crate::net::DeviceMemory;
+
+/// Longest wait for the send thread to give a slot back: a NIC that has not sent a batch's
+/// heaps in this long has stopped (the ibverbs sender gives up after 5 s without progress).
+const RETURN_LIMIT: Duration = Duration::from_secs(30);
 
 pub struct BackEnd {
     gpu: Arc<Gpu>,
@@ -32,7 +44,6 @@ pub struct BackEnd {
     /// Spectra per heap, and per launch (`batch` heaps).
     heap_spectra: usize,
     spectra: usize,
-    batch: usize,
     /// Per heap of a batch: [pol][channel] complex gains.
     gains: CudaSlice<f32>,
     /// The latest gains on the device, their version (the pipeline's), and the version each
@@ -41,11 +52,8 @@ pub struct BackEnd {
     gains_version: Option<u64>,
     gains_at: Vec<Option<u64>>,
     slots: Vec<OutSlot>,
-    /// The slot being filled, and how many heaps it holds so far (not yet launched).
-    fill: usize,
-    pending: usize,
-    /// (slot, heap in the slot) of every heap submitted and not yet taken.
-    in_flight: VecDeque<(usize, usize)>,
+    /// Which slot is filled, and when a slot is free again.
+    ring: OutRing,
     out_bytes: usize,
     /// The dither seed of the heaps being batched.
     dither: Option<u64>,
@@ -73,8 +81,9 @@ impl BackEnd {
             } else {
                 4
             };
-        let slots = (0..cfg.depth.max(1))
-            .map(|_| OutSlot::new(&gpu, s, batch, out_bytes))
+        let depth = cfg.depth.max(1);
+        let slots = (0..depth)
+            .map(|_| OutSlot::new(&gpu, s, batch, out_bytes, cfg.peer))
             .collect::<Result<Vec<_>, _>>()?;
         let st = &gpu.compute;
         Ok(BackEnd {
@@ -85,15 +94,12 @@ impl BackEnd {
             step,
             heap_spectra: hs,
             spectra: s,
-            batch,
             gains: st.alloc_zeros(4 * channels * batch)?,
             gains_master: st.alloc_zeros(4 * channels)?,
             gains_version: None,
             gains_at: vec![None; batch],
             slots,
-            fill: 0,
-            pending: 0,
-            in_flight: VecDeque::with_capacity(cfg.depth * batch),
+            ring: OutRing::new(depth, batch, cfg.peer),
             out_bytes,
             dither: None,
             timeline: Timeline::default(),
@@ -103,12 +109,22 @@ impl BackEnd {
 
     /// The heap of the batch being filled (its position in the frames and power counters).
     pub fn pending(&self) -> usize {
-        self.pending
+        self.ring.pending()
     }
 
     /// Whether submitting the heap being filled launches the batch.
     pub fn fills_batch(&self) -> bool {
-        self.pending + 1 == self.batch
+        self.ring.fills_batch()
+    }
+
+    /// The device memory the heaps are sent from, for the NIC to register
+    /// (`--use-peerdirect`); none where they are copied to the host.
+    pub fn peer_memory(&self) -> Vec<Arc<dyn DeviceMemory>> {
+        self.slots
+            .iter()
+            .filter(|s| s.out_host.is_none())
+            .map(|s| Arc::clone(&s.out) as Arc<dyn DeviceMemory>)
+            .collect()
     }
 
     /// The batched C2C FFT of every frame, in place.
@@ -134,7 +150,7 @@ impl BackEnd {
         // Gains: each heap of a batch has its own copy, so a change (rarely: a katcp request)
         // takes effect at its heap. Uploaded once per change, then copied on the device into
         // each position as it is next used.
-        let b = self.pending;
+        let b = self.ring.pending();
         let version = Some(input.gains_version);
         if self.gains_version != version {
             for p in 0..2 {
@@ -154,7 +170,7 @@ impl BackEnd {
             )?;
             self.gains_at[b] = self.gains_version;
         }
-        let slot = &mut self.slots[self.fill];
+        let slot = &mut self.slots[self.ring.fill()];
         // θ_k/π = x·k + y per pol and spectrum (fengine_delay_convention.md §3; the kernel
         // evaluates it with sincospi): with the convention's slope delay δ′ and fixed phase
         // φ′ (wideband δ and φ + (π/2)(c mod 4); narrowband δ/decimation and φ),
@@ -180,10 +196,11 @@ impl BackEnd {
         power: &mut CudaSlice<u64>,
         seed: Option<u64>,
     ) -> Result<(), GpuError> {
-        let slot = &mut self.slots[self.fill];
+        let slot = &mut self.slots[self.ring.fill()];
+        let mut out = slot.out.lock();
         self.post.launch(
             &self.gpu.compute,
-            &mut slot.out,
+            &mut out,
             frames,
             &self.gains,
             slot.phase_dev,
@@ -212,13 +229,17 @@ impl BackEnd {
         let t = self
             .timeline
             .start_after(&self.gpu, d2h, &self.gpu.compute)?;
-        let slot = &mut self.slots[self.fill];
-        d2h.memcpy_dtoh(&slot.out, &mut slot.out_host)?;
+        let slot = &mut self.slots[self.ring.fill()];
+        if let Some(host) = &mut slot.out_host {
+            d2h.memcpy_dtoh(&*slot.out.lock(), host)?;
+        }
+        // The counters come back either way; with the heaps left on the device, `done` (after
+        // this copy, which waits for the post-processing that also wrote the heaps) says when
+        // the NIC may read them.
         d2h.memcpy_dtoh(&slot.stats, &mut slot.stats_host)?;
         slot.done.record(d2h)?;
         self.timeline.end(&self.gpu, d2h, "d2h batch", t)?;
-        self.fill = (self.fill + 1) % self.slots.len();
-        self.pending = 0;
+        self.ring.launched();
         Ok(())
     }
 
@@ -232,19 +253,24 @@ impl BackEnd {
     ) -> Result<(), GpuError> {
         self.dither = input.dither;
         self.stage(input)?;
-        self.slots[self.fill].unemitted += 1;
-        self.in_flight.push_back((self.fill, self.pending));
-        self.pending += 1;
-        if self.pending == self.batch {
+        if self.ring.submit() {
             self.launch_batch(frames, power)?;
         }
         Ok(())
     }
 
     /// The filling slot has room; a slot starts a new batch only once every heap of its
-    /// previous one has been taken (its host buffers are about to be rewritten).
+    /// previous one has been taken (its host buffers are about to be rewritten) and, sent from
+    /// the device, returned by the send thread (`out_ring`).
     pub fn ready(&self) -> bool {
-        self.pending > 0 || self.slots[self.fill].unemitted == 0
+        self.ring.ready()
+    }
+
+    /// Wait for the send thread to return the filling slot (when nothing is left to take).
+    pub fn wait_returned(&self) -> Result<(), BackendError> {
+        self.ring
+            .wait_returned(RETURN_LIMIT)
+            .map_err(|e| BackendError(e.to_string()))
     }
 
     /// The oldest heap in flight, once done (waiting for it if `wait`, which also launches a
@@ -255,10 +281,10 @@ impl BackEnd {
         frames: &mut CudaSlice<f32>,
         power: &mut CudaSlice<u64>,
     ) -> Result<Option<Finished<'_>>, GpuError> {
-        let Some(&(idx, b)) = self.in_flight.front() else {
+        let Some((idx, _)) = self.ring.oldest() else {
             return Ok(None);
         };
-        if idx == self.fill && self.pending > 0 {
+        if idx == self.ring.fill() && self.ring.pending() > 0 {
             // The oldest heap is in the batch still filling.
             if !wait {
                 return Ok(None);
@@ -272,7 +298,15 @@ impl BackEnd {
         } else if !slot.done.is_complete() {
             return Ok(None);
         }
-        self.in_flight.pop_front();
+        let Taken {
+            slot: idx,
+            heap: b,
+            last,
+            lease,
+        } = self
+            .ring
+            .take()
+            .ok_or_else(|| GpuError::Backend("no heap to take".into()))?;
         let ob = self.out_bytes;
         let slot = &mut self.slots[idx];
         let stats = slot.stats_host.as_slice()?;
@@ -281,18 +315,29 @@ impl BackEnd {
             stats[4 * b + 1] - slot.clips_base[b][1],
         ];
         let power = [stats[4 * b + 2] as i64, stats[4 * b + 3] as i64];
-        slot.unemitted -= 1;
-        if slot.unemitted == 0 {
+        if last {
             // Every position's counters, the unused ones of a partial batch included, are the
             // base for the slot's next launch.
             for (base, st) in slot.clips_base.iter_mut().zip(stats.chunks_exact(4)) {
                 *base = [st[0], st[1]];
             }
         }
-        Ok(Some(Finished {
-            data: &slot.out_host.as_slice()?[b * ob..(b + 1) * ob],
-            clips,
-            power,
-        }))
+        let data = match (&slot.out_host, lease) {
+            (Some(host), _) => HeapData::Host(&host.as_slice()?[b * ob..(b + 1) * ob]),
+            (None, Some(lease)) => HeapData::Device(DevicePayload {
+                bytes: slot
+                    .out
+                    .bytes()
+                    .slice(b * ob, ob)
+                    .ok_or_else(|| GpuError::Backend("heap outside its slot".into()))?,
+                lease,
+            }),
+            (None, None) => {
+                return Err(GpuError::Backend(
+                    "a slot sent from the device without a lease".into(),
+                ))
+            }
+        };
+        Ok(Some(Finished { data, clips, power }))
     }
 }

@@ -50,6 +50,9 @@ pub struct GpuConfig {
     pub batch: usize,
     /// Output slots of `batch` heaps each in flight.
     pub depth: usize,
+    /// Send the heaps from the output slots in device memory, which the NIC reads
+    /// (`--use-peerdirect`), instead of copying them to the host.
+    pub peer: bool,
 }
 
 /// Heaps per back-end launch: enough for 256 spectra, below which post-processing was
@@ -74,4 +77,12 @@ pub fn default_depth(spectra_per_heap: usize) -> usize {
         2
     };
     (8 / batch).max(min)
+}
+
+/// Output slots with `--use-peerdirect` (seed 000 §PeerDirect: more OutItems, since one is
+/// held until the NIC has sent it rather than until it is copied): twice [`default_depth`],
+/// so that the slots the send thread holds (a batch's heaps go out over the batch's span)
+/// leave as many for the compute as without it. Not yet tuned on hardware.
+pub fn peer_depth(spectra_per_heap: usize) -> usize {
+    2 * default_depth(spectra_per_heap)
 }

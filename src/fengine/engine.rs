@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::backend::HeapData;
 use super::config::{BackendKind, FengineConfig, Plan};
 use super::control::{EngineControl, OutputState};
 use super::heaps::FHeapFormat;
@@ -16,7 +17,7 @@ use super::output::OutputSpec;
 use super::pipeline::{OutputHeap, Pipeline};
 use super::pipelines::{make_pipeline, open_gpu, pipeline_config, CudaShared};
 use super::place::{InputLayout, ITEMS, REJECT_REASONS};
-use super::vkgdr;
+use super::{peerdirect, vkgdr};
 use crate::control::katcp::{Sensors, Status};
 use crate::engine::affinity::on_cores;
 use crate::engine::control::ControlAddrs;
@@ -95,6 +96,13 @@ impl Engine {
             reject_reasons: REJECT_REASONS.to_vec(),
         };
         let mut gpu = None;
+        if config.use_peerdirect {
+            // What GPUDirect RDMA send needs on this host, before anything is sent from GPU
+            // memory (`peerdirect`).
+            let interface =
+                peerdirect::probe_host(&config.send_interfaces, std::path::Path::new("/sys"))?;
+            peerdirect::probe_registration(&*open_gpu(&config, &mut gpu)?, &interface)?;
+        }
         let (group, pinned, device_chunks) = if config.use_vkgdr {
             // In GPU memory: nothing to page-lock or bind to a NUMA node.
             let (group, memory) = vkgdr::chunk_group(&*open_gpu(&config, &mut gpu)?, chunk_config)?;
@@ -257,6 +265,10 @@ impl Engine {
         let span = sph * o.shape().spectra_samples;
         let heaps_per_s = cfg.adc_sample_rate / span as f64 * n_dst as f64;
         let rate = heaps_per_s * (payload + packets * 72) as f64 * cfg.send_rate_factor;
+        // The pipeline first: with --use-peerdirect its output slots are the device memory the
+        // senders register.
+        let pcfg = pipeline_config(cfg, layout, sph);
+        let pipeline = make_pipeline(cfg, cuda, o.clone(), pcfg)?;
         let stream = StreamSpec {
             dst: o.dst().to_vec(),
             interfaces: cfg.send_interfaces.clone(),
@@ -271,7 +283,7 @@ impl Engine {
                 ..Default::default()
             },
         }
-        .open()?;
+        .open_with(&pipeline.peer_memory())?;
         tracing::info!(output = %o.name(), kind = o.kind(), channels, destinations = n_dst, rate_gbps = rate * 8e-9, "output");
         let format = FHeapFormat {
             feng_id: cfg.feng_id,
@@ -297,12 +309,16 @@ impl Engine {
             format,
             schedule,
             SEND_BUFFERS,
-            channels * sph * value_bytes,
+            // With --use-peerdirect the heaps are sent from the device: no host buffers.
+            if cfg.use_peerdirect {
+                0
+            } else {
+                channels * sph * value_bytes
+            },
             shutdown,
         )?;
-        let pcfg = pipeline_config(cfg, layout, sph);
         Ok(Output {
-            pipeline: make_pipeline(cfg, cuda, o, pcfg)?,
+            pipeline,
             sink,
             gains_version: 0,
             capture: true,
@@ -508,9 +524,15 @@ fn emit(sink: &mut HeapSink<u64>, totals: &mut OutputTotals, capture: bool, h: &
     }
     totals.clipped[0] += h.clips[0];
     totals.clipped[1] += h.clips[1];
-    let Some(mut buf) = sink.buffer() else {
-        return;
-    };
-    buf.extend_from_slice(h.data);
-    sink.send(buf, h.timestamp);
+    match &h.data {
+        HeapData::Host(bytes) => {
+            let Some(mut buf) = sink.buffer() else {
+                return;
+            };
+            buf.extend_from_slice(bytes);
+            sink.send(buf, h.timestamp);
+        }
+        // No copy: the send thread gathers from the device and drops its hold when sent.
+        HeapData::Device(d) => sink.send_device(d.clone(), h.timestamp),
+    }
 }

@@ -2,11 +2,35 @@
 //! carrying `channels / destinations` consecutive channels: items timestamp, feng_id,
 //! frequency (first channel index) as immediates and feng_raw, int8 of shape
 //! (channels per substream, spectra per heap, 2 pols, 2), with every pointer in every packet.
+//! feng_raw is the heap's only payload item, so with `--use-peerdirect` it is sent straight
+//! from GPU memory (a device item, `spead::send::heap`).
 #![deny(unsafe_code)]
 
+use crate::net::DeviceBytes;
 use crate::spead::items::{Descriptor, FENG_ID_ID, FENG_RAW_ID, FREQUENCY_ID, TIMESTAMP_ID};
 use crate::spead::send::Heap;
 use crate::spead::Flavour;
+
+/// Where destination `dest`'s feng_raw lies in a whole output heap: wire bytes are
+/// channel-major, so each destination's channels are one contiguous run of `value_bytes` (4
+/// for int8, 2 for packed 4-bit) per channel and spectrum. (offset, length) in bytes.
+fn dest_range(
+    value_bytes: usize,
+    dest: usize,
+    channels_per_dest: usize,
+    spectra: usize,
+) -> (usize, usize) {
+    let bytes = channels_per_dest * spectra * value_bytes;
+    (dest * bytes, bytes)
+}
+
+/// An F heap's immediates.
+fn f_heap_items(h: &mut Heap<'_>, timestamp: u64, feng_id: u64, first_channel: usize) {
+    h.repeat_pointers = true;
+    h.add_immediate(TIMESTAMP_ID, timestamp)
+        .add_immediate(FENG_ID_ID, feng_id)
+        .add_immediate(FREQUENCY_ID, first_channel as u64);
+}
 
 /// The heap for destination `dest` from a whole output heap (`data`: channels × spectra × 2 × 2).
 pub fn f_heap<'a>(
@@ -18,17 +42,29 @@ pub fn f_heap<'a>(
     channels_per_dest: usize,
     spectra: usize,
 ) -> Heap<'a> {
-    // Wire bytes are channel-major: each destination's channels are one contiguous run of
-    // `value_bytes` (4 for int8, 2 for packed 4-bit) per channel and spectrum.
-    let bytes = channels_per_dest * spectra * value_bytes;
-    let raw: &'a [u8] = &data[dest * bytes..(dest + 1) * bytes];
+    let (at, len) = dest_range(value_bytes, dest, channels_per_dest, spectra);
     let mut h = Heap::new();
-    h.repeat_pointers = true;
-    h.add_immediate(TIMESTAMP_ID, timestamp)
-        .add_immediate(FENG_ID_ID, feng_id)
-        .add_immediate(FREQUENCY_ID, (dest * channels_per_dest) as u64)
-        .add_bytes(FENG_RAW_ID, raw);
+    f_heap_items(&mut h, timestamp, feng_id, dest * channels_per_dest);
+    h.add_bytes(FENG_RAW_ID, &data[at..at + len]);
     h
+}
+
+/// [`f_heap`] from a whole output heap left in device memory; `None` if `data` is too short
+/// for destination `dest`.
+pub fn f_heap_device(
+    data: DeviceBytes,
+    value_bytes: usize,
+    timestamp: u64,
+    feng_id: u64,
+    dest: usize,
+    channels_per_dest: usize,
+    spectra: usize,
+) -> Option<Heap<'static>> {
+    let (at, len) = dest_range(value_bytes, dest, channels_per_dest, spectra);
+    let mut h = Heap::new();
+    f_heap_items(&mut h, timestamp, feng_id, dest * channels_per_dest);
+    h.add_device(FENG_RAW_ID, data.slice(at, len)?);
+    Some(h)
 }
 
 /// The descriptor heap of an F stream: int8 values as a numpy dtype, 4-bit values as a SPEAD
@@ -92,6 +128,17 @@ pub struct FHeapFormat {
     pub sample_bits: u32,
 }
 
+impl FHeapFormat {
+    /// Bytes per (channel, spectrum): both pols' complex values, int8 or packed 4-bit.
+    fn value_bytes(&self) -> usize {
+        if self.sample_bits == 4 {
+            2
+        } else {
+            4
+        }
+    }
+}
+
 impl crate::engine::send::HeapFormat for FHeapFormat {
     /// The batch's timestamp.
     type Meta = u64;
@@ -101,16 +148,34 @@ impl crate::engine::send::HeapFormat for FHeapFormat {
     }
 
     fn heap<'a>(&self, data: &'a [u8], timestamp: &u64, dest: usize) -> Option<Heap<'a>> {
-        let value_bytes = if self.sample_bits == 4 { 2 } else { 4 };
         Some(f_heap(
             data,
-            value_bytes,
+            self.value_bytes(),
             *timestamp,
             self.feng_id,
             dest,
             self.channels / self.destinations,
             self.spectra_per_heap,
         ))
+    }
+
+    fn device_heap(
+        &self,
+        data: DeviceBytes,
+        timestamp: &u64,
+        dest: usize,
+    ) -> Result<Option<Heap<'static>>, String> {
+        f_heap_device(
+            data,
+            self.value_bytes(),
+            *timestamp,
+            self.feng_id,
+            dest,
+            self.channels / self.destinations,
+            self.spectra_per_heap,
+        )
+        .map(Some)
+        .ok_or_else(|| format!("{} device bytes do not hold destination {dest}", data.len))
     }
 
     fn descriptors(&self, _dest: usize) -> Heap<'static> {

@@ -27,7 +27,7 @@
 
 use num_complex::Complex32;
 
-use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished};
+use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, Finished, HeapData};
 use super::narrowband_output::NarrowbandOutput;
 use crate::dsp::complex_pfb::{complex_pfb_firs, pair_weights};
 use crate::dsp::ddc::DdcError;
@@ -284,7 +284,7 @@ impl Backend for NarrowbandBackend {
             OutputBits::Four => &self.packed,
         };
         Ok(Some(Finished {
-            data,
+            data: HeapData::Host(data),
             clips,
             power: [0; 2],
         }))

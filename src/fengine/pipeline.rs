@@ -23,12 +23,13 @@ use std::collections::VecDeque;
 
 use num_complex::Complex32;
 
-use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, CpuBackend};
+use super::backend::{BackEndInput, Backend, BackendError, ChunkInput, CpuBackend, HeapData};
 use super::output::{OutputShape, OutputSpec, WidebandOutput};
 use super::place::InputLayout;
 use crate::dsp::delay::DelayModels;
 use crate::dsp::postproc::{OutputBits, SpectrumDelay};
 use crate::dsp::presence::MissingPrefix;
+use crate::net::DeviceMemory;
 use crate::spead::recv::Chunk;
 
 /// One received chunk as the pipeline reads it (the engine's [`Chunk`], or any other memory:
@@ -56,8 +57,9 @@ impl<'a> From<&'a Chunk> for ChunkView<'a> {
 pub struct OutputHeap<'a> {
     pub timestamp: u64,
     /// The wire bytes: channels × spectra_per_heap × 2 pols × (re, im), as int8 values or
-    /// packed 4-bit pairs (real in the high nibble), channel-major.
-    pub data: &'a [u8],
+    /// packed 4-bit pairs (real in the high nibble), channel-major; on the host, or in device
+    /// memory to be sent from there (`--use-peerdirect`).
+    pub data: HeapData<'a>,
     pub clips: [u64; 2],
     /// Every spectrum had all its input.
     pub valid: bool,
@@ -204,6 +206,12 @@ impl Pipeline {
     /// Timestamp of the next output spectrum to be produced.
     pub fn next_timestamp(&self) -> u64 {
         self.next_t
+    }
+
+    /// The device memory this output's heaps are sent from, for the NIC to register
+    /// (`--use-peerdirect`); none where they come back to the host.
+    pub fn peer_memory(&self) -> Vec<std::sync::Arc<dyn DeviceMemory>> {
+        self.backend.peer_memory()
     }
 
     /// Samples a heap covers.
@@ -413,9 +421,8 @@ impl Pipeline {
             if self.heap_ts.len() == self.spectra_per_heap {
                 while !self.backend.ready() {
                     if !self.emit_one(true, &mut emit)? {
-                        return Err(BackendError(
-                            "backend not ready with no heap in flight".into(),
-                        ));
+                        // Every heap taken: its buffers are still with the send thread.
+                        self.backend.wait_ready()?;
                     }
                 }
                 let input = BackEndInput {

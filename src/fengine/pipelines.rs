@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::backend::Backend;
 use super::config::FengineConfig;
-use super::cuda::{default_batch, default_depth, default_unzip, GpuBackend, GpuConfig};
+use super::cuda::{default_batch, default_depth, default_unzip, peer_depth, GpuBackend, GpuConfig};
 use super::cuda_input::{InputShape, SharedInput};
 use super::narrowband::{NarrowbandBackend, NarrowbandSizes};
 use super::output::OutputSpec;
@@ -143,13 +143,13 @@ pub(super) fn make_pipeline(
             Box::new(b)
         }
         (OutputSpec::Wideband(o), Some(shared)) => {
-            let gcfg = gpu_config(&pcfg, tail, default_unzip(o.channels));
+            let gcfg = gpu_config(&pcfg, tail, default_unzip(o.channels), cfg.use_peerdirect);
             let b = GpuBackend::wideband(&shared.input, o, gcfg)
                 .map_err(|e| ConfigError::new("--backend", e))?;
             Box::new(b)
         }
         (OutputSpec::Narrowband(o), Some(shared)) => {
-            let gcfg = gpu_config(&pcfg, tail, 1);
+            let gcfg = gpu_config(&pcfg, tail, 1, cfg.use_peerdirect);
             let input = shared.input.clone();
             let cache = shared.tuning(cfg);
             let b = GpuBackend::narrowband_on(
@@ -166,8 +166,11 @@ pub(super) fn make_pipeline(
     Ok(Pipeline::with_backend(output, pcfg, backend))
 }
 
-/// The CUDA backend's shape for an output of `pcfg` (`unzip`: wideband only).
-fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize) -> GpuConfig {
+/// The CUDA backend's shape for an output of `pcfg` (`unzip`: wideband only), its heaps sent
+/// from device memory where `peer` (`--use-peerdirect`, with more slots: seed 000
+/// §PeerDirect).
+fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize, peer: bool) -> GpuConfig {
+    let sph = pcfg.spectra_per_heap;
     GpuConfig {
         sample_bits: pcfg.sample_bits,
         body: pcfg.layout.chunk_samples as usize,
@@ -176,6 +179,11 @@ fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize) -> GpuConfig {
         out_bits: pcfg.out_bits,
         unzip,
         batch: default_batch(pcfg.spectra_per_heap),
-        depth: default_depth(pcfg.spectra_per_heap),
+        depth: if peer {
+            peer_depth(sph)
+        } else {
+            default_depth(sph)
+        },
+        peer,
     }
 }

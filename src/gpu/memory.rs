@@ -1,6 +1,7 @@
 //! Host memory the device reads directly: pinned pages mapped into the device's address space,
 //! for small per-launch parameters that a copy would queue behind large transfers (seed 000
-//! §Postprocessing).
+//! §Postprocessing); host buffers page-locked in place ([`HostRegistrations`]); and device
+//! memory a NIC may read directly ([`PeerBuffer`], `--use-peerdirect`).
 
 use cudarc::driver::{DeviceRepr, PinnedHostSlice, ValidAsZeroBits};
 
@@ -107,5 +108,71 @@ impl Drop for HostRegistrations {
                 tracing::warn!(?r, "could not unlock a page-locked buffer");
             }
         }
+    }
+}
+
+/// Device memory that the kernels write and a NIC reads directly (GPUDirect RDMA,
+/// `--use-peerdirect`; seed 000 §PeerDirect): shared (`Arc`) between the op that fills it and
+/// the transport that registers it with the NIC, so that it is freed only once both are done
+/// with it. The op takes the slice through [`PeerBuffer::lock`], uncontended (the transport
+/// only ever uses the address). For a NIC, `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` is set on it, as
+/// NVIDIA's GPUDirect RDMA guide asks of memory a third-party device reads, so that synchronous
+/// memory operations on it are complete when they return.
+pub struct PeerBuffer {
+    slice: std::sync::Mutex<cudarc::driver::CudaSlice<u8>>,
+    bytes: crate::net::DeviceBytes,
+}
+
+impl PeerBuffer {
+    /// `len` zeroed bytes of device memory on `gpu`'s compute stream, prepared for a NIC to
+    /// read where `for_nic`.
+    pub fn new(
+        gpu: &Gpu,
+        len: usize,
+        for_nic: bool,
+    ) -> Result<std::sync::Arc<PeerBuffer>, GpuError> {
+        use cudarc::driver::{sys, DevicePtr};
+        let slice = gpu.compute.alloc_zeros::<u8>(len.max(1))?;
+        let addr = {
+            let (ptr, _sync) = slice.device_ptr(&gpu.compute);
+            ptr
+        };
+        if for_nic {
+            let on: u32 = 1;
+            // SAFETY: `addr` is the base of a live allocation of this context; the attribute
+            // takes a pointer to an unsigned int.
+            unsafe {
+                sys::cuPointerSetAttribute(
+                    (&on as *const u32).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                    addr,
+                )
+                .result()?;
+            }
+        }
+        Ok(std::sync::Arc::new(PeerBuffer {
+            slice: std::sync::Mutex::new(slice),
+            bytes: crate::net::DeviceBytes { addr, len },
+        }))
+    }
+
+    /// The memory, for an op to write or a copy to read.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, cudarc::driver::CudaSlice<u8>> {
+        self.slice
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Where it lies.
+    pub fn bytes(&self) -> crate::net::DeviceBytes {
+        self.bytes
+    }
+}
+
+// SAFETY: the range is that of the slice this value owns, allocated at construction and freed
+// only when the value is dropped; the slice is never reallocated.
+unsafe impl crate::net::DeviceMemory for PeerBuffer {
+    fn bytes(&self) -> crate::net::DeviceBytes {
+        self.bytes
     }
 }

@@ -49,6 +49,7 @@ impl PacketSender for MemSender {
     }
 
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
+        batch.host_only()?;
         for i in 0..batch.len() {
             self.tx.send(batch.to_vec(i)).map_err(|_| {
                 io::Error::new(io::ErrorKind::BrokenPipe, "in-memory receiver is gone")

@@ -11,6 +11,7 @@
 //! [`recv_batch`] holds what one receive call produced, copied or lent.
 
 pub mod cpu_set;
+pub mod device_memory;
 pub mod dpdk;
 pub mod endpoint;
 pub mod fault;
@@ -27,6 +28,7 @@ pub mod uring;
 
 use std::io;
 
+pub use device_memory::{DeviceBytes, DeviceMemory};
 pub use endpoint::{parse_endpoints, EndpointError};
 pub use recv_batch::RecvBatch;
 
@@ -123,13 +125,17 @@ impl<R: PacketReceiver + ?Sized> PacketReceiver for Box<R> {
 }
 
 /// Packets to send, without copying payload: each packet is its header bytes (in `headers`)
-/// followed by payload slices borrowed from the heaps being sent, plus a destination index.
+/// followed by payload slices borrowed from the heaps being sent, and last, for payload that
+/// stays in GPU memory ([`device_memory`]), at most one slice of device bytes; plus a
+/// destination index.
 #[derive(Debug, Default)]
 pub struct SendBatch<'a> {
     headers: Vec<u8>,
     parts: Vec<&'a [u8]>,
     packets: Vec<OutPacket>,
     bytes: usize,
+    /// Packets with a device slice.
+    gathered: usize,
 }
 
 /// Where one packet of a [`SendBatch`] lives.
@@ -137,6 +143,8 @@ pub struct SendBatch<'a> {
 pub struct OutPacket {
     header: (usize, usize),
     parts: (usize, usize),
+    /// The payload's last piece, in device memory.
+    pub device: Option<DeviceBytes>,
     /// Total bytes on the wire (header and payload).
     pub len: usize,
     pub dest: usize,
@@ -148,6 +156,7 @@ impl<'a> SendBatch<'a> {
         self.parts.clear();
         self.packets.clear();
         self.bytes = 0;
+        self.gathered = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -199,26 +208,51 @@ impl<'a> SendBatch<'a> {
                 self.packets
             },
             bytes: 0,
+            gathered: 0,
         }
     }
 
     /// Close the packet whose header starts at `header_start` and whose payload slices start
     /// at `parts_start`.
     pub fn finish_packet(&mut self, header_start: usize, parts_start: usize, dest: usize) {
+        self.finish_gathered(header_start, parts_start, None, dest);
+    }
+
+    /// [`SendBatch::finish_packet`] for a packet whose payload ends with `device` bytes.
+    pub fn finish_gathered(
+        &mut self,
+        header_start: usize,
+        parts_start: usize,
+        device: Option<DeviceBytes>,
+        dest: usize,
+    ) {
         let header = (header_start, self.headers.len() - header_start);
         let parts = (parts_start, self.parts.len() - parts_start);
         let len = header.1
             + self.parts[parts_start..]
                 .iter()
                 .map(|p| p.len())
-                .sum::<usize>();
+                .sum::<usize>()
+            + device.map_or(0, |d| d.len);
         self.packets.push(OutPacket {
             header,
             parts,
+            device,
             len,
             dest,
         });
         self.bytes += len;
+        self.gathered += usize::from(device.is_some());
+    }
+
+    /// Refuse a batch with device payload: what every transport that copies packets (all but
+    /// ibverbs) checks first.
+    pub fn host_only(&self) -> io::Result<()> {
+        if self.gathered == 0 {
+            Ok(())
+        } else {
+            Err(device_memory::not_gathered())
+        }
     }
 
     /// Append a packet given as one contiguous slice.
@@ -232,14 +266,16 @@ impl<'a> SendBatch<'a> {
         &self.packets[i]
     }
 
-    /// The pieces of packet `i` in wire order: its header, then its payload slices.
+    /// The host pieces of packet `i` in wire order: its header, then its payload slices (then,
+    /// not among them, its device slice, [`OutPacket::device`]).
     pub fn pieces(&self, i: usize) -> impl Iterator<Item = &[u8]> {
         let p = &self.packets[i];
         std::iter::once(&self.headers[p.header.0..p.header.0 + p.header.1])
             .chain(self.parts[p.parts.0..p.parts.0 + p.parts.1].iter().copied())
     }
 
-    /// Packet `i` copied into one buffer (for transports that need contiguous bytes).
+    /// Packet `i`'s host pieces copied into one buffer (for transports that need contiguous
+    /// bytes, after [`SendBatch::host_only`]).
     pub fn to_vec(&self, i: usize) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.packets[i].len);
         for piece in self.pieces(i) {
@@ -255,6 +291,12 @@ pub trait PacketSender: Send {
     fn destinations(&self) -> usize;
     /// Send every packet of the batch (blocking until the kernel or device took them).
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()>;
+    /// Block until the NIC has read every packet sent so far, so that payload the packets
+    /// point into (device slices, [`OutPacket::device`]) may be rewritten. Transports that
+    /// copy each packet before [`PacketSender::send_batch`] returns have nothing to wait for.
+    fn wait_sent(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<S: PacketSender + ?Sized> PacketSender for Box<S> {
@@ -263,5 +305,8 @@ impl<S: PacketSender + ?Sized> PacketSender for Box<S> {
     }
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
         (**self).send_batch(batch)
+    }
+    fn wait_sent(&mut self) -> io::Result<()> {
+        (**self).wait_sent()
     }
 }

@@ -368,6 +368,7 @@ impl PacketSender for UdpSender {
     }
 
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
+        batch.host_only()?;
         let mut done = 0; // packets sent
         while done < batch.len() {
             // Up to SEND_CHUNK messages, each one packet or a GSO run: packets to one

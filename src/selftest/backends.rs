@@ -24,7 +24,10 @@ pub fn drive(
     let take = |b: &mut dyn Backend, got: &mut Vec<Heap>| -> Result<bool, GpuError> {
         Ok(match b.finished(true)? {
             Some(f) => {
-                got.push((f.data.to_vec(), f.clips, f.power));
+                let data = f.data.host().ok_or_else(|| {
+                    GpuError::Backend("the heap was left in device memory".into())
+                })?;
+                got.push((data.to_vec(), f.clips, f.power));
                 true
             }
             None => false,

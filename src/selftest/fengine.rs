@@ -154,6 +154,7 @@ fn check_pfb(
             unzip: default_unzip(channels),
             batch: 1,
             depth: 1,
+            peer: false,
         },
     )?;
     gb.set_section(7); // several sections per column, and a ragged last one
@@ -255,6 +256,7 @@ fn check_backend(gpu: &Arc<Gpu>, rng: &mut SmallRng, sh: Shape) -> Result<Check,
             unzip: sh.unzip,
             batch: sh.batch,
             depth: 2,
+            peer: false,
         },
     )?;
     let mut cb = CpuBackend::new(&out, sh.bits, body, tail, hs, sh.out_bits);

@@ -12,6 +12,7 @@ pub mod frb;
 pub mod frb_weights;
 pub mod narrowband;
 pub mod outputs;
+pub mod peerdirect;
 pub mod vkgdr;
 pub mod xbengine;
 pub mod xbengine_frb;
@@ -35,7 +36,7 @@ type Family = (
     fn(&Arc<Gpu>, u64) -> Result<Vec<Check>, GpuError>,
 );
 
-const FAMILIES: [Family; 12] = [
+const FAMILIES: [Family; 13] = [
     ("fengine", fengine::run),
     ("ddc", ddc::run),
     ("narrowband", narrowband::run),
@@ -47,6 +48,7 @@ const FAMILIES: [Family; 12] = [
     ("f16_encode", f16_encode::run),
     ("xbengine", xbengine::run),
     ("xbengine_frb", xbengine_frb::run),
+    ("peerdirect", peerdirect::run),
     // Last: a device without vkgdr stops this family with the reason, after every other
     // family has run: a failed check, or unavailable where the device has no BAR window to
     // offer (`run`).

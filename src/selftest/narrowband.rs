@@ -87,6 +87,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, c: &Case) -> Result<Check, GpuError
             unzip: 1,
             batch,
             depth: 2,
+            peer: false,
         },
         ADC_RATE,
     )?;

@@ -120,6 +120,7 @@ fn outputs(
         unzip,
         batch: BATCH,
         depth: 2,
+        peer: false,
     };
     let mut v = Vec::new();
     if only.is_none_or(|k| k == 0) {

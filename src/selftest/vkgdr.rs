@@ -192,6 +192,7 @@ fn run_pipeline(
             unzip: default_unzip(CHANNELS),
             batch: default_batch(SPECTRA),
             depth: default_depth(SPECTRA),
+            peer: false,
         },
     )?;
     let mut pipeline = Pipeline::with_backend(OutputSpec::Wideband(out), pcfg, Box::new(backend));
@@ -202,8 +203,14 @@ fn run_pipeline(
         present: &present,
     };
     let mut heaps = Vec::new();
-    let mut emit =
-        |h: &OutputHeap<'_>| heaps.push((h.timestamp, h.data.to_vec(), h.clips, h.valid));
+    let mut emit = |h: &OutputHeap<'_>| {
+        heaps.push((
+            h.timestamp,
+            h.data.host().map(<[u8]>::to_vec).unwrap_or_default(),
+            h.clips,
+            h.valid,
+        ))
+    };
     let failed = |e: crate::fengine::backend::BackendError| GpuError::Backend(e.to_string());
     for i in 0..chunks.len() {
         let next = (i + 1 < chunks.len()).then(|| view(i + 1));

@@ -170,6 +170,7 @@ impl PacketSender for DpdkSender {
     }
 
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
+        batch.host_only()?;
         let max = Self::max_payload();
         for i in 0..batch.len() {
             let p = batch.packet(i);

@@ -16,7 +16,10 @@
 //!   to the device's NUMA node before it is registered, `placement`); each
 //!   packet is written into a slot behind `net::frame`'s Ethernet/IPv4/UDP headers (one copy,
 //!   as the kernel path makes), the batch is posted as one chain with only its last request
-//!   signalled, and slots come back when that completion is reaped.
+//!   signalled, and slots come back when that completion is reaped. With `--use-peerdirect`
+//!   a packet's payload stays in GPU memory: the slot holds only its headers and the NIC
+//!   gathers the payload from a registered region of device memory (`send`; `peer` makes the
+//!   start-up probe's trial registration).
 //! - Completions ([`CompMode`]): `--recv-comp-vector`/`--send-comp-vector` ≥ 0 puts the
 //!   completion queue on that interrupt vector (modulo the device's count) and a thread with
 //!   nothing to do sleeps on the completion channel; a negative value polls (a core spins, for
@@ -30,6 +33,7 @@
 //! slots' lending and giving back driven by completions given as data (`recv_slots`).
 
 mod device;
+mod peer;
 mod placement;
 mod recv;
 mod recv_slots;
@@ -39,6 +43,7 @@ mod verbs;
 use std::fmt;
 
 pub use device::{find, rdma_devices, IbvDevice};
+pub use peer::try_register;
 pub use recv::IbvReceiver;
 pub use send::IbvSender;
 
@@ -99,7 +104,7 @@ pub fn slots_for(bytes: usize, frame: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::verbs::{chain_send, fill_recv, FlowRule};
+    use super::verbs::{chain_send, fill_recv, FlowRule, Gather};
     use super::*;
     use ibverbs_sys as ffi;
     use std::net::{Ipv4Addr, SocketAddrV4};
@@ -164,17 +169,20 @@ mod tests {
     #[test]
     fn send_requests_chain_in_order_and_signal_the_last() {
         let mut wrs = vec![ffi::ibv_send_wr::default(); 4];
-        let mut sges = vec![ffi::ibv_sge::default(); 4];
-        let frames = [(0x1000, 100), (0x2000, 200), (0x3000, 300)];
+        let mut sges = vec![ffi::ibv_sge::default(); 8];
+        let frames = [(0x1000, 100), (0x2000, 200), (0x3000, 300)].map(|frame| Gather {
+            frame,
+            device: None,
+        });
         chain_send(&mut wrs, &mut sges, &frames, 77);
         for i in 0..3 {
             let w = &wrs[i];
             assert_eq!(w.num_sge, 1);
             assert_eq!(w.opcode, ffi::ibv_wr_opcode::IBV_WR_SEND);
-            assert!(std::ptr::eq(w.sg_list, &sges[i]));
+            assert!(std::ptr::eq(w.sg_list, &sges[2 * i]));
             assert_eq!(
-                (sges[i].addr, sges[i].length, sges[i].lkey),
-                (frames[i].0, frames[i].1, 77)
+                (sges[2 * i].addr, sges[2 * i].length, sges[2 * i].lkey),
+                (frames[i].frame.0, frames[i].frame.1, 77)
             );
             let signalled = w.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
             assert_eq!(signalled, i == 2);

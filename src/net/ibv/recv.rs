@@ -95,7 +95,7 @@ impl IbvReceiver {
             CompMode::Polling => 0,
         };
         let cq = Cq::new(&ctx, slots, channel.as_ref().map(|c| (c, vector)))?;
-        let qp = Qp::raw_packet(&pd, &cq, dev.port, 0, slots)?;
+        let qp = Qp::raw_packet(&pd, &cq, dev.port, 0, slots, 0)?;
         let device_node = numa::rdma_node(&dev.device);
         let node = ring_node(numa_node, device_node);
         let ring = RecvSlots::new(

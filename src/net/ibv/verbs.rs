@@ -11,14 +11,18 @@
 //! vector, and panic in `Drop` on an error.
 //!
 //! Work requests are filled by pure functions ([`chain_send`], [`fill_recv`]) so that their
-//! layout (one SGE each, linked in order, only the last send signalled and carrying the count)
-//! is tested without a device.
+//! layout (a send gathers its frame from the ring and, with `--use-peerdirect`, its payload
+//! from a registered region of GPU memory; linked in order, only the last send signalled and
+//! carrying the count) is tested without a device.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::io;
 use std::ptr;
+use std::sync::Arc;
 
 use ibverbs_sys as ffi;
+
+use crate::net::DeviceMemory;
 
 extern "C" {
     fn cbf_ibv_post_send(
@@ -157,9 +161,20 @@ unsafe impl Region for Vec<u8> {
     }
 }
 
+// SAFETY: `DeviceMemory`'s contract is `Region`'s: the range stays allocated, unmoved, while
+// the value lives. The pointer is a device address: the NIC reads it (through nvidia_peermem);
+// nothing on the host dereferences it (`Mr::bytes_mut` exists only for vectors).
+unsafe impl Region for Arc<dyn DeviceMemory> {
+    fn region(&self) -> (*mut u8, usize) {
+        let b = self.bytes();
+        (b.addr as *mut u8, b.len)
+    }
+}
+
 /// Registered memory: bytes the NIC reads (send) or writes (receive) directly, owned by `M`: a
-/// vector (the send ring), or memory shared with the batches its slots are lent to (the
-/// receive ring, `recv_slots`).
+/// vector (the send ring), memory shared with the batches its slots are lent to (the
+/// receive ring, `recv_slots`), or GPU memory the NIC reads payload from (`--use-peerdirect`:
+/// `ibv_reg_mr` on a CUDA device address, which the `nvidia_peermem` kernel module resolves).
 pub struct Mr<M: Region = Vec<u8>> {
     mr: *mut ffi::ibv_mr,
     mem: M,
@@ -189,6 +204,10 @@ impl<M: Region> Mr<M> {
 
     pub fn addr(&self) -> u64 {
         self.mem.region().0 as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.mem.region().1
     }
 }
 
@@ -307,8 +326,16 @@ unsafe impl Send for Qp {}
 
 impl Qp {
     /// A queue pair on `port` with `send` send slots or `recv` receive slots (the other 0),
-    /// brought to the state where it works: receive-only to RTR, send to RTS.
-    pub fn raw_packet(pd: &Pd, cq: &Cq, port: u8, send: usize, recv: usize) -> io::Result<Qp> {
+    /// brought to the state where it works: receive-only to RTR, send to RTS. Sends gather
+    /// from up to `send_sge` entries.
+    pub fn raw_packet(
+        pd: &Pd,
+        cq: &Cq,
+        port: u8,
+        send: usize,
+        recv: usize,
+        send_sge: u32,
+    ) -> io::Result<Qp> {
         let mut attr = ffi::ibv_qp_init_attr {
             send_cq: cq.cq,
             recv_cq: cq.cq,
@@ -317,7 +344,7 @@ impl Qp {
         };
         attr.cap.max_send_wr = send as u32;
         attr.cap.max_recv_wr = recv as u32;
-        attr.cap.max_send_sge = u32::from(send > 0);
+        attr.cap.max_send_sge = if send > 0 { send_sge.max(1) } else { 0 };
         attr.cap.max_recv_sge = u32::from(recv > 0);
         // SAFETY: pd and cq are alive.
         let qp = unsafe { ffi::ibv_create_qp(pd.0, &mut attr) };
@@ -439,25 +466,42 @@ impl FlowRule {
     }
 }
 
-/// Link `wrs[..n]` into one chain of sends, one SGE each (`frames[i]` = address and length
-/// in memory registered under `lkey`), in order; only the last is signalled, and it carries
-/// `n` as its id so that one completion returns `n` slots.
+/// Most gather entries one send uses: the frame in the ring, then payload in device memory.
+pub const SEND_SGES: usize = 2;
+
+/// One packet as the NIC gathers it: its frame's host bytes (address and length in the ring),
+/// then, with `--use-peerdirect`, its payload in a registered region of device memory
+/// (address, length, that region's lkey).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gather {
+    pub frame: (u64, u32),
+    pub device: Option<(u64, u32, u32)>,
+}
+
+/// Link `wrs[..n]` into one chain of sends, in order, request i gathering `frames[i]` through
+/// `sges[SEND_SGES·i..]` (the frame registered under `lkey`, then its device part under its
+/// own); only the last is signalled, and it carries `n` as its id so that one completion
+/// returns `n` slots.
 pub fn chain_send(
     wrs: &mut [ffi::ibv_send_wr],
     sges: &mut [ffi::ibv_sge],
-    frames: &[(u64, u32)],
+    frames: &[Gather],
     lkey: u32,
 ) {
     let n = frames.len();
-    for (i, &(addr, length)) in frames.iter().enumerate() {
-        sges[i] = ffi::ibv_sge { addr, length, lkey };
+    for (i, g) in frames.iter().enumerate() {
+        let (addr, length) = g.frame;
+        sges[SEND_SGES * i] = ffi::ibv_sge { addr, length, lkey };
+        if let Some((addr, length, lkey)) = g.device {
+            sges[SEND_SGES * i + 1] = ffi::ibv_sge { addr, length, lkey };
+        }
     }
     let base = wrs.as_mut_ptr();
     for i in 0..n {
         let w = &mut wrs[i];
         *w = ffi::ibv_send_wr::default();
-        w.sg_list = &mut sges[i];
-        w.num_sge = 1;
+        w.sg_list = &mut sges[SEND_SGES * i];
+        w.num_sge = 1 + i32::from(frames[i].device.is_some());
         w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
         // SAFETY: i + 1 ≤ n ≤ wrs.len(): a pointer into (or one past) the slice.
         w.next = if i + 1 < n {

@@ -8,10 +8,17 @@
 //! when the heap has too little payload for that, it is padded with zeros and a NULL item
 //! pointer marks where the padding starts. The maximum packet size is rounded down to a
 //! multiple of 8 so that payload stays aligned.
+//!
+//! An item's bytes may stay in GPU memory ([`ItemData::Device`], `--use-peerdirect`): the
+//! packetiser never reads payload, only slices it, so such an item is cut like any other and
+//! each packet's share of it is handed on as a device slice for the transport to gather
+//! (`net::device_memory`). It must be the heap's last item with payload and need no padding,
+//! so that a packet is host bytes followed by at most one device slice: one gather entry.
 #![deny(unsafe_code)]
 
 use std::borrow::Cow;
 
+use crate::net::DeviceBytes;
 use crate::spead::items::Descriptor;
 use crate::spead::wire::{
     emit_header, emit_pointer, Flavour, CTRL_STREAM_START, CTRL_STREAM_STOP, DESCRIPTOR_ID,
@@ -33,6 +40,8 @@ pub enum ItemData<'a> {
         data: Cow<'a, [u8]>,
         allow_immediate: bool,
     },
+    /// Sent as payload bytes that stay in device memory (never an immediate).
+    Device(DeviceBytes),
 }
 
 /// One heap: an ordered list of items.
@@ -52,6 +61,8 @@ pub enum PacketiseError {
     TooManyPointers(usize, usize),
     #[error("a packet payload of 0 bytes cannot carry a heap")]
     ZeroPayload,
+    #[error("payload in device memory must be the heap's last payload item and at least 1 byte")]
+    DevicePayload,
 }
 
 /// Packets needed for `heap_payload` bytes at `packet_payload` bytes each, refusing a zero
@@ -101,6 +112,12 @@ impl<'a> Heap<'a> {
         self
     }
 
+    /// Payload bytes that stay in device memory (see the module doc for where they may go).
+    pub fn add_device(&mut self, id: u64, data: DeviceBytes) -> &mut Self {
+        self.items.push((id, ItemData::Device(data)));
+        self
+    }
+
     pub fn add_descriptor(&mut self, d: &Descriptor, flavour: Flavour) -> &mut Self {
         self.add_bytes(DESCRIPTOR_ID, d.to_raw(flavour))
     }
@@ -123,7 +140,7 @@ fn as_immediate(item: &ItemData<'_>, max_immediate: usize) -> Option<u64> {
         } if data.len() <= max_immediate => {
             Some(data.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
         }
-        ItemData::Bytes { .. } => None,
+        ItemData::Bytes { .. } | ItemData::Device(_) => None,
     }
 }
 
@@ -132,6 +149,28 @@ fn payload_of<'h>(item: &'h ItemData<'_>, max_immediate: usize) -> Option<&'h [u
         ItemData::Bytes { data, .. } if as_immediate(item, max_immediate).is_none() => Some(data),
         _ => None,
     }
+}
+
+/// Payload bytes `item` contributes, wherever they are.
+fn item_payload_len(item: &ItemData<'_>, max_immediate: usize) -> usize {
+    match item {
+        ItemData::Device(d) => d.len,
+        _ => payload_of(item, max_immediate).map_or(0, <[u8]>::len),
+    }
+}
+
+/// Whether the heap's device item, if any, is its last item with payload and not empty.
+fn device_item_ok(items: &[(u64, ItemData<'_>)], max_immediate: usize) -> bool {
+    let Some(at) = items
+        .iter()
+        .position(|(_, d)| matches!(d, ItemData::Device(_)))
+    else {
+        return true;
+    };
+    item_payload_len(&items[at].1, max_immediate) > 0
+        && items[at + 1..]
+            .iter()
+            .all(|(_, d)| item_payload_len(d, max_immediate) == 0)
 }
 
 /// Cuts one heap into packets. Pure: writes packet bytes into caller buffers.
@@ -163,11 +202,13 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
             return Err(PacketiseError::PacketTooSmall(max_packet_size));
         }
         let max_immediate = flavour.addr_bytes();
+        if !device_item_ok(&heap.items, max_immediate) {
+            return Err(PacketiseError::DevicePayload);
+        }
         let mut payload_size: u64 = heap
             .items
             .iter()
-            .filter_map(|(_, d)| payload_of(d, max_immediate))
-            .map(|d| d.len() as u64)
+            .map(|(_, d)| item_payload_len(d, max_immediate) as u64)
             .sum();
         let max_pointers_per_packet = (max_packet_size - (PREFIX_LEN + POINTER_LEN)) / POINTER_LEN;
         let item_packets = heap.items.len() / max_pointers_per_packet + 1;
@@ -179,6 +220,14 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
         }
         let min_payload = (item_packets as u64 - 1) * POINTER_LEN as u64 + 1;
         let need_null_item = payload_size < min_payload;
+        if need_null_item
+            && heap
+                .items
+                .iter()
+                .any(|(_, d)| matches!(d, ItemData::Device(_)))
+        {
+            return Err(PacketiseError::DevicePayload);
+        }
         if need_null_item {
             payload_size = min_payload;
         }
@@ -203,11 +252,18 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
         self.payload_size
     }
 
-    /// Append the next packet to `out`; returns its length, or `None` when the heap is done.
+    /// Append the next packet to `out`; returns its length, or `None` when the heap is done —
+    /// or when the packet's payload is in device memory, which cannot be copied here (such
+    /// heaps go through [`PacketGenerator::next_packet_parts`]).
     pub fn next_packet(&mut self, out: &mut Vec<u8>) -> Option<usize> {
         let start = out.len();
         let mut parts = Vec::new();
-        self.next_packet_parts(out, &mut parts)?;
+        let mut device = None;
+        self.next_packet_parts(out, &mut parts, &mut device)?;
+        if device.is_some() {
+            out.truncate(start);
+            return None;
+        }
         for p in parts {
             out.extend_from_slice(p);
         }
@@ -216,12 +272,15 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
 
     /// The next packet without copying payload: its header (special items and item pointers)
     /// is appended to `header`, and the payload follows as slices borrowed from the heap's
-    /// items, appended to `parts`. Returns the packet's length, or `None` when the heap is done.
+    /// items, appended to `parts`, then, where it ends in a device item, that item's share in
+    /// `device` (else `None`). Returns the packet's length, or `None` when the heap is done.
     pub fn next_packet_parts(
         &mut self,
         header: &mut Vec<u8>,
         parts: &mut Vec<&'h [u8]>,
+        device: &mut Option<DeviceBytes>,
     ) -> Option<usize> {
+        *device = None;
         /// Source of the zero padding after the last item (spead2 pads with zeros).
         static ZEROS: [u8; 64] = [0; 64];
         if self.payload_offset >= self.payload_size {
@@ -269,8 +328,7 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
                     Some(v) => f.encode_immediate(*id, v),
                     None => {
                         let raw = f.encode_address(*id, self.next_address);
-                        self.next_address +=
-                            payload_of(data, max_immediate).map_or(0, |d| d.len()) as u64;
+                        self.next_address += item_payload_len(data, max_immediate) as u64;
                         raw
                     }
                 },
@@ -285,6 +343,17 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
                     // Zero padding after the last item, marked by the NULL pointer.
                     let n = payload_len.min(ZEROS.len());
                     parts.push(&ZEROS[..n]);
+                    payload_len -= n;
+                }
+                Some((_, ItemData::Device(d))) => {
+                    // The last payload item (checked in `new`): the rest of the packet.
+                    let n = (d.len - self.next_item_offset).min(payload_len);
+                    *device = d.slice(self.next_item_offset, n);
+                    self.next_item_offset += n;
+                    if self.next_item_offset == d.len {
+                        self.next_item += 1;
+                        self.next_item_offset = 0;
+                    }
                     payload_len -= n;
                 }
                 Some((_, data)) => match payload_of(data, max_immediate) {
@@ -346,6 +415,54 @@ mod tests {
             start += n;
         }
         assert_eq!(got, data);
+    }
+
+    /// A device item is sliced like host bytes (each packet's share, at the offsets its
+    /// header carries) but never read: `next_packet`, which copies, gives up on it; it must be
+    /// the last payload item, and not empty.
+    #[test]
+    fn device_items_are_sliced_not_read() {
+        let d = DeviceBytes {
+            addr: 0x7f00_0000_0000,
+            len: 3000,
+        };
+        let mut heap = Heap::new();
+        heap.add_immediate(0x1600, 7).add_device(0x4300, d);
+        heap.repeat_pointers = true;
+        let mut g = PacketGenerator::new(&heap, 1, Flavour::SPEAD_64_48, 1024).unwrap();
+        let (mut header, mut parts, mut device) = (Vec::new(), Vec::new(), None);
+        let mut offset = 0;
+        while let Some(n) = g.next_packet_parts(&mut header, &mut parts, &mut device) {
+            let payload = 1024 - (8 + 6 * 8);
+            let want = payload.min(3000 - offset);
+            assert!(parts.is_empty());
+            assert_eq!(device, d.slice(offset, want));
+            assert_eq!(n, header.len() + want);
+            offset += want;
+            header.clear();
+        }
+        assert_eq!(offset, 3000);
+        let mut g = PacketGenerator::new(&heap, 1, Flavour::SPEAD_64_48, 1024).unwrap();
+        let mut out = vec![0xa5; 5];
+        assert_eq!(g.next_packet(&mut out), None);
+        assert_eq!(out, [0xa5; 5]);
+
+        let mut after = Heap::new();
+        after.add_device(0x4300, d).add_bytes(0x4301, &[1u8, 2][..]);
+        let mut empty = Heap::new();
+        empty.add_device(
+            0x4300,
+            DeviceBytes {
+                addr: d.addr,
+                len: 0,
+            },
+        );
+        for bad in [after, empty] {
+            assert_eq!(
+                PacketGenerator::new(&bad, 1, Flavour::SPEAD_64_48, 1024).unwrap_err(),
+                PacketiseError::DevicePayload
+            );
+        }
     }
 
     #[test]

@@ -246,6 +246,20 @@ impl<S: PacketSender> SendStream<S> {
         self.send_on(iface, heaps, mode)
     }
 
+    /// Block until every interface's NIC has read every packet sent so far
+    /// ([`PacketSender::wait_sent`]): after this, device memory the heaps sent from may be
+    /// rewritten. An interface that fails meanwhile has stopped reading, so its link errors end
+    /// the wait for it rather than the stream (its packets were or will be re-sent elsewhere).
+    pub fn wait_sent(&mut self) -> Result<(), SendError> {
+        for tx in &mut self.txs {
+            match tx.wait_sent() {
+                Err(e) if !is_link_error(&e) => return Err(e.into()),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Send heaps on the first live interface (descriptors, stop heaps).
     pub fn send_heaps_first(
         &mut self,
@@ -403,9 +417,10 @@ fn push_packet<'h>(
 ) -> bool {
     let (h, p) = (batch.header_buf().len(), batch.parts_buf().len());
     let (headers, parts) = batch.bufs();
-    match g.next_packet_parts(headers, parts) {
+    let mut device = None;
+    match g.next_packet_parts(headers, parts, &mut device) {
         Some(_) => {
-            batch.finish_packet(h, p, dest);
+            batch.finish_gathered(h, p, device, dest);
             true
         }
         None => false,
