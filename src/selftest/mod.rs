@@ -69,10 +69,19 @@ pub struct Report {
 /// lacks a feature outright, as Vulkan itself reports it (vkgdr: no BAR window an exportable
 /// buffer may use, [`crate::gpu::vkgdr::VkgdrError::device_lacks_it`]): that family is listed
 /// as unavailable. A failure on the way to asking the device is still a failure.
-pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Report {
+/// The families' names, in the order they run.
+pub fn family_names() -> Vec<&'static str> {
+    FAMILIES.iter().map(|(name, _)| *name).collect()
+}
+
+/// With `only` non-empty, only the families it names run.
+pub fn run(gpu: &Arc<Gpu>, seed: u64, only: &[String]) -> Report {
     let mut checks = Vec::new();
     let mut unavailable = Vec::new();
     for (name, family) in FAMILIES {
+        if !only.is_empty() && !only.iter().any(|o| o == name) {
+            continue;
+        }
         match family(gpu, seed) {
             Ok(c) => checks.extend(c),
             Err(GpuError::Vkgdr(e)) if e.device_lacks_it() => {

@@ -241,6 +241,25 @@ fn fengine_identical(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuErr
     let differ =
         got.iter().zip(&want).filter(|(g, w)| g != w).count() + got.len().abs_diff(want.len());
     let valid = want.iter().filter(|h| h.3).count();
+    // Which heaps differ (index, and whether it is one the engine sends), for the note.
+    let which: Vec<String> = got
+        .iter()
+        .zip(&want)
+        .enumerate()
+        .filter(|(_, (g, w))| g != w)
+        .map(|(i, (g, w))| {
+            let bytes = g.1.iter().zip(&w.1).filter(|(a, b)| a != b).count();
+            format!(
+                "heap {i} ({}, {bytes} bytes{})",
+                if w.3 { "sent" } else { "not sent" },
+                if (g.0, g.2, g.3) == (w.0, w.2, w.3) {
+                    ""
+                } else {
+                    ", metadata too"
+                }
+            )
+        })
+        .collect();
     // Two heaps per chunk, less those whose input reaches past the last chunk: at least one
     // per chunk, so that the comparison covers every chunk's copies.
     let enough = valid >= CHUNKS;
@@ -250,9 +269,14 @@ fn fengine_identical(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuErr
         limit: 0.0,
         pass: differ == 0 && enough,
         note: format!(
-            "{differ} of {} heaps differ from those from host memory ({valid} valid{})",
+            "{differ} of {} heaps differ from those from host memory ({valid} valid{}){}",
             want.len(),
-            if enough { "" } else { ", TOO FEW" }
+            if enough { "" } else { ", TOO FEW" },
+            if which.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", which.join(", "))
+            }
         ),
     })
 }
