@@ -55,7 +55,8 @@
 // distinct bank groups.
 //
 // Compile-time constants (-D): M, N, D, T_DS, CHANNELS, SPECTRA, BATCHES, TB (time samples per
-// block step), R (warp groups over (time, pol) pairs), OUT_HALF (the output type, above).
+// block step), R (warp groups over (time, pol) pairs), OUT_HALF (the output type, above),
+// MIN_BLOCKS (below).
 
 typedef unsigned int u32;
 
@@ -75,9 +76,9 @@ typedef unsigned int u32;
 #define NT2H (HALF ? M / 4 : NT2)    // stage-2 column tiles held in registers
 #define XROW (2 * NP + 8)        // halves per gridded row (time, pol, m): (n, re/im) + pad
 #define OUT_MAX ((TIMES + T_DS - 1) / T_DS)
-// Blocks per SM the registers must allow: 12 warps in all (three per scheduler, 168 registers
-// each), enough to hide the tensor cores' latency; more would force spills at 24×24.
-#define MIN_BLOCKS (WARPS >= 12 ? 1 : 12 / WARPS)
+// MIN_BLOCKS (-D): blocks per SM the registers must allow. The op asks first for 12 warps in
+// all (three per scheduler; at 24×24, 168 registers each), enough to hide the tensor cores'
+// latency, and where ptxas would spill there (larger grids' B2 tables) for one block.
 
 // Shared memory, in bytes: raw input (two block steps), X, weights, cells, the slot reduction.
 #define RAW_BYTES ((2 * TB * D * 4 + 15) / 16 * 16)

@@ -340,13 +340,28 @@ fn every_kernel_compiles_for_every_architecture() {
         None,
         FrbIntensities::Float16,
     ));
+    // Large grids at one block per SM, where `FrbStage1::new` falls back when ptxas spills at
+    // the first occupancy (their stage-2 tables in registers), and 32×32 as it is asked for.
+    for grid in [(32, 24, 691, 40), (28, 28, 705, 40), (25, 28, 630, 40)] {
+        let one = frb(grid, (4, 64, 1), None, FrbIntensities::Float16)
+            .into_iter()
+            .map(|(k, v)| (k, if k == "MIN_BLOCKS" { 1 } else { v }))
+            .collect();
+        shapes.push(one);
+    }
+    shapes.push(frb(
+        (32, 32, 921, 40),
+        (4, 64, 1),
+        None,
+        FrbIntensities::Float16,
+    ));
     for defs in &shapes {
         compile(Kernel::FrbStage1, defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 38
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 42
     );
 }
 

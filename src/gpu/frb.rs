@@ -190,7 +190,14 @@ impl FrbConfig {
                 "OUT_HALF",
                 i64::from(self.output == FrbIntensities::Float16),
             ),
+            ("MIN_BLOCKS", self.blocks_per_sm() as i64),
         ])
+    }
+
+    /// The blocks per SM asked of the registers first: 12 warps in all, three per scheduler,
+    /// enough to hide the tensor cores' latency (168 registers at 24×24).
+    fn blocks_per_sm(&self) -> usize {
+        (12 / self.warps()).max(1)
     }
 
     fn validate(&self) -> Result<usize, GpuError> {
@@ -351,7 +358,7 @@ impl FrbStage1 {
                 cfg.dishes
             )));
         }
-        let kernel = gpu.function(Kernel::FrbStage1, &defs)?;
+        let kernel = compile(&gpu, &cfg, defs)?;
         let smem = cfg.smem();
         kernel.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -523,6 +530,30 @@ impl FrbStage1 {
         self.phase = total % cfg.t_ds;
         Ok(total / cfg.t_ds)
     }
+}
+
+/// The first stage's kernel for `defs` at the blocks per SM they ask for, else — where ptxas
+/// spills there (a large grid's stage-2 table in registers: 25×24, 28×28 or 32×24 at two or
+/// three blocks) — at one block per SM. A grid that spills even then is refused, saying so.
+fn compile(gpu: &Gpu, cfg: &FrbConfig, defs: Defines) -> Result<CudaFunction, GpuError> {
+    let first = match gpu.function(Kernel::FrbStage1, &defs) {
+        Err(e @ GpuError::Compile { .. }) if cfg.blocks_per_sm() > 1 => e,
+        other => return other,
+    };
+    tracing::debug!("FRB stage 1 at {} blocks per SM: {first}; trying one", cfg.blocks_per_sm());
+    let one: Defines = defs
+        .into_iter()
+        .map(|(k, v)| (k, if k == "MIN_BLOCKS" { 1 } else { v }))
+        .collect();
+    gpu.function(Kernel::FrbStage1, &one).map_err(|e| match e {
+        GpuError::Compile { log, .. } => GpuError::Backend(format!(
+            "FRB beamformer: a {}×{} grid does not fit the first stage's registers (ptxas spills \
+             even at one block per SM; grids with a multiple of 4 rows hold half the stage-2 \
+             table, so the transposed grid may fit): {log}",
+            cfg.rows, cfg.cols
+        )),
+        other => other,
+    })
 }
 
 /// The derived bound on |Î − I| (module doc) for one channel: `e` per (time, pol, dish),

@@ -269,9 +269,11 @@ fn fengine_identical(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuErr
         limit: 0.0,
         pass: differ == 0 && enough,
         note: format!(
-            "{differ} of {} heaps differ from those from host memory ({valid} valid{}){}",
+            "{differ} of {} heaps differ from those from host memory ({valid} valid{}; {} heaps \
+             from vkgdr memory){}",
             want.len(),
             if enough { "" } else { ", TOO FEW" },
+            got.len(),
             if which.is_empty() {
                 String::new()
             } else {
