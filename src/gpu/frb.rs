@@ -540,7 +540,10 @@ fn compile(gpu: &Gpu, cfg: &FrbConfig, defs: Defines) -> Result<CudaFunction, Gp
         Err(e @ GpuError::Compile { .. }) if cfg.blocks_per_sm() > 1 => e,
         other => return other,
     };
-    tracing::debug!("FRB stage 1 at {} blocks per SM: {first}; trying one", cfg.blocks_per_sm());
+    tracing::debug!(
+        "FRB stage 1 at {} blocks per SM: {first}; trying one",
+        cfg.blocks_per_sm()
+    );
     let one: Defines = defs
         .into_iter()
         .map(|(k, v)| (k, if k == "MIN_BLOCKS" { 1 } else { v }))
