@@ -8,6 +8,7 @@ pub mod correlate;
 pub mod ddc;
 pub mod f16_encode;
 pub mod fengine;
+pub mod fengine_case;
 pub mod frb;
 pub mod frb_weights;
 pub mod narrowband;

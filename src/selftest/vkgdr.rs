@@ -19,29 +19,23 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{sys, DevicePtr};
-use num_complex::Complex32;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::fengine_case::{self, BITS, CHANNELS, CHUNK_SAMPLES, HEAP_SAMPLES, SPECTRA};
 use super::Check;
 use crate::dsp::postproc::OutputBits;
 use crate::dsp::samples::packed_len;
 use crate::fengine::cuda::{default_batch, default_depth, default_unzip, GpuBackend, GpuConfig};
 use crate::fengine::cuda_input::{InputShape, SharedInput};
-use crate::fengine::output::{OutputSpec, WidebandOutput};
-use crate::fengine::pipeline::{ChunkView, OutputHeap, Pipeline, PipelineConfig};
-use crate::fengine::place::InputLayout;
+use crate::fengine::output::OutputSpec;
+use crate::fengine::pipeline::{ChunkView, OutputHeap, Pipeline};
 use crate::gpu::vkgdr::VkgdrMemory;
 use crate::gpu::{Gpu, GpuError};
 
 const MIB: usize = 1 << 20;
 
-/// The F-engine comparison's shape: 10-bit samples, 1024 channels, 256 spectra per heap, two
-/// heaps per chunk, four chunks.
-const BITS: u32 = 10;
-const CHANNELS: usize = 1024;
-const SPECTRA: usize = 256;
-const CHUNK_SAMPLES: usize = 2 * SPECTRA * 2 * CHANNELS;
+/// Chunks in the F-engine comparison (its shape is `fengine_case`'s).
 const CHUNKS: usize = 4;
 
 /// Write `bytes` at byte `at` of `memory` through its host mapping, as the receive path does
@@ -149,26 +143,7 @@ fn run_pipeline(
     device_chunks: Option<Arc<VkgdrMemory>>,
     dither_seed: u64,
 ) -> Result<Vec<Emitted>, GpuError> {
-    let out = WidebandOutput::parse(&format!(
-        "name=vkgdr,channels={CHANNELS},dst=239.1.1.1:7148,taps=16"
-    ))
-    .map_err(GpuError::Backend)?;
-    let heap_samples = 4096;
-    let pcfg = PipelineConfig {
-        layout: InputLayout {
-            heap_samples: heap_samples as u64,
-            heap_bytes: packed_len(heap_samples, BITS) as u64,
-            chunk_samples: CHUNK_SAMPLES as u64,
-            mask_timestamp: false,
-        },
-        sample_bits: BITS,
-        spectra_per_heap: SPECTRA,
-        max_delay_diff: heap_samples,
-        gain: Complex32::new(0.05, 0.0),
-        dither_seed,
-        out_bits: OutputBits::Eight,
-    };
-    let tail = pcfg.tail(out.shape());
+    let (out, pcfg, tail) = fengine_case::wideband("vkgdr", dither_seed)?;
     let input = SharedInput::new(
         gpu,
         InputShape {
@@ -196,7 +171,7 @@ fn run_pipeline(
         },
     )?;
     let mut pipeline = Pipeline::with_backend(OutputSpec::Wideband(out), pcfg, Box::new(backend));
-    let present = vec![1u8; 2 * CHUNK_SAMPLES / heap_samples];
+    let present = vec![1u8; 2 * CHUNK_SAMPLES / HEAP_SAMPLES];
     let view = |i: usize| ChunkView {
         chunk_id: i as u64,
         data: chunks[i],
