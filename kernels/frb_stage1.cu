@@ -198,8 +198,9 @@ __device__ __forceinline__ u32 cmul(u32 s, u32 a, u32 b)
 // Grid one raw sample (both pols) of a dish into X at x: W·E in fp16 pairs. `w` holds, per pol,
 // (Wr, Wi) and (−Wi, Wr), so W·E = re·(Wr, Wi) + im·(−Wi, Wr). A sample byte b + 128 under the
 // fp16 exponent of 1024 (bits 0x64xx) is 1024 + b + 128 exactly; subtracting 1152 leaves b,
-// exactly. Two fp16 pair operations per pol replace four float conversions, four multiplies
-// and a pack (the gridding was a third of the stall samples at seed 004 case 5, bench/RESULTS.md).
+// exactly. A byte permute and three fp16 pair operations (subtract, multiply, fused
+// multiply-add) per pol replace four float conversions, four multiplies and a pack (the
+// gridding was a third of the stall samples at seed 004 case 5, bench/RESULTS.md).
 __device__ __forceinline__ void grid_sample(unsigned short *x, u32 raw, uint4 w)
 {
     const u32 biased = raw ^ 0x80808080u;

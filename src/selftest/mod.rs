@@ -63,19 +63,19 @@ pub struct Report {
     pub unavailable: Vec<(&'static str, String)>,
 }
 
-/// Run every check on `gpu` with inputs drawn from `seed`. A family whose run fails with an
-/// error (a CUDA call refused, a kernel that does not build) is reported as one failed check
-/// naming the family and the error, and the families after it still run (an error that leaves
-/// the context unusable fails them too, each saying so). The one exception is a device that
-/// lacks a feature outright, as Vulkan itself reports it (vkgdr: no BAR window an exportable
-/// buffer may use, [`crate::gpu::vkgdr::VkgdrError::device_lacks_it`]): that family is listed
-/// as unavailable. A failure on the way to asking the device is still a failure.
 /// The families' names, in the order they run.
 pub fn family_names() -> Vec<&'static str> {
     FAMILIES.iter().map(|(name, _)| *name).collect()
 }
 
-/// With `only` non-empty, only the families it names run.
+/// Run every check on `gpu` with inputs drawn from `seed`. A family whose run fails with an
+/// error (a CUDA call refused, a kernel that does not build) is reported as one failed check
+/// naming the family and the error, and the families after it still run (an error that leaves
+/// the context unusable fails them too, each saying so). The one exception is a device that
+/// lacks a feature outright, as Vulkan itself reports it (vkgdr: no BAR window in its Vulkan
+/// memory, or too small a one, [`crate::gpu::vkgdr::VkgdrError::device_lacks_it`]): that
+/// family is listed as unavailable. A failure on the way to asking the device is still a
+/// failure. With `only` non-empty, only the families it names run.
 pub fn run(gpu: &Arc<Gpu>, seed: u64, only: &[String]) -> Report {
     let mut checks = Vec::new();
     let mut unavailable = Vec::new();
