@@ -214,8 +214,14 @@ impl VkgdrMemory {
         unsafe { sys::cuExternalMemoryGetMappedBuffer(&mut cuda.ptr, external, &buffer) }
             .result()
             .map_err(import_err)?;
-        // SAFETY: the mapping is `vulkan.size` bytes of device memory; synchronous.
+        // SAFETY: the mapping is `vulkan.size` bytes of device memory.
         unsafe { sys::cuMemsetD8_v2(cuda.ptr, 0, vulkan.size as usize) }.result()?;
+        // A memset of device memory returns before it is done (CUDA's API synchronisation
+        // rules: "asynchronous with respect to the host" unless the target is pinned host
+        // memory), and the host writes this memory through the BAR with no stream between: without
+        // this wait the zeros landed over the first bytes the host wrote (the self-test's
+        // F-engine comparison saw 0.4 MiB of its first chunk zeroed, on the lent H100).
+        ctx.synchronize()?;
         tracing::info!(
             device = %vulkan.device_name,
             bytes,
