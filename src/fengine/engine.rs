@@ -130,7 +130,10 @@ impl Engine {
                             unsafe { pins.register(b) }
                         })
                         .map_err(|e| ConfigError::new("--recv-chunk-samples", e))?;
-                    tracing::info!(chunks = pins.len(), "receive chunks page-locked");
+                    tracing::info!(
+                        chunks = pins.len(),
+                        "receive chunks page-locked and mapped for the device"
+                    );
                     Some(pins)
                 }
             };

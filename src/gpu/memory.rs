@@ -28,7 +28,12 @@ pub fn mapped<T: DeviceRepr + ValidAsZeroBits>(
 
 /// Host buffers page-locked in place (`cuMemHostRegister`), so that copies from them run as
 /// DMA straight from the buffer, asynchronously, at the link's rate: a copy from pageable
-/// memory is staged through a driver buffer and returns only when done. Engines register their
+/// memory is staged through a driver buffer and returns only when done. They are also mapped
+/// into the device's address space ([`HostRegistrations::device_address`]), so that device
+/// code may read a chunk where it lies, across PCIe, without a copy queued first (issue 15's
+/// "pinned, device-mapped" chunks; the F-engine still copies its chunks with the copy engines,
+/// which overlap the kernels, where a kernel reading across the link would hold its SMs for
+/// the transfer's duration). Engines register their
 /// receive chunks (and the XB-engine its X heap buffers) once, before any receiver writes into
 /// them; everything is unlocked on drop, after the device has finished with it. Nothing else is
 /// ever registered: a registration outliving its memory would leave the driver DMA-ing to pages
@@ -37,8 +42,9 @@ pub fn mapped<T: DeviceRepr + ValidAsZeroBits>(
 /// keep it.
 pub struct HostRegistrations {
     gpu: std::sync::Arc<Gpu>,
-    /// (start address, length) of each buffer; the starts are handed back to the driver on drop.
-    regions: Vec<(usize, usize)>,
+    /// (start address, length, device address) of each buffer; the starts are handed back to
+    /// the driver on drop.
+    regions: Vec<(usize, usize, u64)>,
 }
 
 // SAFETY: the raw addresses are only handed back to the driver on drop.
@@ -54,7 +60,7 @@ impl HostRegistrations {
         }
     }
 
-    /// Page-lock `buffer` (nothing for an empty one).
+    /// Page-lock `buffer` and map it for the device (nothing for an empty one).
     ///
     /// # Safety
     /// `buffer` stays alive and unmoved until `self` is dropped.
@@ -63,24 +69,37 @@ impl HostRegistrations {
             return Ok(());
         }
         self.gpu.ctx.bind_to_thread()?;
-        cudarc::driver::sys::cuMemHostRegister_v2(
-            buffer.as_mut_ptr().cast(),
+        use cudarc::driver::sys;
+        let host = buffer.as_mut_ptr();
+        sys::cuMemHostRegister_v2(
+            host.cast(),
             buffer.len(),
-            cudarc::driver::sys::CU_MEMHOSTREGISTER_PORTABLE,
+            sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
         )
         .result()?;
-        self.regions
-            .push((buffer.as_mut_ptr() as usize, buffer.len()));
+        let mut dev = 0;
+        if let Err(e) = sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0).result() {
+            let _ = sys::cuMemHostUnregister(host.cast());
+            return Err(e.into());
+        }
+        self.regions.push((host as usize, buffer.len(), dev));
         Ok(())
+    }
+
+    /// The device's address of `buffer`'s first byte, if `buffer` lies wholly inside one
+    /// locked buffer: device code reads and writes it there, across PCIe.
+    pub fn device_address(&self, buffer: &[u8]) -> Option<u64> {
+        let (p, n) = (buffer.as_ptr() as usize, buffer.len().max(1));
+        self.regions
+            .iter()
+            .find(|&&(s, len, _)| s <= p && p + n <= s + len)
+            .map(|&(s, _, dev)| dev + (p - s) as u64)
     }
 
     /// Whether `buffer` lies wholly inside one locked buffer, so that the device may copy
     /// into it asynchronously (an empty one: whether its address lies inside one).
     pub fn covers(&self, buffer: &[u8]) -> bool {
-        let (p, n) = (buffer.as_ptr() as usize, buffer.len().max(1));
-        self.regions
-            .iter()
-            .any(|&(s, len)| s <= p && p + n <= s + len)
+        self.device_address(buffer).is_some()
     }
 
     /// How many buffers are locked.
@@ -100,7 +119,7 @@ impl Drop for HostRegistrations {
         }
         // Nothing may still read the buffers: wait for every stream before unlocking them.
         let _ = self.gpu.ctx.synchronize();
-        for &(p, _) in &self.regions {
+        for &(p, _, _) in &self.regions {
             // SAFETY: `p` was registered by `register`, whose contract keeps its buffer alive
             // until now.
             let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(p as *mut _) };

@@ -4,6 +4,7 @@
 
 pub mod backends;
 pub mod beamform;
+pub mod chunk_mapping;
 pub mod correlate;
 pub mod ddc;
 pub mod f16_encode;
@@ -37,8 +38,9 @@ type Family = (
     fn(&Arc<Gpu>, u64) -> Result<Vec<Check>, GpuError>,
 );
 
-const FAMILIES: [Family; 13] = [
+const FAMILIES: [Family; 14] = [
     ("fengine", fengine::run),
+    ("chunk_mapping", chunk_mapping::run),
     ("ddc", ddc::run),
     ("narrowband", narrowband::run),
     ("outputs", outputs::run),
