@@ -14,13 +14,13 @@
 //! Input lives in device memory (random bytes: any byte is a valid sample); every time is the
 //! median of event-timed calls after warm-ups. Run `cbf selftest --gpu` first: a figure counts
 //! only when that passed in the same run.
-//! Usage: `cbf-frb-bench [--quick] [--case K [--tb N] [--groups R]]`.
+//! Usage: `cbf-frb-bench [--quick] [--case K [--tb N] [--groups R] [--b2 regs|shared]]`.
 
 use std::sync::Arc;
 
 use cbf::dsp::frb::DishGrid;
 use cbf::dsp::frb_resample::{w_table, FrbBeams};
-use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbStage1};
+use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbStage1, FrbTuning, Stage2Table};
 use cbf::gpu::frb_half::f16_from_f32;
 use cbf::gpu::frb_resample::{FrbResampler, Precision};
 use cbf::gpu::{pow2_scale, Gpu, GpuError};
@@ -120,7 +120,7 @@ fn mmas_per_sample(rows: usize, cols: usize) -> usize {
 fn measure(
     gpu: &Arc<Gpu>,
     case: &Case,
-    (time_block, groups): (Option<usize>, Option<usize>),
+    tuning: FrbTuning,
     output: FrbIntensities,
     copy: f64,
     reps: usize,
@@ -135,8 +135,7 @@ fn measure(
         channels: case.channels,
         spectra: times,
         batches: 1,
-        time_block,
-        groups,
+        tuning,
         output,
     };
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
@@ -187,13 +186,16 @@ fn measure(
     let bytes_moved = (cfg.input_bytes() + out_bytes) as f64;
     let tflops = (case.channels * times * mmas_per_sample(case.rows, case.cols) * 4096) as f64 / t;
     println!(
-        "RESULT frb_stage1 {:<28} out {:<3} TB {:<4} R {:<4} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
+        "RESULT frb_stage1 {:<28} out {:<3} TB {:<4} R {:<4} B2 {:<9} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
          (Smith A40 estimate {:>4.1} %) | bytes {:>6.1} MB, {:>5.1} % of copy | mma {:>5.1} TFLOPS \
          | {regs} regs, {} KiB shared, {blocks} blocks/SM",
         case.name,
         if width == 4 { "f32" } else { "f16" },
-        time_block.map_or("auto".to_string(), |v| v.to_string()),
-        groups.map_or("auto".to_string(), |v| v.to_string()),
+        tuning
+            .time_block
+            .map_or("auto".to_string(), |v| v.to_string()),
+        tuning.groups.map_or("auto".to_string(), |v| v.to_string()),
+        format!("{:?}", op.table()),
         t * 1e3,
         real * 1e3,
         100.0 * t / real,
@@ -289,7 +291,8 @@ fn measure_stage2(gpu: &Arc<Gpu>, reps: usize, copy: f64) -> Result<(), GpuError
 fn main() -> Result<(), GpuError> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    // `--case K` (1–5) and `--tb N`: one configuration only (for profiling).
+    // `--case K` (1–5) with `--tb N`, `--groups R` and `--b2 regs|shared`: one
+    // configuration only (for profiling and comparisons).
     let value = |flag: &str| {
         args.iter()
             .position(|a| a == flag)
@@ -312,28 +315,41 @@ fn main() -> Result<(), GpuError> {
     let both = [FrbIntensities::Float32, FrbIntensities::Float16];
     if let Some(k) = value("--case") {
         let case = CASES.get(k.wrapping_sub(1)).expect("--case 1 to 5");
+        let table = match args
+            .iter()
+            .position(|a| a == "--b2")
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+        {
+            None => None,
+            Some("regs") => Some(Stage2Table::Registers),
+            Some("shared") => Some(Stage2Table::Shared),
+            Some(other) => panic!("--b2 regs|shared, not {other}"),
+        };
+        let tuning = FrbTuning {
+            time_block: value("--tb"),
+            groups: value("--groups"),
+            table,
+        };
         for output in both {
-            measure(
-                &gpu,
-                case,
-                (value("--tb"), value("--groups")),
-                output,
-                copy,
-                reps,
-            )?;
+            measure(&gpu, case, tuning, output, copy, reps)?;
         }
         return Ok(());
     }
     for case in &CASES {
         for output in both {
-            measure(&gpu, case, (None, None), output, copy, reps)?;
+            measure(&gpu, case, FrbTuning::default(), output, copy, reps)?;
         }
     }
     measure_stage2(&gpu, reps, copy)?;
     if !quick {
         // The engine's form (fp16 output) at other block steps.
         for (tb, groups) in [(4, 2), (8, 2), (4, 4)] {
-            let tuning = (Some(tb), Some(groups));
+            let tuning = FrbTuning {
+                time_block: Some(tb),
+                groups: Some(groups),
+                ..FrbTuning::default()
+            };
             measure(&gpu, &CASES[4], tuning, FrbIntensities::Float16, copy, reps)?;
         }
     }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use cbf::dsp::beamform::Beam;
 use cbf::dsp::frb::DishGrid;
 use cbf::dsp::frb_resample::FrbBeams;
-use cbf::gpu::frb::{FrbConfig, FrbIntensities};
+use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbTuning};
 use cbf::gpu::timeline::LabelSummary;
 use cbf::gpu::Gpu;
 use cbf::xbengine::backend::{BeamChunk, FrbChunk, XbBackend, XbShape, BEAM_SLOTS};
@@ -106,11 +106,10 @@ pub fn setup(beams: FrbBeams) -> Result<Setup, String> {
         channels: CHANNELS,
         spectra: SPECTRA,
         batches: BATCHES,
-        time_block: None,
-        groups: None,
+        tuning: FrbTuning::default(),
         output: FrbIntensities::Float16,
     };
-    config.defines().map_err(|e| e.to_string())?;
+    config.builds().map_err(|e| e.to_string())?;
     let shape = XbShape {
         n_ants: DISHES,
         channels: CHANNELS,

@@ -23,10 +23,11 @@
 // transposed read (§4.10–4.11) by register reuse; shared memory carries only the gridded field.
 //
 // Work. A block takes one channel and a run of slow-time slots. Warp (qw, r) owns q values
-// 16qw … 16qw+15 (A1's two tiles for them and all of B2 in registers for the whole kernel) and
-// the (time, pol) pairs of a block step with index ≡ r (mod R); its |Ẽ|² sums are partial
-// over those pairs, so at the end of each slot the R groups add theirs through shared memory.
-// Block steps never straddle a slot, so a slot's sums never mix with the next's.
+// 16qw … 16qw+15 (A1's two tiles for them and all of B2 in registers for the whole kernel, or
+// B2 once per block in shared memory: B2_SMEM, below) and the (time, pol) pairs of a block
+// step with index ≡ r (mod R); its |Ẽ|² sums are partial over those pairs, so at the end of
+// each slot the R groups add theirs through shared memory. Block steps never straddle a slot,
+// so a slot's sums never mix with the next's.
 //
 // Time slots. Slot j covers call samples [j·T_DS − phase, (j+1)·T_DS − phase) ∩ [0, TIMES):
 // `phase` samples of slot 0 were summed by earlier calls into `carry_in` (channel, p, q); a
@@ -44,19 +45,33 @@
 //
 // Tables (fp16, rounded once from double by the op): `a1_table`, stage-1 A fragments per
 // (q tile of 8, k step, register, lane); `b2_table`, stage-2 B fragments per (k step, column
-// tile, register, lane); the kernel reads the first NT2H column tiles of each k step.
+// tile, register, lane); the kernel takes the first NT2H column tiles of each k step into
+// registers, or (B2_SMEM) into shared memory as (k step, column tile, lane) register pairs.
 //
 // Input: the XB-engine's chunk, (batch, dish, channel, spectrum, pol, re/im) int8; call sample
 // t is spectrum t % SPECTRA of batch t / SPECTRA. Weights: (channel, dish, pol) float2, held in
 // shared memory as fp16 pairs (Wr, Wi) and (−Wi, Wr) per pol (`grid_sample`);
-// `cells`: per dish, the offset of its (m, n) in a gridded row ((m·XROW + 2n) halves).
+// `cells` and `dishes`: per gridding slot k, the offset of its dish's (m, n) in a gridded row
+// ((m·XROW + 2n) halves) and the dish's index in the input. The op orders the slots so that the
+// 32 of each warp's gridding stores fall in distinct shared-memory banks where the dish map
+// allows it (`gpu::frb::gridding_order`): in dish order, a shuffled map cost 3.2-way conflicts
+// on the stores (Nsight Compute at seed 004 case 5, bench/RESULTS.md). The raw samples, weights
+// and cells are held in slot order.
 // Unoccupied cells and the padding stay zero from the start: gridding writes only occupied
 // cells. Gridded rows are padded by 16 bytes so that ldmatrix's eight row addresses fall in
 // distinct bank groups.
 //
 // Compile-time constants (-D): M, N, D, T_DS, CHANNELS, SPECTRA, BATCHES, TB (time samples per
 // block step), R (warp groups over (time, pol) pairs), OUT_HALF (the output type, above),
-// MIN_BLOCKS (below).
+// B2_SMEM and MIN_BLOCKS (below).
+//
+// B2_SMEM: 0 holds B2 in every warp's registers (36 at 24×24); 1 holds it once per block in
+// shared memory, one 8-byte read per fragment in the transform loop (a warp's 32 reads are 256
+// consecutive bytes: no bank conflict). The op takes registers where ptxas holds them without
+// spilling — 1–2 % faster at seed 004 case 5 on the H100 (bench/RESULTS.md) — and shared memory
+// for larger grids, which with B2 in registers spilled at 25×24, 30×28 or 30×32 even at one
+// block per SM. Two (time, pol) pairs per warp at once (B2 fragments read once for both) were
+// measured slower: 11–56 % at case 5, for want of registers.
 
 typedef unsigned int u32;
 
@@ -73,18 +88,20 @@ typedef unsigned int u32;
 // With 4 | M, the columns p ≥ M come from those p − M with G negated at odd m
 // (e^{iπm(p+M)/M} = (−1)^m e^{iπmp/M}): B2 is held for half the tiles only.
 #define HALF (M % 4 == 0)
-#define NT2H (HALF ? M / 4 : NT2)    // stage-2 column tiles held in registers
+#define NT2H (HALF ? M / 4 : NT2)    // stage-2 column tiles held
 #define XROW (2 * NP + 8)        // halves per gridded row (time, pol, m): (n, re/im) + pad
 #define OUT_MAX ((TIMES + T_DS - 1) / T_DS)
 // MIN_BLOCKS (-D): blocks per SM the registers must allow. The op asks first for 12 warps in
-// all (three per scheduler; at 24×24, 168 registers each), enough to hide the tensor cores'
-// latency, and where ptxas would spill there (larger grids' B2 tables) for one block.
+// all (three per scheduler), enough to hide the tensor cores' latency, and where ptxas would
+// spill there for one block.
 
-// Shared memory, in bytes: raw input (two block steps), X, weights, cells, the slot reduction.
+// Shared memory, in bytes: raw input (two block steps), X, weights, cells, B2, the slot
+// reduction.
 #define RAW_BYTES ((2 * TB * D * 4 + 15) / 16 * 16)
 #define X_BYTES (TB * 2 * MP * XROW * 2)
 #define W_BYTES (D * 2 * 8)
-#define CELL_BYTES ((D * 4 + 15) / 16 * 16)
+#define CELL_BYTES ((D * 8 + 15) / 16 * 16)
+#define B2_BYTES (B2_SMEM ? K2S * NT2H * 32 * 8 : 0)
 #define RED_BYTES ((R - 1) * QW * 32 * 2 * NT2 * 4)
 
 __device__ __forceinline__ u32 smem_addr(const void *p)
@@ -144,14 +161,15 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void *src)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
-// Queue the raw samples t0 … t0+n−1 of every dish into raw (dish, tb) words: a thread per dish
+// Queue the raw samples t0 … t0+n−1 of every dish into raw (slot, tb) words: a thread per dish
 // (its samples are consecutive in the chunk), four at a time where they start on a 16-byte
 // boundary of one batch (one copy instead of four: the 4-byte copies and their addresses were a
 // fifth of the kernel's instructions at seed 004 case 5, bench/RESULTS.md).
-__device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, int f, int t0, int n)
+__device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, const int *ds, int f, int t0, int n)
 {
-    for (int d = threadIdx.x; d < D; d += WARPS * 32) {
-        u32 *dst = raw + d * TB;
+    for (int k = threadIdx.x; k < D; k += WARPS * 32) {
+        u32 *dst = raw + k * TB;
+        const int d = ds[k];
         int tb = 0;
 #if TB % 4 == 0 && SPECTRA % 4 == 0
         // s ≡ 0 (mod 4) and 4 | SPECTRA: the four lie in one batch, 16-byte aligned.
@@ -213,6 +231,7 @@ __device__ __forceinline__ void grid_sample(unsigned short *x, u32 raw, uint4 w)
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
 frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const int *__restrict__ cells,
+           const int *__restrict__ dishes,
            const u32 *__restrict__ a1_table, const u32 *__restrict__ b2_table, const float *__restrict__ carry_in,
            float *__restrict__ carry_out, out_t *__restrict__ out, int phase, int slots_per_block,
            float scale)
@@ -222,7 +241,11 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
     unsigned short *xs = (unsigned short *)(smem + RAW_BYTES);
     uint4 *ws = (uint4 *)(smem + RAW_BYTES + X_BYTES);
     int *cs = (int *)(smem + RAW_BYTES + X_BYTES + W_BYTES);
-    float *red = (float *)(smem + RAW_BYTES + X_BYTES + W_BYTES + CELL_BYTES);
+    int *ds = cs + D;
+#if B2_SMEM
+    const uint2 *b2s = (const uint2 *)(smem + RAW_BYTES + X_BYTES + W_BYTES + CELL_BYTES);
+#endif
+    float *red = (float *)(smem + RAW_BYTES + X_BYTES + W_BYTES + CELL_BYTES + B2_BYTES);
 
     const int f = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -240,12 +263,15 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
     // Set-up: zero X (unoccupied cells and padding stay zero), weights, cells, tables.
     for (int e = threadIdx.x; e < X_BYTES / 4; e += WARPS * 32)
         ((u32 *)xs)[e] = 0;
-    for (int d = threadIdx.x; d < D; d += WARPS * 32) {
+    // Slot k's cell, dish and weights; load_raw's thread for slot k is the one that writes them
+    // here, so its first call needs no barrier.
+    for (int k = threadIdx.x; k < D; k += WARPS * 32) {
+        const int d = dishes[k];
         const float2 w0 = weights[((size_t)f * D + d) * 2], w1 = weights[((size_t)f * D + d) * 2 + 1];
-        ws[d] = make_uint4(pack(w0.x, w0.y), pack(-w0.y, w0.x), pack(w1.x, w1.y), pack(-w1.y, w1.x));
+        ws[k] = make_uint4(pack(w0.x, w0.y), pack(-w0.y, w0.x), pack(w1.x, w1.y), pack(-w1.y, w1.x));
+        cs[k] = cells[k];
+        ds[k] = d;
     }
-    for (int e = threadIdx.x; e < D; e += WARPS * 32)
-        cs[e] = cells[e];
     u32 a1[2][K1S][4];
 #pragma unroll
     for (int h = 0; h < 2; h++)
@@ -254,6 +280,13 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
 #pragma unroll
             for (int k = 0; k < 4; k++)
                 a1[h][ks][k] = a1_table[(((2 * qw + h) * K1S + ks) * 4 + k) * 32 + lane];
+#if B2_SMEM
+    for (int e = threadIdx.x; e < K2S * NT2H * 32; e += WARPS * 32) {
+        const int ks = e / (NT2H * 32), nt = e / 32 % NT2H, l = e % 32;
+        ((uint2 *)b2s)[e] =
+            make_uint2(b2_table[((ks * NT2 + nt) * 2) * 32 + l], b2_table[((ks * NT2 + nt) * 2 + 1) * 32 + l]);
+    }
+#else
     u32 b2[K2S][NT2H][2];
 #pragma unroll
     for (int ks = 0; ks < K2S; ks++)
@@ -262,6 +295,7 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
 #pragma unroll
             for (int k = 0; k < 2; k++)
                 b2[ks][nt][k] = b2_table[((ks * NT2 + nt) * 2 + k) * 32 + lane];
+#endif
 
     // Partial |Ẽ|² over this warp's pairs: (q = 16qw + g [lo] or + 8 [hi], p = 4nt + i).
     float lo[NT2], hi[NT2];
@@ -275,7 +309,7 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
     }
 
     int j = j0, te = slot_end(j0), t0 = slot_begin(j0);
-    load_raw(raw, in, f, t0, min(TB, te - t0));
+    load_raw(raw, in, ds, f, t0, min(TB, te - t0));
     for (int step = 0;; step++) {
         const int n = min(TB, te - t0);
         // The next block step: later in this slot, or the start of the next.
@@ -287,7 +321,7 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
         }
         const bool more = nj < j1;
         if (more) {
-            load_raw(raw + ((step + 1) & 1) * TB * D, in, f, nt0, min(TB, nte - nt0));
+            load_raw(raw + ((step + 1) & 1) * TB * D, in, ds, f, nt0, min(TB, nte - nt0));
             asm volatile("cp.async.wait_group 1;\n" ::);
         } else {
             asm volatile("cp.async.wait_group 0;\n" ::);
@@ -296,20 +330,21 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
 
         // Gridding with weights: X[(tb, π, m)][(n, re/im)] = W·E, GT times of a dish per
         // thread (the weights and cell read once for all); consecutive threads take
-        // consecutive dishes at the same times, so their writes fall in distinct cells.
+        // consecutive slots at the same times, so their writes fall in distinct cells (and,
+        // by the slots' order, banks).
         const u32 *cur = raw + (step & 1) * TB * D;
         for (int e = threadIdx.x; e < (n + GT - 1) / GT * D; e += WARPS * 32) {
-            const int tb = GT * (e / D), d = e % D;
-            const uint4 w = ws[d];
-            unsigned short *x = xs + tb * 2 * MP * XROW + cs[d];
+            const int tb = GT * (e / D), slot = e % D;
+            const uint4 w = ws[slot];
+            unsigned short *x = xs + tb * 2 * MP * XROW + cs[slot];
 #if GT == 4
-            const uint4 v = *(const uint4 *)(cur + d * TB + tb);
+            const uint4 v = *(const uint4 *)(cur + slot * TB + tb);
             const u32 rw[4] = {v.x, v.y, v.z, v.w};
 #elif GT == 2
-            const uint2 v = *(const uint2 *)(cur + d * TB + tb);
+            const uint2 v = *(const uint2 *)(cur + slot * TB + tb);
             const u32 rw[2] = {v.x, v.y};
 #else
-            const u32 rw[1] = {cur[d * TB + tb]};
+            const u32 rw[1] = {cur[slot * TB + tb]};
 #endif
 #pragma unroll
             for (int k = 0; k < GT; k++)
@@ -344,20 +379,26 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
 #pragma unroll
             for (int nt = 0; nt < NT2H; nt++) {
                 float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int mg = 0; mg < K2S; mg++)
-                    mma(e, ga[mg], b2[mg][nt]);
+                for (int mg = 0; mg < K2S; mg++) {
+#if B2_SMEM
+                    const uint2 bv = b2s[(mg * NT2H + nt) * 32 + lane];
+                    const u32 b[2] = {bv.x, bv.y};
+#else
+                    const u32(&b)[2] = b2[mg][nt];
+#endif
+                    mma(e, ga[mg], b);
+                    if (HALF) {
+                        // Each register's high half is the odd m of its pair: negate it.
+                        const u32 neg[4] = {ga[mg][0] ^ 0x80000000u, ga[mg][1] ^ 0x80000000u,
+                                            ga[mg][2] ^ 0x80000000u, ga[mg][3] ^ 0x80000000u};
+                        mma(o, neg, b);
+                    }
+                }
                 lo[nt] += e[0] * e[0] + e[1] * e[1];
                 hi[nt] += e[2] * e[2] + e[3] * e[3];
                 if (HALF) {
-                    // Each register's high half is the odd m of its pair: negate it.
-                    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int mg = 0; mg < K2S; mg++) {
-                        const u32 neg[4] = {ga[mg][0] ^ 0x80000000u, ga[mg][1] ^ 0x80000000u,
-                                            ga[mg][2] ^ 0x80000000u, ga[mg][3] ^ 0x80000000u};
-                        mma(o, neg, b2[mg][nt]);
-                    }
                     lo[nt + NT2H] += o[0] * o[0] + o[1] * o[1];
                     hi[nt + NT2H] += o[2] * o[2] + o[3] * o[3];
                 }

@@ -7,7 +7,7 @@
 use cbf::gpu::beamform::{BeamformConfig, OCCUPANCIES};
 use cbf::gpu::compile::{compile, nvrtc_present, Kernel};
 use cbf::gpu::ddc::{DdcPlan, DdcShape, DdcTuning};
-use cbf::gpu::frb::{FrbConfig, FrbIntensities};
+use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbTuning, Stage2Table};
 
 const ARCHES: [&str; 4] = ["sm_80", "sm_89", "sm_90", "sm_90a"];
 
@@ -232,13 +232,11 @@ fn every_kernel_compiles_for_every_architecture() {
     // The FRB beamformer's first stage: every architecture at one shape in both output types,
     // and for the lent H100 every shape the self-tests and the benchmarks build (seed 004
     // Table 3's five grids, with the benchmark's block steps; the XB-engine benchmark's case 5
-    // chunk), each in the output types they build it with.
-    let frb = |(rows, cols, dishes, t_ds), (channels, spectra, batches), tuning, output| {
-        let (time_block, groups) = match tuning {
-            Some((tb, r)) => (Some(tb), Some(r)),
-            None => (None, None),
-        };
-        FrbConfig {
+    // chunk), each in the output types they build it with. `FrbStage1::new` takes the first of
+    // the config's builds that compiles; here each shape's first build must (no fallback at any
+    // shape the engine or the benchmarks run), except the large grids below.
+    let config =
+        |(rows, cols, dishes, t_ds), (channels, spectra, batches), tuning, output| FrbConfig {
             rows,
             cols,
             dishes,
@@ -246,12 +244,19 @@ fn every_kernel_compiles_for_every_architecture() {
             channels,
             spectra,
             batches,
-            time_block,
-            groups,
+            tuning,
             output,
-        }
-        .defines()
-        .unwrap_or_else(|e| panic!("{e}"))
+        };
+    let frb = |grid, call, tuning: Option<(usize, usize)>, output| {
+        let tuning = tuning.map_or(FrbTuning::default(), |(tb, r)| FrbTuning {
+            time_block: Some(tb),
+            groups: Some(r),
+            ..FrbTuning::default()
+        });
+        let builds = config(grid, call, tuning, output)
+            .builds()
+            .unwrap_or_else(|e| panic!("{e}"));
+        builds[0].1.clone()
     };
     let both = [FrbIntensities::Float32, FrbIntensities::Float16];
     for arch in ARCHES {
@@ -340,28 +345,55 @@ fn every_kernel_compiles_for_every_architecture() {
         None,
         FrbIntensities::Float16,
     ));
-    // Large grids at one block per SM, where `FrbStage1::new` falls back when ptxas spills at
-    // the first occupancy (their stage-2 tables in registers), and 32×32 as it is asked for.
-    for grid in [(32, 24, 691, 40), (28, 28, 705, 40), (25, 28, 630, 40)] {
-        let one = frb(grid, (4, 64, 1), None, FrbIntensities::Float16)
-            .into_iter()
-            .map(|(k, v)| (k, if k == "MIN_BLOCKS" { 1 } else { v }))
-            .collect();
-        shapes.push(one);
+    // The self-test's builds with stage 2's table in shared memory, both outputs: the first
+    // (the blocks per SM asked for).
+    for (grid, call, groups) in [
+        ((24, 24, 512, 40), (2, 64, 2), None),
+        ((16, 16, 200, 7), (2, 24, 2), Some(2)),
+        ((8, 12, 64, 3), (3, 16, 2), None),
+        ((5, 3, 15, 3), (2, 7, 1), Some(1)),
+    ] {
+        let tuning = FrbTuning {
+            groups,
+            table: Some(Stage2Table::Shared),
+            ..FrbTuning::default()
+        };
+        for output in both {
+            shapes.push(
+                config(grid, call, tuning, output).builds().unwrap()[0]
+                    .1
+                    .clone(),
+            );
+        }
     }
-    shapes.push(frb(
-        (32, 32, 921, 40),
-        (4, 64, 1),
-        None,
-        FrbIntensities::Float16,
-    ));
+    // Large grids, where the table in registers spills: the shared-table build at the blocks
+    // per SM asked for (the second build `FrbStage1::new` tries) must compile; at 30×28, which
+    // spills there too, the third (one block per SM); at 32×32 (4 | M, half the table) the
+    // first. The self-test's large grids too.
+    for (grid, call, first) in [
+        ((32, 24, 691, 40), (4, 64, 1), 1),
+        ((28, 28, 705, 40), (4, 64, 1), 1),
+        ((25, 28, 630, 40), (4, 64, 1), 1),
+        ((30, 28, 800, 40), (4, 64, 1), 2),
+        ((30, 32, 900, 40), (4, 64, 1), 1),
+        ((25, 24, 600, 40), (4, 64, 1), 1),
+        ((30, 28, 800, 3), (1, 12, 1), 2),
+        ((25, 24, 600, 7), (1, 16, 1), 1),
+        ((32, 32, 921, 40), (4, 64, 1), 0),
+    ] {
+        let builds = config(grid, call, FrbTuning::default(), FrbIntensities::Float16)
+            .builds()
+            .unwrap();
+        assert_eq!(builds[1].0, Stage2Table::Shared);
+        shapes.push(builds[first].1.clone());
+    }
     for defs in &shapes {
         compile(Kernel::FrbStage1, defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 42
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 55
     );
 }
 

@@ -17,7 +17,9 @@
 //! **Method** (`kernels/frb_stage1.cu`): the weighted field is gridded into shared memory and
 //! the two zero-padded 1-D transforms are dense DFT matrices applied with fp16 tensor-core MMAs
 //! (fp32 accumulation), the first's output packed in registers as the second's operand;
-//! |Ẽ|² is summed over pols and `t_ds` samples in fp32 registers.
+//! |Ẽ|² is summed over pols and `t_ds` samples in fp32 registers. Stage 2's table sits in
+//! registers where ptxas holds it without spilling, else in shared memory ([`Stage2Table`]):
+//! either way the same roundings and sums.
 //!
 //! **Error bound** (derived; [`error_bound`] computes it and the self-test checks the kernel
 //! against it). Let u = 2⁻¹¹ (fp16 unit roundoff), η = 2⁻²⁵ (half fp16's subnormal spacing)
@@ -44,10 +46,10 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
-use half::f16;
 use num_complex::Complex32;
 
 use super::compile::{Defines, Kernel};
+use super::frb_tables::{a1_table, b2_table, gridding_order};
 use super::{Gpu, GpuError};
 use crate::dsp::frb::DishGrid;
 
@@ -71,6 +73,34 @@ pub enum FrbIntensities {
     Float16,
 }
 
+/// Where the first stage keeps stage 2's DFT table (`-D B2_SMEM`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage2Table {
+    /// In every warp's registers (36 at 24×24): no shared-memory reads in the transform loop.
+    Registers,
+    /// Once per block in shared memory, one 8-byte read per fragment: frees the registers, so
+    /// that grids above 24 rows with 4 ∤ M build at all (they spilled at one block per SM).
+    Shared,
+}
+
+/// How one first stage is laid out on the GPU; None everywhere is the engine's choice, the
+/// rest are for the benchmark's comparisons and the self-test's coverage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FrbTuning {
+    /// Time samples per block step (None: the smallest of at least 4 that gives every warp
+    /// group the same number of (time, pol) pairs).
+    pub time_block: Option<usize>,
+    /// Warp groups over (time, pol) pairs (None: 2 where 8 | N and N ≥ 16, so that no warp's
+    /// q values are padding, else 1). Measured on the H100 with the fp16 gridding of
+    /// 2026-11-27 (bench/RESULTS.md): 2 groups are 10–14 % faster than 1 at 16×16 and 24×24;
+    /// at 8×8 8–11 % slower (one warp along q: the groups' reduction is not paid back); at 8×12
+    /// level and at 16×20 22 % slower; 4 slower everywhere. The self-test checks 2 and 4.
+    pub groups: Option<usize>,
+    /// Stage 2's table (None: registers where ptxas holds it there without spilling at the
+    /// blocks per SM asked for, else shared memory; `compile`).
+    pub table: Option<Stage2Table>,
+}
+
 /// What one first stage is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrbConfig {
@@ -82,15 +112,7 @@ pub struct FrbConfig {
     pub channels: usize,
     pub spectra: usize,
     pub batches: usize,
-    /// Time samples per block step (None: the smallest of at least 4 that gives every warp
-    /// group the same number of (time, pol) pairs).
-    pub time_block: Option<usize>,
-    /// Warp groups over (time, pol) pairs (None: 2 where 8 | N and N ≥ 16, so that no warp's
-    /// q values are padding, else 1). Measured on the H100 with the fp16 gridding of
-    /// 2026-11-27 (bench/RESULTS.md): 2 groups are 10–14 % faster than 1 at 16×16 and 24×24;
-    /// at 8×8 8–11 % slower (one warp along q: the groups' reduction is not paid back); at 8×12
-    /// level and at 16×20 22 % slower; 4 slower everywhere. The self-test checks 2 and 4.
-    pub groups: Option<usize>,
+    pub tuning: FrbTuning,
     /// The output's element type.
     pub output: FrbIntensities,
 }
@@ -108,14 +130,15 @@ impl FrbConfig {
     /// A bound on every intensity [`FrbStage1::run`] writes while every weight's magnitude is
     /// at most `max_weight`. Exactly, |Ẽ| ≤ B = Σ_dishes |W|·|E| ≤ D·128√2·max|W| per (time,
     /// pol) (−128 in both parts is the largest sample); the kernel's |Ẽ| errs by at most
-    /// δ = 3.1·2⁻¹¹·B + 2⁻²⁴·MN and its fp32 sums by (2·t_ds + 2)·2⁻²⁴ of I (module doc), so
+    /// δ = 8.2·2⁻¹¹·B + 2⁻¹⁴·MN and its fp32 sums by (2·t_ds + 2)·2⁻²⁴ of I (module doc, the
+    /// bound [`error_bound`] checks), so
     /// I ≤ 2·t_ds·(B + δ)²·(1 + (2·t_ds + 2)·2⁻²⁴). The fp16 output ([`FrbStage1::run_half`])
     /// and the second stage's fp16 path take their scale s_I from this bound
     /// (`gpu::frb_half`), so no intensity saturates.
     pub fn max_intensity(&self, max_weight: f64) -> f64 {
         let eps = 2f64.powi(-24);
         let b = self.dishes as f64 * 128.0 * std::f64::consts::SQRT_2 * max_weight;
-        let field = b * (1.0 + 3.1 / 2048.0) + eps * (self.rows * self.cols) as f64;
+        let field = b * (1.0 + 8.2 / 2048.0) + 2f64.powi(-14) * (self.rows * self.cols) as f64;
         let t = self.t_ds as f64;
         2.0 * t * field * field * (1.0 + (2.0 * t + 2.0) * eps)
     }
@@ -145,7 +168,8 @@ impl FrbConfig {
     }
 
     fn groups(&self) -> usize {
-        self.groups
+        self.tuning
+            .groups
             .unwrap_or(if self.cols % 8 == 0 && self.cols >= 16 {
                 2
             } else {
@@ -159,22 +183,36 @@ impl FrbConfig {
 
     fn block_step(&self) -> usize {
         let r = self.groups();
-        self.time_block
+        self.tuning
+            .time_block
             .unwrap_or_else(|| (4..=64).find(|tb| (2 * tb) % r == 0).unwrap_or(4))
     }
 
-    fn smem(&self) -> usize {
+    /// Dynamic shared memory of a block with stage 2's table in `table`.
+    fn smem(&self, table: Stage2Table) -> usize {
         let (tb, r) = (self.block_step(), self.groups());
         let (mp, np, pp) = (up(self.rows, 8), up(self.cols, 8), up(2 * self.rows, 4));
+        // Stage 2's B fragments: half the column tiles where 4 | M (kernel header).
+        let b2_tiles = if self.rows % 4 == 0 {
+            self.rows / 4
+        } else {
+            pp / 4
+        };
         up(2 * tb * self.dishes * 4, 16)
             + tb * 2 * mp * (2 * np + 8) * 2
             + self.dishes * 16
-            + up(self.dishes * 4, 16)
+            + up(self.dishes * 8, 16)
+            + if table == Stage2Table::Shared {
+                (mp / 8) * b2_tiles * 32 * 8
+            } else {
+                0
+            }
             + (r - 1) * self.q_warps() * 32 * 2 * (pp / 4) * 4
     }
 
-    /// The kernel's `-D` constants, once the shape is checked.
-    pub fn defines(&self) -> Result<Defines, GpuError> {
+    /// The kernel's `-D` constants, once the shape is checked, with stage 2's table in `table`
+    /// and registers for `min_blocks` blocks per SM.
+    fn defines(&self, table: Stage2Table, min_blocks: usize) -> Result<Defines, GpuError> {
         let tb = self.validate()?;
         Ok(vec![
             ("M", self.rows as i64),
@@ -190,8 +228,29 @@ impl FrbConfig {
                 "OUT_HALF",
                 i64::from(self.output == FrbIntensities::Float16),
             ),
-            ("MIN_BLOCKS", self.blocks_per_sm() as i64),
+            ("B2_SMEM", i64::from(table == Stage2Table::Shared)),
+            ("MIN_BLOCKS", min_blocks as i64),
         ])
+    }
+
+    /// The builds `FrbStage1::new` tries, in order, each with its stage-2 table: at the blocks
+    /// per SM asked for, the table in registers, then in shared memory; then at one block per
+    /// SM. A table named in the tuning is the only one tried.
+    pub fn builds(&self) -> Result<Vec<(Stage2Table, Defines)>, GpuError> {
+        self.validate()?;
+        let tables = match self.tuning.table {
+            Some(t) => vec![t],
+            None => vec![Stage2Table::Registers, Stage2Table::Shared],
+        };
+        let mut out = Vec::new();
+        for &t in &tables {
+            out.push((t, self.defines(t, self.blocks_per_sm())?));
+        }
+        if self.blocks_per_sm() > 1 {
+            let last = tables[tables.len() - 1];
+            out.push((last, self.defines(last, 1)?));
+        }
+        Ok(out)
     }
 
     /// The blocks per SM asked of the registers first: 12 warps in all, three per scheduler,
@@ -228,91 +287,11 @@ impl FrbConfig {
                 "1 to 64 and 1 to 32, at most 32 warps",
             );
         }
-        if self.smem() > MAX_SMEM {
+        if self.smem(Stage2Table::Shared) > MAX_SMEM {
             return bad("shared memory", "the block's buffers must fit 200 KiB");
         }
         Ok(tb)
     }
-}
-
-/// Entry (row r of 16-row tile t, column k) of stage 1's real-ified zero-padded DFT along n
-/// (kernel header): rows 0–7 real, 8–15 imaginary parts of output q = 8t + r mod 8; column k
-/// input n = k/2's real (k even) or imaginary part; the value is the matching part of
-/// e^{iπ·n·q/N}.
-fn a1_entry(t: usize, r: usize, k: usize, len: usize) -> f64 {
-    let (q, n) = (8 * t + (r & 7), k >> 1);
-    if n >= len || q >= 2 * len {
-        return 0.0;
-    }
-    let (s, c) = (std::f64::consts::PI * ((n * q) % (2 * len)) as f64 / len as f64).sin_cos();
-    match (r >= 8, k & 1 == 1) {
-        (false, false) | (true, true) => c,
-        (false, true) => -s,
-        (true, false) => s,
-    }
-}
-
-/// Entry (k slot, column j) of stage 2's B for k step `mg` and column tile `nt` (kernel
-/// header): slots 0–7 Re G, 8–15 Im G of m = 8mg + slot mod 8; column j is Re (j even) or Im
-/// of output p = 4nt + j/2; the value is the matching part of e^{iπ·m·p/M}.
-fn b2_entry(mg: usize, slot: usize, nt: usize, j: usize, len: usize) -> f64 {
-    let (m, p) = (8 * mg + (slot & 7), 4 * nt + j / 2);
-    if m >= len || p >= 2 * len {
-        return 0.0;
-    }
-    let (s, c) = (std::f64::consts::PI * ((m * p) % (2 * len)) as f64 / len as f64).sin_cos();
-    match (slot >= 8, j & 1 == 1) {
-        (false, false) | (true, true) => c,
-        (true, false) => -s,
-        (false, true) => s,
-    }
-}
-
-fn pack(lo: f64, hi: f64) -> u32 {
-    u32::from(f16::from_f64(lo).to_bits()) | (u32::from(f16::from_f64(hi).to_bits()) << 16)
-}
-
-/// Stage 1's A fragments: (q tile of 8, k step, register, lane) for `mma.m16n8k16` (register
-/// k holds row g + 8·(k & 1), columns 2i + 8·(k >> 1) and the next, g = lane/4, i = lane%4).
-fn a1_table(cols: usize) -> Vec<u32> {
-    let (tiles, steps) = (up(2 * cols, 16) / 8, up(cols, 8) / 8);
-    let mut v = Vec::with_capacity(tiles * steps * 4 * 32);
-    for t in 0..tiles {
-        for ks in 0..steps {
-            for reg in 0..4 {
-                for lane in 0..32 {
-                    let row = (lane >> 2) + 8 * (reg & 1);
-                    let k = 16 * ks + 2 * (lane & 3) + 8 * (reg >> 1);
-                    v.push(pack(
-                        a1_entry(t, row, k, cols),
-                        a1_entry(t, row, k + 1, cols),
-                    ));
-                }
-            }
-        }
-    }
-    v
-}
-
-/// Stage 2's B fragments: (k step, column tile, register, lane) (register k holds column g,
-/// slots 2i + 8k and the next).
-fn b2_table(rows: usize) -> Vec<u32> {
-    let (steps, tiles) = (up(rows, 8) / 8, up(2 * rows, 4) / 4);
-    let mut v = Vec::with_capacity(steps * tiles * 2 * 32);
-    for mg in 0..steps {
-        for nt in 0..tiles {
-            for reg in 0..2 {
-                for lane in 0..32 {
-                    let (j, slot) = (lane >> 2, 2 * (lane & 3) + 8 * reg);
-                    v.push(pack(
-                        b2_entry(mg, slot, nt, j, rows),
-                        b2_entry(mg, slot + 1, nt, j, rows),
-                    ));
-                }
-            }
-        }
-    }
-    v
 }
 
 /// Slots per block: the fewest waves of `resident` blocks, each wave as long as a block's
@@ -331,9 +310,12 @@ pub struct FrbStage1 {
     gpu: Arc<Gpu>,
     cfg: FrbConfig,
     kernel: CudaFunction,
+    table: Stage2Table,
     smem: usize,
     weights: CudaSlice<f32>,
+    /// Per gridding slot (`frb_tables::gridding_order`): its dish's cell and the dish.
     cells: CudaSlice<i32>,
+    dishes: CudaSlice<i32>,
     a1: CudaSlice<u32>,
     b2: CudaSlice<u32>,
     carry: [CudaSlice<f32>; 2],
@@ -346,7 +328,6 @@ pub struct FrbStage1 {
 
 impl FrbStage1 {
     pub fn new(gpu: Arc<Gpu>, cfg: FrbConfig, grid: &DishGrid) -> Result<FrbStage1, GpuError> {
-        let defs = cfg.defines()?;
         if grid.rows != cfg.rows || grid.cols != cfg.cols || grid.dishes() != cfg.dishes {
             return Err(GpuError::Backend(format!(
                 "FRB beamformer: grid {}×{} with {} dishes, built for {}×{} with {}",
@@ -358,8 +339,8 @@ impl FrbStage1 {
                 cfg.dishes
             )));
         }
-        let kernel = compile(&gpu, &cfg, defs)?;
-        let smem = cfg.smem();
+        let (kernel, table) = compile(&gpu, &cfg)?;
+        let smem = cfg.smem(table);
         kernel.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
@@ -369,6 +350,9 @@ impl FrbStage1 {
             .positions()
             .map(|(m, n)| (m * xrow + 2 * n) as i32)
             .collect();
+        let order = gridding_order(&cells);
+        let slot_cells: Vec<i32> = order.iter().map(|&d| cells[d]).collect();
+        let slot_dishes: Vec<i32> = order.iter().map(|&d| d as i32).collect();
         let st = &gpu.compute;
         let plane = cfg.channels * 4 * cfg.rows * cfg.cols;
         let resident = kernel.occupancy_max_active_blocks_per_multiprocessor(
@@ -380,9 +364,11 @@ impl FrbStage1 {
         let slots_per_block = slots_per_block(&cfg, resident.max(1));
         Ok(FrbStage1 {
             kernel,
+            table,
             smem,
             weights: st.alloc_zeros(cfg.channels * cfg.dishes * 4)?,
-            cells: st.clone_htod(&cells)?,
+            cells: st.clone_htod(&slot_cells)?,
+            dishes: st.clone_htod(&slot_dishes)?,
             a1: st.clone_htod(&a1_table(cfg.cols))?,
             b2: st.clone_htod(&b2_table(cfg.rows))?,
             carry: [st.alloc_zeros(plane)?, st.alloc_zeros(plane)?],
@@ -393,6 +379,11 @@ impl FrbStage1 {
             gpu,
             cfg,
         })
+    }
+
+    /// Where the build in use keeps stage 2's table (`compile`'s choice).
+    pub fn table(&self) -> Stage2Table {
+        self.table
     }
 
     /// (registers per thread, dynamic shared memory bytes, resident blocks per SM), for the
@@ -513,6 +504,7 @@ impl FrbStage1 {
         b.arg(input)
             .arg(&self.weights)
             .arg(&self.cells)
+            .arg(&self.dishes)
             .arg(&self.a1)
             .arg(&self.b2)
             .arg(carry_in)
@@ -532,31 +524,31 @@ impl FrbStage1 {
     }
 }
 
-/// The first stage's kernel for `defs` at the blocks per SM they ask for, else — where ptxas
-/// spills there (a large grid's stage-2 table in registers: 25×24, 28×28 or 32×24 at two or
-/// three blocks) — at one block per SM. A grid that spills even then is refused, saying so.
-fn compile(gpu: &Gpu, cfg: &FrbConfig, defs: Defines) -> Result<CudaFunction, GpuError> {
-    let first = match gpu.function(Kernel::FrbStage1, &defs) {
-        Err(e @ GpuError::Compile { .. }) if cfg.blocks_per_sm() > 1 => e,
-        other => return other,
-    };
-    tracing::debug!(
-        "FRB stage 1 at {} blocks per SM: {first}; trying one",
-        cfg.blocks_per_sm()
-    );
-    let one: Defines = defs
-        .into_iter()
-        .map(|(k, v)| (k, if k == "MIN_BLOCKS" { 1 } else { v }))
-        .collect();
-    gpu.function(Kernel::FrbStage1, &one).map_err(|e| match e {
-        GpuError::Compile { log, .. } => GpuError::Backend(format!(
-            "FRB beamformer: a {}×{} grid does not fit the first stage's registers (ptxas spills \
-             even at one block per SM; grids with a multiple of 4 rows hold half the stage-2 \
-             table, so the transposed grid may fit): {log}",
-            cfg.rows, cfg.cols
-        )),
-        other => other,
-    })
+/// The first stage's kernel: the first of `cfg.builds()` that ptxas builds without spilling
+/// (the compile check refuses a spill), and where its stage-2 table lives. A grid that spills in
+/// every build is refused, saying so.
+fn compile(gpu: &Gpu, cfg: &FrbConfig) -> Result<(CudaFunction, Stage2Table), GpuError> {
+    let mut last = None;
+    for (table, defs) in cfg.builds()? {
+        match gpu.function(Kernel::FrbStage1, &defs) {
+            Ok(f) => return Ok((f, table)),
+            Err(GpuError::Compile { log, .. }) => {
+                tracing::debug!(
+                    ?table,
+                    "FRB stage 1 build spills or fails; trying the next: {log}"
+                );
+                last = Some(log);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(GpuError::Backend(format!(
+        "FRB beamformer: a {}×{} grid does not fit the first stage's registers (ptxas spills \
+         even at one block per SM with stage 2's table in shared memory): {}",
+        cfg.rows,
+        cfg.cols,
+        last.unwrap_or_default()
+    )))
 }
 
 /// The derived bound on |Î − I| (module doc) for one channel: `e` per (time, pol, dish),

@@ -17,6 +17,7 @@ pub mod fft;
 pub mod frb;
 pub mod frb_half;
 pub mod frb_resample;
+pub mod frb_tables;
 pub mod frb_weights;
 pub mod memory;
 pub mod pfb;

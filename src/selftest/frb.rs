@@ -29,7 +29,7 @@ use crate::dsp::frb::{
     intensities, resample, resample_factorised, u_sum, DishGrid, FieldTransform, FrbShape,
 };
 use crate::dsp::frb_resample::FrbBeams;
-use crate::gpu::frb::{error_bound, FrbConfig, FrbIntensities, FrbStage1};
+use crate::gpu::frb::{error_bound, FrbConfig, FrbIntensities, FrbStage1, FrbTuning, Stage2Table};
 use crate::gpu::frb_half::{dot_bound, f16_from_f32, rounded, v_bound, F16_MAX};
 use crate::gpu::frb_resample::{FrbResampler, Precision};
 use crate::gpu::frb_weights::deviation;
@@ -44,8 +44,8 @@ struct Case {
     spectra: usize,
     batches: usize,
     calls: usize,
-    /// Warp groups (`FrbConfig::groups`; None: the default).
-    groups: Option<usize>,
+    /// Warp groups, stage 2's table and pairs per warp (`FrbTuning`; None: the defaults).
+    tuning: FrbTuning,
 }
 
 /// |Ẽ| per (time, pol, p, q) and B = Σ|W·E| per (time, pol), in f64, for one channel.
@@ -144,8 +144,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<[Check; 2], 
         channels: case.channels,
         spectra: case.spectra,
         batches: case.batches,
-        time_block: None,
-        groups: case.groups,
+        tuning: case.tuning,
         output: FrbIntensities::Float32,
     };
     let mut op = FrbStage1::new(Arc::clone(gpu), cfg, &grid)?;
@@ -256,9 +255,14 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<[Check; 2], 
         }
     }
     let rms = (rms / count.max(1) as f64).sqrt();
-    let groups = case
-        .groups
-        .map_or(String::new(), |g| format!(", {g} warp groups"));
+    let t = case.tuning;
+    let groups = [
+        t.groups.map(|g| format!(", {g} warp groups")),
+        t.table.map(|b| format!(", stage-2 table in {b:?}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<String>();
     let shape = format!(
         "{m:>2}×{n:<2} {d:>3} dishes t_ds {:>2} {} ch {} t ×{} ×{} calls{groups}",
         case.t_ds, case.channels, case.spectra, case.batches, case.calls
@@ -456,12 +460,25 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         spectra,
         batches,
         calls,
-        groups: None,
+        tuning: FrbTuning::default(),
     };
     // Two and four warp groups (their partial sums added through shared memory at each slow
     // sample's end), where two measured faster.
     let grouped = |groups, case: Case| Case {
-        groups: Some(groups),
+        tuning: FrbTuning {
+            groups: Some(groups),
+            ..case.tuning
+        },
+        ..case
+    };
+    // Stage 2's table in shared memory where the default keeps it in registers (24×24, two
+    // warp groups at t_ds 7, a one-group grid), and large grids whose tables spill in
+    // registers, which build with the default's fallback to the shared table.
+    let shared = |case: Case| Case {
+        tuning: FrbTuning {
+            table: Some(Stage2Table::Shared),
+            ..case.tuning
+        },
         ..case
     };
     let mut checks = [
@@ -478,6 +495,12 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         grouped(2, c(24, 24, 512, 40, 2, 64, 2, 3)),
         grouped(2, c(16, 16, 200, 7, 2, 24, 2, 2)),
         grouped(4, c(8, 12, 64, 3, 3, 16, 2, 3)),
+        shared(c(24, 24, 512, 40, 2, 64, 2, 3)),
+        shared(grouped(2, c(16, 16, 200, 7, 2, 24, 2, 2))),
+        shared(c(8, 12, 64, 3, 3, 16, 2, 3)),
+        shared(grouped(1, c(5, 3, 15, 3, 2, 7, 1, 2))),
+        c(30, 28, 800, 3, 1, 12, 1, 2),
+        c(25, 24, 600, 7, 1, 16, 1, 1),
     ]
     .iter()
     .map(|case| check(gpu, &mut rng, case))

@@ -33,7 +33,7 @@ use super::Check;
 use crate::dsp::frb::DishGrid;
 use crate::dsp::frb_fast::{FrbBeamformer, FrbChunkShape};
 use crate::dsp::frb_resample::{FrbBeams, Resample};
-use crate::gpu::frb::{FrbConfig, FrbIntensities};
+use crate::gpu::frb::{FrbConfig, FrbIntensities, FrbTuning};
 use crate::gpu::{Gpu, GpuError};
 use crate::xbengine::backend::{CpuBackend, FrbChunk, FrbRepoint, XbBackend, XbShape};
 use crate::xbengine::cuda::CudaBackend;
@@ -95,8 +95,7 @@ fn check(
             channels,
             spectra,
             batches,
-            time_block: None,
-            groups: None,
+            tuning: FrbTuning::default(),
             output: if stage2_f32 {
                 FrbIntensities::Float32
             } else {

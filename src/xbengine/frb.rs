@@ -27,7 +27,7 @@ use crate::engine::metrics::Metrics;
 use crate::engine::send::HeapSink;
 use crate::engine::{EngineError, Shutdown};
 use crate::fengine::BackendKind;
-use crate::gpu::frb::{FrbConfig, FrbIntensities};
+use crate::gpu::frb::{FrbConfig, FrbIntensities, FrbTuning};
 
 /// Bytes of packet header and item pointers per packet (8 pointers, as a beam heap's).
 const FRB_PREAMBLE: usize = 72;
@@ -105,8 +105,7 @@ pub(super) fn cuda_specs(config: &XbengineConfig, plan: &Plan) -> Vec<CudaFrbSpe
                 channels: config.channels_per_substream,
                 spectra: plan.spectra_per_heap,
                 batches: plan.layout.batches,
-                time_block: None,
-                groups: None,
+                tuning: FrbTuning::default(),
                 // The second stage's operand type (`stage2=`).
                 output: if f.stage2_f32 {
                     FrbIntensities::Float32
