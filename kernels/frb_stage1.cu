@@ -129,6 +129,17 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void *src)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
 
+// sum + (re² + im²) with its roundings fixed: re² + im² by one fused multiply-add on the
+// rounded im², then one rounded add (the error bound's 2⁻²⁴·(2·t_ds + 2) of I counts these).
+// Written out so that ptxas cannot contract them its own way: it may fuse a plain multiply and
+// add differently in two builds (the fp32 and fp16 outputs, or two register budgets), and the
+// fp16 output must be the fp32 build's value rounded, bit for bit (one value in 80640 differed
+// at 30×28, whose two outputs built at different blocks per SM).
+__device__ __forceinline__ float add_power(float sum, float re, float im)
+{
+    return __fadd_rn(sum, fmaf(re, re, __fmul_rn(im, im)));
+}
+
 // Two floats rounded to fp16 (nearest even), `lo` in the low half. (No cuda_fp16.h: NVRTC has
 // no include path for it, and nothing here needs more than this conversion.)
 __device__ __forceinline__ u32 pack(float lo, float hi)
@@ -396,11 +407,11 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
                         mma(o, neg, b);
                     }
                 }
-                lo[nt] += e[0] * e[0] + e[1] * e[1];
-                hi[nt] += e[2] * e[2] + e[3] * e[3];
+                lo[nt] = add_power(lo[nt], e[0], e[1]);
+                hi[nt] = add_power(hi[nt], e[2], e[3]);
                 if (HALF) {
-                    lo[nt + NT2H] += o[0] * o[0] + o[1] * o[1];
-                    hi[nt + NT2H] += o[2] * o[2] + o[3] * o[3];
+                    lo[nt + NT2H] = add_power(lo[nt + NT2H], o[0], o[1]);
+                    hi[nt + NT2H] = add_power(hi[nt + NT2H], o[2], o[3]);
                 }
             }
         }
