@@ -34,14 +34,27 @@ fn dpdk() {
 }
 
 /// `ffi/ibv_shim.c`: the inline verbs (post, poll, notify, flow steering) that the `ibverbs`
-/// crate cannot bind; linked with the system's libibverbs (libibverbs-dev).
+/// crate cannot bind; `ffi/ibv_mprq_shim.c`: the mlx5 direct verbs of the multi-packet
+/// (striding) receive queue. Linked with the system's libibverbs and libmlx5 (both from
+/// rdma-core: libibverbs-dev, whose pkg-config file `libmlx5.pc` names the latter).
 #[cfg(feature = "ibv")]
 fn ibv() {
     println!("cargo:rerun-if-changed=ffi/ibv_shim.c");
-    cc::Build::new()
+    println!("cargo:rerun-if-changed=ffi/ibv_mprq_shim.c");
+    let mlx5 = pkg_config::Config::new()
+        .probe("libmlx5")
+        .unwrap_or_else(|e| {
+            panic!("feature `ibv` needs rdma-core's libmlx5 (apt-get install libibverbs-dev pkg-config): {e}")
+        });
+    let mut build = cc::Build::new();
+    build
         .file("ffi/ibv_shim.c")
+        .file("ffi/ibv_mprq_shim.c")
         .warnings(true)
-        .extra_warnings(true)
-        .compile("cbf_ibv_shim");
+        .extra_warnings(true);
+    for path in &mlx5.include_paths {
+        build.include(path);
+    }
+    build.compile("cbf_ibv_shim");
     println!("cargo:rustc-link-lib=ibverbs");
 }

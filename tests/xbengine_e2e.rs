@@ -42,6 +42,7 @@ fn config(in_port: u16, x_port: u16, beam_ports: [u16; 2], bits: u32) -> Xbengin
             transport: RecvTransport::Udp,
             dpdk: None,
             comp_vectors: vec![],
+            ibv_mprq: Default::default(),
             busy_poll: None,
             numa_node: None,
         },

@@ -73,6 +73,7 @@ fn config(in_port: u16, frb_beams: Vec<FrbBeamOutput>) -> XbengineConfig {
             transport: RecvTransport::Udp,
             dpdk: None,
             comp_vectors: vec![],
+            ibv_mprq: Default::default(),
             busy_poll: None,
             numa_node: None,
         },

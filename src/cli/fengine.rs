@@ -181,7 +181,7 @@ impl FengineArgs {
     pub fn config(&self) -> Result<FengineConfig, CliError> {
         self.unsupported.refuse()?;
         let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
-        let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
+        let (recv_transport, comp_vectors, ibv_mprq) = self.ibv.recv(self.recv_transport)?;
         let send_transport =
             self.send_transport
                 .transport(self.ibv.send()?, "--send-ibv", &self.dpdk)?;
@@ -226,6 +226,7 @@ impl FengineArgs {
                 busy_poll: self.recv_busy_poll,
                 numa_node: self.recv_numa_node,
                 comp_vectors,
+                ibv_mprq,
             },
             adc_sample_rate: self.adc_sample_rate,
             feng_id: self.feng_id,
@@ -529,6 +530,7 @@ mod tests {
             // A completion vector without its ibverbs switch would be ignored: refused.
             ("--send-comp-vector", Some("-1")),
             ("--recv-comp-vector", Some("0,1")),
+            ("--recv-ibv-mprq", Some("on")),
             ("--monitor-log", Some("/tmp/m")),
             ("--aiomonitor", None),
             ("--send-chunk-jones", Some("0")),

@@ -2,8 +2,12 @@
 //! unprefixed ones), turned into the engines' transport choices. Their meanings are
 //! katgpucbf's: `--recv-ibv`/`--send-ibv` (`--ibv` in dsim) switch to ibverbs; a completion
 //! vector ≥ 0 puts the queue's interrupts on that vector, a negative one polls; default 0.
-//! `--recv-comp-vector` is a list (fgpu's), dealt to the receive threads in turn. A
-//! completion vector without its ibverbs switch is refused rather than ignored.
+//! `--recv-comp-vector` is a list (fgpu's), dealt to the receive threads in turn.
+//! `--recv-ibv-mprq` is cbf's own: whether the receive queue is a striding (multi-packet) one
+//! (`auto`, the default: where the device has one, as spead2 chooses), so that an operator can
+//! demand it (`on`: a device without one is refused) or turn it off (`off`: one slot per
+//! frame, every verbs NIC's way). A completion vector or queue choice without its ibverbs
+//! switch is refused rather than ignored.
 //!
 //! Whether ibverbs is there is decided when the transports open (`engine::recv`,
 //! `engine::send`): a build without the `ibv` feature, or a host without an RDMA device,
@@ -12,7 +16,7 @@
 use clap::Args;
 
 use super::CliError;
-use crate::engine::recv::RecvTransport;
+use crate::engine::recv::{IbvMprq, RecvTransport};
 use crate::engine::send::SendTransport;
 
 /// The engines' (fengine, xbengine) ibverbs flags.
@@ -26,6 +30,11 @@ pub struct IbvFlags {
     /// receive threads in turn; -1 = polling [default: 0].
     #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
     pub recv_comp_vector: Vec<i32>,
+    /// The ibverbs receive queue: a striding (multi-packet) one where the device has it
+    /// (auto), demanded (on: refused on a device without one), or one slot per frame (off)
+    /// [default: auto].
+    #[arg(long, value_enum)]
+    pub recv_ibv_mprq: Option<IbvMprq>,
     /// Send with ibverbs (needs a build with `--features ibv`, an RDMA NIC,
     /// --send-interface, and multicast destinations).
     #[arg(long)]
@@ -36,9 +45,12 @@ pub struct IbvFlags {
 }
 
 impl IbvFlags {
-    /// The receive transport, from `--recv-transport` and `--recv-ibv` together, and the
-    /// completion vectors.
-    pub fn recv(&self, transport: RecvTransport) -> Result<(RecvTransport, Vec<i32>), CliError> {
+    /// The receive transport, from `--recv-transport` and `--recv-ibv` together, the
+    /// completion vectors and the receive queue choice.
+    pub fn recv(
+        &self,
+        transport: RecvTransport,
+    ) -> Result<(RecvTransport, Vec<i32>, IbvMprq), CliError> {
         let transport = match (self.recv_ibv, transport) {
             (false, t) => t,
             (true, RecvTransport::Udp | RecvTransport::Ibv) => RecvTransport::Ibv,
@@ -52,7 +64,14 @@ impl IbvFlags {
         if transport != RecvTransport::Ibv && !self.recv_comp_vector.is_empty() {
             return Err(CliError::flag("--recv-comp-vector", "needs --recv-ibv"));
         }
-        Ok((transport, self.recv_comp_vector.clone()))
+        if transport != RecvTransport::Ibv && self.recv_ibv_mprq.is_some() {
+            return Err(CliError::flag("--recv-ibv-mprq", "needs --recv-ibv"));
+        }
+        Ok((
+            transport,
+            self.recv_comp_vector.clone(),
+            self.recv_ibv_mprq.unwrap_or_default(),
+        ))
     }
 
     pub fn send(&self) -> Result<SendTransport, CliError> {
@@ -105,20 +124,21 @@ mod tests {
         let f = IbvFlags {
             recv_ibv: true,
             recv_comp_vector: vec![2, -1],
+            recv_ibv_mprq: Some(IbvMprq::Off),
             send_ibv: true,
             send_comp_vector: Some(-1),
         };
         assert_eq!(
             f.recv(RecvTransport::Udp).unwrap(),
-            (RecvTransport::Ibv, vec![2, -1])
+            (RecvTransport::Ibv, vec![2, -1], IbvMprq::Off)
         );
         assert_eq!(f.send().unwrap(), SendTransport::Ibv { comp_vector: -1 });
         let e = f.recv(RecvTransport::Uring).unwrap_err().to_string();
         assert!(e.contains("--recv-ibv") && e.contains("uring"), "{e}");
         let plain = IbvFlags::default();
         assert_eq!(
-            plain.recv(RecvTransport::Ibv).unwrap().0,
-            RecvTransport::Ibv
+            plain.recv(RecvTransport::Ibv).unwrap(),
+            (RecvTransport::Ibv, vec![], IbvMprq::Auto)
         );
         assert_eq!(plain.send().unwrap(), SendTransport::Udp);
         let orphan = IbvFlags {
@@ -131,6 +151,18 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("--recv-comp-vector"));
+        let orphan_queue = IbvFlags {
+            recv_ibv_mprq: Some(IbvMprq::On),
+            ..Default::default()
+        };
+        let e = orphan_queue
+            .recv(RecvTransport::Udp)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--recv-ibv-mprq") && e.contains("--recv-ibv"),
+            "{e}"
+        );
         assert!(orphan
             .send()
             .unwrap_err()

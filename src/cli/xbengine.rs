@@ -156,7 +156,7 @@ impl XbengineArgs {
     pub fn config(&self) -> Result<XbengineConfig, CliError> {
         self.unsupported.refuse()?;
         let (affinity, recv_threads) = self.pinning.affinity(self.recv_threads)?;
-        let (recv_transport, comp_vectors) = self.ibv.recv(self.recv_transport)?;
+        let (recv_transport, comp_vectors, ibv_mprq) = self.ibv.recv(self.recv_transport)?;
         let send_transport =
             self.send_transport
                 .transport(self.ibv.send()?, "--send-ibv", &self.dpdk)?;
@@ -186,6 +186,7 @@ impl XbengineArgs {
                 busy_poll: self.recv_busy_poll,
                 numa_node: self.recv_numa_node,
                 comp_vectors,
+                ibv_mprq,
             },
             array_size: self.array_size,
             channels: self.channels,

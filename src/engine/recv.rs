@@ -42,6 +42,19 @@ pub enum RecvTransport {
     Ibv,
 }
 
+/// Which receive queue the ibverbs transport uses (`--recv-ibv-mprq`; `net::ibv`'s module doc
+/// describes both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum IbvMprq {
+    /// The striding (multi-packet) queue where the device has one, else one slot per frame.
+    #[default]
+    Auto,
+    /// The striding queue; a device without one is refused at start-up.
+    On,
+    /// One slot per frame.
+    Off,
+}
+
 /// Where an engine's input comes from (`--src`, `--recv-interface`, `--recv-buffer`,
 /// `--recv-threads`, `--recv-transport`).
 #[derive(Debug, Clone)]
@@ -55,6 +68,8 @@ pub struct SourceConfig {
     /// Completion vectors of the ibverbs transport (`--recv-comp-vector`), dealt to the
     /// receive threads in turn; negative = polling; empty = vector 0.
     pub comp_vectors: Vec<i32>,
+    /// The ibverbs transport's receive queue (`--recv-ibv-mprq`).
+    pub ibv_mprq: IbvMprq,
     /// The EAL and port for [`RecvTransport::Dpdk`] (`--dpdk-args`, `--dpdk-port`).
     pub dpdk: Option<DpdkConfig>,
     /// Busy-poll the receive sockets for this many µs (`--recv-busy-poll`): SO_BUSY_POLL on
@@ -213,7 +228,14 @@ fn open_unplaced(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, Con
                 RecvTransport::Ibv => {
                     let cv = &cfg.comp_vectors;
                     let vector = if cv.is_empty() { 0 } else { cv[t % cv.len()] };
-                    open_ibv(&mine, iface, cfg.buffer, vector, cfg.numa_node)
+                    open_ibv(
+                        &mine,
+                        iface,
+                        cfg.buffer,
+                        vector,
+                        cfg.numa_node,
+                        cfg.ibv_mprq,
+                    )
                 }
             }
         })
@@ -221,7 +243,8 @@ fn open_unplaced(cfg: &SourceConfig) -> Result<Vec<Box<dyn PacketReceiver>>, Con
 }
 
 /// One ibverbs receiver for `eps` on `iface` (katgpucbf's `--recv-ibv`), its registered
-/// slots on `numa_node` (`--recv-numa-node`) or its device's node.
+/// memory on `numa_node` (`--recv-numa-node`) or its device's node, its receive queue as
+/// `mprq` says (`--recv-ibv-mprq`).
 #[cfg(feature = "ibv")]
 fn open_ibv(
     eps: &[std::net::SocketAddrV4],
@@ -229,8 +252,9 @@ fn open_ibv(
     buffer: usize,
     comp_vector: i32,
     numa_node: Option<u32>,
+    mprq: IbvMprq,
 ) -> Result<Box<dyn PacketReceiver>, ConfigError> {
-    use crate::net::ibv::{rdma_devices, IbvError, IbvReceiver};
+    use crate::net::ibv::{rdma_devices, IbvError, IbvReceiver, StridingRq};
     // First whether this host has RDMA at all, so that the refusal says so.
     rdma_devices().map_err(|e| ConfigError::new("--recv-ibv", e))?;
     let iface = iface.ok_or_else(|| {
@@ -239,12 +263,26 @@ fn open_ibv(
             "--recv-ibv needs the interface to receive on",
         )
     })?;
-    IbvReceiver::open(eps, iface, buffer, MAX_PACKET, comp_vector, numa_node)
-        .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
-        .map_err(|e| match e {
-            IbvError::Numa(_) => ConfigError::new("--recv-numa-node", e),
-            _ => ConfigError::new("--recv-ibv", e),
-        })
+    let striding = match mprq {
+        IbvMprq::Auto => StridingRq::Auto,
+        IbvMprq::On => StridingRq::On,
+        IbvMprq::Off => StridingRq::Off,
+    };
+    IbvReceiver::open(
+        eps,
+        iface,
+        buffer,
+        MAX_PACKET,
+        comp_vector,
+        numa_node,
+        striding,
+    )
+    .map(|r| Box::new(r) as Box<dyn PacketReceiver>)
+    .map_err(|e| match e {
+        IbvError::Numa(_) => ConfigError::new("--recv-numa-node", e),
+        IbvError::NoStridingRq(_) => ConfigError::new("--recv-ibv-mprq", e),
+        _ => ConfigError::new("--recv-ibv", e),
+    })
 }
 
 #[cfg(not(feature = "ibv"))]
@@ -254,6 +292,7 @@ fn open_ibv(
     _: usize,
     _: i32,
     _: Option<u32>,
+    _: IbvMprq,
 ) -> Result<Box<dyn PacketReceiver>, ConfigError> {
     Err(ConfigError::new("--recv-ibv", crate::net::IBV_NOT_BUILT))
 }
@@ -425,6 +464,7 @@ mod tests {
             transport: RecvTransport::Dpdk,
             dpdk: None,
             comp_vectors: vec![],
+            ibv_mprq: Default::default(),
             busy_poll: None,
             numa_node: None,
         };
@@ -453,6 +493,7 @@ mod tests {
             transport: RecvTransport::Ibv,
             dpdk: None,
             comp_vectors: vec![-1, 3],
+            ibv_mprq: Default::default(),
             busy_poll: None,
             numa_node: None,
         };
@@ -478,6 +519,7 @@ mod tests {
             transport,
             dpdk: None,
             comp_vectors: vec![],
+            ibv_mprq: Default::default(),
             busy_poll,
             numa_node: None,
         };

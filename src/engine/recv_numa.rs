@@ -125,6 +125,7 @@ mod tests {
             threads: 1,
             transport: crate::engine::recv::RecvTransport::Udp,
             comp_vectors: vec![],
+            ibv_mprq: Default::default(),
             dpdk: None,
             busy_poll: None,
             numa_node: Some(1000),

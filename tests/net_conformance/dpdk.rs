@@ -286,6 +286,7 @@ fn engine_send_and_receive_share_the_eal(ring: &DpdkConfig, va: &str, src: Socke
         threads: 1,
         transport: RecvTransport::Dpdk,
         comp_vectors: vec![],
+        ibv_mprq: Default::default(),
         busy_poll: None,
         numa_node: None,
         dpdk: Some(ring.clone()),

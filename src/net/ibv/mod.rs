@@ -2,16 +2,24 @@
 //! on an NVIDIA (Mellanox) NIC, bypassing the kernel's stack, as spead2's `udp_ibv` readers
 //! and writer do (facts §2: IPv4 only, no VLAN, options or fragments; CAP_NET_RAW needed).
 //!
-//! - Receive ([`IbvReceiver`]): one queue pair per receive thread with a ring of frame-sized
-//!   slots in registered memory; one steering rule per `--src` endpoint (destination IP and
-//!   port, and the group's multicast MAC, since some NICs need an Ethernet match) sends the
-//!   matching frames there and nowhere else; the kernel socket only joins the groups, so that
-//!   IGMP tells the switch to forward them. Each frame is checked by `net::frame::parse` and
-//!   lent to the caller's [`RecvBatch`](super::RecvBatch) in its slot (the payload is copied
-//!   once, by the chunk stream into the chunk); the slot goes back to the NIC when the batch is
-//!   cleared (the next receive call) or dropped, a refused frame's at once (`recv_slots`). The
-//!   slots are bound to the device's NUMA node (or `--recv-numa-node`) before they are
-//!   registered (`placement`).
+//! - Receive ([`IbvReceiver`]): one queue pair per receive thread; one steering rule per
+//!   `--src` endpoint (destination IP and port, and the group's multicast MAC, since some NICs
+//!   need an Ethernet match) sends the matching frames there and nowhere else; the kernel
+//!   socket only joins the groups, so that IGMP tells the switch to forward them. Each frame is
+//!   checked by `net::frame::parse` and lent to the caller's [`RecvBatch`](super::RecvBatch)
+//!   where the NIC wrote it (the payload is copied once, by the chunk stream into the chunk);
+//!   its memory goes back to the NIC when the batch is cleared (the next receive call) or
+//!   dropped, a refused frame's at once. The receive memory is bound to the device's NUMA
+//!   node (or `--recv-numa-node`) before it is registered (`placement`). The receive queue is
+//!   chosen at start-up and logged (`--recv-ibv-mprq`, [`StridingRq`]):
+//!   - a *striding* (multi-packet) queue where the device has one (mlx5dv: ConnectX-4 and
+//!     later), as spead2's `udp_ibv` reader uses: 1 MiB buffers of 64-byte strides, each
+//!     posted as one request that the NIC packs frames into, behind an RSS queue pair
+//!     (`mprq_verbs`, `ffi/ibv_mprq_shim.c`); completions through an extended completion queue
+//!     give each frame's strides and bytes, and a buffer goes back only when the NIC has
+//!     finished it and every frame lent from it is back (`mprq_ledger`, `recv_mprq`);
+//!   - else a ring of frame-sized slots, one request per frame, which every verbs NIC supports
+//!     (`recv_slots`).
 //! - Send ([`IbvSender`]): one queue pair per interface with a ring of frame-sized slots (bound
 //!   to the device's NUMA node before it is registered, `placement`); each
 //!   packet is written into a slot behind `net::frame`'s Ethernet/IPv4/UDP headers (one copy,
@@ -25,17 +33,24 @@
 //!   nothing to do sleeps on the completion channel; a negative value polls (a core spins, for
 //!   the lowest latency), katgpucbf's meanings.
 //!
-//! Not done: the multi-packet receive queue (mlx5dv striding RQ, which spead2 uses on
-//! ConnectX-4 and later to cut the per-packet work); this transport posts one slot per frame,
-//! which every verbs NIC supports. No RDMA hardware was available to run any of this: the
-//! tests cover the refusals, device lookup through a fake sysfs, the structure layouts
-//! against the C compiler's, the work requests and frames built as data, and the receive
-//! slots' lending and giving back driven by completions given as data (`recv_slots`).
+//! No RDMA hardware was available to run any of this: the tests cover the refusals, device
+//! lookup through a fake sysfs, the structure layouts against the C compiler's, the work
+//! requests and frames built as data, the receive slots' lending and giving back driven by
+//! completions given as data (`recv_slots`), the striding queue's sizes from device
+//! capabilities given as data (`mprq_verbs::plan`), and its buffers' lending and reposting
+//! driven by completion words given as data and by a model NIC (`mprq_ledger`, `recv_mprq`).
+//! Not exercised: every verbs and mlx5dv call itself, among them the striding work queue's
+//! creation, the requests the shim writes into its ring and the doorbell, the extended
+//! completion queue's byte count words on a real NIC, and the fallback when a device that
+//! reports striding queues refuses one.
 
 mod device;
+mod mprq_ledger;
+mod mprq_verbs;
 mod peer;
 mod placement;
 mod recv;
+mod recv_mprq;
 mod recv_slots;
 mod send;
 mod verbs;
@@ -64,6 +79,21 @@ pub enum IbvError {
     /// The receive ring could not be bound to the NUMA node asked for (`--recv-numa-node`).
     #[error("receive ring: {0}")]
     Numa(#[from] crate::net::numa::NumaError),
+    /// A striding receive queue was demanded (`--recv-ibv-mprq on`) of a device without one.
+    #[error("no striding (multi-packet) receive queue: {0}")]
+    NoStridingRq(String),
+}
+
+/// Which receive queue an [`IbvReceiver`] uses (`--recv-ibv-mprq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StridingRq {
+    /// A striding queue where the device has one, else one slot per frame.
+    #[default]
+    Auto,
+    /// A striding queue, or an error.
+    On,
+    /// One slot per frame.
+    Off,
 }
 
 /// How a queue's completions are waited for (katgpucbf's `--*-comp-vector`).

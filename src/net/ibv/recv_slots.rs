@@ -8,7 +8,9 @@
 //! This is the part of the receiver that needs no device: [`RecvSlots`] owns the memory (which
 //! the receiver registers, and which the batches holding its slots keep alive, so a batch may
 //! outlive the receiver), and [`lend_completed`] turns one poll's completions into loans and
-//! slots to post, so that the bookkeeping is tested as data.
+//! slots to post, so that the bookkeeping is tested as data. The striding queue (`recv_mprq`)
+//! keeps its buffers in a [`RecvSlots`] too, one buffer a slot, lending many frames from each
+//! (`mprq_ledger` says when a buffer goes back).
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -26,6 +28,10 @@ pub struct Completion {
     pub len: Option<usize>,
 }
 
+/// Where the first slot starts: on a page, so that every slot (a multiple of 64 bytes long) and
+/// every stride of a striding queue's buffers starts on a cache line, as the NIC writes them.
+const SLOT_ALIGN: usize = 4096;
+
 /// The ring's memory, `count` slots of `slot_len` bytes, and the slots batches gave back. The
 /// handles lent are slot indices.
 #[derive(Debug)]
@@ -33,6 +39,9 @@ pub struct RecvSlots {
     /// The allocation (a boxed slice, freed in Drop); only the NIC writes into it.
     mem: NonNull<u8>,
     len: usize,
+    /// Bytes before the first slot (to [`SLOT_ALIGN`]).
+    start: usize,
+    count: usize,
     slot_len: usize,
     returned: Mutex<Vec<usize>>,
 }
@@ -44,24 +53,38 @@ unsafe impl Send for RecvSlots {}
 unsafe impl Sync for RecvSlots {}
 
 impl RecvSlots {
-    /// Slots of `slot_len` bytes (> 0) over `mem` (allocated and placed by the caller,
-    /// `placement::ring_memory`; a trailing part shorter than a slot is unused).
-    pub fn new(mem: Vec<u8>, slot_len: usize) -> Arc<RecvSlots> {
+    /// Bytes to allocate for `count` slots of `slot_len` bytes (room to align the first).
+    pub fn bytes_for(count: usize, slot_len: usize) -> usize {
+        count * slot_len + SLOT_ALIGN
+    }
+
+    /// `count` slots of `slot_len` bytes (> 0) over `mem` (allocated and placed by the
+    /// caller, `placement::ring_memory`, [`RecvSlots::bytes_for`] bytes), the first at the
+    /// first page boundary in it; fewer if `mem` is shorter.
+    pub fn new(mem: Vec<u8>, slot_len: usize, count: usize) -> Arc<RecvSlots> {
         let slot_len = slot_len.max(1);
-        let count = mem.len() / slot_len;
+        let start = mem.as_ptr().align_offset(SLOT_ALIGN).min(mem.len());
+        let count = count.min((mem.len() - start) / slot_len);
         // A vec![0; n] has no spare capacity, so this keeps the allocation (and its binding).
         let mem = Box::into_raw(mem.into_boxed_slice());
         Arc::new(RecvSlots {
             // SAFETY: Box::into_raw never gives a null pointer.
             mem: unsafe { NonNull::new_unchecked(mem.cast::<u8>()) },
             len: mem.len(),
+            start,
+            count,
             slot_len,
             returned: Mutex::new(Vec::with_capacity(count)),
         })
     }
 
     pub fn count(&self) -> usize {
-        self.len / self.slot_len
+        self.count
+    }
+
+    /// The address of slot `slot`'s first byte (what a receive request names).
+    pub fn slot_addr(&self, slot: usize) -> u64 {
+        self.mem.as_ptr() as u64 + (self.start + slot * self.slot_len) as u64
     }
 
     pub fn slot_len(&self) -> usize {
@@ -73,15 +96,19 @@ impl RecvSlots {
         self.len
     }
 
-    /// The frame of `len` bytes (cut to the slot) the NIC wrote into slot `slot` (< count).
+    /// The `len` bytes at `offset` in slot `slot` (< count), cut to the slot: a frame the NIC
+    /// wrote there.
     ///
     /// # Safety
-    /// The slot's completion must have been polled, and the slot not posted again: nothing
-    /// writes it while the slice lives.
-    unsafe fn frame(&self, slot: usize, len: usize) -> &[u8] {
+    /// Those bytes' completion must have been polled, and the slot not posted again: nothing
+    /// writes them while the slice lives.
+    pub(super) unsafe fn frame(&self, slot: usize, offset: usize, len: usize) -> &[u8] {
+        let offset = offset.min(self.slot_len);
         std::slice::from_raw_parts(
-            self.mem.as_ptr().add(slot * self.slot_len),
-            len.min(self.slot_len),
+            self.mem
+                .as_ptr()
+                .add(self.start + slot * self.slot_len + offset),
+            len.min(self.slot_len - offset),
         )
     }
 
@@ -146,27 +173,41 @@ pub fn lend_completed(
         };
         // SAFETY: the slot completed and is not posted again before the batch gives it back
         // (lent below) or the receiver posts it from `to_post` after this loop.
-        let frame = unsafe { slots.frame(slot, len) };
-        let lent = match frame::parse(frame, UdpChecksum::Skip) {
-            // SAFETY: the payload lies in slot `slot`, in memory the lender (held by the
-            // batch) keeps allocated; the slot is posted again only after the batch gives it
-            // back (`take_returned`).
-            Ok(d) => unsafe {
-                batch.push_lent(lender, slot, d.payload.as_ptr(), d.payload.len(), 0)
-            },
-            Err(cause) => {
-                if drops.get(cause) == 0 {
-                    tracing::warn!(%cause, "ibverbs: frame dropped (logged once per cause)");
-                }
-                drops.add(cause);
-                false
-            }
-        };
+        let frame = unsafe { slots.frame(slot, 0, len) };
+        // SAFETY: the frame lies in slot `slot`, which is posted again only after the batch
+        // gives it back (`take_returned`) or, not lent, from `to_post`.
+        let lent = unsafe { lend_frame(frame, lender, slot, batch, drops) };
         if !lent {
             to_post.push(slot);
         }
     }
     failed
+}
+
+/// Lend the payload of `frame` to `batch` under `handle` if `net::frame::parse` accepts it and
+/// the batch takes it; a refused frame is counted in `drops` by cause (logged once per cause).
+/// Whether it was lent.
+///
+/// # Safety
+/// `frame` lies in `lender`'s memory, and nothing writes it until the lender gets `handle`
+/// back (`RecvBatch::push_lent`).
+pub(super) unsafe fn lend_frame(
+    frame: &[u8],
+    lender: &Arc<dyn Lender>,
+    handle: usize,
+    batch: &mut RecvBatch,
+    drops: &mut FrameDrops,
+) -> bool {
+    match frame::parse(frame, UdpChecksum::Skip) {
+        Ok(d) => batch.push_lent(lender, handle, d.payload.as_ptr(), d.payload.len(), 0),
+        Err(cause) => {
+            if drops.get(cause) == 0 {
+                tracing::warn!(%cause, "ibverbs: frame dropped (logged once per cause)");
+            }
+            drops.add(cause);
+            false
+        }
+    }
 }
 
 #[cfg(test)]
@@ -180,11 +221,12 @@ mod tests {
     /// A ring of `n` slots holding, in slot `i`, a frame with a payload of `10 + i` bytes of
     /// value `i`, or garbage where `bad` says.
     fn ring(n: usize, bad: &[usize]) -> (Arc<RecvSlots>, Vec<usize>) {
-        let mut mem = vec![0u8; n * SLOT];
+        let mut mem = vec![0u8; RecvSlots::bytes_for(n, SLOT)];
+        let start = mem.as_ptr().align_offset(4096);
         let dst: SocketAddrV4 = "239.1.2.3:7148".parse().unwrap();
         let src: SocketAddrV4 = "10.0.0.1:7148".parse().unwrap();
         let mut lens = Vec::new();
-        for (i, s) in mem.chunks_mut(SLOT).enumerate() {
+        for (i, s) in mem[start..].chunks_mut(SLOT).take(n).enumerate() {
             let payload = 10 + i;
             FrameHeaders::new([2; 6], src, [1, 0, 0x5e, 1, 2, 3], dst, 4)
                 .emit(s, payload, 0)
@@ -195,7 +237,12 @@ mod tests {
             }
             lens.push(HEADERS_LEN + payload);
         }
-        (RecvSlots::new(mem, SLOT), lens)
+        let slots = RecvSlots::new(mem, SLOT, n);
+        assert_eq!(slots.count(), n);
+        let first = slots.slot_addr(0);
+        assert_eq!(first % 4096, 0, "the first slot on a page");
+        assert_eq!(first - slots.region().0 as u64, start as u64);
+        (slots, lens)
     }
 
     fn done(slot: u64, len: usize) -> Completion {
@@ -242,12 +289,10 @@ mod tests {
             .map(|&i| vec![i as u8; 10 + i])
             .collect();
         assert_eq!(got, want);
-        let (base, len) = slots.region();
-        let ring = base.cast_const()..base.cast_const().wrapping_add(len);
         for (p, i) in batch.iter().zip([0usize, 3, 5]) {
             assert_eq!(
-                p.as_ptr(),
-                ring.start.wrapping_add(i * SLOT + HEADERS_LEN),
+                p.as_ptr() as u64,
+                slots.slot_addr(i) + HEADERS_LEN as u64,
                 "slot {i}'s payload read where the NIC wrote it"
             );
         }

@@ -58,13 +58,13 @@ extern "C" {
 }
 
 /// A verbs call that failed, with the errno it left.
-fn failed(op: &'static str) -> io::Error {
+pub(super) fn failed(op: &'static str) -> io::Error {
     let e = io::Error::last_os_error();
     io::Error::new(e.kind(), format!("{op}: {e}"))
 }
 
 /// `status` (an errno returned, not set) of verbs call `op`.
-fn check(op: &'static str, status: c_int) -> io::Result<()> {
+pub(super) fn check(op: &'static str, status: c_int) -> io::Result<()> {
     if status == 0 {
         Ok(())
     } else {
@@ -74,7 +74,7 @@ fn check(op: &'static str, status: c_int) -> io::Result<()> {
 }
 
 /// An open device.
-pub struct Context(*mut ffi::ibv_context);
+pub struct Context(pub(super) *mut ffi::ibv_context);
 
 // SAFETY: verbs objects may be used from any thread (libibverbs locks internally); each
 // transport owns its objects and uses them from one thread at a time.
@@ -123,7 +123,7 @@ impl Drop for Context {
 }
 
 /// A protection domain.
-pub struct Pd(*mut ffi::ibv_pd);
+pub struct Pd(pub(super) *mut ffi::ibv_pd);
 // SAFETY: as for Context.
 unsafe impl Send for Pd {}
 
@@ -225,7 +225,7 @@ impl<M: Region> Drop for Mr<M> {
 }
 
 /// A completion channel: the file descriptor a thread sleeps on in interrupt mode.
-pub struct Channel(*mut ffi::ibv_comp_channel);
+pub struct Channel(pub(super) *mut ffi::ibv_comp_channel);
 // SAFETY: as for Context.
 unsafe impl Send for Channel {}
 
@@ -272,6 +272,17 @@ impl Cq {
             return Err(failed("ibv_create_cq"));
         }
         Ok(Cq { cq, channel: ch })
+    }
+
+    /// Own `cq`, made some other way (the extended queue of `mprq_verbs`), on `channel` if any.
+    ///
+    /// # Safety
+    /// `cq` is a live completion queue that nothing else destroys, created on `channel`.
+    pub(super) unsafe fn from_raw(cq: *mut ffi::ibv_cq, channel: Option<&Channel>) -> Cq {
+        Cq {
+            cq,
+            channel: channel.map_or(ptr::null_mut(), |c| c.0),
+        }
     }
 
     /// Up to `wcs.len()` completions; how many.
@@ -324,7 +335,27 @@ pub struct Qp(*mut ffi::ibv_qp);
 // SAFETY: as for Context.
 unsafe impl Send for Qp {}
 
+/// The errno a queue pair's creation (`op`) left, with the likely cause when it is a
+/// permission one.
+pub(super) fn qp_failed(op: &'static str) -> io::Error {
+    let e = io::Error::last_os_error();
+    let hint = if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::EPERM) {
+        " (raw-packet queue pairs need CAP_NET_RAW)"
+    } else {
+        ""
+    };
+    io::Error::new(e.kind(), format!("{op}: {e}{hint}"))
+}
+
 impl Qp {
+    /// Own `qp`, made some other way (the RSS queue pair of `mprq_verbs`).
+    ///
+    /// # Safety
+    /// `qp` is a live queue pair that nothing else destroys.
+    pub(super) unsafe fn from_raw(qp: *mut ffi::ibv_qp) -> Qp {
+        Qp(qp)
+    }
+
     /// A queue pair on `port` with `send` send slots or `recv` receive slots (the other 0),
     /// brought to the state where it works: receive-only to RTR, send to RTS. Sends gather
     /// from up to `send_sge` entries.
@@ -349,18 +380,7 @@ impl Qp {
         // SAFETY: pd and cq are alive.
         let qp = unsafe { ffi::ibv_create_qp(pd.0, &mut attr) };
         if qp.is_null() {
-            let e = io::Error::last_os_error();
-            let hint = if e.raw_os_error() == Some(libc::EINVAL)
-                || e.raw_os_error() == Some(libc::EPERM)
-            {
-                " (raw-packet queue pairs need CAP_NET_RAW)"
-            } else {
-                ""
-            };
-            return Err(io::Error::new(
-                e.kind(),
-                format!("ibv_create_qp: {e}{hint}"),
-            ));
+            return Err(qp_failed("ibv_create_qp"));
         }
         let qp = Qp(qp);
         qp.modify(ffi::ibv_qp_state::IBV_QPS_INIT, Some(port))?;
