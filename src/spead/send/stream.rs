@@ -273,6 +273,13 @@ impl<S: PacketSender> SendStream<S> {
         Ok(())
     }
 
+    /// Whether pacing has stopped ([`SendStream::set_hurry`]).
+    fn hurried(&self) -> bool {
+        self.hurry
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+
     /// Interface `i` failed with link error `e`: down, and the packets it says its NIC lost
     /// counted, with their heaps.
     fn link_failed(&mut self, i: usize, e: &io::Error) {
@@ -401,13 +408,11 @@ impl<S: PacketSender> SendStream<S> {
             return Ok(());
         }
         let bytes = batch.bytes();
-        let flag = self.hurry.clone();
-        let hurry = || flag.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
         for tries in 1.. {
             let iface = self.current;
-            if paced && !hurry() {
+            if paced && !self.hurried() {
                 let at = self.balancer.reserve(iface, Instant::now(), bytes);
-                sleep_until_or(at, hurry);
+                sleep_until_or(at, || self.hurried());
             }
             match self.txs[iface].send_batch(batch) {
                 Ok(()) => {
