@@ -294,8 +294,8 @@ pub fn run(args: FengineArgs) -> Result<(), CliError> {
     );
     for (name, t) in &report.outputs {
         println!(
-            "fengine: output {name}: sent {} heaps, skipped {}, clipped {:?}, {} bytes",
-            t.heaps, t.skipped, t.clipped, t.bytes
+            "fengine: output {name}: sent {} heaps, skipped {}, stalled {}, clipped {:?}, {} bytes",
+            t.heaps, t.skipped, t.stalled, t.clipped, t.bytes
         );
     }
     Ok(())

@@ -4,8 +4,9 @@
 //!
 //! A [`Ledger`] counts, per buffer (an output slot of device memory), the [`Lease`]s out on it:
 //! the engine takes one for every heap it hands to the send thread, the send thread drops it
-//! once the stream's completions for that heap are in (`SendStream::wait_sent`), and the
-//! engine writes into the buffer again only when its count is back to zero. A lease is the only
+//! once the NIC is done with that heap (`SendStream::wait_sent`: its completions are in, or
+//! its link failed and the sender took back everything the NIC held), and the engine writes
+//! into the buffer again only when its count is back to zero. A lease is the only
 //! way to hold a buffer, and dropping it (on any path: sent, skipped, or the send thread gone)
 //! is the only way to give it back, so a buffer can be neither reused early nor lost.
 //!

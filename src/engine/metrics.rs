@@ -53,8 +53,10 @@ pub const RECV_METRICS: [MetricSpec; 6] = [
 ];
 
 /// Send counters every engine adds to katgpucbf's set (cbf's own names): how the output of
-/// each stream spreads over its `--send-interface` list and what an interface outage cost.
-pub const SEND_METRICS: [MetricSpec; 3] = [
+/// each stream spreads over its `--send-interface` list and what an interface outage cost,
+/// by cause: heaps not sent because no interface was up, and packets (with the heaps they
+/// carried) that an interface's NIC had taken and lost when its link failed under them.
+pub const SEND_METRICS: [MetricSpec; 5] = [
     (
         "output_interface_bytes",
         "Bytes sent on each send interface",
@@ -69,6 +71,16 @@ pub const SEND_METRICS: [MetricSpec; 3] = [
         "output_lost_heaps",
         "Heaps not sent because no send interface was up",
         &["stream"],
+    ),
+    (
+        "output_interface_lost_packets",
+        "Packets a send interface's NIC had taken and lost when its link failed",
+        &["stream", "interface"],
+    ),
+    (
+        "output_interface_lost_heaps",
+        "Heaps with packets among those lost on a send interface (a send call's heaps counted whole)",
+        &["stream", "interface"],
     ),
 ];
 
@@ -90,6 +102,16 @@ pub fn send(m: &Metrics, stream: &str, c: &SinkCounters) {
             "output_interface_downs",
             &labels,
             i.downs.load(Ordering::Relaxed),
+        );
+        m.set(
+            "output_interface_lost_packets",
+            &labels,
+            i.lost_packets.load(Ordering::Relaxed),
+        );
+        m.set(
+            "output_interface_lost_heaps",
+            &labels,
+            i.lost_heaps.load(Ordering::Relaxed),
         );
     }
 }

@@ -9,9 +9,10 @@
 //!
 //! With `--use-peerdirect` (seed 000 §PeerDirect) nothing is copied: the engine hands the
 //! thread a [`DevicePayload`] — where the heaps' bytes lie in GPU memory and a lease
-//! (`engine::lease`) on the buffer holding them — the packets gather their payload from there (`net::ibv`), and the
-//! lease is dropped, giving the buffer back, only once the stream's completions say the NIC
-//! has read every packet (`SendStream::wait_sent`).
+//! (`engine::lease`) on the buffer holding them — the packets gather their payload from there
+//! (`net::ibv`), and the lease is dropped, giving the buffer back, only once the NIC is done
+//! with every packet (`SendStream::wait_sent`): sent, or taken back from a link that failed
+//! under them, which is counted and absorbed like any other interface failure (`send_sink`).
 
 use std::net::SocketAddrV4;
 use std::sync::Arc;

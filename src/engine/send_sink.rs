@@ -1,7 +1,16 @@
 //! An output's send thread and its buffers (seed 000 §Network transmit; see `engine::send`):
 //! the engine hands it filled buffers from a pool that circulates between the two, or, with
 //! `--use-peerdirect` (seed 000 §PeerDirect), heaps left in GPU memory with a lease on their
-//! buffer, which the thread drops only once the NIC has read them (`SendStream::wait_sent`).
+//! buffer, which the thread drops only once the NIC is done with them (`SendStream::wait_sent`).
+//!
+//! "Done" includes a link failing under them: the stream's wait then returns once the failed
+//! interface's sender has taken back what its NIC held (so the NIC reads none of the buffer
+//! again), with the loss counted against the interface ([`InterfaceCounters`]) and its share
+//! moved to the others, and the thread carries on; with no interface up the heaps are counted
+//! as lost without waiting for anything. Every wait of the thread is bounded (the transports'
+//! own bounds), so a lease always comes back; on any path the lease is dropped exactly once,
+//! and on an error that stops the thread only after the stream, and with it every queue that
+//! could still read the buffer, is gone.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -77,12 +86,15 @@ pub struct SinkCounters {
     pub interfaces: Vec<InterfaceCounters>,
 }
 
-/// What one send interface carried, and how often it went down.
+/// What one send interface carried, how often it went down, and what its NIC had taken and
+/// lost when it did (`spead::send::InterfaceCounters`).
 #[derive(Debug, Default)]
 pub struct InterfaceCounters {
     pub name: String,
     pub bytes: AtomicU64,
     pub downs: AtomicU64,
+    pub lost_packets: AtomicU64,
+    pub lost_heaps: AtomicU64,
     pub live: AtomicBool,
 }
 
@@ -109,6 +121,9 @@ impl SinkCounters {
         for (mine, (_, theirs)) in self.interfaces.iter().zip(stream.interfaces()) {
             mine.bytes.store(theirs.bytes, Ordering::Relaxed);
             mine.downs.store(theirs.downs, Ordering::Relaxed);
+            mine.lost_packets
+                .store(theirs.lost_packets, Ordering::Relaxed);
+            mine.lost_heaps.store(theirs.lost_heaps, Ordering::Relaxed);
             mine.live.store(theirs.live, Ordering::Relaxed);
         }
     }
@@ -143,6 +158,90 @@ pub struct DevicePayload {
 enum Payload {
     Host(Vec<u8>),
     Device(DevicePayload),
+}
+
+/// What the engine hands over, in order. Dropped last of a [`Worker`], it gives back the
+/// leases of what is still queued, so that an engine waiting for its device buffers learns of
+/// the stop instead of waiting for them.
+struct Queue<M>(Receiver<(Payload, M)>);
+
+impl<M> Drop for Queue<M> {
+    fn drop(&mut self) {
+        while self.0.try_recv().is_ok() {}
+    }
+}
+
+/// A send thread's state. Its fields drop in order, on every path out of the thread (an error
+/// and a panic included): the stream first, and with it every queue that could still read a
+/// device buffer; then the device payload being sent, whose buffer may be rewritten only
+/// now; then the queue.
+struct Worker<F: HeapFormat> {
+    stream: SendStream<NetSender>,
+    /// The device payload being sent, held until the NIC is done with it.
+    held: Option<DevicePayload>,
+    format: F,
+    queue: Queue<F::Meta>,
+    give: Sender<Vec<u8>>,
+    counters: Arc<SinkCounters>,
+    descriptors: DescriptorSchedule,
+    core: Option<usize>,
+}
+
+impl<F: HeapFormat> Worker<F> {
+    /// Send what the engine hands over until it stops.
+    fn run(&mut self) -> Result<(), String> {
+        let (stream, held) = (&mut self.stream, &mut self.held);
+        if let Some(c) = self.core {
+            // Checked at start-up; a failure now stops this output with the reason.
+            pin_current_thread(c).map_err(|e| format!("--send-affinity: {e}"))?;
+        }
+        let format = &self.format;
+        send_descriptors(stream, format)?;
+        let mut next_desc = self.descriptors.first;
+        loop {
+            if Instant::now() >= next_desc {
+                send_descriptors(stream, format)?;
+                next_desc += self.descriptors.period;
+            }
+            let (data, meta) = match self.queue.0.recv_timeout(Duration::from_millis(100)) {
+                Ok(h) => h,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+            match data {
+                Payload::Host(data) => {
+                    let heaps: Vec<(usize, Heap<'_>)> = (0..format.substreams())
+                        .filter_map(|s| format.heap(&data, &meta, s).map(|h| (s, h)))
+                        .collect();
+                    send_buffer(stream, &heaps)?;
+                    drop(heaps);
+                    // The engine may have gone: then the buffer is simply dropped.
+                    let _ = self.give.send(data);
+                }
+                Payload::Device(d) => {
+                    let d = held.insert(d);
+                    let heaps = (0..format.substreams())
+                        .filter_map(|s| {
+                            format
+                                .device_heap(d.bytes, &meta, s)
+                                .transpose()
+                                .map(|h| h.map(|h| (s, h)))
+                        })
+                        .collect::<Result<Vec<_>, String>>()?;
+                    let sent = send_buffer(stream, &heaps);
+                    // Waited for even after a failed send: the NIC may hold some of its packets.
+                    let done = stream.wait_sent().map_err(|e| e.to_string());
+                    sent?;
+                    done?;
+                    // Every packet is sent, or taken back from a failed link and counted: the
+                    // buffer goes back.
+                    *held = None;
+                }
+            }
+            self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+            self.counters.update(stream);
+        }
+    }
 }
 
 /// A send thread and its buffer pool.
@@ -195,63 +294,19 @@ impl<M: Send + 'static> HeapSink<M> {
             let _ = give.send(b);
         }
         let counters = Arc::new(SinkCounters::for_stream(&stream));
-        let c = Arc::clone(&counters);
-        let core = thread.core;
-        let thread = std::thread::Builder::new().name(thread.name).spawn(
-            move || -> Result<(), String> {
-                let sent = (|| -> Result<(), String> {
-                    if let Some(c) = core {
-                        // Checked at start-up; a failure now stops this output with the reason.
-                        pin_current_thread(c).map_err(|e| format!("--send-affinity: {e}"))?;
-                    }
-                    send_descriptors(&mut stream, &format)?;
-                    let mut next_desc = descriptors.first;
-                    loop {
-                        if Instant::now() >= next_desc {
-                            send_descriptors(&mut stream, &format)?;
-                            next_desc += descriptors.period;
-                        }
-                        let (data, meta) = match rx.recv_timeout(Duration::from_millis(100)) {
-                            Ok(h) => h,
-                            Err(RecvTimeoutError::Timeout) => continue,
-                            Err(RecvTimeoutError::Disconnected) => return Ok(()),
-                        };
-                        match data {
-                            Payload::Host(data) => {
-                                let n = format.substreams();
-                                let heaps: Vec<(usize, Heap<'_>)> = (0..n)
-                                    .filter_map(|s| format.heap(&data, &meta, s).map(|h| (s, h)))
-                                    .collect();
-                                send_buffer(&mut stream, &heaps)?;
-                                drop(heaps);
-                                // The engine may have gone: then the buffer is simply dropped.
-                                let _ = give.send(data);
-                            }
-                            Payload::Device(d) => {
-                                let heaps = (0..format.substreams())
-                                    .filter_map(|s| {
-                                        format
-                                            .device_heap(d.bytes, &meta, s)
-                                            .transpose()
-                                            .map(|h| h.map(|h| (s, h)))
-                                    })
-                                    .collect::<Result<Vec<_>, String>>()?;
-                                send_buffer(&mut stream, &heaps)?;
-                                // The buffer goes back only once the NIC has read it.
-                                stream.wait_sent().map_err(|e| e.to_string())?;
-                                drop(d.lease);
-                            }
-                        }
-                        c.buffers.fetch_add(1, Ordering::Relaxed);
-                        c.update(&stream);
-                    }
-                })();
-                // Give back the leases of what is still queued, so that an engine waiting for
-                // its device buffers learns of the stop instead of waiting for them.
-                while rx.try_recv().is_ok() {}
-                sent
-            },
-        )?;
+        let mut work = Worker {
+            stream,
+            held: None,
+            format,
+            queue: Queue(rx),
+            give,
+            counters: Arc::clone(&counters),
+            descriptors,
+            core: thread.core,
+        };
+        let thread = std::thread::Builder::new()
+            .name(thread.name)
+            .spawn(move || work.run())?;
         Ok(HeapSink {
             heaps,
             free,
@@ -275,7 +330,9 @@ impl<M: Send + 'static> HeapSink<M> {
     }
 
     /// Queue heaps in device memory for sending from there; their lease is dropped once the
-    /// NIC has read them (at once if the thread has stopped).
+    /// NIC is done with them (at once if the thread has stopped). Waits only while the queue
+    /// holds as many payloads as the sink has buffers: a caller whose leases are fewer (the
+    /// F-engine sizes the sink so) never waits here, and its only wait is for a lease.
     pub fn send_device(&self, data: DevicePayload, meta: M) {
         let _ = self.heaps.send((Payload::Device(data), meta));
     }
@@ -316,92 +373,5 @@ impl<M: Send + 'static> HeapSink<M> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::lease::Ledger;
-    use crate::fengine::heaps::FHeapFormat;
-    use crate::net::SendBatch;
-    use crate::spead::send::SendStreamConfig;
-
-    /// A NIC that takes packets with device payload and completes them only when the test
-    /// says so (one `done` per `wait_sent`).
-    struct GatedNic {
-        gathered: Sender<usize>,
-        done: Receiver<()>,
-    }
-
-    impl PacketSender for GatedNic {
-        fn destinations(&self) -> usize {
-            2
-        }
-        fn send_batch(&mut self, batch: &SendBatch<'_>) -> std::io::Result<()> {
-            let n = (0..batch.len())
-                .filter(|&i| batch.packet(i).device.is_some())
-                .count();
-            let _ = self.gathered.send(n);
-            Ok(())
-        }
-        fn wait_sent(&mut self) -> std::io::Result<()> {
-            self.done
-                .recv()
-                .map_err(|_| std::io::Error::other("test over"))
-        }
-    }
-
-    /// The send thread gives a device buffer back only after the NIC's completions for every
-    /// packet gathered from it: while they are outstanding the buffer stays lent.
-    #[test]
-    fn a_device_buffer_returns_only_after_its_sends_complete() {
-        let (gathered, packets) = crossbeam_channel::unbounded();
-        let (complete, done) = crossbeam_channel::unbounded();
-        let nic: NetSender = Box::new(GatedNic { gathered, done });
-        let config = SendStreamConfig {
-            max_packet_size: 8192 + 72,
-            ..Default::default()
-        };
-        let stream = SendStream::new(config, vec![nic]).unwrap();
-        let format = FHeapFormat {
-            feng_id: 0,
-            channels: 64,
-            destinations: 2,
-            spectra_per_heap: 256,
-            sample_bits: 8,
-        };
-        let schedule = DescriptorSchedule {
-            first: Instant::now() + Duration::from_secs(3600),
-            period: Duration::from_secs(3600),
-        };
-        let thread = SendThread {
-            name: "test-tx".into(),
-            core: None,
-        };
-        let shutdown = Shutdown::manual();
-        let mut sink =
-            HeapSink::<u64>::spawn(thread, stream, format, schedule, 2, 0, &shutdown).unwrap();
-        // The descriptors at start-up are host heaps: no device packets.
-        assert_eq!(packets.recv().unwrap(), 0);
-        let ledger = Ledger::new(1);
-        // 64 channels × 256 spectra × 4 bytes = 64 KiB: 32 KiB per destination, 4 packets each.
-        let bytes = DeviceBytes {
-            addr: 1 << 40,
-            len: 64 * 256 * 4,
-        };
-        sink.send_device(
-            DevicePayload {
-                bytes,
-                lease: ledger.lend(0),
-            },
-            1 << 20,
-        );
-        let mut sent = 0;
-        while sent < 8 {
-            sent += packets.recv().unwrap();
-        }
-        assert_eq!(sent, 8);
-        assert!(ledger.lent(0), "returned before the NIC completed");
-        complete.send(()).unwrap();
-        ledger.wait_returned(0, Duration::from_secs(60)).unwrap();
-        drop(complete);
-        sink.join().unwrap();
-    }
-}
+#[path = "send_sink_tests.rs"]
+mod tests;

@@ -93,11 +93,17 @@ pub trait Backend: Send {
     fn ready(&self) -> bool;
     /// Not [`Backend::ready`] with no heap in flight: wait for room, which only a backend whose
     /// heaps are sent from its own buffers can have to do (until the send thread gives them
-    /// back); for any other that is a bug, reported as an error.
-    fn wait_ready(&mut self) -> Result<(), BackendError> {
+    /// back), and for at most a bound: false when it ran out, and the heap being assembled is
+    /// to be dropped. For any other backend that is a bug, reported as an error.
+    fn wait_ready(&mut self) -> Result<bool, BackendError> {
         Err(BackendError(
             "backend not ready with no heap in flight".into(),
         ))
+    }
+    /// Most heaps it lends to the send thread at once, sent from its own buffers
+    /// (`--use-peerdirect`); 0 where heaps come back to the host.
+    fn lendable_heaps(&self) -> usize {
+        0
     }
     /// The device memory its heaps are sent from, for the NIC to register
     /// (`--use-peerdirect`); none where heaps come back to the host.

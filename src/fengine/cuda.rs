@@ -406,8 +406,12 @@ impl Backend for GpuBackend {
         self.back.ready()
     }
 
-    fn wait_ready(&mut self) -> Result<(), BackendError> {
-        self.back.wait_returned()
+    fn wait_ready(&mut self) -> Result<bool, BackendError> {
+        Ok(self.back.wait_returned())
+    }
+
+    fn lendable_heaps(&self) -> usize {
+        self.back.lendable()
     }
 
     fn peer_memory(&self) -> Vec<Arc<dyn DeviceMemory>> {

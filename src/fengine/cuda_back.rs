@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use cudarc::driver::CudaSlice;
 
-use super::backend::{BackEndInput, BackendError, Finished, HeapData};
+use super::backend::{BackEndInput, Finished, HeapData};
 use super::cuda_shape::GpuConfig;
 use super::cuda_slot::OutSlot;
 use super::out_ring::{OutRing, Taken};
@@ -28,8 +28,16 @@ use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
 use crate::net::DeviceMemory;
 
-/// Longest wait for the send thread to give a slot back: a NIC that has not sent a batch's
-/// heaps in this long has stopped (the ibverbs sender gives up after 5 s without progress).
+/// Longest wait for the send thread to give a slot back before the heap about to be computed
+/// is dropped (counted as `output_stalled_heaps`, logged; `out_ring`). It must exceed the
+/// longest a send path that still makes progress can hold a slot: the heaps queued ahead of
+/// it (at most every slot's, `OutRing::lendable`) leave at the paced rate, which keeps up
+/// with the data rate, so in about the time they took to compute (well under a second for
+/// the default depths); a heap whose link fails under it adds at most the ibverbs sender's
+/// `STALL` (5 s) per interface it is tried on, since a failed link is then down (its trials
+/// fail at once while the kernel says so) and with none up heaps are dropped without waiting.
+/// With NICs stalling on up to four interfaces in turn that is 20 s; 30 s is reached only
+/// when the send thread has stopped making progress altogether (a hung call, a bug).
 const RETURN_LIMIT: Duration = Duration::from_secs(30);
 
 pub struct BackEnd {
@@ -266,11 +274,15 @@ impl BackEnd {
         self.ring.ready()
     }
 
-    /// Wait for the send thread to return the filling slot (when nothing is left to take).
-    pub fn wait_returned(&self) -> Result<(), BackendError> {
-        self.ring
-            .wait_returned(RETURN_LIMIT)
-            .map_err(|e| BackendError(e.to_string()))
+    /// Wait for the send thread to return the filling slot (when nothing is left to take);
+    /// false when it did not within [`RETURN_LIMIT`] (the heap must be dropped).
+    pub fn wait_returned(&mut self) -> bool {
+        self.ring.wait_returned(RETURN_LIMIT)
+    }
+
+    /// Most heaps lent to the send thread at once (0 where heaps are copied to the host).
+    pub fn lendable(&self) -> usize {
+        self.ring.lendable()
     }
 
     /// The oldest heap in flight, once done (waiting for it if `wait`, which also launches a

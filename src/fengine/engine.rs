@@ -306,18 +306,21 @@ impl Engine {
             core: cfg.affinity.send_core(index),
         };
         tracing::info!(output = %o.name(), thread = %thread.name, core = ?thread.core, "send thread");
+        // With --use-peerdirect the heaps are sent from the device: no host buffers, and room
+        // in the queue for every heap the pipeline can lend, so that handing one over never
+        // waits (the engine's only wait is for a lease, bounded: `out_ring`).
+        let (buffers, buffer_bytes) = if cfg.use_peerdirect {
+            (SEND_BUFFERS.max(pipeline.lendable_heaps()), 0)
+        } else {
+            (SEND_BUFFERS, channels * sph * value_bytes)
+        };
         let sink = HeapSink::spawn(
             thread,
             stream,
             format,
             schedule,
-            SEND_BUFFERS,
-            // With --use-peerdirect the heaps are sent from the device: no host buffers.
-            if cfg.use_peerdirect {
-                0
-            } else {
-                channels * sph * value_bytes
-            },
+            buffers,
+            buffer_bytes,
             shutdown,
         )?;
         Ok(Output {
@@ -367,6 +370,7 @@ impl Engine {
             let joined = sink.join();
             tail = tail.and(joined);
             totals.heaps = sink.sent() * pipeline.output.dst().len() as u64;
+            totals.stalled = pipeline.stalled_heaps();
             totals.bytes = sink.bytes();
             totals.samples = sink.sent() * pipeline.heap_span();
         }
@@ -480,6 +484,7 @@ impl Engine {
             control
                 .processed
                 .fetch_max(out.pipeline.next_timestamp(), Ordering::Relaxed);
+            out.totals.stalled = out.pipeline.stalled_heaps();
             out.totals.heaps = out.sink.sent() * out.pipeline.output.dst().len() as u64;
             out.totals.bytes = out.sink.bytes();
             out.totals.samples = out.sink.sent() * out.pipeline.heap_span();

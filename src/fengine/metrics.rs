@@ -4,7 +4,7 @@ use crate::engine::metrics::{receive, MetricSpec, Metrics, RECV_METRICS, SEND_ME
 use crate::spead::recv::StatsSnapshot;
 
 /// (name, help, labels) of every metric.
-pub const METRICS: [MetricSpec; 14] = [
+pub const METRICS: [MetricSpec; 15] = [
     ("input_heaps", "Digitiser heaps received", &["pol"]),
     ("input_samples", "Digitiser samples received", &["pol"]),
     (
@@ -55,6 +55,11 @@ pub const METRICS: [MetricSpec; 14] = [
         "Output values saturated",
         &["stream", "pol"],
     ),
+    (
+        "output_stalled_heaps",
+        "Output heaps dropped because the send path held every output buffer past its bound",
+        &["stream"],
+    ),
 ];
 
 /// The input side's totals.
@@ -75,6 +80,9 @@ pub struct OutputTotals {
     pub bytes: u64,
     pub samples: u64,
     pub skipped: u64,
+    /// Heaps dropped because the send path held every output buffer (`--use-peerdirect`)
+    /// past the wait's bound (cbf's own counter).
+    pub stalled: u64,
     pub clipped: [u64; 2],
 }
 
@@ -106,6 +114,7 @@ pub fn output(m: &Metrics, stream: &str, t: &OutputTotals) {
     m.set("output_bytes", &[stream], t.bytes);
     m.set("output_samples", &[stream], t.samples);
     m.set("output_skipped_heaps", &[stream], t.skipped);
+    m.set("output_stalled_heaps", &[stream], t.stalled);
     for (pol, v) in t.clipped.iter().enumerate() {
         m.set("output_clipped_samples", &[stream, &pol.to_string()], *v);
     }

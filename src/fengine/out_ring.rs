@@ -3,14 +3,21 @@
 //! heaps each; heaps are taken back in submission order. A slot starts a new batch only once
 //! every heap of its previous one has been taken and, when its heaps are sent from device
 //! memory (`--use-peerdirect`), once every lease on it is back from the send thread, that is,
-//! once the NIC has read them ([`crate::engine::lease`]). Kept apart from the device code so
-//! that this rule is tested without a GPU.
+//! once the NIC is done with them ([`crate::engine::lease`]). Kept apart from the device code
+//! so that this rule is tested without a GPU.
+//!
+//! The wait for a lent slot is bounded ([`OutRing::wait_returned`]): a send path that keeps a
+//! slot past the limit has stopped making progress (every wait of the send thread is bounded
+//! well below it), and rather than stall, or stop, the engine then drops the heap it was about
+//! to compute (the caller counts it) and logs once; while the slot stays out, later heaps are
+//! dropped without waiting again, so the input keeps flowing; when the slot comes back the
+//! recovery is logged with the number dropped.
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::engine::lease::{Lease, Ledger, NotReturned};
+use crate::engine::lease::{Lease, Ledger};
 
 pub struct OutRing {
     batch: usize,
@@ -23,6 +30,9 @@ pub struct OutRing {
     in_flight: VecDeque<(usize, usize)>,
     /// With heaps sent from device memory: the leases out on each slot.
     ledger: Option<Ledger>,
+    /// A wait for the filling slot ran out and it has not come back since: heaps dropped
+    /// meanwhile.
+    overdue: Option<u64>,
 }
 
 /// A heap taken back.
@@ -45,6 +55,16 @@ impl OutRing {
             untaken: vec![0; slots],
             in_flight: VecDeque::with_capacity(slots * batch),
             ledger: lent.then(|| Ledger::new(slots)),
+            overdue: None,
+        }
+    }
+
+    /// Most heaps lent to the send thread at once: every heap of every slot.
+    pub fn lendable(&self) -> usize {
+        if self.ledger.is_some() {
+            self.untaken.len() * self.batch
+        } else {
+            0
         }
     }
 
@@ -71,16 +91,50 @@ impl OutRing {
     }
 
     /// Wait, at most `limit`, for the send thread to return the filling slot (nothing to
-    /// wait for without a ledger).
-    pub fn wait_returned(&self, limit: Duration) -> Result<(), NotReturned> {
-        match &self.ledger {
-            Some(l) => l.wait_returned(self.fill, limit),
-            None => Ok(()),
+    /// wait for without a ledger); not at all while an earlier wait has run out and the slot
+    /// is still out. False when it is still lent: the heap about to be computed must be
+    /// dropped (the module doc says why).
+    pub fn wait_returned(&mut self, limit: Duration) -> bool {
+        let Some(l) = &self.ledger else {
+            return true;
+        };
+        let limit = if self.overdue.is_some() {
+            Duration::ZERO
+        } else {
+            limit
+        };
+        match l.wait_returned(self.fill, limit) {
+            Ok(()) => {
+                self.recovered();
+                true
+            }
+            Err(e) => {
+                match &mut self.overdue {
+                    Some(dropped) => *dropped += 1,
+                    None => {
+                        tracing::warn!(error = %e, "the send path holds every output slot: heaps are dropped (output_stalled_heaps) until it gives one back");
+                        self.overdue = Some(1);
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// Log the end of an overdue wait.
+    fn recovered(&mut self) {
+        if let Some(dropped) = self.overdue.take() {
+            tracing::info!(
+                slot = self.fill,
+                dropped,
+                "the send path gave the output slot back: heaps are computed again"
+            );
         }
     }
 
     /// Record a heap submitted into the filling slot; true when the batch is now full.
     pub fn submit(&mut self) -> bool {
+        self.recovered();
         self.untaken[self.fill] += 1;
         self.in_flight.push_back((self.fill, self.pending));
         self.pending += 1;
@@ -209,7 +263,8 @@ mod tests {
         assert!(copied.submit());
         copied.launched();
         assert!(copied.take().unwrap().lease.is_none());
-        assert!(copied.wait_returned(Duration::ZERO).is_ok());
+        assert!(copied.wait_returned(Duration::ZERO));
+        assert_eq!(copied.lendable(), 0);
 
         let mut ring = OutRing::new(1, 2, true);
         ring.submit();
@@ -222,13 +277,33 @@ mod tests {
         let copy = la.clone();
         drop(la);
         assert!(!ring.ready());
-        assert!(ring.wait_returned(Duration::from_millis(1)).is_err());
         let nic = std::thread::spawn(move || {
             drop(lb);
             drop(copy);
         });
-        ring.wait_returned(Duration::from_secs(60)).unwrap();
+        assert!(ring.wait_returned(Duration::from_secs(60)));
         assert!(ring.ready());
         nic.join().unwrap();
+    }
+
+    /// A slot still lent when the wait runs out: the wait says so (the heap is dropped); while
+    /// the slot stays out later waits say so at once, however long the limit (or this test
+    /// would hang); once it is back a wait succeeds, the ring is ready, and a heap goes in.
+    #[test]
+    fn a_wait_that_runs_out_drops_heaps_without_waiting_again_until_the_slot_is_back() {
+        let mut ring = OutRing::new(1, 1, true);
+        assert_eq!(ring.lendable(), 1);
+        assert!(ring.submit());
+        ring.launched();
+        let lease = ring.take().unwrap().lease.unwrap();
+        assert!(!ring.wait_returned(Duration::from_millis(1)));
+        for _ in 0..3 {
+            assert!(!ring.wait_returned(Duration::from_secs(3600)));
+        }
+        assert_eq!(ring.overdue, Some(4));
+        drop(lease);
+        assert!(ring.wait_returned(Duration::from_secs(3600)));
+        assert!(ring.ready() && ring.overdue.is_none());
+        assert!(ring.submit());
     }
 }

@@ -95,6 +95,9 @@ pub struct Pipeline {
     dig_samples: [u64; 2],
     /// Heaps submitted to the backend and not yet emitted: (timestamp, valid).
     in_flight: VecDeque<(u64, bool)>,
+    /// Heaps dropped because the send path held every output buffer past the backend's bound
+    /// ([`Backend::wait_ready`]).
+    stalled: u64,
 }
 
 /// Samples of tail needed: footprint plus differential delay (which aligning coarse delays
@@ -189,6 +192,7 @@ impl Pipeline {
             dig_power: [0; 2],
             dig_samples: [0; 2],
             in_flight: VecDeque::new(),
+            stalled: 0,
             output,
         }
     }
@@ -212,6 +216,17 @@ impl Pipeline {
     /// (`--use-peerdirect`); none where they come back to the host.
     pub fn peer_memory(&self) -> Vec<std::sync::Arc<dyn DeviceMemory>> {
         self.backend.peer_memory()
+    }
+
+    /// Most heaps lent to the send thread at once (`--use-peerdirect`; 0 otherwise).
+    pub fn lendable_heaps(&self) -> usize {
+        self.backend.lendable_heaps()
+    }
+
+    /// Heaps dropped so far because the send path held every output buffer past the
+    /// backend's bound (counted apart from heaps skipped for missing input).
+    pub fn stalled_heaps(&self) -> u64 {
+        self.stalled
     }
 
     /// Samples a heap covers.
@@ -419,11 +434,19 @@ impl Pipeline {
             self.heap_ts.push(t);
             self.next_t += self.step as u64;
             if self.heap_ts.len() == self.spectra_per_heap {
-                while !self.backend.ready() {
+                let mut room = true;
+                while room && !self.backend.ready() {
                     if !self.emit_one(true, &mut emit)? {
                         // Every heap taken: its buffers are still with the send thread.
-                        self.backend.wait_ready()?;
+                        room = self.backend.wait_ready()?;
                     }
+                }
+                if !room {
+                    // Still with it past the bound: this heap is dropped, not waited for.
+                    self.backend.discard()?;
+                    self.clear_heap();
+                    self.stalled += 1;
+                    continue;
                 }
                 let input = BackEndInput {
                     gains: [&self.gains[0], &self.gains[1]],
@@ -515,3 +538,7 @@ mod tests {
         assert_eq!(got, ((start + 1_500_000_000) / 512 + 1) * 512);
     }
 }
+
+#[cfg(test)]
+#[path = "pipeline_stall_tests.rs"]
+mod stall_tests;

@@ -8,7 +8,8 @@
 //! headers that the kernel handles for the socket transports and frame-level ones must handle
 //! themselves. [`numa`] finds the NIC's NUMA node and binds receive memory to it; [`cpu_set`]
 //! reads and sets a thread's CPU affinity mask (for the engines' pinning and the DPDK EAL).
-//! [`recv_batch`] holds what one receive call produced, copied or lent.
+//! [`recv_batch`] holds what one receive call produced, copied or lent; [`link`] how a sender
+//! reports packets its NIC had taken and lost when the link failed.
 
 pub mod cpu_set;
 pub mod device_memory;
@@ -18,6 +19,7 @@ pub mod fault;
 pub mod frame;
 #[cfg(feature = "ibv")]
 pub mod ibv;
+pub mod link;
 pub mod mem;
 pub mod numa;
 pub mod pcap;
@@ -30,6 +32,7 @@ use std::io;
 
 pub use device_memory::{DeviceBytes, DeviceMemory};
 pub use endpoint::{parse_endpoints, EndpointError};
+pub use link::{lost_in_flight, LinkDown, MAX_IN_FLIGHT};
 pub use recv_batch::RecvBatch;
 
 /// Why an ibverbs flag is refused by a build without the `ibv` feature.
@@ -289,11 +292,16 @@ impl<'a> SendBatch<'a> {
 pub trait PacketSender: Send {
     /// Number of destinations this sender knows.
     fn destinations(&self) -> usize;
-    /// Send every packet of the batch (blocking until the kernel or device took them).
+    /// Send every packet of the batch (blocking until the kernel or device took them). A link
+    /// error (the interface is down) means none of the batch counts as sent; it may say that
+    /// packets of earlier calls were lost too ([`link`]).
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()>;
-    /// Block until the NIC has read every packet sent so far, so that payload the packets
-    /// point into (device slices, [`OutPacket::device`]) may be rewritten. Transports that
-    /// copy each packet before [`PacketSender::send_batch`] returns have nothing to wait for.
+    /// Block until the NIC is done with every packet sent so far, so that payload the packets
+    /// point into (device slices, [`OutPacket::device`]) may be rewritten: it has sent them,
+    /// or its link failed and the sender took them back, which it reports as a link error
+    /// saying how many were lost ([`LinkDown`]). Bounded: a NIC that makes no progress counts
+    /// as failed. Transports that copy each packet before [`PacketSender::send_batch`] returns
+    /// have nothing to wait for.
     fn wait_sent(&mut self) -> io::Result<()> {
         Ok(())
     }

@@ -26,8 +26,12 @@
 //!   as the kernel path makes), the batch is posted as one chain with only its last request
 //!   signalled, and slots come back when that completion is reaped. With `--use-peerdirect`
 //!   a packet's payload stays in GPU memory: the slot holds only its headers and the NIC
-//!   gathers the payload from a registered region of device memory (`send`; `peer` makes the
-//!   start-up probe's trial registration).
+//!   gathers the payload from a registered region of device memory (`send`, `send_frames`;
+//!   `peer` makes the start-up probe's trial registration). A link that fails under posted
+//!   requests (an error completion, no progress, or the kernel saying the link is down) resets
+//!   the queue pair, so that the NIC reads none of their memory again, and is reported as a
+//!   link error counting the packets lost (`send_queue`): the send stream moves the
+//!   interface's share to the others.
 //! - Completions ([`CompMode`]): `--recv-comp-vector`/`--send-comp-vector` ≥ 0 puts the
 //!   completion queue on that interrupt vector (modulo the device's count) and a thread with
 //!   nothing to do sleeps on the completion channel; a negative value polls (a core spins, for
@@ -35,14 +39,15 @@
 //!
 //! No RDMA hardware was available to run any of this: the tests cover the refusals, device
 //! lookup through a fake sysfs, the structure layouts against the C compiler's, the work
-//! requests and frames built as data, the receive slots' lending and giving back driven by
-//! completions given as data (`recv_slots`), the striding queue's sizes from device
-//! capabilities given as data (`mprq_verbs::plan`), and its buffers' lending and reposting
-//! driven by completion words given as data and by a model NIC (`mprq_ledger`, `recv_mprq`).
-//! Not exercised: every verbs and mlx5dv call itself, among them the striding work queue's
-//! creation, the requests the shim writes into its ring and the doorbell, the extended
-//! completion queue's byte count words on a real NIC, and the fallback when a device that
-//! reports striding queues refuses one.
+//! requests and frames built as data, the receive slots' lending and giving back and the send
+//! ring's failures driven by completions given as data (`recv_slots`, `send_queue`), the
+//! striding queue's sizes from device capabilities given as data (`mprq_verbs::plan`), and its
+//! buffers' lending and reposting driven by completion words given as data and by a model NIC
+//! (`mprq_ledger`, `recv_mprq`). Not exercised: every verbs and mlx5dv call itself, among them
+//! the striding work queue's creation, the requests the shim writes into its ring and the
+//! doorbell, the extended completion queue's byte count words on a real NIC, the fallback when
+//! a device that reports striding queues refuses one, and a real NIC's behaviour when its link
+//! goes down under posted sends.
 
 mod device;
 mod mprq_ledger;
@@ -53,6 +58,8 @@ mod recv;
 mod recv_mprq;
 mod recv_slots;
 mod send;
+mod send_frames;
+mod send_queue;
 mod verbs;
 
 use std::fmt;
@@ -123,8 +130,9 @@ impl fmt::Display for CompMode {
 }
 
 /// Most frame slots one queue may have (a bound on registered memory: 65536 × 9 KiB =
-/// 576 MiB; devices cap it lower still, `max_qp_wr`, e.g. 32768 on ConnectX-5).
-pub const MAX_SLOTS: usize = 65536;
+/// 576 MiB; devices cap it lower still, `max_qp_wr`, e.g. 32768 on ConnectX-5); also the
+/// most packets a sender can lose in flight (`net::MAX_IN_FLIGHT`).
+pub const MAX_SLOTS: usize = crate::net::MAX_IN_FLIGHT;
 
 /// Slots for a buffer of `bytes` with frames of `frame` bytes: at least 2, at most
 /// [`MAX_SLOTS`].

@@ -391,6 +391,20 @@ impl Qp {
         Ok(qp)
     }
 
+    /// Move to RESET: the NIC drops every request posted and reads none of them again (what
+    /// a send queue does when its link fails under them, `send_queue`).
+    pub fn reset(&self) -> io::Result<()> {
+        self.modify(ffi::ibv_qp_state::IBV_QPS_RESET, None)
+    }
+
+    /// From RESET back to where a send queue on `port` sends (INIT, RTR, RTS), as
+    /// [`Qp::raw_packet`] brings a new one.
+    pub fn ready_to_send(&self, port: u8) -> io::Result<()> {
+        self.modify(ffi::ibv_qp_state::IBV_QPS_INIT, Some(port))?;
+        self.modify(ffi::ibv_qp_state::IBV_QPS_RTR, None)?;
+        self.modify(ffi::ibv_qp_state::IBV_QPS_RTS, None)
+    }
+
     fn modify(&self, state: ffi::ibv_qp_state::Type, port: Option<u8>) -> io::Result<()> {
         let mut attr = ffi::ibv_qp_attr {
             qp_state: state,

@@ -29,23 +29,25 @@ use std::time::{Duration, Instant};
 use super::rate::RateLimiter;
 
 /// A send error that means "this interface cannot send now" rather than "this send is wrong":
-/// the link is down (ENETDOWN, ENODEV, ENXIO, ENOLINK), has no route (ENETUNREACH,
-/// EHOSTUNREACH, EHOSTDOWN) or lost the address the socket is bound to (EADDRNOTAVAIL). Other
-/// errors (a bad destination index, a receiver gone) stay errors of the stream.
+/// the link is down (ENETDOWN, ENODEV, ENXIO, ENOLINK, or a transport's own report of kind
+/// `NetworkDown`, such as `net::LinkDown`), has no route (ENETUNREACH, EHOSTUNREACH,
+/// EHOSTDOWN) or lost the address the socket is bound to (EADDRNOTAVAIL). Other errors (a bad
+/// destination index, a receiver gone) stay errors of the stream.
 pub fn is_link_error(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::ENETDOWN
-                | libc::ENODEV
-                | libc::ENXIO
-                | libc::ENOLINK
-                | libc::ENETUNREACH
-                | libc::EHOSTUNREACH
-                | libc::EHOSTDOWN
-                | libc::EADDRNOTAVAIL
+    e.kind() == io::ErrorKind::NetworkDown
+        || matches!(
+            e.raw_os_error(),
+            Some(
+                libc::ENETDOWN
+                    | libc::ENODEV
+                    | libc::ENXIO
+                    | libc::ENOLINK
+                    | libc::ENETUNREACH
+                    | libc::EHOSTUNREACH
+                    | libc::EHOSTDOWN
+                    | libc::EADDRNOTAVAIL
+            )
         )
-    )
 }
 
 /// Where an interface stands.
@@ -69,6 +71,10 @@ pub struct InterfaceCounters {
     pub downs: u64,
     /// Failed sends, trials included.
     pub failures: u64,
+    /// Packets the interface's NIC had taken and lost when its link failed (`net::LinkDown`),
+    /// and the heaps of the send calls they belonged to (each call's heaps counted whole).
+    pub lost_packets: u64,
+    pub lost_heaps: u64,
     /// Not down (up or on trial) at the time of reading.
     pub live: bool,
 }
@@ -254,6 +260,14 @@ impl Balancer {
         }
     }
 
+    /// Interface `i`'s NIC lost `packets` packets it had taken, of `heaps` heaps, when its
+    /// link failed.
+    pub fn lost(&mut self, i: usize, packets: u64, heaps: u64) {
+        let c = &mut self.links[i].counters;
+        c.lost_packets += packets;
+        c.lost_heaps += heaps;
+    }
+
     /// A send on interface `i` failed at `now` with `error` (a link error): down until
     /// `now + retry`, its share moved to the others.
     pub fn failed(&mut self, i: usize, now: Instant, error: &io::Error) {
@@ -435,5 +449,10 @@ mod tests {
             assert!(!is_link_error(&io::Error::from_raw_os_error(e)), "{e}");
         }
         assert!(!is_link_error(&io::Error::other("no errno")));
+        let lost = crate::net::LinkDown {
+            packets: 3,
+            cause: "completion failed".into(),
+        };
+        assert!(is_link_error(&lost.into_io()));
     }
 }

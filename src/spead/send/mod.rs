@@ -1,9 +1,10 @@
 //! Send: heaps to packets ([`heap`]), the software rate limiter ([`rate`]), the choice of
-//! NIC and what happens when one fails ([`balance`]), and the stream that spreads heaps over
-//! substreams and NICs ([`stream`]).
+//! NIC and what happens when one fails ([`balance`]; `in_flight` counts what a failure loses
+//! in flight), and the stream that spreads heaps over substreams and NICs ([`stream`]).
 
 pub mod balance;
 pub mod heap;
+mod in_flight;
 pub mod rate;
 pub mod stream;
 #[cfg(test)]

@@ -17,6 +17,13 @@
 //! lost ([`SendCounters::lost_heaps`]), and the stream carries on, so that an engine survives
 //! an outage of all its links and resumes when one comes back.
 //!
+//! A transport that learns of a failure only from its NIC's completions (`net::ibv`) may
+//! find, at the next send or at [`SendStream::wait_sent`], that packets it had already taken
+//! were never sent (`net::LinkDown`). The interface goes down as above, and those packets and
+//! the heaps of the calls they belonged to are counted against it
+//! ([`InterfaceCounters::lost_packets`], [`InterfaceCounters::lost_heaps`]; `super::in_flight`
+//! matches the one to the other); they are not sent again (the calls are over).
+//!
 //! Sending is synchronous on the caller's thread: packets are written into one reusable
 //! [`SendBatch`] as headers plus payload slices borrowed from the heaps (no payload copy in
 //! user space) and handed to the transport in bursts.
@@ -28,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use super::balance::{is_link_error, Balancer, InterfaceCounters};
 use super::heap::{Heap, PacketGenerator, PacketiseError, PREFIX_LEN};
-use crate::net::{PacketSender, SendBatch};
+use super::in_flight::InFlight;
+use crate::net::{lost_in_flight, PacketSender, SendBatch};
 use crate::spead::wire::Flavour;
 use crate::spead::wire::POINTER_LEN;
 
@@ -152,6 +160,8 @@ pub struct SendStream<S: PacketSender> {
     config: SendStreamConfig,
     txs: Vec<S>,
     balancer: Balancer,
+    /// What each interface's NIC may still hold, to count what a failure loses.
+    in_flight: InFlight,
     /// The interface the current call sends on (it changes when one fails).
     current: usize,
     next_cnt: u64,
@@ -182,6 +192,7 @@ impl<S: PacketSender> SendStream<S> {
         Ok(SendStream {
             next_cnt: config.cnt_first,
             config,
+            in_flight: InFlight::new(interfaces.len()),
             txs: interfaces,
             balancer,
             current: 0,
@@ -246,18 +257,36 @@ impl<S: PacketSender> SendStream<S> {
         self.send_on(iface, heaps, mode)
     }
 
-    /// Block until every interface's NIC has read every packet sent so far
-    /// ([`PacketSender::wait_sent`]): after this, device memory the heaps sent from may be
-    /// rewritten. An interface that fails meanwhile has stopped reading, so its link errors end
-    /// the wait for it rather than the stream (its packets were or will be re-sent elsewhere).
+    /// Block until every interface's NIC is done with every packet sent so far
+    /// ([`PacketSender::wait_sent`], bounded): after this, device memory the heaps were sent
+    /// from may be rewritten. An interface whose link fails meanwhile has been made to drop
+    /// what it held (the transport's contract): it goes down, its share moves to the others,
+    /// and what it lost is counted against it; the stream carries on.
     pub fn wait_sent(&mut self) -> Result<(), SendError> {
-        for tx in &mut self.txs {
-            match tx.wait_sent() {
-                Err(e) if !is_link_error(&e) => return Err(e.into()),
-                _ => {}
+        for i in 0..self.txs.len() {
+            match self.txs[i].wait_sent() {
+                Ok(()) => self.in_flight.confirmed(i),
+                Err(e) if is_link_error(&e) => self.link_failed(i, &e),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
+    }
+
+    /// Whether pacing has stopped ([`SendStream::set_hurry`]).
+    fn hurried(&self) -> bool {
+        self.hurry
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+
+    /// Interface `i` failed with link error `e`: down, and the packets it says its NIC lost
+    /// counted, with their heaps.
+    fn link_failed(&mut self, i: usize, e: &io::Error) {
+        let packets = lost_in_flight(e);
+        let heaps = self.in_flight.lost(i, packets);
+        self.balancer.lost(i, packets, heaps);
+        self.balancer.failed(i, Instant::now(), e);
     }
 
     /// Send heaps on the first live interface (descriptors, stop heaps).
@@ -322,6 +351,7 @@ impl<S: PacketSender> SendStream<S> {
             ));
         }
         self.current = iface;
+        self.in_flight.begin(heaps.len());
         let mut batch = std::mem::take(&mut self.spare).reuse();
         let result = self.send_generated(&mut batch, &mut gens, mode, heaps);
         batch.clear();
@@ -378,25 +408,24 @@ impl<S: PacketSender> SendStream<S> {
             return Ok(());
         }
         let bytes = batch.bytes();
-        let flag = &self.hurry;
-        let hurry = || flag.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
         for tries in 1.. {
             let iface = self.current;
-            if paced && !hurry() {
+            if paced && !self.hurried() {
                 let at = self.balancer.reserve(iface, Instant::now(), bytes);
-                sleep_until_or(at, hurry);
+                sleep_until_or(at, || self.hurried());
             }
             match self.txs[iface].send_batch(batch) {
                 Ok(()) => {
                     self.balancer.sent(iface, batch.len(), bytes);
+                    self.in_flight.sent(iface, batch.len());
                     break;
                 }
                 Err(e) if is_link_error(&e) => {
-                    let now = Instant::now();
-                    self.balancer.failed(iface, now, &e);
+                    self.link_failed(iface, &e);
                     if tries >= self.txs.len() {
                         return Err(SendError::NoInterface);
                     }
+                    let now = Instant::now();
                     self.current = self.balancer.pick(now).ok_or(SendError::NoInterface)?;
                 }
                 Err(e) => return Err(e.into()),

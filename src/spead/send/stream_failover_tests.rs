@@ -3,18 +3,19 @@
 //! with the receive side (`spead::recv::HeapStream`, which drops duplicate packets), not by
 //! the stream's own counters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::heap::Heap;
 use super::stream::{HeapRef, SendMode, SendStream, SendStreamConfig};
 use crate::net::mem::{self, MemReceiver, MemSender};
-use crate::net::{PacketReceiver, PacketSender, Received, RecvBatch, SendBatch};
+use crate::net::{LinkDown, PacketReceiver, PacketSender, Received, RecvBatch, SendBatch};
 use crate::spead::items::ItemValue;
 use crate::spead::recv::{HeapStream, HeapStreamConfig};
+use crate::spead::wire::ParsedPacket;
 
 const ITEM: u64 = 0x4300;
 
@@ -281,4 +282,204 @@ fn all_down_then_back() {
         heaps.keys().copied().collect::<Vec<_>>(),
         (6..=10).collect::<Vec<_>>()
     );
+}
+
+/// What the test tells a [`Holding`] NIC, and what it dropped.
+#[derive(Default)]
+struct Link {
+    /// Batches it takes before its link fails at the next send.
+    accept: Option<usize>,
+    /// Its link fails at the next `wait_sent` that finds packets held.
+    fail_at_wait: bool,
+    down: bool,
+    /// Packets it had taken and dropped when its link failed, in order.
+    dropped: Vec<Vec<u8>>,
+}
+
+/// A NIC that holds the packets it takes until `wait_sent` (as an RDMA NIC reads them only
+/// when it gets to them, and says so by its completions) and whose link the test can fail:
+/// then it drops what it holds and reports how many in a `LinkDown`, as `net::ibv` does, and
+/// fails every send (taking nothing) until healed.
+struct Holding {
+    inner: MemSender,
+    held: Vec<Vec<u8>>,
+    link: Arc<Mutex<Link>>,
+}
+
+impl Holding {
+    fn new(inner: MemSender) -> (Holding, Arc<Mutex<Link>>) {
+        let link = Arc::new(Mutex::new(Link::default()));
+        let nic = Holding {
+            inner,
+            held: Vec::new(),
+            link: Arc::clone(&link),
+        };
+        (nic, link)
+    }
+
+    fn fail(&mut self, link: &mut Link) -> io::Error {
+        link.down = true;
+        let packets = self.held.len() as u64;
+        link.dropped.append(&mut self.held);
+        LinkDown {
+            packets,
+            cause: "test link down".into(),
+        }
+        .into_io()
+    }
+}
+
+impl PacketSender for Holding {
+    fn destinations(&self) -> usize {
+        self.inner.destinations()
+    }
+
+    fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
+        let link = Arc::clone(&self.link);
+        let mut link = link.lock().unwrap();
+        if link.down {
+            return Err(self.fail(&mut link));
+        }
+        match &mut link.accept {
+            Some(0) => return Err(self.fail(&mut link)),
+            Some(n) => *n -= 1,
+            None => {}
+        }
+        self.held.extend((0..batch.len()).map(|i| batch.to_vec(i)));
+        Ok(())
+    }
+
+    fn wait_sent(&mut self) -> io::Result<()> {
+        let link = Arc::clone(&self.link);
+        let mut link = link.lock().unwrap();
+        if link.fail_at_wait && !self.held.is_empty() {
+            return Err(self.fail(&mut link));
+        }
+        let mut b = SendBatch::default();
+        for p in &self.held {
+            b.push_packet(p, 0);
+        }
+        self.inner.send_batch(&b)?;
+        self.held.clear();
+        Ok(())
+    }
+}
+
+/// The heap counters of `packets`, parsed by the receive side's parser.
+fn cnts(packets: &[Vec<u8>]) -> BTreeSet<u64> {
+    packets
+        .iter()
+        .map(|p| ParsedPacket::parse(p).unwrap().repr.heap_cnt)
+        .collect()
+}
+
+/// Heaps reassembled from `packets`: (cnt → item payload of the complete ones, cnts of the
+/// incomplete ones).
+fn reassemble_some(packets: &[Vec<Vec<u8>>]) -> (BTreeMap<u64, Vec<u8>>, BTreeSet<u64>) {
+    let mut hs = HeapStream::new(HeapStreamConfig {
+        max_heaps: 1 << 16,
+        ..Default::default()
+    });
+    let mut out = Vec::new();
+    for p in packets.iter().flatten() {
+        hs.add_packet(p, &mut out);
+    }
+    hs.flush(&mut out);
+    let (mut whole, mut broken) = (BTreeMap::new(), BTreeSet::new());
+    for h in out {
+        if !h.complete {
+            broken.insert(h.cnt);
+            continue;
+        }
+        let Some(ItemValue::Bytes(b)) = h.item(ITEM) else {
+            panic!("heap {} has no item", h.cnt);
+        };
+        whole.insert(h.cnt, b.to_vec());
+    }
+    (whole, broken)
+}
+
+/// A link fails while its NIC holds a whole heap's packets, found at the wait for their
+/// completions (how `--use-peerdirect` sends: one call, then `wait_sent`): the stream does not
+/// fail; the interface goes down once; the packets the NIC dropped (as it recorded them) and
+/// their heap are counted against it; the other interface carries every later heap; and the
+/// receiver gets every heap whole except the dropped one, which never arrives.
+#[test]
+fn a_link_lost_at_the_completion_wait_counts_its_heap_and_carries_on() {
+    let (tx0, mut rx0) = mem::channel(100_000, 1);
+    let (tx1, mut rx1) = mem::channel(100_000, 1);
+    let (n0, _) = Holding::new(tx0);
+    let (n1, link1) = Holding::new(tx1);
+    let mut s = SendStream::new(config(0.0, Duration::from_secs(3600)), vec![n0, n1]).unwrap();
+    for k in 0..40 {
+        if k == 20 {
+            link1.lock().unwrap().fail_at_wait = true;
+        }
+        send(&mut s, k..k + 1);
+        s.wait_sent().unwrap();
+    }
+    let dropped = std::mem::take(&mut link1.lock().unwrap().dropped);
+    let lost = cnts(&dropped);
+    assert_eq!(lost.len(), 1, "one call, one heap, was held: {lost:?}");
+    assert!(*lost.first().unwrap() > 20, "failed only once armed");
+    let c = s.counters();
+    assert_eq!((c.heaps, c.lost_heaps), (40, 0));
+    let ifaces: Vec<_> = s.interfaces().map(|(_, c)| c).collect();
+    assert_eq!((ifaces[0].downs, ifaces[0].lost_packets), (0, 0));
+    assert_eq!(ifaces[1].downs, 1);
+    assert!(!ifaces[1].live);
+    assert_eq!(ifaces[1].lost_packets, dropped.len() as u64);
+    assert_eq!(ifaces[1].lost_heaps, 1);
+    drop(s);
+    let (whole, broken) = reassemble_some(&[drain(&mut rx0), drain(&mut rx1)]);
+    assert!(broken.is_empty(), "{broken:?}");
+    let want: BTreeSet<u64> = (1..=40).filter(|c| !lost.contains(c)).collect();
+    assert_eq!(whole.keys().copied().collect::<BTreeSet<_>>(), want);
+    for (cnt, data) in &whole {
+        assert_eq!(data, &heap_data(*cnt as usize - 1));
+    }
+}
+
+/// A link fails part-way through a call of three heaps sent round-robin, after its NIC took
+/// two bursts of it (4 packets: bursts of 16 KiB are two 8 KiB packets): the failing burst and
+/// the rest go out on the other interface, the 4 packets are counted lost with the three heaps
+/// they carry pieces of, and exactly those heaps arrive incomplete; every other heap is whole.
+#[test]
+fn a_link_lost_mid_call_counts_the_call_and_carries_on() {
+    let (tx0, mut rx0) = mem::channel(100_000, 1);
+    let (tx1, mut rx1) = mem::channel(100_000, 1);
+    let (n0, _) = Holding::new(tx0);
+    let (n1, link1) = Holding::new(tx1);
+    link1.lock().unwrap().accept = Some(2);
+    let mut s = SendStream::new(config(0.0, Duration::from_secs(3600)), vec![n0, n1]).unwrap();
+    let data: Vec<Vec<u8>> = (0..30).map(|k| vec![k as u8; 40_000]).collect();
+    for call in data.chunks(3) {
+        let heaps: Vec<Heap> = call
+            .iter()
+            .map(|d| {
+                let mut h = Heap::new();
+                h.add_bytes(ITEM, &d[..]);
+                h
+            })
+            .collect();
+        let refs: Vec<HeapRef> = heaps.iter().map(|h| HeapRef::new(h, 0)).collect();
+        s.send_heaps(&refs, SendMode::RoundRobin).unwrap();
+        s.wait_sent().unwrap();
+    }
+    let dropped = std::mem::take(&mut link1.lock().unwrap().dropped);
+    assert_eq!(dropped.len(), 4);
+    let lost = cnts(&dropped);
+    assert_eq!(lost.len(), 3, "{lost:?}");
+    let ifaces: Vec<_> = s.interfaces().map(|(_, c)| c).collect();
+    assert_eq!((ifaces[1].downs, ifaces[1].lost_packets), (1, 4));
+    assert_eq!(ifaces[1].lost_heaps, 3);
+    assert_eq!((ifaces[0].downs, ifaces[0].lost_heaps), (0, 0));
+    assert_eq!(s.counters().lost_heaps, 0);
+    drop(s);
+    let (whole, broken) = reassemble_some(&[drain(&mut rx0), drain(&mut rx1)]);
+    assert_eq!(broken, lost);
+    assert_eq!(whole.len(), 27);
+    for (cnt, d) in &whole {
+        assert_eq!(d, &data[*cnt as usize - 1]);
+    }
 }
