@@ -472,23 +472,9 @@ mod tests {
     use super::*;
     use crate::dsp::delay::LinearDelayModel;
 
+    /// A small wideband pipeline on the CPU backend (the stall tests' shape).
     fn pipeline() -> Pipeline {
-        let output = WidebandOutput::parse("name=w,channels=64,dst=127.0.0.1:7148,taps=4").unwrap();
-        let cfg = PipelineConfig {
-            layout: InputLayout {
-                heap_samples: 1024,
-                heap_bytes: 1280,
-                chunk_samples: 8192,
-                mask_timestamp: false,
-            },
-            sample_bits: 10,
-            spectra_per_heap: 4,
-            max_delay_diff: 0,
-            gain: Complex32::new(1.0, 0.0),
-            dither_seed: 1,
-            out_bits: OutputBits::Eight,
-        };
-        Pipeline::new(output, cfg)
+        Pipeline::new(super::stall_tests::output(), super::stall_tests::config())
     }
 
     fn model(t0: i64, delay: f64, delay_rate: f64) -> LinearDelayModel {

@@ -56,11 +56,11 @@ impl Backend for Stuck {
     }
 }
 
-fn output() -> WidebandOutput {
+pub(super) fn output() -> WidebandOutput {
     WidebandOutput::parse("name=w,channels=64,dst=127.0.0.1:7148,taps=4").unwrap()
 }
 
-fn config() -> PipelineConfig {
+pub(super) fn config() -> PipelineConfig {
     PipelineConfig {
         layout: InputLayout {
             heap_samples: 1024,
