@@ -4,10 +4,15 @@
 //! (`IORING_REGISTER_PBUF_RING`). One submission keeps a socket receiving for as long as the ring
 //! has buffers, and a batch is collected from the completion queue in shared memory.
 //!
-//! Per batch: no system call at all while completions are queued (the kernel keeps filling
-//! buffers as datagrams arrive; the ring is set up with `COOP_TASKRUN`, so that it does so when
-//! this thread next enters the kernel rather than interrupting it), and one `io_uring_enter`
-//! to wait when none are, or to re-arm a request that ended. Each completion names the buffer
+//! Per batch: no system call at all while completions are queued, and one `io_uring_enter` to
+//! wait when none are, or to re-arm a request that ended. The kernel's work for arriving
+//! datagrams (copying each into a buffer and posting its completion) is deferred to that call
+//! (`DEFER_TASKRUN`, Linux 6.1, with `SINGLE_ISSUER`): it runs in one go when this thread asks
+//! for completions, not at whatever kernel entry or interrupt return comes next, which
+//! `COOP_TASKRUN` (the fallback on Linux 5.19–6.0) allows and which `perf` showed running
+//! under `exit_to_user_mode_loop`, between this thread's own work. The ring is created
+//! disabled and enabled by the receive thread's first call, so that the thread that receives
+//! is its single issuer (receivers are made on the main thread and moved). Each completion names the buffer
 //! the kernel filled, and that buffer is *lent* to the caller's [`RecvBatch`] rather than
 //! copied into it (`net::recv_batch`): the packets are read where the kernel wrote them, and
 //! the buffers go back to the ring when the batch is cleared (at the start of the next receive
@@ -215,6 +220,8 @@ pub struct UringReceiver {
     sockets: Vec<Socket>,
     /// Per socket: its multishot request is live.
     armed: Vec<bool>,
+    /// The ring awaits `register_enable_rings` from the thread that receives (`DEFER_TASKRUN`).
+    disabled: bool,
     drops: Vec<DropCount>,
     /// The receiving NIC's NUMA node, where known.
     node: Option<u32>,
@@ -232,12 +239,26 @@ impl UringReceiver {
         let sockets = open_recv_sockets(endpoints, interface, buffer)?;
         let gro = sockets.iter().all(enable_gro);
         let payload = slot_for(gro, max_packet);
-        // Every buffer can complete before the queue is read. COOP_TASKRUN (Linux 5.19): the
-        // kernel completes receives when this thread enters it, instead of interrupting it.
-        let ring = IoUring::builder()
-            .setup_cqsize(2 * u32::from(RING_BUFFERS))
-            .setup_coop_taskrun()
-            .build(64)?;
+        // Every buffer can complete before the queue is read. The kernel's receive work runs
+        // when this thread asks for completions (module doc): DEFER_TASKRUN where the kernel
+        // has it, else COOP_TASKRUN.
+        let cq = 2 * u32::from(RING_BUFFERS);
+        let (ring, disabled) = match IoUring::builder()
+            .setup_cqsize(cq)
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_r_disabled()
+            .build(64)
+        {
+            Ok(ring) => (ring, true),
+            Err(_) => (
+                IoUring::builder()
+                    .setup_cqsize(cq)
+                    .setup_coop_taskrun()
+                    .build(64)?,
+                false,
+            ),
+        };
         let buf_size = (RECVMSG_OUT + CONTROL_BYTES + payload).next_multiple_of(64);
         let buffers = Arc::new(Buffers::new(buf_size)?);
         let mut ring_buffers = BufRing::new()?;
@@ -275,6 +296,7 @@ impl UringReceiver {
             msghdr: MsgTemplate(msghdr),
             sockets,
             armed: vec![false; n],
+            disabled,
             drops: vec![DropCount::default(); n],
             node: super::numa::nic_node(interface),
         })
@@ -360,6 +382,11 @@ impl UringReceiver {
     /// took nothing, so every completion taken finds room). False when no datagram came but a
     /// request ended (try again at once).
     fn take(&mut self, batch: &mut RecvBatch) -> io::Result<bool> {
+        if self.disabled {
+            // This thread becomes the ring's single issuer.
+            self.ring.submitter().register_enable_rings()?;
+            self.disabled = false;
+        }
         self.take_back();
         self.ring_buffers.publish();
         self.arm()?;
