@@ -148,7 +148,7 @@ fn overflow_is_counted_without_receiving() {
 }
 
 /// The buffers a batch holds are the batch's until it is cleared: datagrams received into
-/// other batches meanwhile (four times the ring's 256 buffers) leave its packets as they were,
+/// other batches meanwhile (eight times the ring's 128 buffers) leave its packets as they were,
 /// and they stay readable after the receiver is gone (the batch keeps the memory alive).
 #[test]
 fn a_batch_keeps_its_lent_buffers_until_cleared() {

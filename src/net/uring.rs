@@ -52,9 +52,11 @@ use super::{PacketReceiver, Received, RecvBatch};
 
 /// Buffers in the provided-buffer ring (a power of two, at most 32768). A batch holds up to
 /// its capacity of them (64 in the engines) until the next receive call; the rest bridge the
-/// time between two calls (192 buffers of 64 KiB with GRO: ~1 ms at 100 Gb/s); the socket
-/// buffer behind them holds the rest, and its overflows are counted.
-const RING_BUFFERS: u16 = 256;
+/// time between two calls (64 buffers of 64 KiB with GRO: ~0.3 ms at 100 Gb/s); the socket
+/// buffer behind them holds the rest, and its overflows are counted. 128 rather than 256: the
+/// smaller working set (8 MiB with GRO) cost 13–20 % less receive CPU per 8 KiB packet on
+/// loopback (bench/RESULTS.md, io_uring `DEFER_TASKRUN` section); 64 measured the same as 128.
+const RING_BUFFERS: u16 = 128;
 /// The ring's buffer group (one ring per receiver, one receiver per io_uring instance).
 const GROUP: u16 = 0;
 /// Control-message space per datagram: SO_RXQ_OVFL and UDP_GRO, 4 bytes each behind 16-byte
