@@ -112,6 +112,7 @@ pub struct FrbConfig {
     pub channels: usize,
     pub spectra: usize,
     pub batches: usize,
+    /// The kernel's layout (`FrbTuning::default()`: the op's choices).
     pub tuning: FrbTuning,
     /// The output's element type.
     pub output: FrbIntensities,
