@@ -12,19 +12,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, DevicePtr, DevicePtrMut};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
-use super::Check;
+use super::{random_bytes, Check, MIB};
 use crate::gpu::memory::HostRegistrations;
 use crate::gpu::{Gpu, GpuError};
-
-const MIB: usize = 1 << 20;
-
-fn random_bytes(rng: &mut SmallRng, n: usize) -> Vec<u8> {
-    let mut v = vec![0u8; n];
-    rng.fill(&mut v[..]);
-    v
-}
 
 /// Every check on `gpu` with inputs drawn from `seed`.
 pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {

@@ -6,6 +6,7 @@ use num_complex::Complex32;
 
 use crate::dsp::postproc::OutputBits;
 use crate::dsp::samples::packed_len;
+use crate::fengine::cuda::{default_unzip, GpuConfig};
 use crate::fengine::output::WidebandOutput;
 use crate::fengine::pipeline::PipelineConfig;
 use crate::fengine::place::InputLayout;
@@ -45,4 +46,20 @@ pub fn wideband(
     };
     let tail = pcfg.tail(out.shape());
     Ok((out, pcfg, tail))
+}
+
+/// The CUDA backend's configuration for this case with the `tail` `wideband` gives: output
+/// slots of `batch` heaps, `depth` of them, heaps left on the device where `peer`.
+pub fn gpu_config(tail: usize, batch: usize, depth: usize, peer: bool) -> GpuConfig {
+    GpuConfig {
+        sample_bits: BITS,
+        body: CHUNK_SAMPLES,
+        tail,
+        spectra_per_heap: SPECTRA,
+        out_bits: OutputBits::Eight,
+        unzip: default_unzip(CHANNELS),
+        batch,
+        depth,
+        peer,
+    }
 }

@@ -21,6 +21,9 @@ pub mod xbengine_frb;
 
 use std::sync::Arc;
 
+use rand::rngs::SmallRng;
+use rand::Rng;
+
 use crate::gpu::{Gpu, GpuError};
 
 /// One line of the report.
@@ -63,6 +66,16 @@ const FAMILIES: [Family; 14] = [
 pub struct Report {
     pub checks: Vec<Check>,
     pub unavailable: Vec<(&'static str, String)>,
+}
+
+const MIB: usize = 1 << 20;
+
+/// `n` random bytes: the memory families' payloads (host and device memory compared byte for
+/// byte).
+fn random_bytes(rng: &mut SmallRng, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    rng.fill(&mut v[..]);
+    v
 }
 
 /// The families' names, in the order they run.

@@ -19,13 +19,12 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::fengine_case::{self, BITS, CHANNELS, CHUNK_SAMPLES, HEAP_SAMPLES, SPECTRA};
+use super::fengine_case::{self, BITS, CHUNK_SAMPLES, HEAP_SAMPLES};
 use super::Check;
-use crate::dsp::postproc::OutputBits;
 use crate::dsp::samples::packed_len;
 use crate::engine::send::DevicePayload;
 use crate::fengine::backend::{BackendError, HeapData};
-use crate::fengine::cuda::{default_unzip, GpuBackend, GpuConfig};
+use crate::fengine::cuda::GpuBackend;
 use crate::fengine::output::OutputSpec;
 use crate::fengine::pipeline::{ChunkView, OutputHeap, Pipeline};
 use crate::gpu::{Gpu, GpuError};
@@ -59,17 +58,7 @@ fn run_pipeline(
     let backend = GpuBackend::new(
         Arc::clone(gpu),
         &out,
-        GpuConfig {
-            sample_bits: BITS,
-            body: CHUNK_SAMPLES,
-            tail,
-            spectra_per_heap: SPECTRA,
-            out_bits: OutputBits::Eight,
-            unzip: default_unzip(CHANNELS),
-            batch: 2,
-            depth: 2,
-            peer,
-        },
+        fengine_case::gpu_config(tail, 2, 2, peer),
     )?;
     let mut pipeline = Pipeline::with_backend(OutputSpec::Wideband(out), pcfg, Box::new(backend));
     if peer == pipeline.peer_memory().is_empty() {

@@ -22,18 +22,15 @@ use cudarc::driver::{sys, DevicePtr};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::fengine_case::{self, BITS, CHANNELS, CHUNK_SAMPLES, HEAP_SAMPLES, SPECTRA};
-use super::Check;
-use crate::dsp::postproc::OutputBits;
+use super::fengine_case::{self, BITS, CHUNK_SAMPLES, HEAP_SAMPLES, SPECTRA};
+use super::{random_bytes, Check, MIB};
 use crate::dsp::samples::packed_len;
-use crate::fengine::cuda::{default_batch, default_depth, default_unzip, GpuBackend, GpuConfig};
+use crate::fengine::cuda::{default_batch, default_depth, GpuBackend};
 use crate::fengine::cuda_input::{InputShape, SharedInput};
 use crate::fengine::output::OutputSpec;
 use crate::fengine::pipeline::{ChunkView, OutputHeap, Pipeline};
 use crate::gpu::vkgdr::VkgdrMemory;
 use crate::gpu::{Gpu, GpuError};
-
-const MIB: usize = 1 << 20;
 
 /// Chunks in the F-engine comparison (its shape is `fengine_case`'s).
 const CHUNKS: usize = 4;
@@ -60,12 +57,6 @@ fn host_slice(memory: &VkgdrMemory, at: usize, len: usize) -> &[u8] {
     // SAFETY: inside the mapping, which lives as long as `memory`; the device does not write
     // these bytes while the slice is used.
     unsafe { std::slice::from_raw_parts(memory.host_ptr().add(at), len) }
-}
-
-fn random_bytes(rng: &mut SmallRng, n: usize) -> Vec<u8> {
-    let mut v = vec![0u8; n];
-    rng.fill(&mut v[..]);
-    v
 }
 
 /// The host writes, the device reads.
@@ -158,17 +149,7 @@ fn run_pipeline(
     let backend = GpuBackend::wideband(
         &input,
         &out,
-        GpuConfig {
-            sample_bits: BITS,
-            body: CHUNK_SAMPLES,
-            tail,
-            spectra_per_heap: SPECTRA,
-            out_bits: OutputBits::Eight,
-            unzip: default_unzip(CHANNELS),
-            batch: default_batch(SPECTRA),
-            depth: default_depth(SPECTRA),
-            peer: false,
-        },
+        fengine_case::gpu_config(tail, default_batch(SPECTRA), default_depth(SPECTRA), false),
     )?;
     let mut pipeline = Pipeline::with_backend(OutputSpec::Wideband(out), pcfg, Box::new(backend));
     let present = vec![1u8; 2 * CHUNK_SAMPLES / HEAP_SAMPLES];
