@@ -17,10 +17,10 @@
 // word cost byte permutes and subtractions to become fp16, and each block generated its own
 // coefficients (bench/xbengine-notes.md). Here a channel's beamforming is an exact integer GEMM
 // on int8 `mma.sync` m16n8k32, which takes the input words as they lie in memory, with the input
-// staged DEPTH k-steps ahead by `cp.async` (v11: 58–63 % of copy at MeerKAT's 8 beams and 80
-// antennas on the lent H100, 22 % fewer instructions than v10 and 37 % fewer than the fp16
-// kernel; DRAM 65 % busy while instructions issue on 40 % of the cycles, so what limits it now
-// is latency at 35 % occupancy, not issue or DRAM: bench/xbengine-notes.md, v9–v12):
+// staged DEPTH k-steps ahead by `cp.async` (v11, with v14's cheaper epilogue: 70–71 % of copy
+// at MeerKAT's 8 beams and 80 antennas on the lent H100, timed behind other work as the engine
+// runs it; the same kernel without its dither-quantise-store epilogue reaches 91 %, with the
+// loads alone 94 %, so the epilogue is what is left: bench/xbengine-notes.md, v9–v14):
 //
 //   D (16 times × 8 columns, s32) += A (16 times × 32 k, s8) · B (32 k × 8 columns, s8)
 //
@@ -188,8 +188,11 @@ __device__ __forceinline__ void combine(float (&v)[BT][2][4], const int (&acc)[B
     for (int t = 0; t < BT; ++t)
     {
         const int b = 4 * (t0 + t) + q;
-        // 2^−s, and the digits' weights 2¹⁶ and 2⁸ folded in: powers of two, so exact.
-        const float inv = b < N_BEAMS ? 1.0f / scales[b] : 0.0f;
+        // 2^−s, and the digits' weights 2¹⁶ and 2⁸ folded in: powers of two, so exact. The
+        // scale is 2^s with |s| ≤ 100 (`gpu::beamform::beam_scale`), so its inverse is its
+        // exponent negated: 254 − (s + 127) = 127 − s, one integer subtraction on the bits (a
+        // division took a reciprocal, its refinement and a branch to a slow path).
+        const float inv = b < N_BEAMS ? __int_as_float(0x7f000000 - __float_as_int(scales[b])) : 0.0f;
         const float w0 = inv * 65536.0f;
 #pragma unroll
         for (int j = 0; j < 2; ++j)
@@ -217,11 +220,19 @@ __device__ __forceinline__ void finish(const float (&v)[BT][2][4], const Slab &s
                                        i64 batch_step, i64 spectrum_step)
 {
     // `dsp::beamform::spectrum_word`: low 32 bits of the timestamp + high 32 bits·0x9e3779b9.
+    // Where the four slots are consecutive spectra of one batch (VEC), each timestamp is the
+    // last one plus spectrum_step.
     u32 word[4];
+    u64 ts = (u64)(first + sl.batch_of(0) * batch_step + (i64)sl.spec_of(0) * spectrum_step);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
     {
-        const u64 ts = (u64)(first + sl.batch_of(i) * batch_step + (i64)sl.spec_of(i) * spectrum_step);
+#if VEC
+        if (i > 0)
+            ts += (u64)spectrum_step;
+#else
+        ts = (u64)(first + sl.batch_of(i) * batch_step + (i64)sl.spec_of(i) * spectrum_step);
+#endif
         word[i] = (u32)ts + (u32)(ts >> 32) * 0x9e3779b9u;
     }
 #pragma unroll
@@ -240,7 +251,12 @@ __device__ __forceinline__ void finish(const float (&v)[BT][2][4], const Slab &s
         for (int i = 0; i < 4; ++i)
         {
             const int j = i >> 1, r = i & 1;
-            const float2 u = dither && sl.valid_at(i) ? dither_pair(key + word[i]) : make_float2(0.0f, 0.0f);
+            // The hash whether or not the value is dithered, then a select: a branch here
+            // diverged between a warp's beams (lanes of different q) and cost its
+            // reconvergence per value.
+            const float2 h = dither_pair(key + word[i]);
+            const bool on = dither && sl.valid_at(i);
+            const float2 u = make_float2(on ? h.x : 0.0f, on ? h.y : 0.0f);
             bool c0, c1;
             const int re = quantise(v[t][j][2 * r], u.x, &c0);
             const int im = quantise(v[t][j][2 * r + 1], u.y, &c1);
