@@ -97,14 +97,18 @@ impl BeamformConfig {
         Ok(())
     }
 
-    /// (batch, spectrum) slots per block, 32 per warp: a warp's multiple, at most 256.
+    /// (batch, spectrum) slots per block, 32 per warp: a warp's multiple, at most 128. Blocks of
+    /// 4 warps, 5 per SM, measured 2–4 points of copy faster than blocks of 8 warps, 3 per SM,
+    /// at MeerKAT's shape, xbgpu's 32-spectrum heaps and 256 antennas alike (lent H100,
+    /// bench/xbengine-notes.md v14: the finer blocks keep more warps loading while others run
+    /// their epilogue).
     fn threads(&self) -> usize {
-        (self.batches * self.spectra).next_multiple_of(32).min(256)
+        (self.batches * self.spectra).next_multiple_of(32).min(128)
     }
 
     /// Tiles of 4 beams per beam batch: 24 int32 accumulators each per lane (3 digits × 2 m16
-    /// tiles × 4); two fit the registers of three blocks per SM at MeerKAT's 8 beams, and of two
-    /// at every shape (three tiles spilled at two blocks per SM).
+    /// tiles × 4); two fit the registers of five blocks of 4 warps per SM at every shape compiled
+    /// (three tiles spilled at two blocks of 8 warps per SM).
     fn tiles(&self) -> usize {
         self.beams.div_ceil(4).min(2)
     }
@@ -152,19 +156,18 @@ pub struct Occupancy {
     pub depth: usize,
 }
 
-/// The occupancies tried in turn, the first that compiles without a spill kept. Three blocks of
-/// 8 warps with 6 k-steps in flight (about 80 registers) measured 8–12 % faster than two with 8
-/// on the lent H100 at MeerKAT's 8 beams (bench/xbengine-notes.md, v10); two fit every shape,
-/// three not those with several beam batches (ptxas spills there). Three blocks are resident
-/// only where shared memory allows (3 × 79 KiB does not fit an H100 SM once the digit table
-/// is full, BT·KS = 40: from 160 antennas at 8 beams), else the hardware runs two.
+/// The occupancies tried in turn, the first that compiles without a spill kept. Five blocks of
+/// 4 warps with 6 k-steps in flight (at most 102 registers) fit every shape compiled so far
+/// (90–96 registers); three with 8 are the fallback. Five blocks are resident only where shared
+/// memory allows (the digit table takes up to 30 KiB per block, from 160 antennas at 8 beams),
+/// else the hardware runs four.
 pub const OCCUPANCIES: [Occupancy; 2] = [
     Occupancy {
-        blocks: 3,
+        blocks: 5,
         depth: 6,
     },
     Occupancy {
-        blocks: 2,
+        blocks: 3,
         depth: 8,
     },
 ];
@@ -215,7 +218,8 @@ impl Beamformer {
         let (occupancy, kernel) = compile(&gpu, &cfg)?;
         let coeffs =
             gpu.function_entry(Kernel::Beamform, &cfg.defines(occupancy), "beam_coeffs")?;
-        // The ring is dynamic shared memory, beyond the default 48 KiB at 8 warps.
+        // The ring is dynamic shared memory; with the static digits (up to 30 KiB) it may pass
+        // the default limit of 48 KiB (4 warps × 8 k-steps × 1 KiB at the fallback occupancy).
         kernel.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             cfg.ring_bytes(occupancy) as i32,
