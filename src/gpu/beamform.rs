@@ -107,8 +107,9 @@ impl BeamformConfig {
     }
 
     /// Tiles of 4 beams per beam batch: 24 int32 accumulators each per lane (3 digits × 2 m16
-    /// tiles × 4); two fit the registers of five blocks of 4 warps per SM at every shape compiled
-    /// (three tiles spilled at two blocks of 8 warps per SM).
+    /// tiles × 4); two fit the registers of five blocks of 4 warps per SM where a lane's slots
+    /// are consecutive, and of three at every shape (three tiles spilled at two blocks of 8
+    /// warps per SM).
     fn tiles(&self) -> usize {
         self.beams.div_ceil(4).min(2)
     }
@@ -157,10 +158,12 @@ pub struct Occupancy {
 }
 
 /// The occupancies tried in turn, the first that compiles without a spill kept. Five blocks of
-/// 4 warps with 6 k-steps in flight (at most 102 registers) fit every shape compiled so far
-/// (90–96 registers); three with 8 are the fallback. Five blocks are resident only where shared
-/// memory allows (the digit table takes up to 30 KiB per block, from 160 antennas at 8 beams),
-/// else the hardware runs four.
+/// 4 warps with 6 k-steps in flight leave each thread 96 registers (65536 / 640, in units of 8):
+/// the shapes whose spectra are a multiple of 4 (every heap size katgpucbf uses) fit there at
+/// 87–96, while those with other spectra counts (the kernel's register path) spill and take the
+/// fallback, three blocks with 8 (up to 170 registers). Five blocks are resident only where
+/// shared memory allows (the digit table takes up to 30 KiB per block, from 160 antennas at 8
+/// beams), else the hardware runs four.
 pub const OCCUPANCIES: [Occupancy; 2] = [
     Occupancy {
         blocks: 5,
