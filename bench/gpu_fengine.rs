@@ -31,7 +31,7 @@ use num_complex::Complex32;
 mod outputs;
 #[path = "timing.rs"]
 mod timing;
-use timing::{copy_at_size, copy_ceiling, median};
+use timing::{copy_at_size, copy_ceiling, median, Pad, PAD_BYTES};
 
 const GB: f64 = 1e9;
 
@@ -176,10 +176,6 @@ fn kernels(
 }
 
 /// The kernels on `spectra` spectra per call (the engine calls them once per heap).
-/// Bytes of the device copy that runs ahead of each timed launch (≈ 90 µs on an H100: longer
-/// than the host takes to issue the launches behind it).
-const PAD_BYTES: usize = 128 << 20;
-
 fn kernels_at(
     gpu: &Arc<Gpu>,
     channels: usize,
@@ -238,8 +234,7 @@ fn kernels_at(
     // host issues the launches, so that the events time the kernels alone: on an idle
     // stream the PFB's start event fired at once and its span held the host's ~15 µs launch
     // call too, a quarter of a launch-size PFB (bench/gpu-notes.md v17).
-    let pad_src = gpu.compute.alloc_zeros::<u8>(PAD_BYTES)?;
-    let mut pad_dst = gpu.compute.alloc_zeros::<u8>(PAD_BYTES)?;
+    let mut pad = Pad::new(gpu, PAD_BYTES)?;
     let mut figs = Vec::new();
     for &section in sections {
         gb.set_section(section);
@@ -253,7 +248,7 @@ fn kernels_at(
                     gb.front_end(p, k * step, k)?;
                 }
             }
-            gpu.compute.memcpy_dtod(&pad_src, &mut pad_dst)?;
+            pad.queue(gpu)?;
             let e0 = gb.mark()?;
             gb.flush_runs()?;
             let e1 = gb.mark()?;

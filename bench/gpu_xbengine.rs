@@ -30,12 +30,10 @@ use num_complex::Complex64;
 mod frb_share;
 #[path = "timing.rs"]
 mod timing;
-use timing::{median, timed, timed_behind};
+use timing::{median, timed, timed_behind, Pad, PAD_BYTES};
 
 /// MeerKAT L-band: spectra per second per channel for 32768 channels at 1712 MS/s.
 const SPECTRA_PER_S: f64 = 1712e6 / 65536.0;
-/// The device copy queued ahead of each timed beamformer call (about 90 µs on the lent H100).
-const PAD_BYTES: usize = 128 << 20;
 /// Spectra per dump: katgpucbf's 0.5 s accumulation (52 heaps of 256 spectra, 416 of 32).
 const ACC_SPECTRA: usize = 13312;
 
@@ -98,11 +96,8 @@ fn beamformer(
     // issues the call, as the correlator does in the engine: on an idle stream the events also
     // timed the host's launch and the wait for the call's parameter copies, about 25 µs of a
     // 105 µs call at MeerKAT's shape (bench/xbengine-notes.md v13).
-    let pad_src = gpu.compute.alloc_zeros::<u8>(PAD_BYTES)?;
-    let mut pad_dst = gpu.compute.alloc_zeros::<u8>(PAD_BYTES)?;
-    let mut pad =
-        || -> Result<(), Box<dyn Error>> { Ok(gpu.compute.memcpy_dtod(&pad_src, &mut pad_dst)?) };
-    let t = timed_behind::<Box<dyn Error>>(gpu, 10, &mut pad, &mut || {
+    let mut pad = Pad::new(gpu, PAD_BYTES)?;
+    let t = timed_behind::<Box<dyn Error>>(gpu, 10, &mut || Ok(pad.queue(gpu)?), &mut || {
         bf.form(
             &input.as_view(),
             &present,
