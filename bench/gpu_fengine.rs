@@ -332,7 +332,7 @@ fn whole_path(
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
-            batch: default_batch(sph),
+            batch: default_batch(sph, true),
             depth: slots,
             peer: false,
         },
@@ -423,26 +423,39 @@ fn main() -> Result<(), GpuError> {
         return outputs::report(&gpu, quick, timeline);
     }
     // `--launch-only`: the kernels at the engine's launch size alone (one batch of
-    // `default_batch` heaps per launch), for the PFB's launch-size figure and a profiler.
+    // `default_batch` heaps per launch), for the PFB's launch-size figure and a profiler;
+    // `--launch-heaps K` (repeatable) times launches of K heaps instead.
     if std::env::args().any(|a| a == "--launch-only") {
+        let heaps: Vec<usize> = std::env::args()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] == "--launch-heaps")
+            .map(|w| w[1].parse().expect("--launch-heaps takes a heap count"))
+            .collect();
         for channels in [4096, 32768] {
             let sph = (1 << 20) / channels;
-            let spectra = sph * default_batch(sph);
-            // The copy ceiling at the PFB's own bytes (read + written) per launch.
-            let step = 2 * channels;
-            let pfb_bytes = pfb_bytes(2 * spectra * step, step, 16);
-            let copy_here = copy_at_size(&gpu, (pfb_bytes / 32.0) as usize, PAD_BYTES)? / GB;
-            println!(
+            let batches = if heaps.is_empty() {
+                vec![default_batch(sph, true)]
+            } else {
+                heaps.clone()
+            };
+            for spectra in batches.into_iter().map(|b| b * sph) {
+                // The copy ceiling at the PFB's own bytes (read + written) per launch.
+                let step = 2 * channels;
+                let pfb_bytes = pfb_bytes(2 * spectra * step, step, 16);
+                let copy_here = copy_at_size(&gpu, (pfb_bytes / 32.0) as usize, PAD_BYTES)? / GB;
+                println!(
                 "launch-size copy {channels:>5} ch: {:.1} MB read + written per launch, {copy_here:.0} GB/s ({:.0}% of the large copy)",
                 pfb_bytes * 1e-6,
                 100.0 * copy_here / c.copy
             );
-            for f in kernels_at(&gpu, channels, spectra, true, &[32, 64, 128, 256])? {
-                println!(
+                for f in kernels_at(&gpu, channels, spectra, true, &[32, 64, 128, 256])? {
+                    println!(
                     "launch-size kernels {:>5} ch, {spectra:>4} spectra, section {:>3}: pfb {:>5.0} GB/s ({:>3.0}% of copy, {:>3.0}% of the copy at this size), fft {:>5.0} GB/s, postproc {:>5.0} GB/s ({:>3.0}%), chain {:>4.0} GS/s",
                     f.channels, f.section, f.pfb, 100.0 * f.pfb / c.copy, 100.0 * f.pfb / copy_here,
                     f.fft, f.post, 100.0 * f.post / c.copy, f.samples / GB
                 );
+                }
             }
         }
         return Ok(());
@@ -477,7 +490,7 @@ fn main() -> Result<(), GpuError> {
     // The PCIe bound is re-measured right before each whole-path run: the machine's link is
     // shared and has been seen to vary between runs.
     for channels in [4096, 32768] {
-        let batch = default_batch((1 << 20) / channels);
+        let batch = default_batch((1 << 20) / channels, true);
         for slots in [(8 / batch).max(2), 4] {
             let bound = pcie_bound(&gpu)?;
             let (rate, heaps) = whole_path(
@@ -502,7 +515,7 @@ fn main() -> Result<(), GpuError> {
     if std::env::args().any(|a| a == "--scan") {
         for channels in [4096, 16384, 32768] {
             let sph = (1 << 20) / channels;
-            for (what, spectra) in [("heap", sph), ("launch", sph * default_batch(sph))] {
+            for (what, spectra) in [("heap", sph), ("launch", sph * default_batch(sph, true))] {
                 for f in kernels_at(&gpu, channels, spectra, true, &[32, 64])? {
                     println!(
                         "{what}-size kernels {:>5} ch, {spectra:>4} spectra, section {:>2}: pfb {:>5.0} GB/s, fft {:>5.0} GB/s, postproc {:>5.0} GB/s, chain {:>4.0} GS/s",
@@ -519,7 +532,7 @@ fn main() -> Result<(), GpuError> {
             (4096, 24, 16),
         ] {
             let bound = pcie_bound(&gpu)?;
-            let batch = default_batch((1 << 20) / shape.0);
+            let batch = default_batch((1 << 20) / shape.0, true);
             let (rate, _) = whole_path(&gpu, shape, 100, (8 / batch).max(2), false)?;
             println!(
                 "scan {:>5} ch, 2^{} samples per chunk, {:>2} taps: {:.1} GS/s = {:.0}% of {:.1}",

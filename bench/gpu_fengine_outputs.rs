@@ -146,6 +146,7 @@ pub fn whole_path_outputs(
     for o in specs {
         let cfg = pcfg(&o)?;
         let sph = cfg.spectra_per_heap;
+        let wideband = matches!(o, OutputSpec::Wideband(_));
         let gcfg = GpuConfig {
             sample_bits: BITS,
             body: layout.chunk_samples as usize,
@@ -153,8 +154,8 @@ pub fn whole_path_outputs(
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(o.channels()),
-            batch: default_batch(sph),
-            depth: default_depth(sph),
+            batch: default_batch(sph, wideband),
+            depth: default_depth(sph, wideband),
             peer: false,
         };
         let mut backend = match &o {

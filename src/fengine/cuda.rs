@@ -183,10 +183,11 @@ impl GpuBackend {
             frames: st.alloc_zeros(2 * hs * batch * front.frame_values())?,
             power: st.alloc_zeros(2 * batch)?,
             runs: [None, None],
-            // At the engine's launch size on the H100 64 beats 128 at 32768 channels (a launch
-            // of 256 spectra runs rows of 64 instead of 124, 124 and 8) and equals it at 4096,
-            // where the split shortens 128 to 64 anyway (bench/gpu-notes.md, v17); the kernel
-            // takes fewer where a section's rows would not fit in shared memory.
+            // At the engine's launch size on the H100 64 beats 128 at 32768 channels (80 against
+            // 78 % of copy for a launch of 512 spectra, v18; 75 against 71 % for 256, whose
+            // rows ran 64 instead of 124, 124 and 8, v17) and is within a point of it at 4096
+            // (bench/gpu-notes.md); the kernel takes fewer where a section's rows would not fit
+            // in shared memory.
             section: 64,
             timeline: Timeline::default(),
             front,

@@ -55,23 +55,33 @@ pub struct GpuConfig {
     pub peer: bool,
 }
 
-/// Heaps per back-end launch: enough for 256 spectra, below which post-processing was
-/// measured at a fraction of its bandwidth (bench/gpu-notes.md v7), and 1024 where heaps have
-/// 256 spectra or more (4096 channels and fewer at katgpucbf's 2²⁰ samples per heap), whose
-/// PFB launches of one 256-spectrum heap reached only ≈ 30 % of the copy bandwidth (v15). Not
-/// 1024 for smaller heaps: with 32-spectrum heaps (32768 channels) such batches cut the
+/// Heaps per back-end launch. Narrowband: enough for 256 spectra, below which
+/// post-processing was measured at a fraction of its bandwidth (bench/gpu-notes.md v7), 1024
+/// where heaps have 256 spectra or more. Wideband: 4096 spectra where heaps have 256 or more
+/// (4096 channels and fewer at katgpucbf's 2²⁰ samples per heap: a whole 2²⁵-sample chunk at
+/// 4096 channels), 512 below (32768 channels: a chunk). The PFB's launches of 1024 and 256
+/// spectra reached only 68 % and 75 % of the copy bandwidth, a launch of ~35 µs paying its
+/// ramp and drain; at 4096 and 512 spectra they reach 80–82 % (v18). Not larger for the
+/// narrowband outputs: with their 32-spectrum heaps, 1024-spectrum batches cut the
 /// three-output whole path from ≈ 105 % to ≈ 87 % of the PCIe bound (v16).
-pub fn default_batch(spectra_per_heap: usize) -> usize {
-    let spectra: usize = if spectra_per_heap >= 256 { 1024 } else { 256 };
+pub fn default_batch(spectra_per_heap: usize, wideband: bool) -> usize {
+    let large = spectra_per_heap >= 256;
+    let spectra: usize = match (wideband, large) {
+        (true, true) => 4096,
+        (true, false) => 512,
+        (false, true) => 1024,
+        (false, false) => 256,
+    };
     spectra.div_ceil(spectra_per_heap).max(1)
 }
 
 /// Output slots of [`default_batch`] heaps in flight: about 8 heaps kept the copies busy in
-/// every run (bench/RESULTS.md), in at least two slots, and four where a batch is 1024
-/// spectra (two slots of them held back the three-output whole path, v16).
-pub fn default_depth(spectra_per_heap: usize) -> usize {
-    let batch = default_batch(spectra_per_heap);
-    let min = if batch * spectra_per_heap >= 1024 {
+/// every run (bench/RESULTS.md), in at least two slots, and four where a batch is 512 spectra
+/// or more (two slots of 1024 held back the three-output whole path, v16; at 32768 channels
+/// two slots of 512 measured 84, 93, 94 and 109 % of the PCIe bound, four 95–115 %, v18).
+pub fn default_depth(spectra_per_heap: usize, wideband: bool) -> usize {
+    let batch = default_batch(spectra_per_heap, wideband);
+    let min = if batch * spectra_per_heap >= 512 {
         4
     } else {
         2
@@ -83,6 +93,6 @@ pub fn default_depth(spectra_per_heap: usize) -> usize {
 /// held until the NIC has sent it rather than until it is copied): twice [`default_depth`],
 /// so that the slots the send thread holds (a batch's heaps go out over the batch's span)
 /// leave as many for the compute as without it. Not yet tuned on hardware.
-pub fn peer_depth(spectra_per_heap: usize) -> usize {
-    2 * default_depth(spectra_per_heap)
+pub fn peer_depth(spectra_per_heap: usize, wideband: bool) -> usize {
+    2 * default_depth(spectra_per_heap, wideband)
 }

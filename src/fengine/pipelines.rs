@@ -143,13 +143,18 @@ pub(super) fn make_pipeline(
             Box::new(b)
         }
         (OutputSpec::Wideband(o), Some(shared)) => {
-            let gcfg = gpu_config(&pcfg, tail, default_unzip(o.channels), cfg.use_peerdirect);
+            let gcfg = gpu_config(
+                &pcfg,
+                tail,
+                Some(default_unzip(o.channels)),
+                cfg.use_peerdirect,
+            );
             let b = GpuBackend::wideband(&shared.input, o, gcfg)
                 .map_err(|e| ConfigError::new("--backend", e))?;
             Box::new(b)
         }
         (OutputSpec::Narrowband(o), Some(shared)) => {
-            let gcfg = gpu_config(&pcfg, tail, 1, cfg.use_peerdirect);
+            let gcfg = gpu_config(&pcfg, tail, None, cfg.use_peerdirect);
             let input = shared.input.clone();
             let cache = shared.tuning(cfg);
             let b = GpuBackend::narrowband_on(
@@ -166,23 +171,24 @@ pub(super) fn make_pipeline(
     Ok(Pipeline::with_backend(output, pcfg, backend))
 }
 
-/// The CUDA backend's shape for an output of `pcfg` (`unzip`: wideband only), its heaps sent
-/// from device memory where `peer` (`--use-peerdirect`, with more slots: seed 000
-/// §PeerDirect).
-fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: usize, peer: bool) -> GpuConfig {
+/// The CUDA backend's shape for an output of `pcfg`: wideband with its `unzip`, narrowband
+/// where that is `None`; its heaps sent from device memory where `peer` (`--use-peerdirect`,
+/// with more slots: seed 000 §PeerDirect).
+fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: Option<usize>, peer: bool) -> GpuConfig {
     let sph = pcfg.spectra_per_heap;
+    let wideband = unzip.is_some();
     GpuConfig {
         sample_bits: pcfg.sample_bits,
         body: pcfg.layout.chunk_samples as usize,
         tail,
         spectra_per_heap: pcfg.spectra_per_heap,
         out_bits: pcfg.out_bits,
-        unzip,
-        batch: default_batch(pcfg.spectra_per_heap),
+        unzip: unzip.unwrap_or(1),
+        batch: default_batch(sph, wideband),
         depth: if peer {
-            peer_depth(sph)
+            peer_depth(sph, wideband)
         } else {
-            default_depth(sph)
+            default_depth(sph, wideband)
         },
         peer,
     }

@@ -149,7 +149,12 @@ fn run_pipeline(
     let backend = GpuBackend::wideband(
         &input,
         &out,
-        fengine_case::gpu_config(tail, default_batch(SPECTRA), default_depth(SPECTRA), false),
+        fengine_case::gpu_config(
+            tail,
+            default_batch(SPECTRA, true),
+            default_depth(SPECTRA, true),
+            false,
+        ),
     )?;
     let mut pipeline = Pipeline::with_backend(OutputSpec::Wideband(out), pcfg, Box::new(backend));
     let present = vec![1u8; 2 * CHUNK_SAMPLES / HEAP_SAMPLES];
