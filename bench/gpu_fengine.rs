@@ -9,7 +9,8 @@
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
 //! Usage: `cbf-gpu-bench [--quick] [--scan] [--timeline] [--kernels-only CHANNELS]
-//! [--outputs-only]` (`--outputs-only`: the ceilings and the three-output case alone).
+//! [--launch-only [--launch-heaps K]...] [--outputs-only]` (`--outputs-only`: the ceilings and
+//! the three-output case alone).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,7 +18,9 @@ use std::time::Instant;
 use cbf::dsp::pfb::Window;
 use cbf::dsp::postproc::{OutputBits, SpectrumDelay};
 use cbf::fengine::backend::{BackEndInput, Backend, ChunkInput};
-use cbf::fengine::cuda::{default_batch, default_unzip, GpuBackend, GpuConfig};
+use cbf::fengine::cuda::{
+    default_batch, default_depth, default_unzip, wideband_batch, GpuBackend, GpuConfig,
+};
 use cbf::fengine::output::WidebandOutput;
 use cbf::fengine::pipeline::{ChunkView, Pipeline, PipelineConfig};
 use cbf::fengine::place::InputLayout;
@@ -292,7 +295,7 @@ fn pfb_bytes(samples: usize, step: usize, taps: usize) -> f64 {
 /// The engine path: `Pipeline` on `GpuBackend` over pinned chunks (10-bit, both pols),
 /// 8-bit heaps to pinned memory; input samples per second (both pols).
 /// `shape` = (channels, log2 of the chunk's samples per pol, taps).
-/// `slots`: output slots of a launch's heaps each (the engine uses max(8 / batch, 2)). With
+/// `slots`: output slots of a launch's heaps each (the engine's: `default_depth`). With
 /// `timeline`, every copy and launch is timed and summarised per label after the run.
 fn whole_path(
     gpu: &Arc<Gpu>,
@@ -332,7 +335,8 @@ fn whole_path(
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
-            batch: default_batch(sph, true),
+            // As the engine: at most one chunk's heaps (`fengine::pipelines`).
+            batch: wideband_batch(sph, (1 << chunk_log2) / (2 * channels * sph)),
             depth: slots,
             peer: false,
         },
@@ -445,16 +449,16 @@ fn main() -> Result<(), GpuError> {
                 let pfb_bytes = pfb_bytes(2 * spectra * step, step, 16);
                 let copy_here = copy_at_size(&gpu, (pfb_bytes / 32.0) as usize, PAD_BYTES)? / GB;
                 println!(
-                "launch-size copy {channels:>5} ch: {:.1} MB read + written per launch, {copy_here:.0} GB/s ({:.0}% of the large copy)",
-                pfb_bytes * 1e-6,
-                100.0 * copy_here / c.copy
-            );
+                    "launch-size copy {channels:>5} ch: {:.1} MB read + written per launch, {copy_here:.0} GB/s ({:.0}% of the large copy)",
+                    pfb_bytes * 1e-6,
+                    100.0 * copy_here / c.copy
+                );
                 for f in kernels_at(&gpu, channels, spectra, true, &[32, 64, 128, 256])? {
                     println!(
-                    "launch-size kernels {:>5} ch, {spectra:>4} spectra, section {:>3}: pfb {:>5.0} GB/s ({:>3.0}% of copy, {:>3.0}% of the copy at this size), fft {:>5.0} GB/s, postproc {:>5.0} GB/s ({:>3.0}%), chain {:>4.0} GS/s",
-                    f.channels, f.section, f.pfb, 100.0 * f.pfb / c.copy, 100.0 * f.pfb / copy_here,
-                    f.fft, f.post, 100.0 * f.post / c.copy, f.samples / GB
-                );
+                        "launch-size kernels {:>5} ch, {spectra:>4} spectra, section {:>3}: pfb {:>5.0} GB/s ({:>3.0}% of copy, {:>3.0}% of the copy at this size), fft {:>5.0} GB/s, postproc {:>5.0} GB/s ({:>3.0}%), chain {:>4.0} GS/s",
+                        f.channels, f.section, f.pfb, 100.0 * f.pfb / c.copy, 100.0 * f.pfb / copy_here,
+                        f.fft, f.post, 100.0 * f.post / c.copy, f.samples / GB
+                    );
                 }
             }
         }
@@ -490,8 +494,10 @@ fn main() -> Result<(), GpuError> {
     // The PCIe bound is re-measured right before each whole-path run: the machine's link is
     // shared and has been seen to vary between runs.
     for channels in [4096, 32768] {
-        let batch = default_batch((1 << 20) / channels, true);
-        for slots in [(8 / batch).max(2), 4] {
+        let sph = (1 << 20) / channels;
+        let batch = wideband_batch(sph, (1 << 25) / (2 * channels * sph));
+        // Two slots and the engine's four (`default_depth`).
+        for slots in [2, default_depth(sph, true)] {
             let bound = pcie_bound(&gpu)?;
             let (rate, heaps) = whole_path(
                 &gpu,
@@ -532,8 +538,8 @@ fn main() -> Result<(), GpuError> {
             (4096, 24, 16),
         ] {
             let bound = pcie_bound(&gpu)?;
-            let batch = default_batch((1 << 20) / shape.0, true);
-            let (rate, _) = whole_path(&gpu, shape, 100, (8 / batch).max(2), false)?;
+            let depth = default_depth((1 << 20) / shape.0, true);
+            let (rate, _) = whole_path(&gpu, shape, 100, depth, false)?;
             println!(
                 "scan {:>5} ch, 2^{} samples per chunk, {:>2} taps: {:.1} GS/s = {:.0}% of {:.1}",
                 shape.0,

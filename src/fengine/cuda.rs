@@ -35,7 +35,9 @@ use crate::gpu::timeline::Timeline;
 use crate::gpu::{Gpu, GpuError};
 
 pub use super::cuda_front::DdcChoice;
-pub use super::cuda_shape::{default_batch, default_depth, default_unzip, peer_depth, GpuConfig};
+pub use super::cuda_shape::{
+    default_batch, default_depth, default_unzip, peer_depth, wideband_batch, GpuConfig,
+};
 
 /// A run of consecutive spectra of one polarisation with one coarse delay.
 #[derive(Debug, Clone, Copy)]

@@ -61,9 +61,10 @@ pub struct GpuConfig {
 /// (4096 channels and fewer at katgpucbf's 2²⁰ samples per heap: a whole 2²⁵-sample chunk at
 /// 4096 channels), 512 below (32768 channels: a chunk). The PFB's launches of 1024 and 256
 /// spectra reached only 68 % and 75 % of the copy bandwidth, a launch of ~35 µs paying its
-/// ramp and drain; at 4096 and 512 spectra they reach 80–82 % (v18). Not larger for the
-/// narrowband outputs: with their 32-spectrum heaps, 1024-spectrum batches cut the
-/// three-output whole path from ≈ 105 % to ≈ 87 % of the PCIe bound (v16).
+/// ramp and drain; at 4096 and 512 spectra they reach 81 and 80 % at the engine's section of 64
+/// (v18). Not larger for the narrowband outputs: with their 32-spectrum heaps, 1024-spectrum
+/// batches cut the three-output whole path from ≈ 105 % to ≈ 87 % of the PCIe bound (v16).
+/// A wideband output takes at most a chunk's heaps ([`wideband_batch`]).
 pub fn default_batch(spectra_per_heap: usize, wideband: bool) -> usize {
     let large = spectra_per_heap >= 256;
     let spectra: usize = match (wideband, large) {
@@ -73,6 +74,15 @@ pub fn default_batch(spectra_per_heap: usize, wideband: bool) -> usize {
         (false, false) => 256,
     };
     spectra.div_ceil(spectra_per_heap).max(1)
+}
+
+/// [`default_batch`] of a wideband output whose chunks hold `chunk_heaps` of its heaps, capped
+/// there: with chunks smaller than 2²⁵ samples (`--recv-chunk-samples`) a larger batch would
+/// only hold its output slot across chunks, each chunk's PFB launching apart anyway.
+pub fn wideband_batch(spectra_per_heap: usize, chunk_heaps: usize) -> usize {
+    default_batch(spectra_per_heap, true)
+        .min(chunk_heaps)
+        .max(1)
 }
 
 /// Output slots of [`default_batch`] heaps in flight: about 8 heaps kept the copies busy in

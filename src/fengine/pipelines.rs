@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use super::backend::Backend;
 use super::config::FengineConfig;
-use super::cuda::{default_batch, default_depth, default_unzip, peer_depth, GpuBackend, GpuConfig};
+use super::cuda::{
+    default_batch, default_depth, default_unzip, peer_depth, wideband_batch, GpuBackend, GpuConfig,
+};
 use super::cuda_input::{InputShape, SharedInput};
 use super::narrowband::{NarrowbandBackend, NarrowbandSizes};
-use super::output::OutputSpec;
+use super::output::{OutputSpec, WidebandOutput};
 use super::pipeline::{Pipeline, PipelineConfig};
 use super::place::InputLayout;
 use crate::engine::{ConfigError, EngineError};
@@ -143,12 +145,7 @@ pub(super) fn make_pipeline(
             Box::new(b)
         }
         (OutputSpec::Wideband(o), Some(shared)) => {
-            let gcfg = gpu_config(
-                &pcfg,
-                tail,
-                Some(default_unzip(o.channels)),
-                cfg.use_peerdirect,
-            );
+            let gcfg = gpu_config(&pcfg, tail, Some(o), cfg.use_peerdirect);
             let b = GpuBackend::wideband(&shared.input, o, gcfg)
                 .map_err(|e| ConfigError::new("--backend", e))?;
             Box::new(b)
@@ -171,20 +168,33 @@ pub(super) fn make_pipeline(
     Ok(Pipeline::with_backend(output, pcfg, backend))
 }
 
-/// The CUDA backend's shape for an output of `pcfg`: wideband with its `unzip`, narrowband
-/// where that is `None`; its heaps sent from device memory where `peer` (`--use-peerdirect`,
-/// with more slots: seed 000 §PeerDirect).
-fn gpu_config(pcfg: &PipelineConfig, tail: usize, unzip: Option<usize>, peer: bool) -> GpuConfig {
+/// The CUDA backend's shape for an output of `pcfg`: `wideband`, or narrowband where that is
+/// `None`; its heaps sent from device memory where `peer` (`--use-peerdirect`, with more
+/// slots: seed 000 §PeerDirect).
+fn gpu_config(
+    pcfg: &PipelineConfig,
+    tail: usize,
+    wideband: Option<&WidebandOutput>,
+    peer: bool,
+) -> GpuConfig {
     let sph = pcfg.spectra_per_heap;
-    let wideband = unzip.is_some();
+    // A wideband heap is `sph` spectra of 2·channels samples per pol.
+    let (batch, unzip) = match wideband {
+        Some(o) => {
+            let chunk_heaps = pcfg.layout.chunk_samples as usize / (2 * o.channels * sph);
+            (wideband_batch(sph, chunk_heaps), default_unzip(o.channels))
+        }
+        None => (default_batch(sph, false), 1),
+    };
+    let wideband = wideband.is_some();
     GpuConfig {
         sample_bits: pcfg.sample_bits,
         body: pcfg.layout.chunk_samples as usize,
         tail,
         spectra_per_heap: pcfg.spectra_per_heap,
         out_bits: pcfg.out_bits,
-        unzip: unzip.unwrap_or(1),
-        batch: default_batch(sph, wideband),
+        unzip,
+        batch,
         depth: if peer {
             peer_depth(sph, wideband)
         } else {

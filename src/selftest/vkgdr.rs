@@ -22,10 +22,10 @@ use cudarc::driver::{sys, DevicePtr};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::fengine_case::{self, BITS, CHUNK_SAMPLES, HEAP_SAMPLES, SPECTRA};
+use super::fengine_case::{self, BITS, CHANNELS, CHUNK_SAMPLES, HEAP_SAMPLES, SPECTRA};
 use super::{random_bytes, Check, MIB};
 use crate::dsp::samples::packed_len;
-use crate::fengine::cuda::{default_batch, default_depth, GpuBackend};
+use crate::fengine::cuda::{default_depth, wideband_batch, GpuBackend};
 use crate::fengine::cuda_input::{InputShape, SharedInput};
 use crate::fengine::output::OutputSpec;
 use crate::fengine::pipeline::{ChunkView, OutputHeap, Pipeline};
@@ -151,7 +151,8 @@ fn run_pipeline(
         &out,
         fengine_case::gpu_config(
             tail,
-            default_batch(SPECTRA, true),
+            // The engine's batch for these chunks (two heaps each): full batches over the 8 heaps.
+            wideband_batch(SPECTRA, CHUNK_SAMPLES / (2 * CHANNELS * SPECTRA)),
             default_depth(SPECTRA, true),
             false,
         ),
