@@ -103,9 +103,9 @@ impl Pfb {
         run: PfbRun,
     ) -> Result<(), GpuError> {
         let mut section = run.section.clamp(1, run.count.max(1));
-        // A launch of few spectra (a small or partly filled batch) gets shorter sections, down to 32, until
-        // it has a few waves of blocks: at 4096 channels a batch of 512 spectra in sections of
-        // 128 gave an H100 256 blocks for its 528 slots (bench/gpu-notes.md v15).
+        // A launch of few spectra (a small or partly filled batch) gets shorter sections, down
+        // to 32, until it has a few waves of blocks: at 4096 channels a batch of 512 spectra in
+        // sections of 128 gave an H100 256 blocks for its 528 slots (bench/gpu-notes.md v15).
         let columns = self.step.div_ceil(BLOCK) * run.pols;
         while section > MIN_SPLIT_SECTION && columns * run.count.div_ceil(section) < FULL_GRID {
             section /= 2;
