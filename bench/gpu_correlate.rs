@@ -66,16 +66,30 @@ struct Figure {
     useful: f64,
 }
 
-fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, reps: usize) -> Result<Figure, GpuError> {
-    let mut c = Correlator::new(Arc::clone(gpu), cfg)?;
+/// One plan's figures: with `fuse`, the plan `Correlator::new` builds (the corner turn fused
+/// into the `wgmma` kernel where it can be: the whole call is timed as "corr", "turn" is 0),
+/// else the corner turn and the correlator timed apart.
+fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, fuse: bool, reps: usize) -> Result<Figure, GpuError> {
+    let mut c = if fuse {
+        Correlator::new(Arc::clone(gpu), cfg)?
+    } else {
+        Correlator::with_turn(Arc::clone(gpu), cfg)?
+    };
     let mut host = vec![0u8; cfg.input_bytes()];
     fill(&mut host, 0x5eed ^ cfg.shape.n_ants as u64);
     let input = gpu.compute.clone_htod(&host)?;
     drop(host);
     let mut acc = gpu.compute.alloc_zeros::<i64>(cfg.acc_len())?;
     let view = input.as_view();
-    let turn = timed::<GpuError>(gpu, reps, &mut || Ok(c.corner_turn(&view)?))?;
-    let corr = timed::<GpuError>(gpu, reps, &mut || Ok(c.correlate_planar(&mut acc)?))?;
+    let (turn, corr) = if c.fused() {
+        let call = timed::<GpuError>(gpu, reps, &mut || Ok(c.correlate(&view, &mut acc)?))?;
+        (0.0, call)
+    } else {
+        (
+            timed::<GpuError>(gpu, reps, &mut || Ok(c.corner_turn(&view)?))?,
+            timed::<GpuError>(gpu, reps, &mut || Ok(c.correlate_planar(&mut acc)?))?,
+        )
+    };
     let s = cfg.shape;
     let useful = 32.0
         * n_baselines(s.n_ants) as f64
@@ -129,9 +143,10 @@ fn main() -> Result<(), GpuError> {
         (256, 30, 49152, 1),
         (576, 30, 49152, 1),
     ];
-    let mut paths = vec![CorrPath::Mma];
+    // (path, fused): the `wgmma` path with its corner turn apart, and fused where it fuses.
+    let mut paths = vec![(CorrPath::Mma, false)];
     if CorrPath::best_for(&gpu) == CorrPath::Wgmma {
-        paths.push(CorrPath::Wgmma);
+        paths.extend([(CorrPath::Wgmma, false), (CorrPath::Wgmma, true)]);
     }
     println!(
         "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9} {:>9}  {:>10} {:>6}  {:>10}  {:>8}",
@@ -151,7 +166,7 @@ fn main() -> Result<(), GpuError> {
         if !only.is_empty() && !only.contains(&n_ants) {
             continue;
         }
-        for &path in &paths {
+        for &(path, fuse) in &paths {
             let cfg = CorrConfig {
                 shape: CorrShape {
                     n_ants,
@@ -162,10 +177,19 @@ fn main() -> Result<(), GpuError> {
                 in_bits: 8,
                 path,
             };
-            let f = measure(&gpu, cfg, reps)?;
+            // The fused plan only where `Correlator::new` fuses (`CorrConfig::can_fuse`).
+            if fuse && !cfg.can_fuse() {
+                continue;
+            }
+            let f = measure(&gpu, cfg, fuse, reps)?;
+            let label = if fuse {
+                "Fused".to_string()
+            } else {
+                format!("{path:?}")
+            };
             println!(
                 "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
-                format!("{path:?}"),
+                label,
                 n_ants,
                 channels,
                 spectra,

@@ -45,8 +45,13 @@
 #error "correlate_wgmma.cu needs sm_90a (wgmma)"
 #endif
 
-#define CONSUMERS 256             // two warpgroups
-#define THREADS (CONSUMERS + 32)  // and the producer warp
+#define CONSUMERS 256 // two warpgroups
+#if FUSED
+#define PRODUCERS 128 // a producer warpgroup that de-interleaves the chunk's words
+#else
+#define PRODUCERS 32 // a producer warp whose lane 0 issues bulk copies
+#endif
+#define THREADS (CONSUMERS + PRODUCERS)
 #define KSTEP 128                 // times per stage: one 128-byte swizzle row
 #define A_ROWS 128                // planar rows of a block's row tile (64 antenna-pols)
 #define B_ROWS 256                // planar rows of the column tile (128 antenna-pols)
@@ -249,6 +254,18 @@ __device__ __forceinline__ void mbar_arrive_cluster(u32 bar)
         asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(in_block(bar, rank)) : "memory");
 }
 
+// A consumer warp's release of a stage it has finished reading: to both blocks' producers where
+// the column tile is multicast into both (each block's copy half of it), to its own block's
+// where its producers stage every row themselves (FUSED).
+__device__ __forceinline__ void release_stage(u32 bar)
+{
+#if FUSED
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#else
+    mbar_arrive_cluster(bar);
+#endif
+}
+
 __device__ __forceinline__ void cluster_sync()
 {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -301,13 +318,13 @@ __device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, bool 
             wgmma_wait<1>(d);
             __syncwarp();
             if (lane == 0)
-                mbar_arrive_cluster(empty + 8 * ((g - 1) % STAGES));
+                release_stage(empty + 8 * ((g - 1) % STAGES));
         }
     }
     wgmma_wait<0>(d);
     __syncwarp();
     if (lane == 0)
-        mbar_arrive_cluster(empty + 8 * ((g - 1) % STAGES));
+        release_stage(empty + 8 * ((g - 1) % STAGES));
 }
 
 // Block `rank`'s copies of one item's steps (the producer's lane 0): each stage waits for its
@@ -340,10 +357,148 @@ __device__ __forceinline__ void stage_item(int it, int rank, const signed char *
     }
 }
 
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
-    corr_wgmma(const signed char *__restrict__ planar, i64 *__restrict__ acc, int step0, int nsteps, int items,
-               unsigned int *__restrict__ next_item)
+#if FUSED
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel)
 {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// The four planar rows' words of 4 consecutive times from their samples w0 … w3 (each word
+// (re₀, im₀, re₁, im₁) of one time): rows (pol 0, Re), (0, Im), (1, Re), (1, Im).
+__device__ __forceinline__ void split4(u32 w0, u32 w1, u32 w2, u32 w3, u32 (&r)[4])
+{
+    const u32 lo01 = prmt(w0, w1, 0x5140), hi01 = prmt(w0, w1, 0x7362);
+    const u32 lo23 = prmt(w2, w3, 0x5140), hi23 = prmt(w2, w3, 0x7362);
+    r[0] = prmt(lo01, lo23, 0x5410);
+    r[1] = prmt(lo01, lo23, 0x7632);
+    r[2] = prmt(hi01, hi23, 0x5410);
+    r[3] = prmt(hi01, hi23, 0x7632);
+}
+
+// FUSED (small arrays): the producer warpgroup stages each step straight from the chunk,
+// which is (batch, antenna, channel, spectrum, pol, re/im) int8 as the F heaps arrive, so no
+// corner-turn pass reads and writes the chunk first. An antenna's samples of one channel are a
+// contiguous run of 4-byte words in time, so its four planar rows are a byte de-interleave of
+// the run, not a transpose: a unit of 16 times of one antenna (64 bytes, four 16-byte loads)
+// becomes 16 bytes of each of its four rows (`split4`), stored at their swizzled places (the
+// order correlate_turn.cu's TILED layout writes to global memory). A step's antennas are the
+// column tile's 64 (slots 0 … 63) and, off the diagonal, the block's row tile's 32 (slots
+// 64 … 95), each in 8 units; thread p of the warpgroup takes unit p % 8 of slots p / 8 + 16·j,
+// issues every load of a step before it waits for the stage, and prefetches the rows of step
+// k + PF into L2. Registers hold at most a step in flight (48 KB per SM), so this feeds the
+// tensor cores only where the turn's own pass costs more than the wait: at N ≤ 64 the fused
+// call took 0.29 ms against 0.47 for turn + correlator, at N = 576 13.6 against 9.2
+// (bench/correlator-notes.md v13; the host fuses only where NP ≤ FUSE_MAX_NP). Antennas at or
+// beyond N_ANTS, times beyond GROUP·SPECTRA and batches at or beyond `n` are zeros. Needs
+// SPECTRA % 16 == 0 (a unit never straddles two batches) and 8-bit input.
+#define UNITS_MAX 6
+#define PF 2
+
+__device__ __forceinline__ void stage_item_fused(int it, int rank, const unsigned char *__restrict__ in, int n,
+                                                 u32 sbase, u32 full, u32 empty, int step0, int nsteps, u32 &g)
+{
+    int cb, ct, pp;
+    item_parts(it, cb, ct, pp);
+    const int grp = cb / CHANNELS, c = cb % CHANNELS;
+    const bool diag = pp == ct;
+    const int rt = 2 * pp + rank;
+    const int p = threadIdx.x - CONSUMERS, lane = threadIdx.x % 32, ch = p % 8;
+    const int units = diag ? 4 : UNITS_MAX;
+    // Byte offset of each unit's antenna run in this channel (batch 0, time 0); −1: zeros.
+    i64 run[UNITS_MAX];
+#pragma unroll
+    for (int j = 0; j < UNITS_MAX; ++j)
+    {
+        const int slot = p / 8 + 16 * j;
+        const int a = slot < 64 ? ct * 64 + slot : rt * 32 + (slot - 64);
+        run[j] = j < units && a < N_ANTS ? ((i64)a * CHANNELS + c) * SPECTRA * 4 : -1;
+    }
+    // Byte offset of (batch, spectrum) of the group's row time t, −1 past the data.
+    auto at = [&](int t) -> i64 {
+        const int sub = t / SPECTRA, batch = grp * GROUP + sub;
+        if (sub >= GROUP || batch >= n)
+            return -1;
+        return ((i64)batch * N_ANTS * CHANNELS * SPECTRA + (t - sub * SPECTRA)) * 4;
+    };
+    for (int k = 0; k < nsteps; ++k, ++g)
+    {
+        const int t = (step0 + k) * KSTEP + ch * 16;
+        const i64 off = at(t);
+        if (k + PF < nsteps && (ch & 1) == 0)
+        {
+            const i64 pf = at(t + PF * KSTEP);
+            if (pf >= 0)
+#pragma unroll
+                for (int j = 0; j < UNITS_MAX; ++j)
+                    if (run[j] >= 0)
+                        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(in + run[j] + pf));
+        }
+        uint4 x[UNITS_MAX][4];
+#pragma unroll
+        for (int j = 0; j < UNITS_MAX; ++j)
+#pragma unroll
+            for (int h = 0; h < 4; ++h)
+                x[j][h] = make_uint4(0, 0, 0, 0);
+        if (off >= 0)
+#pragma unroll
+            for (int j = 0; j < UNITS_MAX; ++j)
+                if (run[j] >= 0)
+                {
+                    const uint4 *src = reinterpret_cast<const uint4 *>(in + run[j] + off);
+#pragma unroll
+                    for (int h = 0; h < 4; ++h)
+                        x[j][h] = __ldg(src + h);
+                }
+        const u32 s = g % STAGES;
+        if (g >= STAGES)
+            mbar_wait(empty + 8 * s, ((g / STAGES) & 1) ^ 1);
+        const u32 st = sbase + s * STAGE_BYTES;
+#pragma unroll
+        for (int j = 0; j < UNITS_MAX; ++j)
+        {
+            if (j >= units)
+                break;
+            const int slot = p / 8 + 16 * j;
+            const int sl = slot < 64 ? slot : slot - 64;
+            const u32 tile = st + (slot < 64 ? A_BYTES : 0);
+            u32 r[4][4]; // [row][word]
+#pragma unroll
+            for (int h = 0; h < 4; ++h)
+            {
+                u32 w[4];
+                split4(x[j][h].x, x[j][h].y, x[j][h].z, x[j][h].w, w);
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    r[q][h] = w[q];
+            }
+            // Row (pol, plane) of antenna-pol i = 2·sl + pol is (i / 8)·16 + plane·8 + i % 8,
+            // and its 16-byte chunk ch lies at (ch ^ row & 7)·16.
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+            {
+                const int row = (sl >> 2) * 16 + (q & 1) * 8 + 2 * (sl & 3) + (q >> 1);
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + row * KSTEP + ((ch ^ (row & 7)) << 4)),
+                             "r"(r[q][0]), "r"(r[q][1]), "r"(r[q][2]), "r"(r[q][3])
+                             : "memory");
+            }
+        }
+        // The stores are the generic proxy's; wgmma reads through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncwarp();
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(full + 8 * s) : "memory");
+    }
+}
+#endif
+
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
+    corr_wgmma(const signed char *__restrict__ src, i64 *__restrict__ acc, int step0, int nsteps, int items,
+               unsigned int *__restrict__ next_item, int n)
+{
+    // src: the corner turn's tiled planar rows, or with FUSED the chunk itself, of which n
+    // batches are read (the rest of a group are zeros).
     extern __shared__ __align__(1024) unsigned char smem[];
     // Stages' full[s] and empty[s], then the item ring's full[q] and taken[q].
     __shared__ __align__(8) u64 bars[2 * STAGES + 2 * RING];
@@ -360,13 +515,18 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
     {
         for (int s = 0; s < STAGES; ++s)
         {
-            mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 2 * CONSUMERS / 32);
+            // FUSED: each producer warp arrives once its stores are fenced, and only this
+            // block's consumers read the stage; otherwise one arrival with the copies' bytes,
+            // and both blocks' consumers read it (the multicast half).
+            mbar_init(full + 8 * s, FUSED ? PRODUCERS / 32 : 1);
+            mbar_init(empty + 8 * s, (FUSED ? 1 : 2) * CONSUMERS / 32);
         }
         for (int q = 0; q < RING; ++q)
         {
+            // Taken by every consumer warp of both blocks and by the producers that stage
+            // from the ring (FUSED: all producer warps of both; otherwise block 1's).
             mbar_init(ring_full + 8 * q, 1);
-            mbar_init(ring_taken + 8 * q, 2 * CONSUMERS / 32 + 1);
+            mbar_init(ring_taken + 8 * q, 2 * CONSUMERS / 32 + (FUSED ? 2 * PRODUCERS / 32 : 1));
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -375,6 +535,43 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
 
     if (threadIdx.x >= CONSUMERS)
     {
+#if FUSED
+        // The producer warpgroup: block 0's first lane takes the cluster's items from the
+        // launch's counter, in order, and publishes each into both blocks' ring (−1 when none
+        // are left); every producer warp of both blocks reads them there and stages them.
+        const bool publisher = rank == 0 && threadIdx.x == CONSUMERS;
+        const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
+        int next = publisher ? (int)atomicAdd(next_item, 1u) : 0;
+        u32 g = 0;
+        for (u32 seq = 0;; ++seq)
+        {
+            if (publisher)
+            {
+                const int it = next < items ? next : -1;
+                const u32 q = seq % RING;
+                if (seq >= RING)
+                    mbar_wait_cluster(ring_taken + 8 * q, ((seq / RING) & 1) ^ 1);
+#pragma unroll
+                for (u32 r = 0; r < 2; ++r)
+                {
+                    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(in_block(ring0 + 4 * q, r)), "r"(it) : "memory");
+                    mbar_arrive_at(ring_full + 8 * q, r);
+                }
+                if (it >= 0)
+                    next = (int)atomicAdd(next_item, 1u);
+            }
+            int it = 0;
+            if (lane == 0)
+                it = take_item(seq, ring_full, ring_taken, ring);
+            it = __shfl_sync(0xffffffffu, it, 0);
+            if (it < 0)
+                break;
+            stage_item_fused(it, rank, reinterpret_cast<const unsigned char *>(src), n, sbase, full, empty, step0,
+                             nsteps, g);
+        }
+        cluster_sync();
+        return;
+#else
         // The producer warp: lane 0 issues every copy. Block 0's takes the cluster's items from
         // the launch's counter, in order (next_item), and publishes each into both blocks' ring
         // (−1 when none are left) before staging it; block 1's reads them from its ring.
@@ -402,7 +599,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
                     // Taken now, used at the next publication: the atomic's round trip
                     // overlaps this item's copies.
                     next = (int)atomicAdd(next_item, 1u);
-                    stage_item(it, rank, planar, sbase, full, empty, step0, nsteps, g);
+                    stage_item(it, rank, src, sbase, full, empty, step0, nsteps, g);
                 }
             }
             else
@@ -412,13 +609,14 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
                     const int it = take_item(seq, ring_full, ring_taken, ring);
                     if (it < 0)
                         break;
-                    stage_item(it, rank, planar, sbase, full, empty, step0, nsteps, g);
+                    stage_item(it, rank, src, sbase, full, empty, step0, nsteps, g);
                 }
             }
         }
         __syncwarp();
         cluster_sync();
         return;
+#endif
     }
 
     // The consumers.

@@ -140,14 +140,28 @@ fn every_kernel_compiles_for_every_architecture() {
             compiled += 1;
         }
     }
-    // The wgmma correlator exists for sm_90a only.
-    for (ants, channels, spectra) in [(1, 1, 1), (19, 3, 255), (1024, 512, 256)] {
+    // The wgmma correlator exists for sm_90a only: from the corner turn's rows (FUSED 0) and
+    // staging the chunk itself (FUSED 1, spectra a multiple of 16), one heap or merged ones
+    // (katgpucbf's 32 heaps of 256 spectra), one window of times or several.
+    for (ants, channels, spectra, group, fused) in [
+        (1, 1, 1, 1, 0),
+        (19, 3, 255, 1, 0),
+        (1024, 512, 256, 1, 0),
+        (1, 1, 16, 1, 1),
+        (19, 3, 48, 3, 1),
+        (80, 512, 256, 32, 1),
+        (128, 512, 256, 1, 1),
+        (2, 1, 140_000, 1, 1),
+    ] {
         let defs = vec![
             ("N_ANTS", ants),
             ("CHANNELS", channels),
-            ("TPAD", (spectra + 127) / 128 * 128),
+            ("TPAD", (spectra * group + 127) / 128 * 128),
             ("NP", (2 * ants + 127) / 128 * 128),
             ("STAGES", 4),
+            ("SPECTRA", spectra),
+            ("GROUP", group),
+            ("FUSED", fused),
         ];
         let target = Kernel::CorrWgmma.target("sm_90");
         compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
@@ -213,6 +227,9 @@ fn every_kernel_compiles_for_every_architecture() {
         ("TPAD", 1280),
         ("NP", 1024),
         ("STAGES", 4),
+        ("SPECTRA", 256),
+        ("GROUP", 5),
+        ("FUSED", 0),
     ];
     let target = Kernel::CorrWgmma.target("sm_90");
     compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
@@ -393,7 +410,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 3 + 16 + 1 + 4 + 20 + 55
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 8 + 16 + 1 + 4 + 20 + 55
     );
 }
 

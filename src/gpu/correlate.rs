@@ -27,7 +27,10 @@
 //! blocks), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`, any
 //! sm_80 and later device; compiled for sm_90 it adds its tiles by bulk asynchronous
 //! reduce-adds and fits three blocks per SM, bench/correlator-notes.md v12).
-//! [`CorrPath::best_for`] picks it from the device.
+//! [`CorrPath::best_for`] picks it from the device. On the `wgmma` path with up to 128
+//! antennas (8-bit input, heaps of a multiple of 16 spectra) no corner turn runs: the kernel's
+//! producer warpgroup de-interleaves the chunk's words into its stages itself
+//! ([`CorrConfig::can_fuse`]; at N = 64 the call takes 0.29 ms instead of 0.47).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -83,8 +86,18 @@ impl CorrPath {
 /// the alignment slack: 225 KiB of the 227 KiB a block may have.
 const WGMMA_STAGES: usize = 4;
 const WGMMA_SMEM: usize = WGMMA_STAGES * 384 * 128 + 32 * 1024 + 1024;
-/// Threads of a `wgmma` block: two consumer warpgroups and a producer warp.
-const WGMMA_THREADS: u32 = 288;
+/// The largest padded antenna-pol count the `wgmma` path fuses its corner turn at (two column
+/// tiles: up to 128 antennas; see [`CorrConfig::can_fuse`]).
+const FUSE_MAX_NP: usize = 256;
+/// Threads of a `wgmma` block: two consumer warpgroups and a producer warp (bulk copies of
+/// the corner turn's rows) or a producer warpgroup (the chunk's words de-interleaved, fused).
+fn wgmma_threads(fused: bool) -> u32 {
+    if fused {
+        384
+    } else {
+        288
+    }
+}
 /// Times summed in int32 before they are added to int64 (|product| ≤ 128², so each real
 /// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin): inside the
 /// mma kernel, and per launch of the wgmma kernel.
@@ -175,6 +188,19 @@ impl CorrConfig {
             .unwrap_or(1)
     }
 
+    /// Whether the `wgmma` kernel stages the chunk itself (`FUSED` in
+    /// `kernels/correlate_wgmma.cu`): 8-bit input whose heaps are whole units of 16 spectra (a
+    /// unit never straddles two batches), and at most [`FUSE_MAX_NP`] antenna-pols, where the
+    /// corner turn's own pass costs more than the fused producer's waits (at N = 64 the fused
+    /// call took 0.29 ms against 0.47 for turn + correlator; at N = 256 2.95 against 2.67,
+    /// bench/correlator-notes.md v13). Elsewhere the corner turn runs first.
+    pub fn can_fuse(&self) -> bool {
+        self.path == CorrPath::Wgmma
+            && self.in_bits == 8
+            && self.shape.spectra % 16 == 0
+            && self.np() <= FUSE_MAX_NP
+    }
+
     /// Groups of batches in `n` batches.
     fn groups(&self, n: usize) -> usize {
         n.div_ceil(self.group())
@@ -216,10 +242,11 @@ impl CorrConfig {
 pub struct Correlator {
     gpu: Arc<Gpu>,
     cfg: CorrConfig,
-    turn: CudaFunction,
+    /// The corner turn and its planar scratch buffer; none where the turn is fused.
+    turn: Option<CudaFunction>,
     corr: CudaFunction,
     reduce: CudaFunction,
-    planar: CudaSlice<i8>,
+    planar: Option<CudaSlice<i8>>,
     /// Clusters of the persistent `wgmma` grid (0 for the mma path).
     clusters: u32,
     /// The `wgmma` grid's item counter: zeroed before each launch, the clusters take their
@@ -228,7 +255,19 @@ pub struct Correlator {
 }
 
 impl Correlator {
+    /// The plan for `cfg`, with the corner turn fused into the `wgmma` kernel where
+    /// [`CorrConfig::can_fuse`] says it can be.
     pub fn new(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
+        Self::build(gpu, cfg, true)
+    }
+
+    /// The plan for `cfg` with a separate corner turn on every path (the benchmark compares
+    /// it with the fused one).
+    pub fn with_turn(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
+        Self::build(gpu, cfg, false)
+    }
+
+    fn build(gpu: Arc<Gpu>, cfg: CorrConfig, fuse: bool) -> Result<Correlator, CorrError> {
         cfg.validate()?;
         if cfg.path == CorrPath::Wgmma && CorrPath::best_for(&gpu) != CorrPath::Wgmma {
             return Err(CorrError::Unsupported {
@@ -237,6 +276,8 @@ impl Correlator {
         }
         let s = cfg.shape;
         let (np, tpad) = (cfg.np() as i64, cfg.tpad() as i64);
+        let fused = fuse && cfg.can_fuse();
+        let threads = wgmma_threads(fused);
         let turn_defs: Defines = vec![
             ("N_ANTS", s.n_ants as i64),
             ("CHANNELS", s.channels as i64),
@@ -259,7 +300,12 @@ impl Correlator {
                 (gpu.function(Kernel::CorrMma, &corr_defs)?, 0)
             }
             CorrPath::Wgmma => {
-                corr_defs.push(("STAGES", WGMMA_STAGES as i64));
+                corr_defs.extend([
+                    ("STAGES", WGMMA_STAGES as i64),
+                    ("SPECTRA", s.spectra as i64),
+                    ("GROUP", cfg.group() as i64),
+                    ("FUSED", i64::from(fused)),
+                ]);
                 let f = gpu.function(Kernel::CorrWgmma, &corr_defs)?;
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -270,7 +316,7 @@ impl Correlator {
                 // launch's counter until none are left; more would only wait for a place.
                 let probe = LaunchConfig {
                     grid_dim: (2, 1, 1),
-                    block_dim: (WGMMA_THREADS, 1, 1),
+                    block_dim: (threads, 1, 1),
                     shared_mem_bytes: WGMMA_SMEM as u32,
                 };
                 let clusters = f.occupancy_max_active_clusters(probe, &gpu.compute)?;
@@ -289,11 +335,19 @@ impl Correlator {
             ("CHANNELS", s.channels as i64),
             ("N_ACC", cfg.batches as i64),
         ];
+        let (turn, planar) = if fused {
+            (None, None)
+        } else {
+            (
+                Some(gpu.function(Kernel::CorrTurn, &turn_defs)?),
+                Some(gpu.compute.alloc_zeros(cfg.planar_bytes())?),
+            )
+        };
         Ok(Correlator {
-            turn: gpu.function(Kernel::CorrTurn, &turn_defs)?,
+            turn,
             corr,
             reduce: gpu.function(Kernel::CorrReduce, &reduce_defs)?,
-            planar: gpu.compute.alloc_zeros(cfg.planar_bytes())?,
+            planar,
             clusters,
             next_item: gpu.compute.alloc_zeros(1)?,
             gpu,
@@ -319,8 +373,17 @@ impl Correlator {
     ) -> Result<(), CorrError> {
         check_len("input", input.len(), self.cfg.input_bytes())?;
         check_len("acc", acc.len(), self.cfg.acc_len())?;
-        self.corner_turn(input)?;
-        self.correlate_planar(acc)
+        let n = self.cfg.batches;
+        if self.fused() {
+            return self.launch(Some(input), &mut acc.slice_mut(..), n);
+        }
+        self.turn(input, n)?;
+        self.launch(None, &mut acc.slice_mut(..), n)
+    }
+
+    /// Whether the corner turn is fused into the correlator (no separate pass, no scratch).
+    pub fn fused(&self) -> bool {
+        self.turn.is_none()
     }
 
     /// Correlate only batches `batches` of one call's `input` (the whole call's, layout in the
@@ -345,26 +408,29 @@ impl Correlator {
         let in_batch = self.cfg.input_bytes() / self.cfg.batches;
         let vis = self.cfg.shape.vis_len();
         let n = batches.len();
-        self.turn(
-            &input.slice(batches.start * in_batch..batches.end * in_batch),
-            n,
-        )?;
-        self.planar(
-            &mut acc.slice_mut(batches.start * vis..batches.end * vis),
-            n,
-        )
+        let input = input.slice(batches.start * in_batch..batches.end * in_batch);
+        let mut acc = acc.slice_mut(batches.start * vis..batches.end * vis);
+        if self.fused() {
+            return self.launch(Some(&input), &mut acc, n);
+        }
+        self.turn(&input, n)?;
+        self.launch(None, &mut acc, n)
     }
 
-    /// The corner turn alone (the benchmark times it apart).
+    /// The corner turn alone (the benchmark times it apart); an error where it is fused.
     pub fn corner_turn(&mut self, input: &CudaView<u8>) -> Result<(), CorrError> {
         check_len("input", input.len(), self.cfg.input_bytes())?;
         self.turn(input, self.cfg.batches)
     }
 
-    /// The correlator over the planar buffer the last corner turn wrote.
+    /// The correlator over the planar buffer the last corner turn wrote; an error where the
+    /// turn is fused.
     pub fn correlate_planar(&mut self, acc: &mut CudaSlice<i64>) -> Result<(), CorrError> {
         check_len("acc", acc.len(), self.cfg.acc_len())?;
-        self.planar(&mut acc.slice_mut(..), self.cfg.batches)
+        if self.fused() {
+            return Err(no_turn());
+        }
+        self.launch(None, &mut acc.slice_mut(..), self.cfg.batches)
     }
 
     /// The corner turn of the first `n` batches of `input` (`n` batches' bytes) into the
@@ -381,10 +447,13 @@ impl Correlator {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let (Some(turn), Some(planar)) = (&self.turn, &mut self.planar) else {
+            return Err(no_turn());
+        };
         let st = &self.gpu.compute;
         let n_arg = n as i32;
-        let mut b = st.launch_builder(&self.turn);
-        b.arg(input).arg(&mut self.planar).arg(&n_arg);
+        let mut b = st.launch_builder(turn);
+        b.arg(input).arg(planar).arg(&n_arg);
         // SAFETY: `input` holds n of the input_bytes()/batches bytes per batch (the callers
         // check the lengths) and `planar` planar_bytes() ≥ the rows of n batches' groups; the
         // grid covers (time tile, antenna group) × channel × batch group exactly as the
@@ -393,12 +462,19 @@ impl Correlator {
         Ok(())
     }
 
-    /// The correlator over the planar rows of the first `n` batches into `acc` (`n`
-    /// accumulators; group j of batches adds into accumulator j, the reduce sums them all).
-    fn planar(&mut self, acc: &mut CudaViewMut<i64>, n: usize) -> Result<(), CorrError> {
+    /// The correlator over the first `n` batches into `acc` (`n` accumulators; group j of
+    /// batches adds into accumulator j, the reduce sums them all): from `input` (those `n`
+    /// batches) where the turn is fused, else from the planar rows the corner turn wrote.
+    fn launch(
+        &mut self,
+        input: Option<&CudaView<u8>>,
+        acc: &mut CudaViewMut<i64>,
+        n: usize,
+    ) -> Result<(), CorrError> {
         let tiles = self.cfg.np() / self.cfg.path.tile();
         let channels = self.cfg.shape.channels;
         let groups = self.cfg.groups(n);
+        let fused = self.fused();
         let st = &self.gpu.compute;
         match self.cfg.path {
             CorrPath::Mma => {
@@ -412,8 +488,11 @@ impl Correlator {
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
+                let Some(planar) = &self.planar else {
+                    return Err(no_turn());
+                };
                 let mut b = st.launch_builder(&self.corr);
-                b.arg(&self.planar).arg(acc);
+                b.arg(planar).arg(acc);
                 // SAFETY: `planar` holds the corner turn's output for n batches; `acc` holds n
                 // accumulators (the callers check); each (tile, channel, batch) block adds into
                 // its own baselines only.
@@ -430,9 +509,10 @@ impl Correlator {
                 })?;
                 let cfg = LaunchConfig {
                     grid_dim: (2 * self.clusters.min(items as u32), 1, 1),
-                    block_dim: (WGMMA_THREADS, 1, 1),
+                    block_dim: (wgmma_threads(fused), 1, 1),
                     shared_mem_bytes: WGMMA_SMEM as u32,
                 };
+                let n_arg = n as i32;
                 // One launch per WINDOW of times: the kernel sums a launch in int32.
                 let steps = (self.cfg.tpad() / CorrPath::Wgmma.kstep()) as i32;
                 let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
@@ -440,14 +520,21 @@ impl Correlator {
                     let k = per.min(steps - step0);
                     st.memset_zeros(&mut self.next_item)?;
                     let mut b = st.launch_builder(&self.corr);
-                    b.arg(&self.planar)
-                        .arg(&mut *acc)
+                    match (input, &self.planar) {
+                        (Some(input), _) if fused => b.arg(input),
+                        (_, Some(planar)) if !fused => b.arg(planar),
+                        _ => return Err(no_turn()),
+                    };
+                    b.arg(&mut *acc)
                         .arg(&step0)
                         .arg(&k)
                         .arg(&items)
-                        .arg(&mut self.next_item);
-                    // SAFETY: `planar` holds the corner turn's (tiled) output for n batches and
-                    // `acc` n accumulators (the callers check); the kernel takes items below
+                        .arg(&mut self.next_item)
+                        .arg(&n_arg);
+                    // SAFETY: the source is the chunk's n batches (fused: the kernel reads no
+                    // batch at or beyond n, nor a time beyond SPECTRA·GROUP of a group) or
+                    // the corner turn's (tiled) output for them, and `acc` holds n
+                    // accumulators (the callers check); the kernel takes items below
                     // `items` only, each adding into its own baselines; steps [step0, step0 +
                     // k) lie inside the planar rows' TPAD times, and launches on one stream run
                     // in order, so their read-modify-writes of `acc` never overlap (nor their
@@ -490,6 +577,15 @@ impl Correlator {
         // thread per (channel, baseline) touches only its own 8 values in each buffer.
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+}
+
+/// The error of asking a fused plan for its corner turn or planar rows.
+fn no_turn() -> CorrError {
+    CorrError::Shape {
+        what: "corner turn",
+        value: 0,
+        why: "this plan fuses the corner turn into the wgmma kernel; build it with_turn",
     }
 }
 

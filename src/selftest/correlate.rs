@@ -5,7 +5,10 @@
 //! scheme negates nothing, so −128 is correlated as −128), full-scale ±127/−128 extremes,
 //! 4-bit input, accumulators pre-filled with garbage that the op must add to, two calls into the
 //! same accumulators, missing antennas, and sums that saturate in the reduce. Every case runs
-//! on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma` path too.
+//! on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma` path too: with the
+//! corner turn fused into it where the spectra are a multiple of 16, the input 8-bit and the
+//! array at most 128 antennas (`CorrConfig::can_fuse`), after the separate turn elsewhere (17,
+//! 33, 255 … spectra, 4-bit, 130 and 1024 antennas).
 
 use std::sync::Arc;
 
@@ -108,7 +111,8 @@ fn check(
     let got = st.clone_dtoh(&acc)?;
     let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
     let name = format!(
-        "correlate {path:?} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}",
+        "correlate {path:?}{} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}",
+        if corr.fused() { " fused" } else { "" },
         case.n_ants,
         case.channels,
         case.spectra,
