@@ -1,10 +1,12 @@
 // The Hopper correlator (issue 12; sm_90a only): warpgroup MMA (`wgmma.mma_async` m64n256k32
-// s8) over the corner turn's planar rows (kernels/correlate_turn.cu with TILED = 1), adding into
+// s8) over the corner turn's planar rows (kernels/correlate_turn.cu with TILED = 1), or with
+// FUSED over the chunk itself, de-interleaved into the same rows as it is staged, adding into
 // int64 per-batch accumulators in `dsp::correlate`'s layout, exactly as kernels/correlate_mma.cu
 // does with warp-level MMA (same planar scheme, same products: V = (RR + II) + i(IR − RI)).
 //
 // Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP), NP
-// (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages). A launch
+// (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages), FUSED
+// (1: stage from the chunk, see stage_item_fused; then SPECTRA and GROUP too). A launch
 // sums steps [step0, step0 + nsteps) of KSTEP times in int32; the host keeps nsteps · KSTEP ≤
 // 65536 so that RR stays below 2³¹ (|product| ≤ 128²), and launches again for longer rows.
 //
@@ -22,7 +24,9 @@
 // items, which share their rows in L2 (dealt statically instead, the clusters drifted apart by
 // up to 200 channels and lost that sharing: bench/correlator-notes.md v9).
 //
-// Block: two consumer warpgroups and one producer warp. The producer's lane 0 stages each step
+// Block: two consumer warpgroups and one producer warp (FUSED: a producer warpgroup that
+// stages from registers, each block the whole column tile, no multicast; stage_item_fused).
+// The producer's lane 0 stages each step
 // with two bulk copies (one on the diagonal, whose row chunks are the column tile's own rows;
 // the corner turn stored a step of a tile's rows contiguously, already in
 // the 128-byte swizzle wgmma reads: 16-byte chunk c of row r at (c ^ (r & 7)) · 16) onto the
@@ -38,11 +42,17 @@
 // time. On the diagonal (a column tile against its own antenna-pols) each warpgroup multiplies
 // only the columns at or after its row chunk, with a narrower wgmma (row_chunk), so a
 // diagonal item costs 5/8 of a full one (the work below the diagonal was a tenth of the issued
-// work at N = 576, a fifth at 256, half at 64). Not taken (yet): fusing the corner turn into
-// the staging.
+// work at N = 576, a fifth at 256, half at 64).
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "correlate_wgmma.cu needs sm_90a (wgmma)"
+#endif
+
+#ifndef FUSED
+#define FUSED 0
+#endif
+#if FUSED && (SPECTRA % 16 != 0)
+#error "FUSED needs SPECTRA % 16 == 0: a unit of 16 times must lie in one batch"
 #endif
 
 #define CONSUMERS 256 // two warpgroups
@@ -232,7 +242,8 @@ __device__ __forceinline__ void mbar_arrive_at(u32 bar, u32 rank)
 }
 
 // The item of sequence number `seq` from the cluster's ring (next_item), read by one lane of
-// every consumer warp and by block 1's producer; the reader's arrival on block 0's "taken"
+// every consumer warp and by block 1's producer (FUSED: of every producer warp of both
+// blocks); the reader's arrival on block 0's "taken"
 // mbarrier lets block 0's producer reuse the slot.
 __device__ __forceinline__ int take_item(u32 seq, u32 ring_full, u32 ring_taken, const volatile int *ring)
 {
@@ -292,7 +303,7 @@ __device__ __forceinline__ void bulk_load_multicast(u32 dst, const void *src, u3
 // the warpgroup's row chunk (A: 64 planar rows at the stage's offset wg · 64 rows, or on the
 // diagonal the column tile's own rows 64·J0 on) against
 // column planar rows 64·J0 .. 255 (B), keep one step's group in flight while the next is
-// issued, and release each stage to both blocks' producers once its MMAs have completed.
+// issued, and release each stage (release_stage) once its MMAs have completed.
 template <int J0>
 __device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, bool diag, u32 full, u32 empty, int nsteps,
                                          u32 &g)
@@ -530,7 +541,8 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    // Neither block may multicast into the other's stages before its mbarriers exist.
+    // Neither block may multicast into the other's stages, nor write into its item ring, before
+    // its mbarriers exist.
     cluster_sync();
 
     if (threadIdx.x >= CONSUMERS)
@@ -569,6 +581,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
             stage_item_fused(it, rank, reinterpret_cast<const unsigned char *>(src), n, sbase, full, empty, step0,
                              nsteps, g);
         }
+        __syncwarp();
         cluster_sync();
         return;
 #else

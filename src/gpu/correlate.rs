@@ -16,9 +16,10 @@
 //! re and im parts counted into `clips` (**overwritten**), and (−2³¹, 1) in every baseline
 //! touching an antenna whose presence flag is 0; optionally clears the accumulators as it reads.
 //!
-//! Each call runs on the compute stream: the corner turn (`kernels/correlate_turn.cu`) writes a
-//! planar, time-major copy of the chunk into a scratch buffer the plan owns (as large as the
-//! 8-bit input, padded to whole tiles; read and written, 2 bytes moved per input byte), then
+//! Each call runs on the compute stream. Where the turn is not fused (see below), the corner
+//! turn (`kernels/correlate_turn.cu`) first writes a planar, time-major copy of the chunk into
+//! a scratch buffer the plan owns (as large as the 8-bit input, padded to whole tiles; read and
+//! written, 2 bytes moved per input byte). Then
 //! the correlator adds its tiles into the accumulators: on an
 //! sm_90 device (H100, H200) the warpgroup-MMA kernel (`kernels/correlate_wgmma.cu`, compiled
 //! for sm_90a: a persistent grid of two-block clusters taking items from a counter, the
@@ -37,7 +38,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, CudaViewMut, DriverError, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 
 use super::compile::{Defines, Kernel};
@@ -124,6 +126,10 @@ pub enum CorrError {
     },
     #[error("the wgmma correlator needs an sm_90 device (H100, H200); this one is {arch}")]
     Unsupported { arch: String },
+    #[error("this correlator plan fuses its corner turn into the wgmma kernel: no separate turn or planar rows (build it with_turn)")]
+    NoTurn,
+    #[error("the fused correlator reads its input in 16-byte words: input at device address {address:#x} is not 16-byte aligned")]
+    Misaligned { address: u64 },
     #[error(transparent)]
     Gpu(#[from] GpuError),
 }
@@ -238,7 +244,8 @@ impl CorrConfig {
     }
 }
 
-/// The compiled correlator for one [`CorrConfig`] and its scratch buffer.
+/// The compiled correlator for one [`CorrConfig`], with its corner turn's scratch buffer where
+/// the turn is not fused.
 pub struct Correlator {
     gpu: Arc<Gpu>,
     cfg: CorrConfig,
@@ -300,12 +307,13 @@ impl Correlator {
                 (gpu.function(Kernel::CorrMma, &corr_defs)?, 0)
             }
             CorrPath::Wgmma => {
-                corr_defs.extend([
-                    ("STAGES", WGMMA_STAGES as i64),
-                    ("SPECTRA", s.spectra as i64),
-                    ("GROUP", cfg.group() as i64),
-                    ("FUSED", i64::from(fused)),
-                ]);
+                corr_defs.extend([("STAGES", WGMMA_STAGES as i64), ("FUSED", i64::from(fused))]);
+                if fused {
+                    // The chunk's own layout, read by the fused producer only (so that turned
+                    // plans of one shape share one build).
+                    corr_defs
+                        .extend([("SPECTRA", s.spectra as i64), ("GROUP", cfg.group() as i64)]);
+                }
                 let f = gpu.function(Kernel::CorrWgmma, &corr_defs)?;
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -428,7 +436,7 @@ impl Correlator {
     pub fn correlate_planar(&mut self, acc: &mut CudaSlice<i64>) -> Result<(), CorrError> {
         check_len("acc", acc.len(), self.cfg.acc_len())?;
         if self.fused() {
-            return Err(no_turn());
+            return Err(CorrError::NoTurn);
         }
         self.launch(None, &mut acc.slice_mut(..), self.cfg.batches)
     }
@@ -448,7 +456,7 @@ impl Correlator {
             shared_mem_bytes: 0,
         };
         let (Some(turn), Some(planar)) = (&self.turn, &mut self.planar) else {
-            return Err(no_turn());
+            return Err(CorrError::NoTurn);
         };
         let st = &self.gpu.compute;
         let n_arg = n as i32;
@@ -489,7 +497,7 @@ impl Correlator {
                     shared_mem_bytes: 0,
                 };
                 let Some(planar) = &self.planar else {
-                    return Err(no_turn());
+                    return Err(CorrError::NoTurn);
                 };
                 let mut b = st.launch_builder(&self.corr);
                 b.arg(planar).arg(acc);
@@ -513,6 +521,14 @@ impl Correlator {
                     shared_mem_bytes: WGMMA_SMEM as u32,
                 };
                 let n_arg = n as i32;
+                // The fused producer's 16-byte loads (`__ldg` of uint4) need an aligned chunk;
+                // the turn kernel read bytes and pairs only.
+                if let Some(input) = input.filter(|_| fused) {
+                    let (address, _read) = input.device_ptr(st);
+                    if address % 16 != 0 {
+                        return Err(CorrError::Misaligned { address });
+                    }
+                }
                 // One launch per WINDOW of times: the kernel sums a launch in int32.
                 let steps = (self.cfg.tpad() / CorrPath::Wgmma.kstep()) as i32;
                 let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
@@ -523,7 +539,7 @@ impl Correlator {
                     match (input, &self.planar) {
                         (Some(input), _) if fused => b.arg(input),
                         (_, Some(planar)) if !fused => b.arg(planar),
-                        _ => return Err(no_turn()),
+                        _ => return Err(CorrError::NoTurn),
                     };
                     b.arg(&mut *acc)
                         .arg(&step0)
@@ -577,15 +593,6 @@ impl Correlator {
         // thread per (channel, baseline) touches only its own 8 values in each buffer.
         unsafe { b.launch(cfg) }?;
         Ok(())
-    }
-}
-
-/// The error of asking a fused plan for its corner turn or planar rows.
-fn no_turn() -> CorrError {
-    CorrError::Shape {
-        what: "corner turn",
-        value: 0,
-        why: "this plan fuses the corner turn into the wgmma kernel; build it with_turn",
     }
 }
 
