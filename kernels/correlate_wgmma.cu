@@ -254,6 +254,22 @@ __device__ __forceinline__ int take_item(u32 seq, u32 ring_full, u32 ring_taken,
     return item;
 }
 
+// Block 0's publication of item `it` (−1: none left) as sequence number `seq` into both
+// blocks' rings (the ring at shared offset `ring0`), once every reader has taken the slot's
+// previous item.
+__device__ __forceinline__ void publish_item(u32 seq, int it, u32 ring0, u32 ring_full, u32 ring_taken)
+{
+    const u32 q = seq % RING;
+    if (seq >= RING)
+        mbar_wait_cluster(ring_taken + 8 * q, ((seq / RING) & 1) ^ 1);
+#pragma unroll
+    for (u32 r = 0; r < 2; ++r)
+    {
+        asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(in_block(ring0 + 4 * q, r)), "r"(it) : "memory");
+        mbar_arrive_at(ring_full + 8 * q, r);
+    }
+}
+
 // Arrive on the mbarrier at shared offset `bar` in both blocks of the cluster. The arrival
 // orders nothing but the wgmma reads the caller waited for, so it has the default (CTA-scope)
 // semantics: `.release.cluster` made every arrival wait for a cluster-wide memory fence, which
@@ -560,15 +576,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
             if (publisher)
             {
                 const int it = next < items ? next : -1;
-                const u32 q = seq % RING;
-                if (seq >= RING)
-                    mbar_wait_cluster(ring_taken + 8 * q, ((seq / RING) & 1) ^ 1);
-#pragma unroll
-                for (u32 r = 0; r < 2; ++r)
-                {
-                    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(in_block(ring0 + 4 * q, r)), "r"(it) : "memory");
-                    mbar_arrive_at(ring_full + 8 * q, r);
-                }
+                publish_item(seq, it, ring0, ring_full, ring_taken);
                 if (it >= 0)
                     next = (int)atomicAdd(next_item, 1u);
             }
@@ -598,15 +606,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
                 for (u32 seq = 0;; ++seq)
                 {
                     const int it = next < items ? next : -1;
-                    const u32 q = seq % RING;
-                    if (seq >= RING)
-                        mbar_wait_cluster(ring_taken + 8 * q, ((seq / RING) & 1) ^ 1);
-#pragma unroll
-                    for (u32 r = 0; r < 2; ++r)
-                    {
-                        asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(in_block(ring0 + 4 * q, r)), "r"(it) : "memory");
-                        mbar_arrive_at(ring_full + 8 * q, r);
-                    }
+                    publish_item(seq, it, ring0, ring_full, ring_taken);
                     if (it < 0)
                         break;
                     // Taken now, used at the next publication: the atomic's round trip
