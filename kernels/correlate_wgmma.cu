@@ -254,6 +254,15 @@ __device__ __forceinline__ int take_item(u32 seq, u32 ring_full, u32 ring_taken,
     return item;
 }
 
+// take_item for a whole warp: its lane 0 takes the item (one arrival per warp) and shares it.
+__device__ __forceinline__ int warp_take_item(u32 seq, u32 ring_full, u32 ring_taken, const volatile int *ring)
+{
+    int it = 0;
+    if (threadIdx.x % 32 == 0)
+        it = take_item(seq, ring_full, ring_taken, ring);
+    return __shfl_sync(0xffffffffu, it, 0);
+}
+
 // Block 0's publication of item `it` (−1: none left) as sequence number `seq` into both
 // blocks' rings (the ring at shared offset `ring0`), once every reader has taken the slot's
 // previous item.
@@ -580,10 +589,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
                 if (it >= 0)
                     next = (int)atomicAdd(next_item, 1u);
             }
-            int it = 0;
-            if (lane == 0)
-                it = take_item(seq, ring_full, ring_taken, ring);
-            it = __shfl_sync(0xffffffffu, it, 0);
+            const int it = warp_take_item(seq, ring_full, ring_taken, ring);
             if (it < 0)
                 break;
             stage_item_fused(it, rank, reinterpret_cast<const unsigned char *>(src), n, sbase, full, empty, step0,
@@ -640,10 +646,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
     u32 g = 0;
     for (u32 seq = 0;; ++seq)
     {
-        int it = 0;
-        if (lane == 0)
-            it = take_item(seq, ring_full, ring_taken, ring);
-        it = __shfl_sync(0xffffffffu, it, 0);
+        const int it = warp_take_item(seq, ring_full, ring_taken, ring);
         if (it < 0)
             break;
         int cb, ct, pp;
