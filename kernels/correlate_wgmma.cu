@@ -4,6 +4,9 @@
 // int64 per-batch accumulators in `dsp::correlate`'s layout, exactly as kernels/correlate_mma.cu
 // does with warp-level MMA (same planar scheme, same products: V = (RR + II) + i(IR − RI)).
 //
+// `gpu::compile` puts kernels/hopper_cluster.cuh (the cluster's mbarriers, barrier and bulk
+// copies) before this file.
+//
 // Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP), NP
 // (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages), FUSED
 // (1: stage from the chunk, see stage_item_fused; then SPECTRA and GROUP too). A launch
@@ -76,7 +79,6 @@
 #define RING 4      // slots of the cluster's item ring
 
 typedef long long i64;
-typedef unsigned int u32;
 typedef unsigned long long u64;
 
 // Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): K-major operand in the
@@ -195,52 +197,6 @@ __device__ __forceinline__ int row_chunk(int ct, int pp, int rank, int wg)
     return wg == 0 ? 4 * ct + rank : 4 * ct + 3 - rank;
 }
 
-__device__ __forceinline__ int cluster_rank()
-{
-    u32 v;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(v));
-    return (int)v;
-}
-
-__device__ __forceinline__ void mbar_init(u32 bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity)
-{
-    asm volatile("{\n.reg .pred p;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-
-// The same wait with cluster-scope acquire: for the item ring, whose slots the peer block's
-// producer writes.
-__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity)
-{
-    asm volatile("{\n.reg .pred p;\nWAITC:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAITC;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-
-// The shared-memory address in block `rank` of the cluster of this block's shared offset `addr`.
-__device__ __forceinline__ u32 in_block(u32 addr, u32 rank)
-{
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-    return remote;
-}
-
-// Arrive with cluster-scope release on the mbarrier at shared offset `bar` of block `rank`.
-__device__ __forceinline__ void mbar_arrive_at(u32 bar, u32 rank)
-{
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(in_block(bar, rank)) : "memory");
-}
-
 // The item of sequence number `seq` from the cluster's ring (next_item), read by one lane of
 // every consumer warp and by block 1's producer (FUSED: of every producer warp of both
 // blocks); the reader's arrival on block 0's "taken"
@@ -279,17 +235,6 @@ __device__ __forceinline__ void publish_item(u32 seq, int it, u32 ring0, u32 rin
     }
 }
 
-// Arrive on the mbarrier at shared offset `bar` in both blocks of the cluster. The arrival
-// orders nothing but the wgmma reads the caller waited for, so it has the default (CTA-scope)
-// semantics: `.release.cluster` made every arrival wait for a cluster-wide memory fence, which
-// stalled the consumers half of the time (Nsight Compute, bench/correlator-notes.md v7).
-__device__ __forceinline__ void mbar_arrive_cluster(u32 bar)
-{
-#pragma unroll
-    for (u32 rank = 0; rank < 2; ++rank)
-        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(in_block(bar, rank)) : "memory");
-}
-
 // A consumer warp's release of a stage it has finished reading: to both blocks' producers where
 // the column tile is multicast into both (each block's copy half of it), to its own block's
 // where its producers stage every row themselves (FUSED).
@@ -300,28 +245,6 @@ __device__ __forceinline__ void release_stage(u32 bar)
 #else
     mbar_arrive_cluster(bar);
 #endif
-}
-
-__device__ __forceinline__ void cluster_sync()
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// Stage `bytes` contiguous bytes from global memory into this block's shared memory, counted on
-// the mbarrier `bar`; with `mask`, into the same offset of every block in the mask.
-__device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 bytes, u32 bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
-__device__ __forceinline__ void bulk_load_multicast(u32 dst, const void *src, u32 bytes, u32 bar, unsigned short mask)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, "
-                 "[%3], %4;\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-                 : "memory");
 }
 
 // One item's steps for a consumer warpgroup: wait for each stage, issue its KSTEP / 32 MMAs of

@@ -121,7 +121,10 @@ impl Kernel {
             Kernel::CorrMma => include_str!("../../kernels/correlate_mma.cu"),
             Kernel::CorrReduce => include_str!("../../kernels/correlate_reduce.cu"),
             Kernel::CorrPeak => include_str!("../../kernels/correlate_peak.cu"),
-            Kernel::CorrWgmma => include_str!("../../kernels/correlate_wgmma.cu"),
+            Kernel::CorrWgmma => concat!(
+                include_str!("../../kernels/hopper_cluster.cuh"),
+                include_str!("../../kernels/correlate_wgmma.cu")
+            ),
             Kernel::Beamform => concat!(
                 include_str!("../../kernels/dither.cuh"),
                 include_str!("../../kernels/beamform_input.cuh"),
