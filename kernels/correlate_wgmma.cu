@@ -204,7 +204,7 @@ __device__ __forceinline__ int row_chunk(int ct, int pp, int rank, int wg)
 __device__ __forceinline__ int take_item(u32 seq, u32 ring_full, u32 ring_taken, const volatile int *ring)
 {
     const u32 q = seq % RING;
-    mbar_wait_cluster(ring_full + 8 * q, (seq / RING) & 1);
+    mbar_wait<true>(ring_full + 8 * q, (seq / RING) & 1);
     const int item = ring[q];
     mbar_arrive_at(ring_taken + 8 * q, 0);
     return item;
@@ -226,7 +226,7 @@ __device__ __forceinline__ void publish_item(u32 seq, int it, u32 ring0, u32 rin
 {
     const u32 q = seq % RING;
     if (seq >= RING)
-        mbar_wait_cluster(ring_taken + 8 * q, ((seq / RING) & 1) ^ 1);
+        mbar_wait<true>(ring_taken + 8 * q, ((seq / RING) & 1) ^ 1);
 #pragma unroll
     for (u32 r = 0; r < 2; ++r)
     {

@@ -19,24 +19,21 @@ __device__ __forceinline__ void mbar_init(u32 bar, int count)
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
 
+// Wait until the mbarrier at shared offset `bar` has completed the phase of `parity`, with
+// CTA-scope acquire, or with CLUSTER cluster-scope acquire: for data that another block of the
+// cluster wrote before its arrival (the correlator's item ring).
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity)
 {
-    asm volatile("{\n.reg .pred p;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-
-// The same wait with cluster-scope acquire: for data that another block of the cluster wrote
-// before its arrival (the correlator's item ring).
-__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity)
-{
-    asm volatile("{\n.reg .pred p;\nWAITC:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAITC;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
+#define MBAR_WAIT_LOOP(SCOPE, LABEL)                                                             \
+    asm volatile("{\n.reg .pred p;\n" LABEL ":\nmbarrier.try_wait.parity" SCOPE               \
+                 ".shared::cta.b64 p, [%0], %1;\n@!p bra " LABEL ";\n}\n" ::"r"(bar), "r"(parity) \
+                 : "memory")
+    if constexpr (CLUSTER)
+        MBAR_WAIT_LOOP(".acquire.cluster", "WAITC");
+    else
+        MBAR_WAIT_LOOP("", "WAIT");
+#undef MBAR_WAIT_LOOP
 }
 
 // The shared-memory address in block `rank` of the cluster of this block's shared offset `addr`.
