@@ -123,6 +123,8 @@ impl Kernel {
             Kernel::CorrPeak => include_str!("../../kernels/correlate_peak.cu"),
             Kernel::CorrWgmma => concat!(
                 include_str!("../../kernels/hopper_cluster.cuh"),
+                include_str!("../../kernels/correlate_wgmma_tiles.cuh"),
+                include_str!("../../kernels/correlate_wgmma_fused.cuh"),
                 include_str!("../../kernels/correlate_wgmma.cu")
             ),
             Kernel::Beamform => concat!(
