@@ -244,16 +244,21 @@ impl CorrConfig {
     }
 }
 
-/// The compiled correlator for one [`CorrConfig`], with its corner turn's scratch buffer where
-/// the turn is not fused.
+/// The corner turn's kernel and the planar scratch buffer it writes for the correlator.
+struct CornerTurn {
+    kernel: CudaFunction,
+    planar: CudaSlice<i8>,
+}
+
+/// The compiled correlator for one [`CorrConfig`], with its corner turn where that is not
+/// fused.
 pub struct Correlator {
     gpu: Arc<Gpu>,
     cfg: CorrConfig,
-    /// The corner turn and its planar scratch buffer; none where the turn is fused.
-    turn: Option<CudaFunction>,
+    /// None where the turn is fused.
+    turn: Option<CornerTurn>,
     corr: CudaFunction,
     reduce: CudaFunction,
-    planar: Option<CudaSlice<i8>>,
     /// Clusters of the persistent `wgmma` grid (0 for the mma path).
     clusters: u32,
     /// The `wgmma` grid's item counter: zeroed before each launch, the clusters take their
@@ -343,19 +348,18 @@ impl Correlator {
             ("CHANNELS", s.channels as i64),
             ("N_ACC", cfg.batches as i64),
         ];
-        let (turn, planar) = if fused {
-            (None, None)
+        let turn = if fused {
+            None
         } else {
-            (
-                Some(gpu.function(Kernel::CorrTurn, &turn_defs)?),
-                Some(gpu.compute.alloc_zeros(cfg.planar_bytes())?),
-            )
+            Some(CornerTurn {
+                kernel: gpu.function(Kernel::CorrTurn, &turn_defs)?,
+                planar: gpu.compute.alloc_zeros(cfg.planar_bytes())?,
+            })
         };
         Ok(Correlator {
             turn,
             corr,
             reduce: gpu.function(Kernel::CorrReduce, &reduce_defs)?,
-            planar,
             clusters,
             next_item: gpu.compute.alloc_zeros(1)?,
             gpu,
@@ -455,13 +459,13 @@ impl Correlator {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (Some(turn), Some(planar)) = (&self.turn, &mut self.planar) else {
+        let Some(turn) = &mut self.turn else {
             return Err(CorrError::NoTurn);
         };
         let st = &self.gpu.compute;
         let n_arg = n as i32;
-        let mut b = st.launch_builder(turn);
-        b.arg(input).arg(planar).arg(&n_arg);
+        let mut b = st.launch_builder(&turn.kernel);
+        b.arg(input).arg(&mut turn.planar).arg(&n_arg);
         // SAFETY: `input` holds n of the input_bytes()/batches bytes per batch (the callers
         // check the lengths) and `planar` planar_bytes() ≥ the rows of n batches' groups; the
         // grid covers (time tile, antenna group) × channel × batch group exactly as the
@@ -496,11 +500,11 @@ impl Correlator {
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let Some(planar) = &self.planar else {
+                let Some(turn) = &self.turn else {
                     return Err(CorrError::NoTurn);
                 };
                 let mut b = st.launch_builder(&self.corr);
-                b.arg(planar).arg(acc);
+                b.arg(&turn.planar).arg(acc);
                 // SAFETY: `planar` holds the corner turn's output for n batches; `acc` holds n
                 // accumulators (the callers check); each (tile, channel, batch) block adds into
                 // its own baselines only.
@@ -536,10 +540,10 @@ impl Correlator {
                     let k = per.min(steps - step0);
                     st.memset_zeros(&mut self.next_item)?;
                     let mut b = st.launch_builder(&self.corr);
-                    match (input, &self.planar) {
-                        (Some(input), _) if fused => b.arg(input),
-                        (_, Some(planar)) if !fused => b.arg(planar),
-                        _ => return Err(CorrError::NoTurn),
+                    match (&self.turn, input) {
+                        (Some(turn), _) => b.arg(&turn.planar),
+                        (None, Some(input)) => b.arg(input),
+                        (None, None) => return Err(CorrError::NoTurn),
                     };
                     b.arg(&mut *acc)
                         .arg(&step0)
