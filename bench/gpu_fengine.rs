@@ -336,7 +336,7 @@ fn whole_path(
             out_bits: OutputBits::Eight,
             unzip: default_unzip(channels),
             // As the engine: at most one chunk's heaps (`fengine::pipelines`).
-            batch: wideband_batch(sph, (1 << chunk_log2) / (2 * channels * sph)),
+            batch: wideband_batch(sph, channels, 1 << chunk_log2),
             depth: slots,
             peer: false,
         },
@@ -495,7 +495,7 @@ fn main() -> Result<(), GpuError> {
     // shared and has been seen to vary between runs.
     for channels in [4096, 32768] {
         let sph = (1 << 20) / channels;
-        let batch = wideband_batch(sph, (1 << 25) / (2 * channels * sph));
+        let batch = wideband_batch(sph, channels, 1 << 25);
         // Two slots and the engine's four (`default_depth`).
         for slots in [2, default_depth(sph, true)] {
             let bound = pcie_bound(&gpu)?;

@@ -17,7 +17,9 @@ use std::time::Instant;
 
 use cbf::dsp::pfb::Window;
 use cbf::dsp::postproc::OutputBits;
-use cbf::fengine::cuda::{default_batch, default_depth, default_unzip, GpuBackend, GpuConfig};
+use cbf::fengine::cuda::{
+    default_batch, default_depth, default_unzip, wideband_batch, GpuBackend, GpuConfig,
+};
 use cbf::fengine::cuda_input::{InputShape, SharedInput};
 use cbf::fengine::narrowband_output::NarrowbandOutput;
 use cbf::fengine::output::{OutputSpec, WidebandOutput};
@@ -147,6 +149,12 @@ pub fn whole_path_outputs(
         let cfg = pcfg(&o)?;
         let sph = cfg.spectra_per_heap;
         let wideband = matches!(o, OutputSpec::Wideband(_));
+        // As `fengine::pipelines` picks them.
+        let batch = if wideband {
+            wideband_batch(sph, o.channels(), layout.chunk_samples as usize)
+        } else {
+            default_batch(sph, false)
+        };
         let gcfg = GpuConfig {
             sample_bits: BITS,
             body: layout.chunk_samples as usize,
@@ -154,7 +162,7 @@ pub fn whole_path_outputs(
             spectra_per_heap: sph,
             out_bits: OutputBits::Eight,
             unzip: default_unzip(o.channels()),
-            batch: default_batch(sph, wideband),
+            batch,
             depth: default_depth(sph, wideband),
             peer: false,
         };

@@ -76,10 +76,13 @@ pub fn default_batch(spectra_per_heap: usize, wideband: bool) -> usize {
     spectra.div_ceil(spectra_per_heap).max(1)
 }
 
-/// [`default_batch`] of a wideband output whose chunks hold `chunk_heaps` of its heaps, capped
-/// there: with chunks smaller than 2²⁵ samples (`--recv-chunk-samples`) a larger batch would
-/// only hold its output slot across chunks, each chunk's PFB launching apart anyway.
-pub fn wideband_batch(spectra_per_heap: usize, chunk_heaps: usize) -> usize {
+/// [`default_batch`] of a wideband output of `channels` channels on chunks of `chunk_samples`
+/// samples per pol, capped at a chunk's heaps (a heap is `spectra_per_heap` spectra of
+/// 2·`channels` samples): with chunks smaller than 2²⁵ samples (`--recv-chunk-samples`) a
+/// larger batch would only hold its output slot across chunks, each chunk's PFB launching
+/// apart anyway.
+pub fn wideband_batch(spectra_per_heap: usize, channels: usize, chunk_samples: usize) -> usize {
+    let chunk_heaps = chunk_samples / (2 * channels * spectra_per_heap);
     default_batch(spectra_per_heap, true)
         .min(chunk_heaps)
         .max(1)
@@ -105,4 +108,34 @@ pub fn default_depth(spectra_per_heap: usize, wideband: bool) -> usize {
 /// leave as many for the compute as without it. Not yet tuned on hardware.
 pub fn peer_depth(spectra_per_heap: usize, wideband: bool) -> usize {
     2 * default_depth(spectra_per_heap, wideband)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wideband batch never holds more heaps than one chunk (else its launch would wait for
+    /// a second chunk), and is a whole chunk at katgpucbf's shapes.
+    #[test]
+    fn a_wideband_batch_fits_in_a_chunk() {
+        for log2_chunk in 18..=27 {
+            let chunk = 1usize << log2_chunk;
+            for channels in [1024, 4096, 8192, 32768, 65536] {
+                let sph = (1 << 20) / channels;
+                let chunk_heaps = chunk / (2 * channels * sph);
+                let batch = wideband_batch(sph, channels, chunk);
+                assert!(batch >= 1);
+                assert!(
+                    batch <= chunk_heaps.max(1),
+                    "{channels} ch, 2^{log2_chunk}: {batch} heaps of {chunk_heaps}"
+                );
+            }
+        }
+        // At katgpucbf's shapes and the default 2²⁵-sample chunk a launch is the whole chunk
+        // (bench/gpu-notes.md v18: 16 heaps, 80 % of copy where 4 and 8 heaps gave 68–77 %).
+        for channels in [4096, 32768] {
+            let sph = (1 << 20) / channels;
+            assert_eq!(wideband_batch(sph, channels, 1 << 25), 16, "{channels} ch");
+        }
+    }
 }

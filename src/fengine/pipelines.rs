@@ -178,12 +178,12 @@ fn gpu_config(
     peer: bool,
 ) -> GpuConfig {
     let sph = pcfg.spectra_per_heap;
-    // A wideband heap is `sph` spectra of 2·channels samples per pol.
+    let chunk = pcfg.layout.chunk_samples as usize;
     let (batch, unzip) = match wideband {
-        Some(o) => {
-            let chunk_heaps = pcfg.layout.chunk_samples as usize / (2 * o.channels * sph);
-            (wideband_batch(sph, chunk_heaps), default_unzip(o.channels))
-        }
+        Some(o) => (
+            wideband_batch(sph, o.channels, chunk),
+            default_unzip(o.channels),
+        ),
         None => (default_batch(sph, false), 1),
     };
     let wideband = wideband.is_some();

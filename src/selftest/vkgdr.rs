@@ -152,7 +152,7 @@ fn run_pipeline(
         fengine_case::gpu_config(
             tail,
             // The engine's batch for these chunks (two heaps each): full batches over the 8 heaps.
-            wideband_batch(SPECTRA, CHUNK_SAMPLES / (2 * CHANNELS * SPECTRA)),
+            wideband_batch(SPECTRA, CHANNELS, CHUNK_SAMPLES),
             default_depth(SPECTRA, true),
             false,
         ),
