@@ -232,10 +232,21 @@ impl DsimPlan {
         samples.div_ceil(hs) * hs
     }
 
-    /// The send stream of send thread `thread`: one packet per heap, its share of the rate,
-    /// and even heap counters interleaved between the threads (thread t of T takes 2 + 2t,
-    /// 2 + 2t + 2T, …), so that together they count 2, 4, 6, … as one stream does; descriptors
-    /// take the odd ones (facts §1.9 "Digitiser heap").
+    /// Time per heap timestamp step at the configured rate factor; None: unpaced (factor 0).
+    /// The send threads pace each group by it against the clock (`dsim_send::Pacer`).
+    pub fn step_duration(&self) -> Option<Duration> {
+        (self.rate_factor > 0.0).then(|| {
+            Duration::from_secs_f64(
+                self.config.heap_samples as f64 / (self.config.adc_sample_rate * self.rate_factor),
+            )
+        })
+    }
+
+    /// The send stream of send thread `thread`: one packet per heap, unpaced (the thread
+    /// paces each group against the sample clock itself, `dsim_send::Pacer`), and even heap
+    /// counters interleaved between the threads (thread t of T takes 2 + 2t, 2 + 2t + 2T, …),
+    /// so that together they count 2, 4, 6, … as one stream does; descriptors take the odd
+    /// ones (facts §1.9 "Digitiser heap").
     pub fn send_config(&self, thread: usize) -> SendStreamConfig {
         let threads = self.send_cores.len().max(1);
         let defaults = SendStreamConfig::default();
@@ -244,7 +255,7 @@ impl DsimPlan {
         SendStreamConfig {
             flavour: Flavour::SPEAD_64_48,
             max_packet_size: self.config.packet_bytes().max(1472),
-            rate: self.rate() / threads as f64,
+            rate: 0.0,
             burst_size: defaults.burst_size.max(self.group_bytes()),
             cnt_first: 2 + 2 * thread as u64,
             cnt_step: 2 * threads as u64,

@@ -96,6 +96,43 @@ impl Schedule {
     }
 }
 
+/// How much faster than the rate a send thread that fell behind the clock may send.
+const CATCH_UP: f64 = 2.0;
+
+/// When a send thread's groups leave: the group at step `first` is due when the sample clock
+/// reaches it, `start + first × step`, and no sooner than a group's share of time over
+/// [`CATCH_UP`] after the thread's previous burst. So a thread that fell behind (its core
+/// taken, a slow system call) makes the time up, at most twice as fast as the rate, and the
+/// threads stay together. Paced instead by the stream's rate limiter, whose schedule restarts
+/// once it is a burst behind (it cannot tell a late sender from an idle one), every hiccup
+/// was lost for good: on the lent H100's host four threads fell behind the clock by ~45 ms
+/// per second and apart from each other, until the engine's window dropped the slowest
+/// thread's heaps as too old (2026-11-27, bench/RESULTS.md "full-rate antenna").
+struct Pacer {
+    start: Instant,
+    step: Duration,
+    min_gap: Duration,
+}
+
+impl Pacer {
+    /// `threads` threads share the groups in turn, so one thread's groups are `threads` groups
+    /// of time apart.
+    fn new(start: Instant, step: Duration, threads: u64) -> Pacer {
+        Pacer {
+            start,
+            step,
+            min_gap: step.mul_f64((GROUP_STEPS * threads) as f64 / CATCH_UP),
+        }
+    }
+
+    /// When the group starting at step `first` may leave, the thread's previous burst having
+    /// left at `last`.
+    fn due(&self, first: u64, last: Option<Instant>) -> Instant {
+        let clock = self.start + self.step.mul_f64(first as f64);
+        last.map_or(clock, |l| clock.max(l + self.min_gap))
+    }
+}
+
 /// What one send thread has sent, read by the progress reports.
 #[derive(Default)]
 struct Sent {
@@ -255,12 +292,12 @@ fn send_thread<S: PacketSender>(
         })
         .collect();
     let hs = plan.config.heap_samples as u64;
-    // Start t groups' worth of time (at the whole rate) after thread 0, so that groups leave
-    // in order.
-    if plan.rate() > 0.0 && t > 0 {
-        let offset = Duration::from_secs_f64(plan.group_bytes() as f64 * t as f64 / plan.rate());
-        sleep_until_or(shared.start + offset, || shared.stopped());
-    }
+    // Thread t's first group is group t, due t groups' time after thread 0's: groups leave in
+    // order.
+    let pacer = plan
+        .step_duration()
+        .map(|step| Pacer::new(shared.start, step, threads));
+    let mut last_burst = None;
     let mut descriptor_cnt = 1u64;
     let mut last_descriptors: Option<Instant> = None;
     let mut group = t as u64;
@@ -281,6 +318,12 @@ fn send_thread<S: PacketSender>(
                 descriptor_cnt = to_every_destination(stream, heap, descriptor_cnt)?;
                 last_descriptors = Some(now);
             }
+        }
+        if let Some(pacer) = &pacer {
+            if !sleep_until_or(pacer.due(first, last_burst), || shared.stopped()) {
+                break;
+            }
+            last_burst = Some(Instant::now());
         }
         let heaps = shared.schedule().claim(t, first, end);
         // Grouped by destination (polarisation, then its destinations in turn) so that the
@@ -384,6 +427,36 @@ mod tests {
             0,
             "a slow thread's first group predates it"
         );
+    }
+
+    #[test]
+    fn a_late_thread_makes_the_time_up_at_twice_the_rate_then_follows_the_clock() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // 1 ms per step, 2 threads: a thread's groups are 16 steps (16 ms) apart.
+        let p = Pacer::new(t0, ms(1), 2);
+        assert_eq!(p.due(0, None), t0);
+        assert_eq!(p.due(8, None), t0 + ms(8), "thread 1 starts a group later");
+        // On time: the clock decides.
+        assert_eq!(p.due(16, Some(t0)), t0 + ms(16));
+        // Thread 0 sent group 0 at t0, then stalled: group 2 (step 16) went out 40 ms late.
+        let mut last = t0 + ms(56);
+        assert_eq!(
+            p.due(32, Some(last)),
+            last + ms(8),
+            "catch up at twice the rate"
+        );
+        // Each later group leaves 8 ms after the previous (16 ms of data) until the clock is
+        // reached again: lateness 40, 32, 24, 16, 8, 0 ms.
+        let mut first = 32;
+        let mut lateness = vec![];
+        for _ in 0..7 {
+            let due = p.due(first, Some(last));
+            lateness.push((due - (t0 + ms(first))).as_millis());
+            last = due;
+            first += 16;
+        }
+        assert_eq!(lateness, vec![32, 24, 16, 8, 0, 0, 0]);
     }
 
     #[test]
