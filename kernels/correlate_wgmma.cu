@@ -10,7 +10,7 @@
 //
 // Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP), NP
 // (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages), FUSED
-// (1: stage from the chunk, see stage_item_fused; then SPECTRA and GROUP too). A launch
+// (1: stage from the chunk, see copy_item and split_item; then SPECTRA and GROUP too). A launch
 // sums steps [step0, step0 + nsteps) of KSTEP times in int32; the host keeps nsteps · KSTEP ≤
 // 65536 so that RR stays below 2³¹ (|product| ≤ 128²), and launches again for longer rows.
 //
@@ -28,8 +28,8 @@
 // items, which share their rows in L2 (dealt statically instead, the clusters drifted apart by
 // up to 200 channels and lost that sharing: bench/correlator-notes.md v9).
 //
-// Block: two consumer warpgroups and one producer warp (FUSED: a producer warpgroup that
-// stages from registers, each block the whole column tile, no multicast; stage_item_fused).
+// Block: two consumer warpgroups and one producer warp (FUSED: a producer warpgroup, one
+// copier warp and three splitters, each block the whole column tile, no multicast).
 // The producer's lane 0 stages each step
 // with two bulk copies (one on the diagonal, whose row chunks are the column tile's own rows;
 // the corner turn stored a step of a tile's rows contiguously, already in
@@ -170,13 +170,19 @@ __device__ __forceinline__ void stage_item(int it, int rank, const signed char *
 
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
     corr_wgmma(const signed char *__restrict__ src, i64 *__restrict__ acc, int step0, int nsteps, int items,
-               unsigned int *__restrict__ next_item, int n)
+               unsigned int *__restrict__ next_item, int n
+#if FUSED
+               ,
+               const __grid_constant__ TensorMap chunk
+#endif
+    )
 {
-    // src: the corner turn's tiled planar rows, or with FUSED the chunk itself, of which n
-    // batches are read (the rest of a group are zeros).
+    // src: the corner turn's tiled planar rows (FUSED: unused; the chunk, of which n batches
+    // are read, comes through its tensor map `chunk`; the rest of a group are zeros).
     extern __shared__ __align__(1024) unsigned char smem[];
-    // Stages' full[s] and empty[s], then the item ring's full[q] and taken[q].
-    __shared__ __align__(8) u64 bars[2 * STAGES + 2 * RING];
+    // Stages' full[s] and empty[s], the item ring's full[q] and taken[q], then (FUSED) the
+    // stages' raw[s]: the copier's runs have landed.
+    __shared__ __align__(8) u64 bars[(FUSED ? 3 : 2) * STAGES + 2 * RING];
     __shared__ int ring[RING];
     const int warp_all = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rank = cluster_rank();
@@ -186,15 +192,24 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
     const u32 staging = sbase + STAGES * STAGE_BYTES;
     const u32 full = (u32)__cvta_generic_to_shared(bars), empty = full + 8 * STAGES;
     const u32 ring_full = empty + 8 * STAGES, ring_taken = ring_full + 8 * RING;
+#if FUSED
+    const u32 raw = ring_taken + 8 * RING;
+#endif
     if (threadIdx.x == 0)
     {
         for (int s = 0; s < STAGES; ++s)
         {
-            // FUSED: each producer warp arrives once its stores are fenced, and only this
+            // FUSED: each splitter warp arrives once its stores are fenced, and only this
             // block's consumers read the stage; otherwise one arrival with the copies' bytes,
             // and both blocks' consumers read it (the multicast half).
-            mbar_init(full + 8 * s, FUSED ? PRODUCERS / 32 : 1);
-            mbar_init(empty + 8 * s, (FUSED ? 1 : 2) * CONSUMERS / 32);
+#if FUSED
+            mbar_init(full + 8 * s, SPLITTERS);
+            mbar_init(empty + 8 * s, CONSUMERS / 32);
+            mbar_init(raw + 8 * s, 1); // the copier's arrival with the runs' bytes
+#else
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 2 * CONSUMERS / 32);
+#endif
         }
         for (int q = 0; q < RING; ++q)
         {
@@ -214,7 +229,9 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
 #if FUSED
         // The producer warpgroup: block 0's first lane takes the cluster's items from the
         // launch's counter, in order, and publishes each into both blocks' ring (−1 when none
-        // are left); every producer warp of both blocks reads them there and stages them.
+        // are left); every producer warp of both blocks reads them there: warp 0 copies each
+        // step's runs into its stage (copy_item), the others de-interleave them (split_item).
+        const bool copier = threadIdx.x / 32 == CONSUMERS / 32;
         const bool publisher = rank == 0 && threadIdx.x == CONSUMERS;
         const u32 ring0 = (u32)__cvta_generic_to_shared(ring);
         int next = publisher ? (int)atomicAdd(next_item, 1u) : 0;
@@ -231,8 +248,15 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
             const int it = warp_take_item(seq, ring_full, ring_taken, ring);
             if (it < 0)
                 break;
-            stage_item_fused(it, rank, reinterpret_cast<const unsigned char *>(src), n, sbase, full, empty, step0,
-                             nsteps, g);
+            if (copier)
+            {
+                if (lane == 0)
+                    copy_item(it, rank, &chunk, n, sbase, raw, empty, step0, nsteps, g);
+                else
+                    g += nsteps;
+            }
+            else
+                split_item(it, rank, n, sbase, raw, full, step0, nsteps, g);
         }
         __syncwarp();
         cluster_sync();

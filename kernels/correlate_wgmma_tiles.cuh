@@ -11,8 +11,8 @@
 #ifndef FUSED
 #define FUSED 0
 #endif
-#if FUSED && (SPECTRA % 16 != 0)
-#error "FUSED needs SPECTRA % 16 == 0: a unit of 16 times must lie in one batch"
+#if FUSED && (SPECTRA % 128 != 0)
+#error "FUSED needs SPECTRA % KSTEP == 0: a step must lie in one batch"
 #endif
 
 #define CONSUMERS 256 // two warpgroups

@@ -141,17 +141,18 @@ fn every_kernel_compiles_for_every_architecture() {
         }
     }
     // The wgmma correlator exists for sm_90a only: from the corner turn's rows (FUSED 0) and
-    // staging the chunk itself (FUSED 1, spectra a multiple of 16), one heap or merged ones
+    // staging the chunk itself (FUSED 1, spectra a multiple of 128), one heap or merged ones
     // (katgpucbf's 32 heaps of 256 spectra), one window of times or several.
     for (ants, channels, spectra, group, fused) in [
         (1, 1, 1, 1, 0),
         (19, 3, 255, 1, 0),
         (1024, 512, 256, 1, 0),
-        (1, 1, 16, 1, 1),
-        (19, 3, 48, 3, 1),
+        (1, 1, 128, 1, 1),
+        (19, 3, 384, 3, 1),
         (80, 512, 256, 32, 1),
         (128, 512, 256, 1, 1),
-        (2, 1, 140_000, 1, 1),
+        (576, 480, 256, 1, 1),
+        (2, 1, 140_032, 1, 1),
     ] {
         // As `gpu::correlate` builds them: the chunk's layout for the fused producer only.
         let mut defs = vec![
@@ -410,7 +411,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 8 + 16 + 1 + 4 + 20 + 55
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 9 + 16 + 1 + 4 + 20 + 55
     );
 }
 

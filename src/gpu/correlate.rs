@@ -29,9 +29,10 @@
 //! sm_80 and later device; compiled for sm_90 it adds its tiles by bulk asynchronous
 //! reduce-adds and fits three blocks per SM, bench/correlator-notes.md v12).
 //! [`CorrPath::best_for`] picks it from the device. On the `wgmma` path with up to 128
-//! antennas (8-bit input, heaps of a multiple of 16 spectra) no corner turn runs: the kernel's
-//! producer warpgroup de-interleaves the chunk's words into its stages itself
-//! ([`CorrConfig::can_fuse`]; at N = 64 the call takes 0.29 ms instead of 0.47).
+//! antennas (8-bit input, heaps of a multiple of 128 spectra) no corner turn runs: the kernel's
+//! producer warpgroup copies the chunk's runs into its stages by TMA tensor copies (through a
+//! [`TensorMap`] of the chunk) and de-interleaves them there ([`CorrConfig::can_fuse`]; at
+//! N = 64 the call takes 0.27 ms instead of 0.47).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ use cudarc::driver::{
 };
 
 use super::compile::{Defines, Kernel};
+use super::tensor_map::TensorMap;
 use super::{Gpu, GpuError};
 use crate::dsp::correlate::{n_baselines, CorrShape};
 
@@ -89,10 +91,13 @@ impl CorrPath {
 const WGMMA_STAGES: usize = 4;
 const WGMMA_SMEM: usize = WGMMA_STAGES * 384 * 128 + 32 * 1024 + 1024;
 /// The largest padded antenna-pol count the `wgmma` path fuses its corner turn at (two column
-/// tiles: up to 128 antennas; see [`CorrConfig::can_fuse`]).
+/// tiles: up to 128 antennas; see [`CorrConfig::can_fuse`]). Measured fused at every N
+/// (bench/correlator-notes.md v14): faster than turn + correlator up to 128 antennas (1.77× at
+/// 64, 1.41× at 128), mixed at 256 (1.07× at 3072 times, 0.89–0.95× at longer rows), slower at
+/// 576 (0.70–0.80×), where the splitters' de-interleave, not the copies, sets the pace.
 const FUSE_MAX_NP: usize = 256;
 /// Threads of a `wgmma` block: two consumer warpgroups and a producer warp (bulk copies of
-/// the corner turn's rows) or a producer warpgroup (the chunk's words de-interleaved, fused).
+/// the corner turn's rows) or a producer warpgroup (fused: a copier warp, three splitters).
 fn wgmma_threads(fused: bool) -> u32 {
     if fused {
         384
@@ -128,7 +133,7 @@ pub enum CorrError {
     Unsupported { arch: String },
     #[error("this correlator plan fuses its corner turn into the wgmma kernel: no separate turn or planar rows (build it with_turn)")]
     NoTurn,
-    #[error("the fused correlator reads its input in 16-byte words: input at device address {address:#x} is not 16-byte aligned")]
+    #[error("the fused correlator reads its input through a TMA tensor map, which needs a 16-byte aligned address: input at device address {address:#x} is not")]
     Misaligned { address: u64 },
     #[error(transparent)]
     Gpu(#[from] GpuError),
@@ -195,15 +200,15 @@ impl CorrConfig {
     }
 
     /// Whether the `wgmma` kernel stages the chunk itself (`FUSED` in
-    /// `kernels/correlate_wgmma.cu`): 8-bit input whose heaps are whole units of 16 spectra (a
-    /// unit never straddles two batches), and at most [`FUSE_MAX_NP`] antenna-pols, where the
-    /// corner turn's own pass costs more than the fused producer's waits (at N = 64 the fused
-    /// call took 0.29 ms against 0.47 for turn + correlator; at N = 256 2.95 against 2.67,
-    /// bench/correlator-notes.md v13). Elsewhere the corner turn runs first.
+    /// `kernels/correlate_wgmma.cu`): 8-bit input whose heaps are whole steps of 128 spectra
+    /// (a step's tensor copies never straddle two batches), and at most [`FUSE_MAX_NP`]
+    /// antenna-pols, where the corner turn's own pass costs more than the fused producer's
+    /// de-interleave (at N = 64 the fused call took 0.27 ms against 0.47 for turn +
+    /// correlator, bench/correlator-notes.md v14). Elsewhere the corner turn runs first.
     pub fn can_fuse(&self) -> bool {
         self.path == CorrPath::Wgmma
             && self.in_bits == 8
-            && self.shape.spectra % 16 == 0
+            && self.shape.spectra % CorrPath::Wgmma.kstep() == 0
             && self.np() <= FUSE_MAX_NP
     }
 
@@ -525,14 +530,18 @@ impl Correlator {
                     shared_mem_bytes: WGMMA_SMEM as u32,
                 };
                 let n_arg = n as i32;
-                // The fused producer's 16-byte loads (`__ldg` of uint4) need an aligned chunk;
-                // the turn kernel read bytes and pairs only.
-                if let Some(input) = input.filter(|_| fused) {
-                    let (address, _read) = input.device_ptr(st);
-                    if address % 16 != 0 {
-                        return Err(CorrError::Misaligned { address });
+                // The fused producer's tensor copies read the chunk through a map, which needs
+                // a 16-byte aligned address; the turn kernel read bytes and pairs only.
+                let map = match input.filter(|_| fused) {
+                    Some(input) => {
+                        let (address, _read) = input.device_ptr(st);
+                        if address % 16 != 0 {
+                            return Err(CorrError::Misaligned { address });
+                        }
+                        Some(self.chunk_map(address, n)?)
                     }
-                }
+                    None => None,
+                };
                 // One launch per WINDOW of times: the kernel sums a launch in int32.
                 let steps = (self.cfg.tpad() / CorrPath::Wgmma.kstep()) as i32;
                 let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
@@ -551,6 +560,9 @@ impl Correlator {
                         .arg(&items)
                         .arg(&mut self.next_item)
                         .arg(&n_arg);
+                    if let Some(map) = &map {
+                        b.arg(map);
+                    }
                     // SAFETY: the source is the chunk's n batches (fused: the kernel reads no
                     // batch at or beyond n, nor a time beyond SPECTRA·GROUP of a group) or
                     // the corner turn's (tiled) output for them, and `acc` holds n
@@ -564,6 +576,29 @@ impl Correlator {
             }
         }
         Ok(())
+    }
+
+    /// The fused kernel's view of `n` batches of the chunk at device `address`
+    /// (`TensorMap` in kernels/correlate_wgmma_fused.cuh): 4-byte words (one time of both
+    /// pols), dimensions (32 times, quarter of a 128-time step, antenna, channel, batch), boxes
+    /// of one step's times × 32 antennas in the 128-byte swizzle (a row is 32 times).
+    fn chunk_map(&self, address: u64, n: usize) -> Result<TensorMap, CorrError> {
+        let s = self.cfg.shape;
+        let word = 4u64;
+        let (spectra, ants, channels) = (s.spectra as u64, s.n_ants as u64, s.channels as u64);
+        let quarters = CorrPath::Wgmma.kstep() as u32 / 32;
+        Ok(TensorMap::words(
+            address,
+            [32, spectra / 32, ants, channels, n as u64],
+            &[
+                32 * word,
+                channels * spectra * word,
+                spectra * word,
+                ants * channels * spectra * word,
+            ],
+            [32, quarters, 32, 1, 1],
+            true,
+        )?)
     }
 
     /// Reduce the `batches` accumulators to int32 (see the module doc): `present` holds one

@@ -23,6 +23,7 @@ pub mod memory;
 pub mod pfb;
 pub mod pfb_complex;
 pub mod postproc;
+pub mod tensor_map;
 pub mod timeline;
 pub mod vkgdr;
 

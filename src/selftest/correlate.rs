@@ -248,6 +248,20 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             spectra: 100,
             ..base
         },
+        // Whole steps of 128 spectra, where the wgmma path fuses its corner turn (`can_fuse`):
+        // two column tiles, a row tile partly beyond the array; and three column tiles.
+        Case {
+            n_ants: 100,
+            channels: 3,
+            spectra: 256,
+            ..base
+        },
+        Case {
+            n_ants: 130,
+            channels: 2,
+            spectra: 384,
+            ..base
+        },
         Case {
             n_ants: 1024,
             channels: 1,
@@ -259,7 +273,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         Case {
             n_ants: 19,
             channels: 3,
-            spectra: 192,
+            spectra: 384,
             extremes: true,
             garbage: 1 << 31,
             ..base
@@ -272,12 +286,12 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             garbage: 1 << 40,
             ..base
         },
-        // Autocorrelations of 140,000 extreme samples pass 2³¹: the int32 sums must be windowed
+        // Autocorrelations of 140,032 extreme samples pass 2³¹: the int32 sums must be windowed
         // (the wgmma path launches once per 65,536 times, the mma kernel loops).
         Case {
             n_ants: 2,
             channels: 1,
-            spectra: 140_000,
+            spectra: 140_032,
             batches: 1,
             extremes: true,
             ..base
