@@ -175,7 +175,6 @@ pub fn run(args: DsimArgs) -> Result<(), CliError> {
 mod tests {
     use super::*;
     use clap::Parser;
-    use std::time::Duration;
 
     #[derive(Parser)]
     struct Wrap {
@@ -367,10 +366,7 @@ mod tests {
         let configs: Vec<_> = (0..4).map(|t| p.send_config(t)).collect();
         // The streams are unpaced: each thread paces its groups by the sample clock.
         assert!(configs.iter().all(|c| c.rate == 0.0));
-        assert_eq!(
-            p.step_duration(),
-            Some(Duration::from_secs_f64(4096.0 / 1712e6))
-        );
+        assert_eq!(p.step_seconds(), Some(4096.0 / 1712e6));
         let mut cnts: Vec<u64> = configs
             .iter()
             .flat_map(|c| (0..5).map(move |k| c.cnt_first + k * c.cnt_step))

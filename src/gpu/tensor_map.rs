@@ -5,13 +5,14 @@
 
 use cudarc::driver::{sys, DeviceRepr, DriverError};
 
-/// An encoded tensor map, as a kernel argument (64-byte aligned, 128 bytes).
+/// An encoded tensor map, as a kernel argument (128 bytes; the driver copies its bytes into
+/// the kernel's 64-byte aligned parameter).
 #[repr(transparent)]
 #[derive(Clone, Copy)]
 pub struct TensorMap(sys::CUtensorMap);
 
 // SAFETY: a plain 128-byte C struct that the driver wrote and the kernel reads as its
-// `TensorMap` parameter (the same size; the kernel's alignment is 64).
+// `TensorMap` parameter (the same size).
 unsafe impl DeviceRepr for TensorMap {}
 
 impl TensorMap {

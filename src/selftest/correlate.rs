@@ -6,7 +6,7 @@
 //! 4-bit input, accumulators pre-filled with garbage that the op must add to, two calls into the
 //! same accumulators, missing antennas, and sums that saturate in the reduce. Every case runs
 //! on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma` path too: with the
-//! corner turn fused into it where the spectra are a multiple of 16, the input 8-bit and the
+//! corner turn fused into it where the spectra are a multiple of 128, the input 8-bit and the
 //! array at most 128 antennas (`CorrConfig::can_fuse`), after the separate turn elsewhere (17,
 //! 33, 255 … spectra, 4-bit, 130 and 1024 antennas).
 
@@ -249,7 +249,9 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             ..base
         },
         // Whole steps of 128 spectra, where the wgmma path fuses its corner turn (`can_fuse`):
-        // two column tiles, a row tile partly beyond the array; and three column tiles.
+        // two column tiles, a row tile partly beyond the array. Then three column tiles, fused
+        // only in a build whose FUSE_MAX_NP allows it (bench/correlator-notes.md v14), the
+        // turned path otherwise.
         Case {
             n_ants: 100,
             channels: 3,

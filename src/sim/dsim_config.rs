@@ -232,13 +232,11 @@ impl DsimPlan {
         samples.div_ceil(hs) * hs
     }
 
-    /// Time per heap timestamp step at the configured rate factor; None: unpaced (factor 0).
-    /// The send threads pace each group by it against the clock (`dsim_send::Pacer`).
-    pub fn step_duration(&self) -> Option<Duration> {
+    /// Seconds per heap timestamp step at the configured rate factor; None: unpaced (factor
+    /// 0). The send threads pace each group by it against the clock (`dsim_send::Pacer`).
+    pub fn step_seconds(&self) -> Option<f64> {
         (self.rate_factor > 0.0).then(|| {
-            Duration::from_secs_f64(
-                self.config.heap_samples as f64 / (self.config.adc_sample_rate * self.rate_factor),
-            )
+            self.config.heap_samples as f64 / (self.config.adc_sample_rate * self.rate_factor)
         })
     }
 

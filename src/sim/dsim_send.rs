@@ -1,13 +1,13 @@
 //! dsim's send threads. One thread over kernel UDP sockets tops out near 25 Gb/s on the lent
 //! host, short of a MeerKAT L-band antenna (2 × 1712 MS/s × 10 bits = 34 Gb/s, issue 14), so
-//! the heaps are shared out between `--send-threads` threads, each with its own sockets, its
-//! share of the rate and optionally its own core (`--affinity`).
+//! the heaps are shared out between `--send-threads` threads, each with its own sockets and
+//! optionally its own core (`--affinity`).
 //!
 //! The time axis is cut into groups of [`GROUP_STEPS`] heap timestamps (every polarisation of
-//! a timestamp goes together); thread t of T sends groups t, t + T, t + 2T, … Every thread is
-//! paced at 1/T of the rate, sends each group as one burst (`DsimPlan::send_config` sizes the
-//! burst to a group) and starts t groups' time after thread 0, so the groups leave in
-//! timestamp order to within about one group, far inside a receiver's chunk window.
+//! a timestamp goes together); thread t of T sends groups t, t + T, t + 2T, … Each group leaves
+//! as one burst (`DsimPlan::send_config` sizes the burst to a group) when the sample clock
+//! reaches it ([`Pacer`]), so the groups leave in timestamp order to within about one group,
+//! far inside a receiver's chunk window.
 //!
 //! A `?signals` switch must take effect at the same timestamp in every thread. The threads
 //! claim each group under one lock ([`Schedule`]), which also records the pattern in force
@@ -110,25 +110,27 @@ const CATCH_UP: f64 = 2.0;
 /// thread's heaps as too old (2026-11-27, bench/RESULTS.md "full-rate antenna").
 struct Pacer {
     start: Instant,
-    step: Duration,
+    /// Seconds per step, unrounded: a step rounded to whole nanoseconds (2392.52 → 2393 ns at
+    /// 1712 MS/s) and multiplied up would drift 0.7 s an hour from the sample clock.
+    step: f64,
     min_gap: Duration,
 }
 
 impl Pacer {
     /// `threads` threads share the groups in turn, so one thread's groups are `threads` groups
     /// of time apart.
-    fn new(start: Instant, step: Duration, threads: u64) -> Pacer {
+    fn new(start: Instant, step: f64, threads: u64) -> Pacer {
         Pacer {
             start,
             step,
-            min_gap: step.mul_f64((GROUP_STEPS * threads) as f64 / CATCH_UP),
+            min_gap: Duration::from_secs_f64(step * (GROUP_STEPS * threads) as f64 / CATCH_UP),
         }
     }
 
     /// When the group starting at step `first` may leave, the thread's previous burst having
     /// left at `last`.
     fn due(&self, first: u64, last: Option<Instant>) -> Instant {
-        let clock = self.start + self.step.mul_f64(first as f64);
+        let clock = self.start + Duration::from_secs_f64(first as f64 * self.step);
         last.map_or(clock, |l| clock.max(l + self.min_gap))
     }
 }
@@ -295,7 +297,7 @@ fn send_thread<S: PacketSender>(
     // Thread t's first group is group t, due t groups' time after thread 0's: groups leave in
     // order.
     let pacer = plan
-        .step_duration()
+        .step_seconds()
         .map(|step| Pacer::new(shared.start, step, threads));
     let mut last_burst = None;
     let mut descriptor_cnt = 1u64;
@@ -320,7 +322,11 @@ fn send_thread<S: PacketSender>(
             }
         }
         if let Some(pacer) = &pacer {
-            if !sleep_until_or(pacer.due(first, last_burst), || shared.stopped()) {
+            let due = pacer.due(first, last_burst);
+            // A group due after the run's end is not sent (nor slept for).
+            if plan.duration.is_some_and(|d| due >= shared.start + d)
+                || !sleep_until_or(due, || shared.stopped())
+            {
                 break;
             }
             last_burst = Some(Instant::now());
@@ -434,7 +440,7 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         // 1 ms per step, 2 threads: a thread's groups are 16 steps (16 ms) apart.
-        let p = Pacer::new(t0, ms(1), 2);
+        let p = Pacer::new(t0, 1e-3, 2);
         assert_eq!(p.due(0, None), t0);
         assert_eq!(p.due(8, None), t0 + ms(8), "thread 1 starts a group later");
         // On time: the clock decides.
@@ -457,6 +463,20 @@ mod tests {
             first += 16;
         }
         assert_eq!(lateness, vec![32, 24, 16, 8, 0, 0, 0]);
+    }
+
+    #[test]
+    fn the_clock_does_not_drift_over_an_hour() {
+        // 1712 MS/s in heaps of 4096 samples: 2392.52 ns a step, not a whole number of ns.
+        let step = 4096.0 / 1712e6;
+        let t0 = Instant::now();
+        let p = Pacer::new(t0, step, 4);
+        let hour = (3600.0 / step) as u64;
+        let late = (p.due(hour, None) - t0).as_secs_f64() - hour as f64 * step;
+        assert!(
+            late.abs() < 1e-6,
+            "{late} s off the sample clock after an hour"
+        );
     }
 
     #[test]
