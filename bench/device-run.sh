@@ -8,7 +8,9 @@
 # Environment: CBF_E2E_RATES, CBF_E2E_ANTS (antenna counts to try), CBF_E2E_SECS,
 # CBF_DSIM_THREADS (dsim send threads per antenna), CBF_E2E_LAYOUTS (DESTS:RECV pairs: loopback
 # addresses per pol, as a digitiser spreads a pol over several groups, and the engine's receive
-# threads; default 1:2), CBF_E2E_PIN (1: dsim on its own cores), CBF_BACKEND (cuda; cpu for a dry run).
+# threads; default 1:2), CBF_E2E_PIN (1: dsim on its own cores), CBF_BACKEND (cuda; cpu for a dry run),
+# CBF_FENG_EXTRA (more fengine flags, e.g. "--send-sample-bits 4"), CBF_E2E_CAPTURE (0: no capture
+# of the engine's output; its packets go to a port nobody reads).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=.dev
@@ -44,7 +46,8 @@ e2e() {
         p0="127.0.0.1+$((dests - 1)):$((7101 + 2 * a))" p1="127.0.0.1+$((dests - 1)):$((7102 + 2 * a))"
         $pin_rest "$bin/cbf" fengine --backend "${CBF_BACKEND:-cuda}" --src "$p0,$p1" \
             --recv-threads "$recv" --adc-sample-rate "$rate" --sync-time "$sync" --katcp-port 0 \
-            --wideband "name=wide,channels=4096,dst=127.0.0.1:$((7200 + a))" > "$out/fengine-$tag.txt" 2>&1 &
+            --wideband "name=wide,channels=4096,dst=127.0.0.1:$((7200 + a))" ${CBF_FENG_EXTRA:-} \
+            > "$out/fengine-$tag.txt" 2>&1 &
         fengs+=($!)
     done
     for ((a = 0; a < ants; a++)); do
@@ -59,12 +62,13 @@ e2e() {
     for ((a = 0; a < ants; a++)); do
         tag="$rate-n$ants-$dests-$recv-a$a"
         until grep -q sending "$out/dsim-$tag.txt" || ! kill -0 "${dsims[a]}" 2>/dev/null; do sleep 0.2; done
+        [ "${CBF_E2E_CAPTURE:-1}" = 0 ] && continue
         $pin_rest "$bin/cbf" capture --stats --duration $((secs + 3)) "127.0.0.1:$((7200 + a))" > "$out/capture-$tag.txt" 2>&1 &
         caps+=($!)
     done
     wait "${dsims[@]}"
     sleep 3
-    kill -INT "${fengs[@]}"; wait "${fengs[@]}"; wait "${caps[@]}"
+    kill -INT "${fengs[@]}"; wait "${fengs[@]}"; [ ${#caps[@]} -gt 0 ] && wait "${caps[@]}"
     local drops_after
     drops_after=$(rcvbuf_errors)
     echo "== e2e at $rate S/s per pol, $ants antenna(s), $threads dsim send thread(s), $dests destination(s) per pol, $recv receive thread(s), pinned ${CBF_E2E_PIN:-0}: UDP receive-buffer errors before $drops_before, after $drops_after (+$((drops_after - drops_before)))"
@@ -72,7 +76,7 @@ e2e() {
         tag="$rate-n$ants-$dests-$recv-a$a"
         echo "-- antenna $a"
         grep 'dsim: sent' "$out/dsim-$tag.txt"; grep '^fengine:' "$out/fengine-$tag.txt"
-        tail -n 1 "$out/capture-$tag.txt" | tr ',' '\n' | grep -E '"(heaps|incomplete_heaps_evicted|too_old_heaps|gbps)"' | tr '\n' ' '; echo
+        [ -f "$out/capture-$tag.txt" ] && tail -n 1 "$out/capture-$tag.txt" | tr ',' '\n' | grep -E '"(heaps|incomplete_heaps_evicted|too_old_heaps|gbps)"' | tr '\n' ' '; echo
     done
 }
 for ants in ${CBF_E2E_ANTS:-1}; do
