@@ -490,6 +490,18 @@ fn katcp_gains_and_a_future_phase_step() {
 /// exactly those whose every spectrum window avoids the holes; the rest are counted skipped.
 #[test]
 fn lost_input_skips_exactly_the_affected_output_heaps() {
+    lost_input_case(1);
+}
+
+/// The same through three send threads (`--send-threads 3`): every expected heap arrives
+/// exactly once (in whatever order the threads interleave them), with heap counters that no
+/// two heaps share.
+#[test]
+fn three_send_threads_send_every_heap_once() {
+    lost_input_case(3);
+}
+
+fn lost_input_case(send_threads: usize) {
     let _serial = serial();
     let (channels, taps, sph, hs, chunk) = (256usize, 16usize, 64usize, 4096u64, 65536u64);
     let n_heaps = 4 * chunk / hs; // per polarisation: four chunks
@@ -541,6 +553,8 @@ fn lost_input_skips_exactly_the_affected_output_heaps() {
             "0",
             "--send-rate-factor",
             "0",
+            "--send-threads",
+            &send_threads.to_string(),
         ])
         .args([
             "--wideband",
@@ -567,11 +581,21 @@ fn lost_input_skips_exactly_the_affected_output_heaps() {
             stream.add_packet(p, &mut heaps);
         }
     }
-    let got: Vec<u64> = heaps
+    let data: Vec<_> = heaps
+        .iter()
+        .filter(|h| h.item(TIMESTAMP_ID).is_some())
+        .collect();
+    let mut got: Vec<u64> = data
         .iter()
         .filter_map(|h| h.item(TIMESTAMP_ID).and_then(|v| v.as_u64()))
         .collect();
+    if send_threads > 1 {
+        got.sort_unstable();
+    }
     assert_eq!(got, expected);
+    let cnts: std::collections::BTreeSet<u64> = data.iter().map(|h| h.cnt).collect();
+    assert_eq!(cnts.len(), data.len(), "heap counters shared between heaps");
+    assert!(data.iter().all(|h| h.complete));
 }
 
 /// A delay loaded with `?delays` gives katgpucbf's phase slope across channels

@@ -188,6 +188,7 @@ pub fn run(
                 jones_per_batch: spectra * channels,
                 max_delay_diff: 0,
                 send_rate_factor: 1.1,
+                send_threads: 1,
                 send_sample_bits: 8,
                 send_packet_payload: 8192,
                 send_interfaces: vec![],

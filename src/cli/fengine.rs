@@ -99,6 +99,10 @@ pub struct FengineArgs {
     /// Output rate as a multiple of the data rate (0 = unlimited).
     #[arg(long, default_value_t = 1.1)]
     pub send_rate_factor: f64,
+    /// Send threads per output, each with its own sockets and an equal share of the output's
+    /// rate (cbf's flag): one thread's kernel UDP sockets carry about 27 Gb/s. Kernel UDP only.
+    #[arg(long, default_value_t = 1)]
+    pub send_threads: usize,
     /// Bits per output sample (real or imaginary part): 8, or 4 (packed, real in the high nibble).
     #[arg(long, default_value_t = 8)]
     pub send_sample_bits: u32,
@@ -242,6 +246,7 @@ impl FengineArgs {
             jones_per_batch: self.jones_per_batch,
             max_delay_diff: self.max_delay_diff,
             send_rate_factor: self.send_rate_factor,
+            send_threads: self.send_threads,
             send_sample_bits: self.send_sample_bits,
             send_packet_payload: self.send_packet_payload,
             send_interfaces: self
@@ -415,6 +420,36 @@ mod tests {
         }
     }
 
+    /// Several send threads per output are for kernel UDP sockets: with ibverbs (which sends
+    /// without the kernel's copy) `--send-threads` above 1 is refused by name.
+    #[test]
+    fn send_threads_are_for_kernel_sockets() {
+        let check = |extra: &[&str]| {
+            let mut v = vec![
+                "fengine",
+                "--adc-sample-rate=1712e6",
+                "--sync-time=0",
+                "--recv-chunk-samples=4194304",
+                "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
+                "--send-interface=eth0",
+                "127.0.0.1:7148",
+            ];
+            v.extend(extra);
+            let config = Wrap::try_parse_from(v).unwrap().a.config().unwrap();
+            config.validate().map(|_| ()).map_err(|e| e.flag)
+        };
+        assert_eq!(
+            check(&["--send-threads=2", "--send-ibv"]),
+            Err("--send-threads")
+        );
+        assert_eq!(check(&["--send-threads=2"]), Ok(()));
+        // One thread is not refused with ibverbs.
+        assert_ne!(
+            check(&["--send-threads=1", "--send-ibv"]),
+            Err("--send-threads")
+        );
+    }
+
     #[test]
     fn bad_flags_are_named() {
         assert_eq!(flag_of(&[]), "ok");
@@ -433,6 +468,9 @@ mod tests {
             "--feng-id"
         );
         assert_eq!(flag_of(&["--send-rate-factor", "-2"]), "--send-rate-factor");
+        assert_eq!(flag_of(&["--send-threads", "0"]), "--send-threads");
+        assert_eq!(flag_of(&["--send-threads", "17"]), "--send-threads");
+
         assert_eq!(flag_of(&["--gain", "abc"]), "--gain");
         assert_eq!(flag_of(&["--send-sample-bits", "6"]), "--send-sample-bits");
         assert_eq!(

@@ -30,7 +30,7 @@ use crate::spead::send::{Heap, SendStream, SendStreamConfig};
 
 /// How an engine's finished buffers become heaps: one heap per substream (destination) of each
 /// buffer, plus the stream's descriptors.
-pub trait HeapFormat: Send + 'static {
+pub trait HeapFormat: Send + Sync + 'static {
     /// What travels with a buffer besides its bytes (a timestamp, `beam_ants`, ...).
     type Meta: Send + 'static;
     /// Substreams (destinations) a buffer is split over.

@@ -113,20 +113,40 @@ impl SinkCounters {
         }
     }
 
-    /// Bring the counters up to `stream`'s.
-    fn update<S: PacketSender>(&self, stream: &SendStream<S>) {
+    /// Add what `stream` has counted since `last` (its counts when this was last called), so
+    /// that the streams of an output's several send threads add up; an interface is live as
+    /// the latest stream to report saw it.
+    fn update<S: PacketSender>(&self, stream: &SendStream<S>, last: &mut Reported) {
+        let add = |to: &AtomicU64, now: u64, before: &mut u64| {
+            to.fetch_add(now.saturating_sub(*before), Ordering::Relaxed);
+            *before = now;
+        };
         let c = stream.counters();
-        self.bytes.store(c.bytes, Ordering::Relaxed);
-        self.lost_heaps.store(c.lost_heaps, Ordering::Relaxed);
-        for (mine, (_, theirs)) in self.interfaces.iter().zip(stream.interfaces()) {
-            mine.bytes.store(theirs.bytes, Ordering::Relaxed);
-            mine.downs.store(theirs.downs, Ordering::Relaxed);
-            mine.lost_packets
-                .store(theirs.lost_packets, Ordering::Relaxed);
-            mine.lost_heaps.store(theirs.lost_heaps, Ordering::Relaxed);
+        add(&self.bytes, c.bytes, &mut last.bytes);
+        add(&self.lost_heaps, c.lost_heaps, &mut last.lost_heaps);
+        last.interfaces.resize(self.interfaces.len(), [0; 4]);
+        for ((mine, (_, theirs)), before) in self
+            .interfaces
+            .iter()
+            .zip(stream.interfaces())
+            .zip(&mut last.interfaces)
+        {
+            add(&mine.bytes, theirs.bytes, &mut before[0]);
+            add(&mine.downs, theirs.downs, &mut before[1]);
+            add(&mine.lost_packets, theirs.lost_packets, &mut before[2]);
+            add(&mine.lost_heaps, theirs.lost_heaps, &mut before[3]);
             mine.live.store(theirs.live, Ordering::Relaxed);
         }
     }
+}
+
+/// A stream's counts as last added into its sink's counters ([`SinkCounters::update`]): bytes,
+/// lost heaps, and per interface (bytes, downs, lost packets, lost heaps).
+#[derive(Debug, Default)]
+struct Reported {
+    bytes: u64,
+    lost_heaps: u64,
+    interfaces: Vec<[u64; 4]>,
 }
 
 /// A send thread's name (at most 15 bytes, Linux's limit, so that `top -H` tells them apart)
@@ -179,11 +199,14 @@ struct Worker<F: HeapFormat> {
     stream: SendStream<NetSender>,
     /// The device payload being sent, held until the NIC is done with it.
     held: Option<DevicePayload>,
-    format: F,
+    format: Arc<F>,
     queue: Queue<F::Meta>,
     give: Sender<Vec<u8>>,
     counters: Arc<SinkCounters>,
-    descriptors: DescriptorSchedule,
+    reported: Reported,
+    /// The descriptors' schedule: the first thread's only (one copy per period, not one per
+    /// thread).
+    descriptors: Option<DescriptorSchedule>,
     core: Option<usize>,
 }
 
@@ -195,13 +218,18 @@ impl<F: HeapFormat> Worker<F> {
             // Checked at start-up; a failure now stops this output with the reason.
             pin_current_thread(c).map_err(|e| format!("--send-affinity: {e}"))?;
         }
-        let format = &self.format;
-        send_descriptors(stream, format)?;
-        let mut next_desc = self.descriptors.first;
+        let format = &*self.format;
+        let mut next_desc = None;
+        if let Some(d) = self.descriptors {
+            send_descriptors(stream, format)?;
+            next_desc = Some(d.first);
+        }
         loop {
-            if Instant::now() >= next_desc {
-                send_descriptors(stream, format)?;
-                next_desc += self.descriptors.period;
+            if let (Some(at), Some(d)) = (next_desc.as_mut(), self.descriptors) {
+                if Instant::now() >= *at {
+                    send_descriptors(stream, format)?;
+                    *at += d.period;
+                }
             }
             let (data, meta) = match self.queue.0.recv_timeout(Duration::from_millis(100)) {
                 Ok(h) => h,
@@ -239,16 +267,17 @@ impl<F: HeapFormat> Worker<F> {
                 }
             }
             self.counters.buffers.fetch_add(1, Ordering::Relaxed);
-            self.counters.update(stream);
+            self.counters.update(stream, &mut self.reported);
         }
     }
 }
 
-/// A send thread and its buffer pool.
+/// An output's send threads (one, or several that take the queued buffers in turn as each
+/// gets free, each with its own stream) and their buffer pool.
 pub struct HeapSink<M> {
     heaps: Sender<(Payload, M)>,
     free: Receiver<Vec<u8>>,
-    thread: Option<JoinHandle<Result<(), String>>>,
+    threads: Vec<JoinHandle<Result<(), String>>>,
     counters: Arc<SinkCounters>,
 }
 
@@ -265,9 +294,33 @@ impl<M: Send + 'static> HeapSink<M> {
         buffer_bytes: usize,
         shutdown: &Shutdown,
     ) -> std::io::Result<HeapSink<M>> {
+        Self::spawn_threads(
+            vec![(thread, stream)],
+            format,
+            descriptors,
+            buffers,
+            buffer_bytes,
+            shutdown,
+        )
+    }
+
+    /// [`HeapSink::spawn`] with several threads, each with its stream (`senders`, at least
+    /// one): each takes the next queued buffer when it is free, so a buffer's heaps leave
+    /// whole from one stream and the streams share the output. The first sends the
+    /// descriptors. For outputs faster than one thread sends through kernel sockets (its
+    /// copy of every byte: ~27 Gb/s on the lent H100's host, bench/RESULTS.md "full-rate
+    /// antenna"); the streams' heap counters and rates are the caller's to split.
+    pub fn spawn_threads<F: HeapFormat<Meta = M>>(
+        senders: Vec<(SendThread, SendStream<NetSender>)>,
+        format: F,
+        descriptors: DescriptorSchedule,
+        buffers: usize,
+        buffer_bytes: usize,
+        shutdown: &Shutdown,
+    ) -> std::io::Result<HeapSink<M>> {
         let mut nothing = |_: &mut [u8]| Ok(());
         let pool: BufferPool<'_> = (buffers, buffer_bytes, &mut nothing);
-        Self::spawn_with(thread, stream, format, descriptors, pool, shutdown)
+        Self::start(senders, format, descriptors, pool, shutdown)
     }
 
     /// [`HeapSink::spawn`] with `pool` = (buffers, bytes each, `prepare`): every buffer is
@@ -276,14 +329,23 @@ impl<M: Send + 'static> HeapSink<M> {
     /// buffers keep their memory for the sink's life.
     pub fn spawn_with<F: HeapFormat<Meta = M>>(
         thread: SendThread,
-        mut stream: SendStream<NetSender>,
+        stream: SendStream<NetSender>,
+        format: F,
+        descriptors: DescriptorSchedule,
+        pool: BufferPool<'_>,
+        shutdown: &Shutdown,
+    ) -> std::io::Result<HeapSink<M>> {
+        Self::start(vec![(thread, stream)], format, descriptors, pool, shutdown)
+    }
+
+    fn start<F: HeapFormat<Meta = M>>(
+        senders: Vec<(SendThread, SendStream<NetSender>)>,
         format: F,
         descriptors: DescriptorSchedule,
         pool: BufferPool<'_>,
         shutdown: &Shutdown,
     ) -> std::io::Result<HeapSink<M>> {
         let (buffers, buffer_bytes, prepare) = pool;
-        stream.set_hurry(shutdown.flag());
         let (heaps, rx) = crossbeam_channel::bounded::<(Payload, M)>(buffers);
         let (give, free) = crossbeam_channel::bounded(buffers);
         for _ in 0..buffers {
@@ -293,26 +355,43 @@ impl<M: Send + 'static> HeapSink<M> {
             // Cannot fail: the channel has room for every buffer.
             let _ = give.send(b);
         }
-        let counters = Arc::new(SinkCounters::for_stream(&stream));
-        let mut work = Worker {
-            stream,
-            held: None,
-            format,
-            queue: Queue(rx),
-            give,
-            counters: Arc::clone(&counters),
-            descriptors,
-            core: thread.core,
+        let Some((_, first)) = senders.first() else {
+            return Err(std::io::Error::other("an output needs a send thread"));
         };
-        let thread = std::thread::Builder::new()
-            .name(thread.name)
-            .spawn(move || work.run())?;
-        Ok(HeapSink {
+        let counters = Arc::new(SinkCounters::for_stream(first));
+        let format = Arc::new(format);
+        let mut sink = HeapSink {
             heaps,
             free,
-            thread: Some(thread),
+            threads: Vec::with_capacity(senders.len()),
             counters,
-        })
+        };
+        for (i, (thread, mut stream)) in senders.into_iter().enumerate() {
+            stream.set_hurry(shutdown.flag());
+            let mut work = Worker {
+                stream,
+                held: None,
+                format: Arc::clone(&format),
+                queue: Queue(rx.clone()),
+                give: give.clone(),
+                counters: Arc::clone(&sink.counters),
+                reported: Reported::default(),
+                descriptors: (i == 0).then_some(descriptors),
+                core: thread.core,
+            };
+            match std::thread::Builder::new()
+                .name(thread.name)
+                .spawn(move || work.run())
+            {
+                Ok(t) => sink.threads.push(t),
+                Err(e) => {
+                    // Those started stop once the queue closes.
+                    let _ = sink.join();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(sink)
     }
 
     /// A free buffer (cleared), waiting while every buffer is in flight; `None` if the send
@@ -352,23 +431,30 @@ impl<M: Send + 'static> HeapSink<M> {
         Arc::clone(&self.counters)
     }
 
-    /// A send failure, if the thread stopped on one.
+    /// A send failure, if a thread stopped on one (the others are then stopped too).
     pub fn check(&mut self) -> Result<(), EngineError> {
-        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+        if self.threads.iter().any(JoinHandle::is_finished) {
             return self.join();
         }
         Ok(())
     }
 
-    /// Let the thread send what is queued, and stop it.
+    /// Let the threads send what is queued, and stop them; the first failure, if any.
     pub fn join(&mut self) -> Result<(), EngineError> {
         let (dead, _) = crossbeam_channel::bounded(1);
         drop(std::mem::replace(&mut self.heaps, dead));
-        match self.thread.take().map(|t| t.join()) {
-            Some(Ok(Err(e))) => Err(EngineError::Send(e)),
-            Some(Err(_)) => Err(EngineError::Panicked("send")),
-            _ => Ok(()),
+        let mut result = Ok(());
+        for t in self.threads.drain(..) {
+            let r = match t.join() {
+                Ok(Err(e)) => Err(EngineError::Send(e)),
+                Err(_) => Err(EngineError::Panicked("send")),
+                Ok(Ok(())) => Ok(()),
+            };
+            if result.is_ok() {
+                result = r;
+            }
         }
+        result
     }
 }
 

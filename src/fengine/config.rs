@@ -26,6 +26,9 @@ pub enum BackendKind {
     Cuda,
 }
 
+/// Most send threads an output may have (`--send-threads`).
+pub const MAX_SEND_THREADS: usize = 16;
+
 /// Everything an F-engine is built from.
 #[derive(Debug, Clone)]
 pub struct FengineConfig {
@@ -52,6 +55,9 @@ pub struct FengineConfig {
     pub jones_per_batch: usize,
     pub max_delay_diff: usize,
     pub send_rate_factor: f64,
+    /// Send threads per output (`--send-threads`), each with its own sockets: for outputs
+    /// faster than one thread sends through kernel UDP sockets. Kernel UDP only.
+    pub send_threads: usize,
     pub send_sample_bits: u32,
     pub send_packet_payload: usize,
     pub send_interfaces: Vec<String>,
@@ -139,6 +145,19 @@ impl FengineConfig {
             ));
         }
         check_rate_factor("--send-rate-factor", self.send_rate_factor)?;
+        if !(1..=MAX_SEND_THREADS).contains(&self.send_threads) {
+            return Err(ConfigError::new(
+                "--send-threads",
+                format!("{} is not 1 … {MAX_SEND_THREADS}", self.send_threads),
+            ));
+        }
+        if self.send_threads > 1 && self.send_transport != crate::engine::send::SendTransport::Udp {
+            return Err(ConfigError::new(
+                "--send-threads",
+                "more than one send thread is for kernel UDP sockets (whose copy of every byte \
+                 limits one thread); ibverbs and DPDK send without it",
+            ));
+        }
         if self.send_packet_payload == 0 {
             return Err(ConfigError::new(
                 "--send-packet-payload",

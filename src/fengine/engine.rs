@@ -272,21 +272,40 @@ impl Engine {
         // senders register.
         let pcfg = pipeline_config(cfg, layout, sph);
         let pipeline = make_pipeline(cfg, cuda, o.clone(), pcfg)?;
-        let stream = StreamSpec {
-            dst: o.dst().to_vec(),
-            interfaces: cfg.send_interfaces.clone(),
-            ttl: cfg.send_ttl,
-            buffer: cfg.send_buffer,
-            transport: cfg.send_transport.clone(),
-            config: SendStreamConfig {
-                max_packet_size: cfg.send_packet_payload + 72,
-                rate,
-                cnt_first: cfg.feng_id,
-                cnt_step: cfg.array_size,
-                ..Default::default()
-            },
+        // --send-threads streams, each with its own sockets, an equal share of the rate and
+        // every T-th of the heap counters (thread t: feng_id + t·array_size, stepping
+        // T·array_size), so that together they count as one stream would.
+        let threads = cfg.send_threads;
+        let mut senders = Vec::with_capacity(threads);
+        for t in 0..threads {
+            let stream = StreamSpec {
+                dst: o.dst().to_vec(),
+                interfaces: cfg.send_interfaces.clone(),
+                ttl: cfg.send_ttl,
+                buffer: cfg.send_buffer,
+                transport: cfg.send_transport.clone(),
+                config: SendStreamConfig {
+                    max_packet_size: cfg.send_packet_payload + 72,
+                    rate: rate / threads as f64,
+                    cnt_first: cfg.feng_id + t as u64 * cfg.array_size,
+                    cnt_step: cfg.array_size * threads as u64,
+                    ..Default::default()
+                },
+            }
+            .open_with(&pipeline.peer_memory())?;
+            // One thread keeps katgpucbf's name; several are told apart by a suffix.
+            let name = if threads == 1 {
+                format!("fengine-tx{index}")
+            } else {
+                format!("fengine-tx{index}.{t}")
+            };
+            let thread = SendThread {
+                name,
+                core: cfg.affinity.send_core(index * threads + t),
+            };
+            tracing::info!(output = %o.name(), thread = %thread.name, core = ?thread.core, "send thread");
+            senders.push((thread, stream));
         }
-        .open_with(&pipeline.peer_memory())?;
         tracing::info!(output = %o.name(), kind = o.kind(), channels, destinations = n_dst, rate_gbps = rate * 8e-9, "output");
         let format = FHeapFormat {
             feng_id: cfg.feng_id,
@@ -301,28 +320,16 @@ impl Engine {
             first: Instant::now() + Duration::from_secs(5 * (cfg.feng_id + 1).min(1 << 20)),
             period: Duration::from_secs(5 * cfg.array_size.min(1 << 20)),
         };
-        let thread = SendThread {
-            name: format!("fengine-tx{index}"),
-            core: cfg.affinity.send_core(index),
-        };
-        tracing::info!(output = %o.name(), thread = %thread.name, core = ?thread.core, "send thread");
         // With --use-peerdirect the heaps are sent from the device: no host buffers, and room
         // in the queue for every heap the pipeline can lend, so that handing one over never
         // waits (the engine's only wait is for a lease, bounded: `out_ring`).
         let (buffers, buffer_bytes) = if cfg.use_peerdirect {
             (SEND_BUFFERS.max(pipeline.lendable_heaps()), 0)
         } else {
-            (SEND_BUFFERS, channels * sph * value_bytes)
+            (SEND_BUFFERS.max(2 * threads), channels * sph * value_bytes)
         };
-        let sink = HeapSink::spawn(
-            thread,
-            stream,
-            format,
-            schedule,
-            buffers,
-            buffer_bytes,
-            shutdown,
-        )?;
+        let sink =
+            HeapSink::spawn_threads(senders, format, schedule, buffers, buffer_bytes, shutdown)?;
         Ok(Output {
             pipeline,
             sink,
