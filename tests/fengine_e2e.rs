@@ -573,6 +573,12 @@ fn lost_input_case(send_threads: usize) {
         stdout.contains(&format!("skipped {expected_skipped},")),
         "{stdout}"
     );
+    if send_threads > 1 {
+        // The threads were started (the engine logs each).
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = format!("fengine-tx0.{}", send_threads - 1);
+        assert!(stderr.contains(&last), "no thread {last}: {stderr}");
+    }
     let mut stream = HeapStream::new(HeapStreamConfig::default());
     let mut batch = RecvBatch::new(64, rx.slot_size(9200));
     let mut heaps = Vec::new();

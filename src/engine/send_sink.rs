@@ -12,7 +12,7 @@
 //! and on an error that stops the thread only after the stream, and with it every queue that
 //! could still read the buffer, is gone.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -95,7 +95,10 @@ pub struct InterfaceCounters {
     pub downs: AtomicU64,
     pub lost_packets: AtomicU64,
     pub lost_heaps: AtomicU64,
+    /// Whether every stream of the sink last saw this interface up.
     pub live: AtomicBool,
+    /// Streams that last saw it down.
+    down_streams: AtomicUsize,
 }
 
 impl SinkCounters {
@@ -114,8 +117,9 @@ impl SinkCounters {
     }
 
     /// Add what `stream` has counted since `last` (its counts when this was last called), so
-    /// that the streams of an output's several send threads add up; an interface is live as
-    /// the latest stream to report saw it.
+    /// that the streams of an output's several send threads add up. A link going down is seen
+    /// by each stream that sends on it, so an interface's downs are the most any stream saw,
+    /// and it is live while every stream last saw it up.
     fn update<S: PacketSender>(&self, stream: &SendStream<S>, last: &mut Reported) {
         let add = |to: &AtomicU64, now: u64, before: &mut u64| {
             to.fetch_add(now.saturating_sub(*before), Ordering::Relaxed);
@@ -124,29 +128,53 @@ impl SinkCounters {
         let c = stream.counters();
         add(&self.bytes, c.bytes, &mut last.bytes);
         add(&self.lost_heaps, c.lost_heaps, &mut last.lost_heaps);
-        last.interfaces.resize(self.interfaces.len(), [0; 4]);
+        last.interfaces
+            .resize(self.interfaces.len(), ReportedInterface::default());
         for ((mine, (_, theirs)), before) in self
             .interfaces
             .iter()
             .zip(stream.interfaces())
             .zip(&mut last.interfaces)
         {
-            add(&mine.bytes, theirs.bytes, &mut before[0]);
-            add(&mine.downs, theirs.downs, &mut before[1]);
-            add(&mine.lost_packets, theirs.lost_packets, &mut before[2]);
-            add(&mine.lost_heaps, theirs.lost_heaps, &mut before[3]);
-            mine.live.store(theirs.live, Ordering::Relaxed);
+            add(&mine.bytes, theirs.bytes, &mut before.bytes);
+            add(
+                &mine.lost_packets,
+                theirs.lost_packets,
+                &mut before.lost_packets,
+            );
+            add(&mine.lost_heaps, theirs.lost_heaps, &mut before.lost_heaps);
+            mine.downs.fetch_max(theirs.downs, Ordering::Relaxed);
+            if theirs.live == before.down {
+                before.down = !theirs.live;
+                if before.down {
+                    mine.down_streams.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    mine.down_streams.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            mine.live.store(
+                mine.down_streams.load(Ordering::Relaxed) == 0,
+                Ordering::Relaxed,
+            );
         }
     }
 }
 
-/// A stream's counts as last added into its sink's counters ([`SinkCounters::update`]): bytes,
-/// lost heaps, and per interface (bytes, downs, lost packets, lost heaps).
+/// A stream's counts as last added into its sink's counters ([`SinkCounters::update`]).
 #[derive(Debug, Default)]
 struct Reported {
     bytes: u64,
     lost_heaps: u64,
-    interfaces: Vec<[u64; 4]>,
+    interfaces: Vec<ReportedInterface>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ReportedInterface {
+    bytes: u64,
+    lost_packets: u64,
+    lost_heaps: u64,
+    /// Whether the stream last saw the interface down (counted in `down_streams`).
+    down: bool,
 }
 
 /// A send thread's name (at most 15 bytes, Linux's limit, so that `top -H` tells them apart)
@@ -180,14 +208,40 @@ enum Payload {
     Device(DevicePayload),
 }
 
-/// What the engine hands over, in order. Dropped last of a [`Worker`], it gives back the
-/// leases of what is still queued, so that an engine waiting for its device buffers learns of
-/// the stop instead of waiting for them.
-struct Queue<M>(Receiver<(Payload, M)>);
+/// What the threads of one sink share.
+#[derive(Default)]
+struct Crew {
+    /// Raised by a thread that stops on an error: the others stop too (its error is the
+    /// sink's, `HeapSink::join`).
+    failed: AtomicBool,
+    /// Threads whose queue is still open; the last to close it drains it.
+    running: AtomicUsize,
+}
+
+/// What the engine hands over, in order, shared by a sink's threads. Dropped last of a
+/// [`Worker`], by the last thread to leave, it gives back the leases of what is still queued,
+/// so that an engine waiting for its device buffers learns of the stop instead of waiting for
+/// them (an earlier thread's drain would take the buffers of those still sending).
+struct Queue<M> {
+    rx: Receiver<(Payload, M)>,
+    crew: Arc<Crew>,
+}
+
+impl<M> Queue<M> {
+    fn join(rx: &Receiver<(Payload, M)>, crew: &Arc<Crew>) -> Queue<M> {
+        crew.running.fetch_add(1, Ordering::AcqRel);
+        Queue {
+            rx: rx.clone(),
+            crew: Arc::clone(crew),
+        }
+    }
+}
 
 impl<M> Drop for Queue<M> {
     fn drop(&mut self) {
-        while self.0.try_recv().is_ok() {}
+        if self.crew.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            while self.rx.try_recv().is_ok() {}
+        }
     }
 }
 
@@ -207,6 +261,10 @@ struct Worker<F: HeapFormat> {
     /// The descriptors' schedule: the first thread's only (one copy per period, not one per
     /// thread).
     descriptors: Option<DescriptorSchedule>,
+    /// The first thread's start-up descriptors go out before any data: it drops `sent` once
+    /// they have; the others wait on `ready` for that.
+    sent: Option<Sender<()>>,
+    ready: Option<Receiver<()>>,
     core: Option<usize>,
 }
 
@@ -224,14 +282,22 @@ impl<F: HeapFormat> Worker<F> {
             send_descriptors(stream, format)?;
             next_desc = Some(d.first);
         }
+        drop(self.sent.take());
+        if let Some(ready) = self.ready.take() {
+            // Ends when the first thread has sent them, or has stopped.
+            let _ = ready.recv();
+        }
         loop {
+            if self.queue.crew.failed.load(Ordering::Relaxed) {
+                return Ok(());
+            }
             if let (Some(at), Some(d)) = (next_desc.as_mut(), self.descriptors) {
                 if Instant::now() >= *at {
                     send_descriptors(stream, format)?;
                     *at += d.period;
                 }
             }
-            let (data, meta) = match self.queue.0.recv_timeout(Duration::from_millis(100)) {
+            let (data, meta) = match self.queue.rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(h) => h,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
@@ -360,6 +426,9 @@ impl<M: Send + 'static> HeapSink<M> {
         };
         let counters = Arc::new(SinkCounters::for_stream(first));
         let format = Arc::new(format);
+        let crew = Arc::new(Crew::default());
+        let (sent, ready) = crossbeam_channel::bounded::<()>(0);
+        let mut sent = Some(sent);
         let mut sink = HeapSink {
             heaps,
             free,
@@ -372,17 +441,24 @@ impl<M: Send + 'static> HeapSink<M> {
                 stream,
                 held: None,
                 format: Arc::clone(&format),
-                queue: Queue(rx.clone()),
+                queue: Queue::join(&rx, &crew),
                 give: give.clone(),
                 counters: Arc::clone(&sink.counters),
                 reported: Reported::default(),
                 descriptors: (i == 0).then_some(descriptors),
+                sent: sent.take(),
+                ready: (i > 0).then(|| ready.clone()),
                 core: thread.core,
             };
-            match std::thread::Builder::new()
-                .name(thread.name)
-                .spawn(move || work.run())
-            {
+            let crew = Arc::clone(&crew);
+            let run = move || {
+                let r = work.run();
+                if r.is_err() {
+                    crew.failed.store(true, Ordering::Relaxed);
+                }
+                r
+            };
+            match std::thread::Builder::new().name(thread.name).spawn(run) {
                 Ok(t) => sink.threads.push(t),
                 Err(e) => {
                     // Those started stop once the queue closes.
