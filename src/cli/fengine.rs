@@ -356,17 +356,7 @@ mod tests {
     #[test]
     fn use_vkgdr_needs_the_cuda_backend() {
         let flag = |backend: Option<&str>| {
-            let mut v = vec![
-                "fengine",
-                "--adc-sample-rate=1712e6",
-                "--sync-time=0",
-                "--recv-chunk-samples=4194304",
-                "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
-                "--use-vkgdr",
-                "127.0.0.1:7148",
-            ];
-            v.extend(backend);
-            let config = Wrap::try_parse_from(v).unwrap().a.config().unwrap();
+            let config = config_with(&[&["--use-vkgdr"], backend.as_slice()].concat());
             assert!(config.use_vkgdr);
             config
                 .validate()
@@ -381,24 +371,28 @@ mod tests {
         assert!(flag(Some("--backend=cuda")).is_ok());
     }
 
+    /// The config of a command line sending from eth0, with `extra` flags.
+    fn config_with(extra: &[&str]) -> FengineConfig {
+        let mut v = vec![
+            "fengine",
+            "--adc-sample-rate=1712e6",
+            "--sync-time=0",
+            "--recv-chunk-samples=4194304",
+            "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
+            "--send-interface=eth0",
+            "127.0.0.1:7148",
+        ];
+        v.extend(extra);
+        Wrap::try_parse_from(v).unwrap().a.config().unwrap()
+    }
+
     /// `--use-peerdirect` is taken with the CUDA backend and `--send-ibv` in a build with
     /// ibverbs (whether the host can do GPUDirect RDMA is found at start-up), and refused by
     /// name, saying what it needs, otherwise.
     #[test]
     fn use_peerdirect_needs_cuda_and_ibverbs() {
         let check = |extra: &[&str]| {
-            let mut v = vec![
-                "fengine",
-                "--adc-sample-rate=1712e6",
-                "--sync-time=0",
-                "--recv-chunk-samples=4194304",
-                "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
-                "--send-interface=eth0",
-                "--use-peerdirect",
-                "127.0.0.1:7148",
-            ];
-            v.extend(extra);
-            let config = Wrap::try_parse_from(v).unwrap().a.config().unwrap();
+            let config = config_with(&[&["--use-peerdirect"], extra].concat());
             assert!(config.use_peerdirect);
             config.validate().map(|_| ()).map_err(|e| {
                 assert_eq!(e.flag, "--use-peerdirect");
@@ -425,18 +419,10 @@ mod tests {
     #[test]
     fn send_threads_are_for_kernel_sockets() {
         let check = |extra: &[&str]| {
-            let mut v = vec![
-                "fengine",
-                "--adc-sample-rate=1712e6",
-                "--sync-time=0",
-                "--recv-chunk-samples=4194304",
-                "--wideband=name=w,channels=1024,dst=239.0.0.1:7148",
-                "--send-interface=eth0",
-                "127.0.0.1:7148",
-            ];
-            v.extend(extra);
-            let config = Wrap::try_parse_from(v).unwrap().a.config().unwrap();
-            config.validate().map(|_| ()).map_err(|e| e.flag)
+            config_with(extra)
+                .validate()
+                .map(|_| ())
+                .map_err(|e| e.flag)
         };
         assert_eq!(
             check(&["--send-threads=2", "--send-ibv"]),

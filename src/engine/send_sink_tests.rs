@@ -86,13 +86,18 @@ fn config(retry: Duration) -> SendStreamConfig {
     }
 }
 
+/// Descriptors at start-up only (the next set an hour away).
+fn start_up_descriptors() -> DescriptorSchedule {
+    DescriptorSchedule {
+        first: Instant::now() + Duration::from_secs(3600),
+        period: Duration::from_secs(3600),
+    }
+}
+
 fn spawn(nics: Vec<NetSender>, retry: Duration, buffers: usize) -> HeapSink<u64> {
     let mut stream = SendStream::new(config(retry), nics).unwrap();
     stream.set_interface_names(&["a".into(), "b".into()]);
-    let schedule = DescriptorSchedule {
-        first: Instant::now() + Duration::from_secs(3600),
-        period: Duration::from_secs(3600),
-    };
+    let schedule = start_up_descriptors();
     let thread = SendThread {
         name: "test-tx".into(),
         core: None,
@@ -319,7 +324,8 @@ fn run_engine(sink: &mut HeapSink<u64>, gpu: &Gpu, heaps: u64) {
 /// the keys of incomplete ones.
 type Arrived = (BTreeMap<(u64, usize), Vec<u8>>, BTreeSet<u64>);
 
-fn arrived(wire: &Mutex<Vec<Vec<u8>>>) -> Arrived {
+/// The heaps reassembled from a wire's packets.
+fn wire_heaps(wire: &Mutex<Vec<Vec<u8>>>) -> Vec<crate::spead::recv::ReceivedHeap> {
     let mut hs = HeapStream::new(HeapStreamConfig {
         max_heaps: 1 << 12,
         ..Default::default()
@@ -329,6 +335,31 @@ fn arrived(wire: &Mutex<Vec<Vec<u8>>>) -> Arrived {
         hs.add_packet(p, &mut out);
     }
     hs.flush(&mut out);
+    out
+}
+
+/// Which destination's part of heap `index` a whole heap carries (the one whose pattern it
+/// holds), and its bytes, checked against what the engine wrote.
+fn data_part(h: &crate::spead::recv::ReceivedHeap, index: u64) -> (usize, &[u8]) {
+    let Some(ItemValue::Bytes(b)) = h.item(DATA_ID) else {
+        panic!("heap {index} without data");
+    };
+    let part = (0..DESTS)
+        .find(|&s| b[0] == pattern(index, s * PART))
+        .unwrap();
+    let want: Vec<u8> = (part * PART..(part + 1) * PART)
+        .map(|k| pattern(index, k))
+        .collect();
+    assert_eq!(
+        b,
+        &want[..],
+        "heap {index} part {part}: bytes not the engine's"
+    );
+    (part, b)
+}
+
+fn arrived(wire: &Mutex<Vec<Vec<u8>>>) -> Arrived {
+    let out = wire_heaps(wire);
     let (mut whole, mut broken) = (BTreeMap::new(), BTreeSet::new());
     for h in out {
         let Some(ItemValue::Immediate(index)) = h.item(INDEX_ID) else {
@@ -338,21 +369,7 @@ fn arrived(wire: &Mutex<Vec<Vec<u8>>>) -> Arrived {
             broken.insert(index);
             continue;
         }
-        let Some(ItemValue::Bytes(b)) = h.item(DATA_ID) else {
-            panic!("heap {index} without data");
-        };
-        // Which destination's part: the one whose pattern it carries.
-        let part = (0..DESTS)
-            .find(|&s| b[0] == pattern(index, s * PART))
-            .unwrap();
-        let want: Vec<u8> = (part * PART..(part + 1) * PART)
-            .map(|k| pattern(index, k))
-            .collect();
-        assert_eq!(
-            b,
-            &want[..],
-            "heap {index} part {part}: bytes not the engine's"
-        );
+        let (part, b) = data_part(&h, index);
         assert!(whole.insert((index, part), b.to_vec()).is_none());
     }
     (whole, broken)
@@ -646,10 +663,7 @@ fn spawn_threads(wires: &[Arc<Mutex<Vec<Vec<u8>>>>], broken: Option<usize>) -> H
             (thread, stream)
         })
         .collect();
-    let schedule = DescriptorSchedule {
-        first: Instant::now() + Duration::from_secs(3600),
-        period: Duration::from_secs(3600),
-    };
+    let schedule = start_up_descriptors();
     HeapSink::spawn_threads(
         senders,
         SlotFormat,
@@ -682,15 +696,7 @@ fn run_engine_host(sink: &HeapSink<u64>, heaps: u64) -> u64 {
 
 /// Heaps (index, part) and counters of the data heaps on a wire, and its descriptor heaps.
 fn on_wire(wire: &Mutex<Vec<Vec<u8>>>) -> (BTreeSet<(u64, usize)>, Vec<u64>, usize) {
-    let mut hs = HeapStream::new(HeapStreamConfig {
-        max_heaps: 1 << 12,
-        ..Default::default()
-    });
-    let mut heaps = Vec::new();
-    for p in wire.lock().unwrap().iter() {
-        hs.add_packet(p, &mut heaps);
-    }
-    hs.flush(&mut heaps);
+    let heaps = wire_heaps(wire);
     let (mut parts, mut cnts, mut descriptors) = (BTreeSet::new(), Vec::new(), 0);
     for h in &heaps {
         let Some(ItemValue::Immediate(index)) = h.item(INDEX_ID) else {
@@ -698,16 +704,7 @@ fn on_wire(wire: &Mutex<Vec<Vec<u8>>>) -> (BTreeSet<(u64, usize)>, Vec<u64>, usi
             continue;
         };
         assert!(h.complete, "heap {index} incomplete");
-        let Some(ItemValue::Bytes(b)) = h.item(DATA_ID) else {
-            panic!("heap {index} without data");
-        };
-        let part = (0..DESTS)
-            .find(|&s| b[0] == pattern(index, s * PART))
-            .unwrap();
-        let want: Vec<u8> = (part * PART..(part + 1) * PART)
-            .map(|k| pattern(index, k))
-            .collect();
-        assert_eq!(b, &want[..], "heap {index} part {part}");
+        let (part, _) = data_part(h, index);
         assert!(
             parts.insert((index, part)),
             "heap {index} part {part} twice"
