@@ -128,8 +128,6 @@ impl SinkCounters {
         let c = stream.counters();
         add(&self.bytes, c.bytes, &mut last.bytes);
         add(&self.lost_heaps, c.lost_heaps, &mut last.lost_heaps);
-        last.interfaces
-            .resize(self.interfaces.len(), ReportedInterface::default());
         for ((mine, (_, theirs)), before) in self
             .interfaces
             .iter()
@@ -166,6 +164,16 @@ struct Reported {
     bytes: u64,
     lost_heaps: u64,
     interfaces: Vec<ReportedInterface>,
+}
+
+impl Reported {
+    /// Nothing reported yet, of a stream over `interfaces` interfaces.
+    fn new(interfaces: usize) -> Reported {
+        Reported {
+            interfaces: vec![ReportedInterface::default(); interfaces],
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -228,7 +236,8 @@ struct Queue<M> {
 }
 
 impl<M> Queue<M> {
-    fn join(rx: &Receiver<(Payload, M)>, crew: &Arc<Crew>) -> Queue<M> {
+    /// One more thread's hold on the queue.
+    fn open(rx: &Receiver<(Payload, M)>, crew: &Arc<Crew>) -> Queue<M> {
         crew.running.fetch_add(1, Ordering::AcqRel);
         Queue {
             rx: rx.clone(),
@@ -412,6 +421,10 @@ impl<M: Send + 'static> HeapSink<M> {
         shutdown: &Shutdown,
     ) -> std::io::Result<HeapSink<M>> {
         let (buffers, buffer_bytes, prepare) = pool;
+        let Some((_, first)) = senders.first() else {
+            return Err(std::io::Error::other("an output needs a send thread"));
+        };
+        let counters = Arc::new(SinkCounters::for_stream(first));
         let (heaps, rx) = crossbeam_channel::bounded::<(Payload, M)>(buffers);
         let (give, free) = crossbeam_channel::bounded(buffers);
         for _ in 0..buffers {
@@ -421,10 +434,6 @@ impl<M: Send + 'static> HeapSink<M> {
             // Cannot fail: the channel has room for every buffer.
             let _ = give.send(b);
         }
-        let Some((_, first)) = senders.first() else {
-            return Err(std::io::Error::other("an output needs a send thread"));
-        };
-        let counters = Arc::new(SinkCounters::for_stream(first));
         let format = Arc::new(format);
         let crew = Arc::new(Crew::default());
         let (sent, ready) = crossbeam_channel::bounded::<()>(0);
@@ -441,10 +450,10 @@ impl<M: Send + 'static> HeapSink<M> {
                 stream,
                 held: None,
                 format: Arc::clone(&format),
-                queue: Queue::join(&rx, &crew),
+                queue: Queue::open(&rx, &crew),
                 give: give.clone(),
                 counters: Arc::clone(&sink.counters),
-                reported: Reported::default(),
+                reported: Reported::new(sink.counters.interfaces.len()),
                 descriptors: (i == 0).then_some(descriptors),
                 sent: sent.take(),
                 ready: (i > 0).then(|| ready.clone()),
