@@ -6,7 +6,8 @@
 //! peers' figures; every time is the median of event-timed calls after a warm-up.
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-corr-bench [--quick] [--ants N]…`.
+//! Usage: `cbf-corr-bench [--quick] [--fused] [--ants N]…` (`--fused`: only the fused path, to
+//! compare builds of its producer).
 
 use std::sync::Arc;
 
@@ -107,6 +108,7 @@ fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, fuse: bool, reps: usize) -> Result<F
 fn main() -> Result<(), GpuError> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let fused_only = args.iter().any(|a| a == "--fused");
     // `--ants N` (repeatable): only the sizes of N antennas (e.g. one size under Nsight Compute).
     let only: Vec<usize> = args
         .windows(2)
@@ -137,6 +139,8 @@ fn main() -> Result<(), GpuError> {
         (80, 512, 256, 32),
         // The same bytes as the peers' size in 4× longer rows: the int64 accumulators (read
         // and written once per call) weigh a quarter as much per operation.
+        (64, 120, 12288, 1),
+        (128, 120, 12288, 1),
         (256, 120, 12288, 1),
         (576, 120, 12288, 1),
         // 16× the peers' rows (the same bytes again): where the accumulators no longer count.
@@ -178,7 +182,7 @@ fn main() -> Result<(), GpuError> {
                 path,
             };
             // The fused plan only where `Correlator::new` fuses (`CorrConfig::can_fuse`).
-            if fuse && !cfg.can_fuse() {
+            if (fuse && !cfg.can_fuse()) || (fused_only && !fuse) {
                 continue;
             }
             let f = measure(&gpu, cfg, fuse, reps)?;

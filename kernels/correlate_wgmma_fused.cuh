@@ -49,6 +49,9 @@ __device__ __forceinline__ void split4(u32 w0, u32 w1, u32 w2, u32 w3, u32 (&r)[
 // not copied; the splitters write zeros for them. Needs SPECTRA % KSTEP == 0 (a step never
 // straddles two batches) and 8-bit input.
 #define SPLITTERS (PRODUCERS / 32 - 1)
+#ifndef SPLIT_ILP
+#define SPLIT_ILP 2 // slot groups a splitter warp reads before writing any (split_item)
+#endif
 
 // Where slot `slot`'s run lands in a stage, and where its planar rows' group of four slots
 // goes: the column tile's rows (slots 0 … 63) from A_BYTES on, the row tile's (64 … 95) from 0.
@@ -155,45 +158,58 @@ __device__ __forceinline__ void split_item(int it, int rank, int n, u32 sbase, u
         mbar_wait(raw + 8 * s, (g / STAGES) & 1);
         const u32 st = sbase + s * STAGE_BYTES;
         const bool in_time = time_offset(grp, n, (step0 + k) * KSTEP + 16 * ch) >= 0;
-        for (int m = w; m < groups; m += SPLITTERS)
+        // SPLIT_ILP groups at a time: all their reads, one sync, then all their rows, so that
+        // a warp's reads of the next group are in flight while the last group's land.
+        for (int m0 = w; m0 < groups; m0 += SPLIT_ILP * SPLITTERS)
         {
-            const int slot = 4 * m + sq, sl = slot < 64 ? slot : slot - 64;
-            const bool valid = in_time && slot_antenna(slot, ct, rt) < N_ANTS;
-            const u32 row_base = st + slot_offset(slot) + quarter * 128;
-            u32 x[4][4];
+            u32 x[SPLIT_ILP][4][4];
 #pragma unroll
-            for (int h = 0; h < 4; ++h)
+            for (int i = 0; i < SPLIT_ILP; ++i)
             {
-                x[h][0] = x[h][1] = x[h][2] = x[h][3] = 0;
-                if (valid)
-                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(x[h][0]), "=r"(x[h][1]), "=r"(x[h][2]), "=r"(x[h][3])
-                                 : "r"(row_base + ((((ch & 1) * 4 + h) ^ swz) << 4))
-                                 : "memory");
+                const int m = m0 + i * SPLITTERS, slot = 4 * m + sq;
+                const bool valid = m < groups && in_time && slot_antenna(slot, ct, rt) < N_ANTS;
+                const u32 row_base = st + slot_offset(slot) + quarter * 128;
+#pragma unroll
+                for (int h = 0; h < 4; ++h)
+                {
+                    x[i][h][0] = x[i][h][1] = x[i][h][2] = x[i][h][3] = 0;
+                    if (valid)
+                        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(x[i][h][0]), "=r"(x[i][h][1]), "=r"(x[i][h][2]), "=r"(x[i][h][3])
+                                     : "r"(row_base + ((((ch & 1) * 4 + h) ^ swz) << 4))
+                                     : "memory");
+                }
             }
-            // Every lane's reads of the group's runs before any lane's rows overwrite them.
+            // Every lane's reads of the groups' runs before any lane's rows overwrite them.
             __syncwarp();
-            u32 rows[4][4]; // [row][word]: x[h] is times 16·ch + 4h …, word h of each row's 16 bytes
 #pragma unroll
-            for (int h = 0; h < 4; ++h)
+            for (int i = 0; i < SPLIT_ILP; ++i)
             {
-                u32 w4[4];
-                split4(x[h][0], x[h][1], x[h][2], x[h][3], w4);
+                const int m = m0 + i * SPLITTERS, slot = 4 * m + sq, sl = slot < 64 ? slot : slot - 64;
+                if (m >= groups)
+                    break;
+                u32 rows[4][4]; // [row][word]: x[h] is times 16·ch + 4h …, word h of each row's 16 bytes
+#pragma unroll
+                for (int h = 0; h < 4; ++h)
+                {
+                    u32 w4[4];
+                    split4(x[i][h][0], x[i][h][1], x[i][h][2], x[i][h][3], w4);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+                        rows[q][h] = w4[q];
+                }
+                const u32 tile = st + (slot < 64 ? A_BYTES : 0);
 #pragma unroll
                 for (int q = 0; q < 4; ++q)
-                    rows[q][h] = w4[q];
-            }
-            const u32 tile = st + (slot < 64 ? A_BYTES : 0);
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-            {
-                // Row (pol, plane) of antenna-pol 2·sl + pol is (sl / 4)·16 + plane·8 +
-                // 2·(sl % 4) + pol; its chunk ch lies at (ch ^ row & 7)·16.
-                const int row = (sl >> 2) * 16 + (q & 1) * 8 + 2 * (sl & 3) + (q >> 1);
-                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + row * KSTEP +
-                                                                                 ((ch ^ (row & 7)) << 4)),
-                             "r"(rows[q][0]), "r"(rows[q][1]), "r"(rows[q][2]), "r"(rows[q][3])
-                             : "memory");
+                {
+                    // Row (pol, plane) of antenna-pol 2·sl + pol is (sl / 4)·16 + plane·8 +
+                    // 2·(sl % 4) + pol; its chunk ch lies at (ch ^ row & 7)·16.
+                    const int row = (sl >> 2) * 16 + (q & 1) * 8 + 2 * (sl & 3) + (q >> 1);
+                    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + row * KSTEP +
+                                                                                     ((ch ^ (row & 7)) << 4)),
+                                 "r"(rows[q][0]), "r"(rows[q][1]), "r"(rows[q][2]), "r"(rows[q][3])
+                                 : "memory");
+                }
             }
         }
         // The stores are the generic proxy's; wgmma reads through the async proxy.
