@@ -6,8 +6,8 @@
 //! peers' figures; every time is the median of event-timed calls after a warm-up.
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-corr-bench [--quick] [--fused] [--ants N]…` (`--fused`: only the fused path, to
-//! compare builds of its producer).
+//! Usage: `cbf-corr-bench [--quick] [--fused] [--ants N]…` (`--fused`: only the plans whose
+//! kernel turns the chunk itself, fused or riding, to compare builds of its producers).
 
 use std::sync::Arc;
 
@@ -61,6 +61,8 @@ fn mma_peak(gpu: &Arc<Gpu>) -> Result<f64, GpuError> {
 }
 
 struct Figure {
+    /// "Fused" or "Ride" where the kernel turns the chunk itself, else the path's name.
+    label: String,
     clusters: u32,
     turn: f64,
     corr: f64,
@@ -68,8 +70,8 @@ struct Figure {
 }
 
 /// One plan's figures: with `fuse`, the plan `Correlator::new` builds (the corner turn fused
-/// into the `wgmma` kernel where it can be: the whole call is timed as "corr", "turn" is 0),
-/// else the corner turn and the correlator timed apart.
+/// into the `wgmma` kernel, or riding in its launch, where it can be: the whole call is timed
+/// as "corr", "turn" is 0), else the corner turn and the correlator timed apart.
 fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, fuse: bool, reps: usize) -> Result<Figure, GpuError> {
     let mut c = if fuse {
         Correlator::new(Arc::clone(gpu), cfg)?
@@ -82,7 +84,14 @@ fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, fuse: bool, reps: usize) -> Result<F
     drop(host);
     let mut acc = gpu.compute.alloc_zeros::<i64>(cfg.acc_len())?;
     let view = input.as_view();
-    let (turn, corr) = if c.fused() {
+    let label = if c.fused() {
+        "Fused".to_string()
+    } else if c.rides() {
+        "Ride".to_string()
+    } else {
+        format!("{:?}", cfg.path)
+    };
+    let (turn, corr) = if c.fused() || c.rides() {
         let call = timed::<GpuError>(gpu, reps, &mut || Ok(c.correlate(&view, &mut acc)?))?;
         (0.0, call)
     } else {
@@ -98,6 +107,7 @@ fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, fuse: bool, reps: usize) -> Result<F
         * s.spectra as f64
         * cfg.batches as f64;
     Ok(Figure {
+        label,
         clusters: c.resident_clusters(),
         turn,
         corr,
@@ -181,19 +191,15 @@ fn main() -> Result<(), GpuError> {
                 in_bits: 8,
                 path,
             };
-            // The fused plan only where `Correlator::new` fuses (`CorrConfig::can_fuse`).
-            if (fuse && !cfg.can_fuse()) || (fused_only && !fuse) {
+            // The kernel's own turn only where `Correlator::new` fuses or rides
+            // (`CorrConfig::can_fuse`, `can_ride`).
+            if (fuse && !(cfg.can_fuse() || cfg.can_ride())) || (fused_only && !fuse) {
                 continue;
             }
             let f = measure(&gpu, cfg, fuse, reps)?;
-            let label = if fuse {
-                "Fused".to_string()
-            } else {
-                format!("{path:?}")
-            };
             println!(
                 "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
-                label,
+                f.label,
                 n_ants,
                 channels,
                 spectra,

@@ -6,7 +6,8 @@
 //
 // `gpu::compile` puts before this file kernels/hopper_cluster.cuh (the cluster's mbarriers,
 // barrier and bulk copies), kernels/correlate_wgmma_tiles.cuh (the constants, the MMA
-// wrappers, the work items) and kernels/correlate_wgmma_fused.cuh (the fused producer).
+// wrappers, the work items), kernels/correlate_wgmma_fused.cuh (the fused producer) and
+// kernels/correlate_wgmma_ride.cuh (RIDE: the corner turn's turner warps in this launch).
 //
 // Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP), NP
 // (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages), FUSED
@@ -29,7 +30,8 @@
 // up to 200 channels and lost that sharing: bench/correlator-notes.md v9).
 //
 // Block: two consumer warpgroups and one producer warp (FUSED: a producer warpgroup, one
-// copier warp and three splitters, each block the whole column tile, no multicast).
+// copier warp and three splitters, each block the whole column tile, no multicast; RIDE: the
+// producer warp and three turner warps writing the planar rows it stages).
 // The producer's lane 0 stages each step
 // with two bulk copies (one on the diagonal, whose row chunks are the column tile's own rows;
 // the corner turn stored a step of a tile's rows contiguously, already in
@@ -142,10 +144,13 @@ __device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, bool 
 // holds) and its half of the column tile, multicast to both blocks, arrive on its
 // "full" one.
 __device__ __forceinline__ void stage_item(int it, int rank, const signed char *planar, u32 sbase, u32 full, u32 empty,
-                                           int step0, int nsteps, u32 &g)
+                                           int step0, int nsteps, u32 &g, const unsigned *progress)
 {
     int cb, ct, pp;
     item_parts(it, cb, ct, pp);
+#if RIDE
+    wait_turned(progress, cb, nsteps);
+#endif
     const signed char *chan = planar + (i64)cb * (i64)(2 * NP) * TPAD;
     const bool diag = pp == ct;
     const int r0 = row_chunk(ct, pp, rank, 0); // used off the diagonal only
@@ -169,16 +174,21 @@ __device__ __forceinline__ void stage_item(int it, int rank, const signed char *
 
 
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
-    corr_wgmma(const signed char *__restrict__ src, i64 *__restrict__ acc, int step0, int nsteps, int items,
+    corr_wgmma(const signed char *src, i64 *__restrict__ acc, int step0, int nsteps, int items,
                unsigned int *__restrict__ next_item, int n
 #if FUSED
                ,
                const __grid_constant__ TensorMap chunk
+#elif RIDE
+               ,
+               const uint4 *__restrict__ in, unsigned *__restrict__ progress
 #endif
     )
 {
     // src: the corner turn's tiled planar rows (FUSED: unused; the chunk, of which n batches
-    // are read, comes through its tensor map `chunk`; the rest of a group are zeros).
+    // are read, comes through its tensor map `chunk`; the rest of a group are zeros). RIDE:
+    // the launch's turner warps write them from the chunk `in` (n batches) as it runs, counting
+    // in `progress` (zeroed before the launch: the next unit, then units done per channel).
     extern __shared__ __align__(1024) unsigned char smem[];
     // Stages' full[s] and empty[s], the item ring's full[q] and taken[q], then (FUSED) the
     // stages' raw[s]: the copier's runs have landed.
@@ -264,7 +274,17 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
 #else
         // The producer warp: lane 0 issues every copy. Block 0's takes the cluster's items from
         // the launch's counter, in order (next_item), and publishes each into both blocks' ring
-        // (−1 when none are left) before staging it; block 1's reads them from its ring.
+        // (−1 when none are left) before staging it; block 1's reads them from its ring. RIDE:
+        // the producer warpgroup's other warps turn the chunk meanwhile.
+#if RIDE
+        const unsigned *turned = progress;
+        if (threadIdx.x / 32 != CONSUMERS / 32)
+            turn_units(in, reinterpret_cast<uint4 *>(const_cast<signed char *>(src)), n, step0, nsteps,
+                       items / PAIRS, progress, next_item);
+        else
+#else
+        const unsigned *turned = nullptr;
+#endif
         if (lane == 0)
         {
             u32 g = 0;
@@ -281,7 +301,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
                     // Taken now, used at the next publication: the atomic's round trip
                     // overlaps this item's copies.
                     next = (int)atomicAdd(next_item, 1u);
-                    stage_item(it, rank, src, sbase, full, empty, step0, nsteps, g);
+                    stage_item(it, rank, src, sbase, full, empty, step0, nsteps, g, turned);
                 }
             }
             else
@@ -291,7 +311,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
                     const int it = take_item(seq, ring_full, ring_taken, ring);
                     if (it < 0)
                         break;
-                    stage_item(it, rank, src, sbase, full, empty, step0, nsteps, g);
+                    stage_item(it, rank, src, sbase, full, empty, step0, nsteps, g, turned);
                 }
             }
         }

@@ -3,25 +3,6 @@
 // from the chunk's own words instead of the corner turn's rows. Empty without FUSED.
 
 #if FUSED
-__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel)
-{
-    u32 r;
-    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
-}
-
-// The four planar rows' words of 4 consecutive times from their samples w0 … w3 (each word
-// (re₀, im₀, re₁, im₁) of one time): rows (pol 0, Re), (0, Im), (1, Re), (1, Im).
-__device__ __forceinline__ void split4(u32 w0, u32 w1, u32 w2, u32 w3, u32 (&r)[4])
-{
-    const u32 lo01 = prmt(w0, w1, 0x5140), hi01 = prmt(w0, w1, 0x7362);
-    const u32 lo23 = prmt(w2, w3, 0x5140), hi23 = prmt(w2, w3, 0x7362);
-    r[0] = prmt(lo01, lo23, 0x5410);
-    r[1] = prmt(lo01, lo23, 0x7632);
-    r[2] = prmt(hi01, hi23, 0x5410);
-    r[3] = prmt(hi01, hi23, 0x7632);
-}
-
 // FUSED: the producer warpgroup stages each step straight from the chunk, which is (batch,
 // antenna, channel, spectrum, pol, re/im) int8 as the F heaps arrive, so no corner-turn pass
 // reads and writes the chunk first. An antenna's samples of one channel are a contiguous run

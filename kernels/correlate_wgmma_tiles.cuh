@@ -15,9 +15,15 @@
 #error "FUSED needs SPECTRA % KSTEP == 0: a step must lie in one batch"
 #endif
 
+#ifndef RIDE
+#define RIDE 0
+#endif
+
 #define CONSUMERS 256 // two warpgroups
 #if FUSED
 #define PRODUCERS 128 // a producer warpgroup that de-interleaves the chunk's words
+#elif RIDE
+#define PRODUCERS 128 // a producer warp and three turners (kernels/correlate_wgmma_ride.cuh)
 #else
 #define PRODUCERS 32 // a producer warp whose lane 0 issues bulk copies
 #endif
@@ -152,4 +158,24 @@ __device__ __forceinline__ int row_chunk(int ct, int pp, int rank, int wg)
     if (pp < ct)
         return 2 * (2 * pp + rank) + wg;
     return wg == 0 ? 4 * ct + rank : 4 * ct + 3 - rank;
+}
+
+// The de-interleave of both staged producers (FUSED, RIDE): a byte permute.
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel)
+{
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// The four planar rows' words of 4 consecutive times from their samples w0 … w3 (each word
+// (re₀, im₀, re₁, im₁) of one time): rows (pol 0, Re), (0, Im), (1, Re), (1, Im).
+__device__ __forceinline__ void split4(u32 w0, u32 w1, u32 w2, u32 w3, u32 (&r)[4])
+{
+    const u32 lo01 = prmt(w0, w1, 0x5140), hi01 = prmt(w0, w1, 0x7362);
+    const u32 lo23 = prmt(w2, w3, 0x5140), hi23 = prmt(w2, w3, 0x7362);
+    r[0] = prmt(lo01, lo23, 0x5410);
+    r[1] = prmt(lo01, lo23, 0x7632);
+    r[2] = prmt(hi01, hi23, 0x5410);
+    r[3] = prmt(hi01, hi23, 0x7632);
 }

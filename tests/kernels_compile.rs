@@ -140,21 +140,27 @@ fn every_kernel_compiles_for_every_architecture() {
             compiled += 1;
         }
     }
-    // The wgmma correlator exists for sm_90a only: from the corner turn's rows (FUSED 0) and
-    // staging the chunk itself (FUSED 1, spectra a multiple of 128), one heap or merged ones
-    // (katgpucbf's 32 heaps of 256 spectra), one window of times or several.
-    for (ants, channels, spectra, group, fused) in [
-        (1, 1, 1, 1, 0),
-        (19, 3, 255, 1, 0),
-        (1024, 512, 256, 1, 0),
-        (1, 1, 128, 1, 1),
-        (19, 3, 384, 3, 1),
-        (80, 512, 256, 32, 1),
-        (128, 512, 256, 1, 1),
-        (576, 480, 256, 1, 1),
-        (2, 1, 140_032, 1, 1),
+    // The wgmma correlator exists for sm_90a only: from the corner turn's rows (FUSED 0),
+    // staging the chunk itself (FUSED 1, spectra a multiple of 128) and turning it in its own
+    // launch (RIDE 1, spectra a multiple of 16), one heap or merged ones (katgpucbf's 32 heaps
+    // of 256 spectra), one window of times or several.
+    for (ants, channels, spectra, group, fused, ride) in [
+        (1, 1, 1, 1, 0, 0),
+        (19, 3, 255, 1, 0, 0),
+        (1024, 512, 256, 1, 0, 0),
+        (1, 1, 128, 1, 1, 0),
+        (19, 3, 384, 3, 1, 0),
+        (80, 512, 256, 32, 1, 0),
+        (128, 512, 256, 1, 1, 0),
+        (576, 480, 256, 1, 1, 0),
+        (2, 1, 140_032, 1, 1, 0),
+        (130, 2, 384, 1, 0, 1),
+        (200, 3, 32, 4, 0, 1),
+        (576, 120, 12_288, 1, 0, 1),
+        (1024, 64, 256, 32, 0, 1),
     ] {
-        // As `gpu::correlate` builds them: the chunk's layout for the fused producer only.
+        // As `gpu::correlate` builds them: the chunk's layout for the kernel's own producers
+        // only.
         let mut defs = vec![
             ("N_ANTS", ants),
             ("CHANNELS", channels),
@@ -162,8 +168,9 @@ fn every_kernel_compiles_for_every_architecture() {
             ("NP", (2 * ants + 127) / 128 * 128),
             ("STAGES", 4),
             ("FUSED", fused),
+            ("RIDE", ride),
         ];
-        if fused == 1 {
+        if fused == 1 || ride == 1 {
             defs.extend([("SPECTRA", spectra), ("GROUP", group)]);
         }
         let target = Kernel::CorrWgmma.target("sm_90");
@@ -411,7 +418,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 9 + 16 + 1 + 4 + 20 + 55
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 13 + 16 + 1 + 4 + 20 + 55
     );
 }
 

@@ -125,6 +125,7 @@ impl Kernel {
                 include_str!("../../kernels/hopper_cluster.cuh"),
                 include_str!("../../kernels/correlate_wgmma_tiles.cuh"),
                 include_str!("../../kernels/correlate_wgmma_fused.cuh"),
+                include_str!("../../kernels/correlate_wgmma_ride.cuh"),
                 include_str!("../../kernels/correlate_wgmma.cu")
             ),
             Kernel::Beamform => concat!(

@@ -32,227 +32,56 @@
 //! antennas (8-bit input, heaps of a multiple of 128 spectra) no corner turn runs: the kernel's
 //! producer warpgroup copies the chunk's runs into its stages by TMA tensor copies (through a
 //! [`TensorMap`] of the chunk) and de-interleaves them there ([`CorrConfig::can_fuse`]; at
-//! N = 64 the call takes 0.27 ms instead of 0.47).
+//! N = 64 the call takes 0.27 ms instead of 0.47). Beyond 128 antennas the turn rides in the
+//! `wgmma` kernel's launch where that measured faster ([`CorrConfig::can_ride`]): turner warps
+//! write the planar rows through global memory a few channels ahead of the items, so the
+//! turn's DRAM traffic overlaps the multiplications (576 antennas × 12288 times: 6.4 ms
+//! instead of 7.8).
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, DriverError, LaunchConfig,
-    PushKernelArg,
+    CudaFunction, CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg,
 };
 
 use super::compile::{Defines, Kernel};
+use super::correlate_plan::WINDOW;
+pub use super::correlate_plan::{CorrConfig, CorrError, CorrPath};
 use super::tensor_map::TensorMap;
-use super::{Gpu, GpuError};
-use crate::dsp::correlate::{n_baselines, CorrShape};
-
-/// Which correlator kernel a plan runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CorrPath {
-    /// Warp-level `mma.sync` (`kernels/correlate_mma.cu`): any sm_80 and later device.
-    Mma,
-    /// Warpgroup `wgmma` (`kernels/correlate_wgmma.cu`): sm_90 devices only (sm_90a code).
-    Wgmma,
-}
-
-impl CorrPath {
-    /// The fastest path `gpu` runs: `wgmma` exists only on sm_90 (the `a` features are not
-    /// carried forward to later architectures).
-    pub fn best_for(gpu: &Gpu) -> CorrPath {
-        if gpu.arch == "sm_90" {
-            CorrPath::Wgmma
-        } else {
-            CorrPath::Mma
-        }
-    }
-
-    /// Times per step of the kernel's main loop: rows are padded to a multiple of it.
-    fn kstep(self) -> usize {
-        match self {
-            CorrPath::Mma => 64,
-            CorrPath::Wgmma => 128,
-        }
-    }
-
-    /// Antenna-pols per (column) tile: the antenna-pol axis is padded to a multiple of it.
-    fn tile(self) -> usize {
-        match self {
-            CorrPath::Mma => 64,
-            CorrPath::Wgmma => 128,
-        }
-    }
-}
+use super::Gpu;
+use crate::dsp::correlate::n_baselines;
 
 /// Shared-memory stages of the `wgmma` kernel (48 KiB each; 3 measured 10–15 % slower at
 /// N = 576, bench/correlator-notes.md v7), its epilogue's staging (4 KiB per consumer warp) and
 /// the alignment slack: 225 KiB of the 227 KiB a block may have.
 const WGMMA_STAGES: usize = 4;
 const WGMMA_SMEM: usize = WGMMA_STAGES * 384 * 128 + 32 * 1024 + 1024;
-/// The largest padded antenna-pol count the `wgmma` path fuses its corner turn at (two column
-/// tiles: up to 128 antennas; see [`CorrConfig::can_fuse`]). Measured fused at every N
-/// (bench/correlator-notes.md v14): faster than turn + correlator up to 128 antennas (1.77× at
-/// 64, 1.41× at 128), mixed at 256 (1.07× at 3072 times, 0.89–0.95× at longer rows), slower at
-/// 576 (0.70–0.80×), where the splitters' de-interleave, not the copies, sets the pace.
-const FUSE_MAX_NP: usize = 256;
 /// Threads of a `wgmma` block: two consumer warpgroups and a producer warp (bulk copies of
-/// the corner turn's rows) or a producer warpgroup (fused: a copier warp, three splitters).
-fn wgmma_threads(fused: bool) -> u32 {
-    if fused {
+/// the corner turn's rows) or a producer warpgroup (fused: a copier warp, three splitters;
+/// riding: the producer warp and three turners).
+fn wgmma_threads(warpgroup: bool) -> u32 {
+    if warpgroup {
         384
     } else {
         288
     }
 }
-/// Times summed in int32 before they are added to int64 (|product| ≤ 128², so each real
-/// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin): inside the
-/// mma kernel, and per launch of the wgmma kernel.
-const WINDOW: usize = 65536;
-/// The longest planar row (times) a call's batches are merged into (a million: 128 heaps of
-/// 8192 spectra; katgpucbf's chunks are 32 heaps of 256).
-const MAX_ROW_TIMES: usize = 1 << 20;
-/// CUDA's grid limit on y and z.
-const GRID_YZ: usize = 65535;
-
-#[derive(Debug, thiserror::Error)]
-pub enum CorrError {
-    #[error("correlator shape: {what} = {value} is out of range ({why})")]
-    Shape {
-        what: &'static str,
-        value: usize,
-        why: &'static str,
-    },
-    #[error("correlator buffer {buffer}: {len} elements, expected {expected}")]
-    Buffer {
-        buffer: &'static str,
-        len: usize,
-        expected: usize,
-    },
-    #[error("the wgmma correlator needs an sm_90 device (H100, H200); this one is {arch}")]
-    Unsupported { arch: String },
-    #[error("this correlator plan fuses its corner turn into the wgmma kernel: no separate turn or planar rows (build it with_turn)")]
-    NoTurn,
-    #[error("the fused correlator reads its input through a TMA tensor map, which needs a 16-byte aligned address: input at device address {address:#x} is not")]
-    Misaligned { address: u64 },
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-}
-
-impl From<DriverError> for CorrError {
-    fn from(e: DriverError) -> CorrError {
-        CorrError::Gpu(GpuError::Driver(e))
-    }
-}
-
-impl From<CorrError> for GpuError {
-    fn from(e: CorrError) -> GpuError {
-        match e {
-            CorrError::Gpu(g) => g,
-            other => GpuError::Backend(other.to_string()),
-        }
-    }
-}
-
-/// What one correlator plan is built for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CorrConfig {
-    pub shape: CorrShape,
-    /// Batches per call (heaps of one timestamp from every antenna each).
-    pub batches: usize,
-    /// 8 (int8 re, im) or 4 (one byte per complex value).
-    pub in_bits: u32,
-    pub path: CorrPath,
-}
-
-impl CorrConfig {
-    /// Input bytes of one call.
-    pub fn input_bytes(&self) -> usize {
-        self.shape.input_len() * self.batches * self.in_bits as usize / 8
-    }
-
-    /// int64 accumulators of one call (all batches).
-    pub fn acc_len(&self) -> usize {
-        self.shape.vis_len() * self.batches
-    }
-
-    /// Antenna-pols after padding to whole tiles.
-    fn np(&self) -> usize {
-        (2 * self.shape.n_ants).div_ceil(self.path.tile()) * self.path.tile()
-    }
-
-    /// Batches merged in time into one planar row set and one accumulator (see
-    /// `kernels/correlate_turn.cu`): all of the call's, so that a block sums the whole call's
-    /// times of its tile before it adds them into int64 once. The accumulators' read-modify-
-    /// write is then paid once per call instead of once per batch (at katgpucbf's 32 heaps per
-    /// chunk it was 32 times the traffic, and it bounded the call: bench/correlator-notes.md
-    /// v8). Rows longer than [`MAX_ROW_TIMES`] fall back to the count up to one time step's
-    /// worth that wastes the least padding.
-    pub fn group(&self) -> usize {
-        let (s, k) = (self.shape.spectra, self.path.kstep());
-        if self.batches * s <= MAX_ROW_TIMES {
-            return self.batches;
-        }
-        let waste = |g: usize| (g * s).div_ceil(k) * k * 1000 / (g * s);
-        (1..=self.batches.min(k.div_ceil(s)))
-            .min_by_key(|&g| (waste(g), g))
-            .unwrap_or(1)
-    }
-
-    /// Whether the `wgmma` kernel stages the chunk itself (`FUSED` in
-    /// `kernels/correlate_wgmma.cu`): 8-bit input whose heaps are whole steps of 128 spectra
-    /// (a step's tensor copies never straddle two batches), and at most [`FUSE_MAX_NP`]
-    /// antenna-pols, where the corner turn's own pass costs more than the fused producer's
-    /// de-interleave (at N = 64 the fused call took 0.27 ms against 0.47 for turn +
-    /// correlator, bench/correlator-notes.md v14). Elsewhere the corner turn runs first.
-    pub fn can_fuse(&self) -> bool {
-        self.path == CorrPath::Wgmma
-            && self.in_bits == 8
-            && self.shape.spectra % CorrPath::Wgmma.kstep() == 0
-            && self.np() <= FUSE_MAX_NP
-    }
-
-    /// Groups of batches in `n` batches.
-    fn groups(&self, n: usize) -> usize {
-        n.div_ceil(self.group())
-    }
-
-    /// Times per planar row (a group's) after padding to whole steps.
-    fn tpad(&self) -> usize {
-        (self.group() * self.shape.spectra).div_ceil(self.path.kstep()) * self.path.kstep()
-    }
-
-    /// Bytes of the planar scratch buffer: Re and Im rows of every padded antenna-pol.
-    pub fn planar_bytes(&self) -> usize {
-        self.groups(self.batches) * self.shape.channels * 2 * self.np() * self.tpad()
-    }
-
-    fn validate(&self) -> Result<(), CorrError> {
-        let bad = |what, value, why| Err(CorrError::Shape { what, value, why });
-        let s = self.shape;
-        if !(1..=4096).contains(&s.n_ants) {
-            return bad("n_ants", s.n_ants, "1 to 4096");
-        }
-        if !(1..=GRID_YZ).contains(&s.channels) {
-            return bad("channels", s.channels, "1 to 65535");
-        }
-        if !(1..=GRID_YZ).contains(&self.batches) {
-            return bad("batches", self.batches, "1 to 65535");
-        }
-        if s.spectra == 0 || self.tpad() > i32::MAX as usize / 2 {
-            return bad("spectra", s.spectra, "1 to 2^30");
-        }
-        if self.in_bits != 8 && self.in_bits != 4 {
-            return bad("in_bits", self.in_bits as usize, "8 or 4");
-        }
-        Ok(())
-    }
-}
-
-/// The corner turn's kernel and the planar scratch buffer it writes for the correlator.
+/// The planar scratch buffer the correlator reads and what writes it.
 struct CornerTurn {
-    kernel: CudaFunction,
     planar: CudaSlice<i8>,
+    by: TurnBy,
+}
+
+/// Who turns the chunk into the planar rows.
+enum TurnBy {
+    /// A separate pass before the correlator (`kernels/correlate_turn.cu`).
+    Pass(CudaFunction),
+    /// The correlator's own turner warps (`CorrConfig::can_ride`), counting in these progress
+    /// words, zeroed before each launch: the next unit, then units done per batch group and
+    /// channel.
+    Ride(CudaSlice<u32>),
 }
 
 /// The compiled correlator for one [`CorrConfig`], with its corner turn where that is not
@@ -284,7 +113,8 @@ impl Correlator {
         Self::build(gpu, cfg, false)
     }
 
-    fn build(gpu: Arc<Gpu>, cfg: CorrConfig, fuse: bool) -> Result<Correlator, CorrError> {
+    /// `stage`: let the `wgmma` kernel turn the chunk itself (fused, or riding) where it can.
+    fn build(gpu: Arc<Gpu>, cfg: CorrConfig, stage: bool) -> Result<Correlator, CorrError> {
         cfg.validate()?;
         if cfg.path == CorrPath::Wgmma && CorrPath::best_for(&gpu) != CorrPath::Wgmma {
             return Err(CorrError::Unsupported {
@@ -293,8 +123,9 @@ impl Correlator {
         }
         let s = cfg.shape;
         let (np, tpad) = (cfg.np() as i64, cfg.tpad() as i64);
-        let fused = fuse && cfg.can_fuse();
-        let threads = wgmma_threads(fused);
+        let fused = stage && cfg.can_fuse();
+        let ride = stage && cfg.can_ride();
+        let threads = wgmma_threads(fused || ride);
         let turn_defs: Defines = vec![
             ("N_ANTS", s.n_ants as i64),
             ("CHANNELS", s.channels as i64),
@@ -317,10 +148,14 @@ impl Correlator {
                 (gpu.function(Kernel::CorrMma, &corr_defs)?, 0)
             }
             CorrPath::Wgmma => {
-                corr_defs.extend([("STAGES", WGMMA_STAGES as i64), ("FUSED", i64::from(fused))]);
-                if fused {
-                    // The chunk's own layout, read by the fused producer only (so that turned
-                    // plans of one shape share one build).
+                corr_defs.extend([
+                    ("STAGES", WGMMA_STAGES as i64),
+                    ("FUSED", i64::from(fused)),
+                    ("RIDE", i64::from(ride)),
+                ]);
+                if fused || ride {
+                    // The chunk's own layout, read by the kernel's own producers only (so that
+                    // plans turned apart of one shape share one build).
                     corr_defs
                         .extend([("SPECTRA", s.spectra as i64), ("GROUP", cfg.group() as i64)]);
                 }
@@ -356,9 +191,15 @@ impl Correlator {
         let turn = if fused {
             None
         } else {
+            let by = if ride {
+                let cbs = cfg.groups(cfg.batches) * s.channels;
+                TurnBy::Ride(gpu.compute.alloc_zeros(1 + cbs)?)
+            } else {
+                TurnBy::Pass(gpu.function(Kernel::CorrTurn, &turn_defs)?)
+            };
             Some(CornerTurn {
-                kernel: gpu.function(Kernel::CorrTurn, &turn_defs)?,
                 planar: gpu.compute.alloc_zeros(cfg.planar_bytes())?,
+                by,
             })
         };
         Ok(Correlator {
@@ -391,16 +232,25 @@ impl Correlator {
         check_len("input", input.len(), self.cfg.input_bytes())?;
         check_len("acc", acc.len(), self.cfg.acc_len())?;
         let n = self.cfg.batches;
-        if self.fused() {
-            return self.launch(Some(input), &mut acc.slice_mut(..), n);
+        if self.turns_apart() {
+            self.turn(input, n)?;
         }
-        self.turn(input, n)?;
-        self.launch(None, &mut acc.slice_mut(..), n)
+        self.launch(Some(input), &mut acc.slice_mut(..), n)
     }
 
     /// Whether the corner turn is fused into the correlator (no separate pass, no scratch).
     pub fn fused(&self) -> bool {
         self.turn.is_none()
+    }
+
+    /// Whether the corner turn rides in the correlator's launch (`CorrConfig::can_ride`).
+    pub fn rides(&self) -> bool {
+        matches!(&self.turn, Some(t) if matches!(t.by, TurnBy::Ride(_)))
+    }
+
+    /// Whether a separate corner-turn pass runs before the correlator.
+    fn turns_apart(&self) -> bool {
+        !self.fused() && !self.rides()
     }
 
     /// Correlate only batches `batches` of one call's `input` (the whole call's, layout in the
@@ -427,24 +277,24 @@ impl Correlator {
         let n = batches.len();
         let input = input.slice(batches.start * in_batch..batches.end * in_batch);
         let mut acc = acc.slice_mut(batches.start * vis..batches.end * vis);
-        if self.fused() {
-            return self.launch(Some(&input), &mut acc, n);
+        if self.turns_apart() {
+            self.turn(&input, n)?;
         }
-        self.turn(&input, n)?;
-        self.launch(None, &mut acc, n)
+        self.launch(Some(&input), &mut acc, n)
     }
 
-    /// The corner turn alone (the benchmark times it apart); an error where it is fused.
+    /// The corner turn alone (the benchmark times it apart); an error where the kernel turns
+    /// the chunk itself (fused or riding).
     pub fn corner_turn(&mut self, input: &CudaView<u8>) -> Result<(), CorrError> {
         check_len("input", input.len(), self.cfg.input_bytes())?;
         self.turn(input, self.cfg.batches)
     }
 
     /// The correlator over the planar buffer the last corner turn wrote; an error where the
-    /// turn is fused.
+    /// kernel turns the chunk itself.
     pub fn correlate_planar(&mut self, acc: &mut CudaSlice<i64>) -> Result<(), CorrError> {
         check_len("acc", acc.len(), self.cfg.acc_len())?;
-        if self.fused() {
+        if !self.turns_apart() {
             return Err(CorrError::NoTurn);
         }
         self.launch(None, &mut acc.slice_mut(..), self.cfg.batches)
@@ -464,13 +314,17 @@ impl Correlator {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let Some(turn) = &mut self.turn else {
+        let Some(CornerTurn {
+            planar,
+            by: TurnBy::Pass(kernel),
+        }) = &mut self.turn
+        else {
             return Err(CorrError::NoTurn);
         };
         let st = &self.gpu.compute;
         let n_arg = n as i32;
-        let mut b = st.launch_builder(&turn.kernel);
-        b.arg(input).arg(&mut turn.planar).arg(&n_arg);
+        let mut b = st.launch_builder(kernel);
+        b.arg(input).arg(planar).arg(&n_arg);
         // SAFETY: `input` holds n of the input_bytes()/batches bytes per batch (the callers
         // check the lengths) and `planar` planar_bytes() ≥ the rows of n batches' groups; the
         // grid covers (time tile, antenna group) × channel × batch group exactly as the
@@ -491,7 +345,7 @@ impl Correlator {
         let tiles = self.cfg.np() / self.cfg.path.tile();
         let channels = self.cfg.shape.channels;
         let groups = self.cfg.groups(n);
-        let fused = self.fused();
+        let (fused, rides) = (self.fused(), self.rides());
         let st = &self.gpu.compute;
         match self.cfg.path {
             CorrPath::Mma => {
@@ -526,20 +380,26 @@ impl Correlator {
                 })?;
                 let cfg = LaunchConfig {
                     grid_dim: (2 * self.clusters.min(items as u32), 1, 1),
-                    block_dim: (wgmma_threads(fused), 1, 1),
+                    block_dim: (wgmma_threads(fused || rides), 1, 1),
                     shared_mem_bytes: WGMMA_SMEM as u32,
                 };
                 let n_arg = n as i32;
-                // The fused producer's tensor copies read the chunk through a map, which needs
-                // a 16-byte aligned address; the turn kernel read bytes and pairs only.
-                let map = match input.filter(|_| fused) {
+                // The fused producer's tensor copies read the chunk through a map, and the
+                // riding turners in 16-byte words: both need a 16-byte aligned address (the
+                // separate turn pass reads bytes and pairs only).
+                let chunk = match input.filter(|_| fused || rides) {
                     Some(input) => {
                         let (address, _read) = input.device_ptr(st);
                         if address % 16 != 0 {
                             return Err(CorrError::Misaligned { address });
                         }
-                        Some(self.chunk_map(address, n)?)
+                        Some((input, address))
                     }
+                    None if fused || rides => return Err(CorrError::NoTurn),
+                    None => None,
+                };
+                let map = match chunk.filter(|_| fused) {
+                    Some((_, address)) => Some(self.chunk_map(address, n)?),
                     None => None,
                 };
                 // One launch per WINDOW of times: the kernel sums a launch in int32.
@@ -548,10 +408,17 @@ impl Correlator {
                 for step0 in (0..steps).step_by(per as usize) {
                     let k = per.min(steps - step0);
                     st.memset_zeros(&mut self.next_item)?;
+                    if let Some(CornerTurn {
+                        by: TurnBy::Ride(progress),
+                        ..
+                    }) = &mut self.turn
+                    {
+                        st.memset_zeros(progress)?;
+                    }
                     let mut b = st.launch_builder(&self.corr);
-                    match (&self.turn, input) {
+                    match (&self.turn, chunk) {
                         (Some(turn), _) => b.arg(&turn.planar),
-                        (None, Some(input)) => b.arg(input),
+                        (None, Some((input, _))) => b.arg(input),
                         (None, None) => return Err(CorrError::NoTurn),
                     };
                     b.arg(&mut *acc)
@@ -562,6 +429,16 @@ impl Correlator {
                         .arg(&n_arg);
                     if let Some(map) = &map {
                         b.arg(map);
+                    }
+                    if let (
+                        Some(CornerTurn {
+                            by: TurnBy::Ride(progress),
+                            ..
+                        }),
+                        Some((input, _)),
+                    ) = (&self.turn, chunk)
+                    {
+                        b.arg(input).arg(progress);
                     }
                     // SAFETY: the source is the chunk's n batches (fused: the kernel reads no
                     // batch at or beyond n, nor a time beyond SPECTRA·GROUP of a group) or

@@ -10,6 +10,7 @@
 pub mod beamform;
 pub mod compile;
 pub mod correlate;
+pub mod correlate_plan;
 pub mod ddc;
 pub mod ddc_tune;
 pub mod f16_encode;

@@ -7,8 +7,9 @@
 //! same accumulators, missing antennas, and sums that saturate in the reduce. Every case runs
 //! on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma` path too: with the
 //! corner turn fused into it where the spectra are a multiple of 128, the input 8-bit and the
-//! array at most 128 antennas (`CorrConfig::can_fuse`), after the separate turn elsewhere (17,
-//! 33, 255 … spectra, 4-bit, 130 and 1024 antennas).
+//! array at most 128 antennas (`CorrConfig::can_fuse`), with the turn riding in its launch for
+//! larger arrays in heaps of a multiple of 16 spectra (`can_ride`), after the separate turn
+//! elsewhere (17, 33, 255 … spectra, 4-bit, 1024 antennas at 33 spectra).
 
 use std::sync::Arc;
 
@@ -112,7 +113,13 @@ fn check(
     let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
     let name = format!(
         "correlate {path:?}{} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}",
-        if corr.fused() { " fused" } else { "" },
+        if corr.fused() {
+            " fused"
+        } else if corr.rides() {
+            " ride"
+        } else {
+            ""
+        },
         case.n_ants,
         case.channels,
         case.spectra,
@@ -262,6 +269,16 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             n_ants: 130,
             channels: 2,
             spectra: 384,
+            ..base
+        },
+        // Beyond 128 antennas, heaps of a multiple of 16 spectra: the turn rides in the wgmma
+        // kernel's launch (`can_ride`), here with merged heaps, the last group partly beyond
+        // the call's batches.
+        Case {
+            n_ants: 200,
+            channels: 3,
+            spectra: 32,
+            batches: 5,
             ..base
         },
         Case {
