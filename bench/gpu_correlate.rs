@@ -6,8 +6,10 @@
 //! peers' figures; every time is the median of event-timed calls after a warm-up.
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-corr-bench [--quick] [--fused] [--ants N]…` (`--fused`: only the plans whose
-//! kernel turns the chunk itself, fused or riding, to compare builds of its producers).
+//! Usage: `cbf-corr-bench [--quick] [--fused] [--turn-ahead ITEMS]… [--ants N]…` (`--fused`:
+//! only the plans whose kernel turns the chunk itself, fused or riding, to compare builds of
+//! its producers; `--turn-ahead`: time a riding plan once per value instead of at its default,
+//! `Correlator::set_turn_ahead`).
 
 use std::sync::Arc;
 
@@ -15,7 +17,7 @@ use cbf::dsp::correlate::{n_baselines, CorrShape};
 use cbf::gpu::compile::Kernel;
 use cbf::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use cbf::gpu::{Gpu, GpuError};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 #[path = "timing.rs"]
 mod timing;
@@ -72,22 +74,30 @@ struct Figure {
 /// One plan's figures: with `fuse`, the plan `Correlator::new` builds (the corner turn fused
 /// into the `wgmma` kernel, or riding in its launch, where it can be: the whole call is timed
 /// as "corr", "turn" is 0), else the corner turn and the correlator timed apart.
-fn measure(gpu: &Arc<Gpu>, cfg: CorrConfig, fuse: bool, reps: usize) -> Result<Figure, GpuError> {
-    let mut c = if fuse {
+fn measure(
+    gpu: &Arc<Gpu>,
+    cfg: CorrConfig,
+    input: &CudaSlice<u8>,
+    fuse: bool,
+    ahead: Option<i32>,
+    reps: usize,
+) -> Result<Figure, GpuError> {
+    let mut c = if fuse && ahead.is_some() {
+        Correlator::riding(Arc::clone(gpu), cfg)?
+    } else if fuse {
         Correlator::new(Arc::clone(gpu), cfg)?
     } else {
         Correlator::with_turn(Arc::clone(gpu), cfg)?
     };
-    let mut host = vec![0u8; cfg.input_bytes()];
-    fill(&mut host, 0x5eed ^ cfg.shape.n_ants as u64);
-    let input = gpu.compute.clone_htod(&host)?;
-    drop(host);
+    if let Some(items) = ahead {
+        c.set_turn_ahead(items);
+    }
     let mut acc = gpu.compute.alloc_zeros::<i64>(cfg.acc_len())?;
     let view = input.as_view();
     let label = if c.fused() {
         "Fused".to_string()
     } else if c.rides() {
-        "Ride".to_string()
+        ahead.map_or("Ride".to_string(), |a| format!("Ride/{a}"))
     } else {
         format!("{:?}", cfg.path)
     };
@@ -119,6 +129,14 @@ fn main() -> Result<(), GpuError> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let fused_only = args.iter().any(|a| a == "--fused");
+    let aheads: Vec<i32> = args
+        .windows(2)
+        .filter(|w| w[0] == "--turn-ahead")
+        .map(|w| {
+            w[1].parse()
+                .expect("--turn-ahead takes a count of work items")
+        })
+        .collect();
     // `--ants N` (repeatable): only the sizes of N antennas (e.g. one size under Nsight Compute).
     let only: Vec<usize> = args
         .windows(2)
@@ -180,24 +198,41 @@ fn main() -> Result<(), GpuError> {
         if !only.is_empty() && !only.contains(&n_ants) {
             continue;
         }
+        // One random input per size, shared by its plans.
+        let shape = CorrShape {
+            n_ants,
+            channels,
+            spectra,
+        };
+        let mut host = vec![0u8; shape.input_len() * batches];
+        fill(&mut host, 0x5eed ^ n_ants as u64);
+        let input = gpu.compute.clone_htod(&host)?;
+        drop(host);
         for &(path, fuse) in &paths {
             let cfg = CorrConfig {
-                shape: CorrShape {
-                    n_ants,
-                    channels,
-                    spectra,
-                },
+                shape,
                 batches,
                 in_bits: 8,
                 path,
             };
             // The kernel's own turn only where `Correlator::new` fuses or rides
             // (`CorrConfig::can_fuse`, `can_ride`).
-            if (fuse && !(cfg.can_fuse() || cfg.can_ride())) || (fused_only && !fuse) {
+            let own =
+                cfg.can_fuse() || cfg.can_ride() || (cfg.ride_allowed() && !aheads.is_empty());
+            if (fuse && !own) || (fused_only && !fuse) {
                 continue;
             }
-            let f = measure(&gpu, cfg, fuse, reps)?;
-            println!(
+            // A riding plan once per --turn-ahead value, else once at its default.
+            // (With a sweep, wherever the kernel allows the ride, not only where the plan takes
+            // it.)
+            let sweep: Vec<Option<i32>> = if fuse && cfg.ride_allowed() && !aheads.is_empty() {
+                aheads.iter().copied().map(Some).collect()
+            } else {
+                vec![None]
+            };
+            for ahead in sweep {
+                let f = measure(&gpu, cfg, &input, fuse, ahead, reps)?;
+                println!(
                 "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
                 f.label,
                 n_ants,
@@ -211,6 +246,7 @@ fn main() -> Result<(), GpuError> {
                 f.useful / (f.corr + f.turn) / 1e12,
                 f.clusters
             );
+            }
         }
     }
     Ok(())

@@ -181,14 +181,15 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
                const __grid_constant__ TensorMap chunk
 #elif RIDE
                ,
-               const uint4 *__restrict__ in, unsigned *__restrict__ progress
+               const uint4 *__restrict__ in, unsigned *__restrict__ progress, int ahead
 #endif
     )
 {
     // src: the corner turn's tiled planar rows (FUSED: unused; the chunk, of which n batches
     // are read, comes through its tensor map `chunk`; the rest of a group are zeros). RIDE:
     // the launch's turner warps write them from the chunk `in` (n batches) as it runs, counting
-    // in `progress` (zeroed before the launch: the next unit, then units done per channel).
+    // in `progress` (zeroed before the launch: the next unit, then units done per channel),
+    // at most `ahead` items beyond those taken.
     extern __shared__ __align__(1024) unsigned char smem[];
     // Stages' full[s] and empty[s], the item ring's full[q] and taken[q], then (FUSED) the
     // stages' raw[s]: the copier's runs have landed.
@@ -280,7 +281,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
         const unsigned *turned = progress;
         if (threadIdx.x / 32 != CONSUMERS / 32)
             turn_units(in, reinterpret_cast<uint4 *>(const_cast<signed char *>(src)), n, step0, nsteps,
-                       items / PAIRS, progress, next_item);
+                       items / PAIRS, progress, next_item, ahead);
         else
 #else
         const unsigned *turned = nullptr;

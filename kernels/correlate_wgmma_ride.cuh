@@ -11,8 +11,8 @@
 // a read and a write of every staged byte (bench/correlator-notes.md v15). The correlator
 // itself leaves much of the DRAM bandwidth unused at those sizes, so the turn's global reads
 // and writes can share the launch instead of following it. The turners must not run far
-// ahead (TURN_AHEAD): unthrottled, they took the DRAM at the start while the consumers
-// waited, and the launch took as long as the two passes apart.
+// ahead (`ahead`): unthrottled, they took the DRAM at the start while the consumers waited,
+// and the launch took as long as the two passes apart.
 //
 // Work: a unit is one step (KSTEP times) of one (batch group, channel) cb: every antenna's
 // rows of it, antennas at or beyond N_ANTS as zeros (the turn kernel's tiled, pre-swizzled
@@ -34,16 +34,13 @@
 #error "RIDE needs SPECTRA % 16 == 0"
 #endif
 #define TURN_ILP 4 // antenna groups whose loads a turner warp has in flight at once
-#ifndef TURN_AHEAD
-#define TURN_AHEAD 4 // channels a unit may lie beyond the newest item's (turn_units)
-#endif
 
 // The turner warps' work (warps 1 … TURNERS of the producer warpgroup): units of the launch's
 // steps [step0, step0 + nsteps) for batch groups·channels [0, cbs), from the chunk `in`
 // ((batch, antenna, channel, spectrum) 4-byte words, n batches) into the tiled planar rows.
 __device__ __forceinline__ void turn_units(const uint4 *__restrict__ in, uint4 *__restrict__ planar, int n, int step0,
                                            int nsteps, int cbs, unsigned *__restrict__ progress,
-                                           const unsigned *next_item)
+                                           const unsigned *next_item, int ahead)
 {
     const int lane = threadIdx.x % 32, a = lane >> 3, j = lane & 7;
     const int units = cbs * nsteps;
@@ -56,15 +53,15 @@ __device__ __forceinline__ void turn_units(const uint4 *__restrict__ in, uint4 *
         if (u >= units)
             break;
         const int cb = u / nsteps, step = step0 + u % nsteps;
-        // Not more than TURN_AHEAD channels beyond the items taken so far (see the top of this
-        // file). Units are taken in order, so the channel the items wait for is never held up
-        // by this.
+        // The unit's channel's first item not more than `ahead` items beyond those taken so far
+        // (see the top of this file). Units are taken in order, so the channel the items wait
+        // for is never held up by this.
         if (lane == 0)
             for (;;)
             {
                 u32 taken;
                 asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(taken) : "l"(next_item) : "memory");
-                if ((int)(taken / PAIRS) + TURN_AHEAD >= cb)
+                if ((i64)cb * PAIRS <= (i64)taken + ahead)
                     break;
                 __nanosleep(256);
             }

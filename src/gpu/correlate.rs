@@ -78,10 +78,13 @@ struct CornerTurn {
 enum TurnBy {
     /// A separate pass before the correlator (`kernels/correlate_turn.cu`).
     Pass(CudaFunction),
-    /// The correlator's own turner warps (`CorrConfig::can_ride`), counting in these progress
-    /// words, zeroed before each launch: the next unit, then units done per batch group and
-    /// channel.
-    Ride(CudaSlice<u32>),
+    /// The correlator's own turner warps (`CorrConfig::can_ride`), counting in `progress`,
+    /// zeroed before each launch: the next unit, then units done per batch group and channel.
+    /// A unit is turned at most `ahead` work items beyond the items taken.
+    Ride {
+        progress: CudaSlice<u32>,
+        ahead: i32,
+    },
 }
 
 /// The compiled correlator for one [`CorrConfig`], with its corner turn where that is not
@@ -102,19 +105,33 @@ pub struct Correlator {
 
 impl Correlator {
     /// The plan for `cfg`, with the corner turn fused into the `wgmma` kernel where
-    /// [`CorrConfig::can_fuse`] says it can be.
+    /// [`CorrConfig::can_fuse`] says it can be, or riding in its launch where
+    /// [`CorrConfig::can_ride`] does.
     pub fn new(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
-        Self::build(gpu, cfg, true)
+        Self::build(gpu, cfg, true, cfg.can_ride())
     }
 
     /// The plan for `cfg` with a separate corner turn on every path (the benchmark compares
-    /// it with the fused one).
+    /// it with the kernel's own stagings).
     pub fn with_turn(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
-        Self::build(gpu, cfg, false)
+        Self::build(gpu, cfg, false, false)
     }
 
-    /// `stage`: let the `wgmma` kernel turn the chunk itself (fused, or riding) where it can.
-    fn build(gpu: Arc<Gpu>, cfg: CorrConfig, stage: bool) -> Result<Correlator, CorrError> {
+    /// The plan for `cfg` with the turn riding in the `wgmma` launch wherever the kernel allows
+    /// it ([`CorrConfig::ride_allowed`]), also at the sizes where it measured slower than the
+    /// separate pass (the benchmark's comparison); as [`Correlator::new`] elsewhere.
+    pub fn riding(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
+        Self::build(gpu, cfg, true, cfg.ride_allowed())
+    }
+
+    /// `fuse`: let the `wgmma` kernel stage the chunk itself where it can; `ride`: turn it in
+    /// the kernel's launch (where the caller has checked the kernel allows it).
+    fn build(
+        gpu: Arc<Gpu>,
+        cfg: CorrConfig,
+        fuse: bool,
+        ride: bool,
+    ) -> Result<Correlator, CorrError> {
         cfg.validate()?;
         if cfg.path == CorrPath::Wgmma && CorrPath::best_for(&gpu) != CorrPath::Wgmma {
             return Err(CorrError::Unsupported {
@@ -123,8 +140,8 @@ impl Correlator {
         }
         let s = cfg.shape;
         let (np, tpad) = (cfg.np() as i64, cfg.tpad() as i64);
-        let fused = stage && cfg.can_fuse();
-        let ride = stage && cfg.can_ride();
+        let fused = fuse && cfg.can_fuse();
+        let ride = ride && !fused;
         let threads = wgmma_threads(fused || ride);
         let turn_defs: Defines = vec![
             ("N_ANTS", s.n_ants as i64),
@@ -193,7 +210,10 @@ impl Correlator {
         } else {
             let by = if ride {
                 let cbs = cfg.groups(cfg.batches) * s.channels;
-                TurnBy::Ride(gpu.compute.alloc_zeros(1 + cbs)?)
+                TurnBy::Ride {
+                    progress: gpu.compute.alloc_zeros(1 + cbs)?,
+                    ahead: cfg.turn_ahead(),
+                }
             } else {
                 TurnBy::Pass(gpu.function(Kernel::CorrTurn, &turn_defs)?)
             };
@@ -245,7 +265,23 @@ impl Correlator {
 
     /// Whether the corner turn rides in the correlator's launch (`CorrConfig::can_ride`).
     pub fn rides(&self) -> bool {
-        matches!(&self.turn, Some(t) if matches!(t.by, TurnBy::Ride(_)))
+        matches!(&self.turn, Some(t) if matches!(t.by, TurnBy::Ride { .. }))
+    }
+
+    /// Where the turn rides: let it run at most `items` work items beyond the items taken (the
+    /// benchmark's sweep; `CorrConfig::turn_ahead` is the default). False where it does not
+    /// ride.
+    pub fn set_turn_ahead(&mut self, items: i32) -> bool {
+        match &mut self.turn {
+            Some(CornerTurn {
+                by: TurnBy::Ride { ahead, .. },
+                ..
+            }) => {
+                *ahead = items.max(0);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether a separate corner-turn pass runs before the correlator.
@@ -409,7 +445,7 @@ impl Correlator {
                     let k = per.min(steps - step0);
                     st.memset_zeros(&mut self.next_item)?;
                     if let Some(CornerTurn {
-                        by: TurnBy::Ride(progress),
+                        by: TurnBy::Ride { progress, .. },
                         ..
                     }) = &mut self.turn
                     {
@@ -432,13 +468,13 @@ impl Correlator {
                     }
                     if let (
                         Some(CornerTurn {
-                            by: TurnBy::Ride(progress),
+                            by: TurnBy::Ride { progress, ahead },
                             ..
                         }),
                         Some((input, _)),
                     ) = (&self.turn, chunk)
                     {
-                        b.arg(input).arg(progress);
+                        b.arg(input).arg(progress).arg(ahead);
                     }
                     // SAFETY: the source is the chunk's n batches (fused: the kernel reads no
                     // batch at or beyond n, nor a time beyond SPECTRA·GROUP of a group) or

@@ -177,11 +177,24 @@ impl CorrConfig {
     /// measured faster than the separate pass. Elsewhere the separate pass runs.
     pub fn can_ride(&self) -> bool {
         let rows = 2 * self.np() * self.tpad();
+        self.ride_allowed()
+            && (rows <= RIDE_MAX_ROWS || (self.shape.n_ants >= 512 && rows <= RIDE_MAX_ROWS_LARGE))
+    }
+
+    /// Whether the riding turn's kernel takes this plan at all (what [`Self::can_ride`] asks
+    /// before the sizes).
+    pub fn ride_allowed(&self) -> bool {
         self.path == CorrPath::Wgmma
             && self.in_bits == 8
             && self.shape.spectra % 16 == 0
             && self.np() > FUSE_MAX_NP
-            && (rows <= RIDE_MAX_ROWS || (self.shape.n_ants >= 512 && rows <= RIDE_MAX_ROWS_LARGE))
+    }
+
+    /// How far the riding turn may run ahead, in work items (column tile pairs of a channel)
+    /// beyond the items taken: four channels' (bench/correlator-notes.md v15).
+    pub(super) fn turn_ahead(&self) -> i32 {
+        let tiles = self.np() / self.path.tile();
+        (4 * tiles * (tiles + 1) / 2).min(i32::MAX as usize) as i32
     }
 
     /// Groups of batches in `n` batches.
