@@ -165,6 +165,11 @@ fn main() -> Result<(), GpuError> {
         (576, 480, 3072, 1),
         (1024, 120, 3072, 1),
         (80, 512, 256, 32),
+        // The XB-engine's correlator calls as `cbf-xb-bench` makes them (four 256-spectrum
+        // heaps a chunk, merged into rows of 1024 times).
+        (256, 128, 256, 4),
+        (576, 64, 256, 4),
+        (1024, 32, 256, 4),
         // The same bytes as the peers' size in 4× longer rows: the int64 accumulators (read
         // and written once per call) weigh a quarter as much per operation.
         (64, 120, 12288, 1),

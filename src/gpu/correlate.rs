@@ -32,8 +32,9 @@
 //! antennas (8-bit input, heaps of a multiple of 128 spectra) no corner turn runs: the kernel's
 //! producer warpgroup copies the chunk's runs into its stages by TMA tensor copies (through a
 //! [`TensorMap`] of the chunk) and de-interleaves them there ([`CorrConfig::can_fuse`]; at
-//! N = 64 the call takes 0.27 ms instead of 0.47). Beyond 128 antennas the turn rides in the
-//! `wgmma` kernel's launch where that measured faster ([`CorrConfig::can_ride`]): turner warps
+//! N = 64 the call takes 0.27 ms instead of 0.47). Beyond 128 antennas, in rows of 3072 times
+//! or more, the turn rides in the `wgmma` kernel's launch where that measured faster
+//! ([`CorrConfig::can_ride`]; not the XB-engine's chunks of 1024-time rows): turner warps
 //! write the planar rows through global memory a few channels ahead of the items, so the
 //! turn's DRAM traffic overlaps the multiplications (576 antennas × 12288 times: 6.4 ms
 //! instead of 7.8).

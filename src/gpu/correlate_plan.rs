@@ -60,6 +60,11 @@ const FUSE_MAX_NP: usize = 256;
 /// and 576 × 49152 (108 MiB: 0.86×), where the correlator's own DRAM traffic (the channel's
 /// rows no longer held in L2, at 256 antennas the accumulators) leaves the turn no room.
 const RIDE_MAX_ROWS: usize = 8 << 20;
+/// The shortest rows (times per batch group) at which the turn rides: the XB-engine's chunks
+/// of four 256-spectrum heaps (rows of 1024 times, eight steps) correlated 4–18 % slower with
+/// it (256, 576 and 1024 antennas; bench/correlator-notes.md v15), rows of 3072 times and more
+/// faster.
+const RIDE_MIN_TIMES: usize = 3072;
 const RIDE_MAX_ROWS_LARGE: usize = 32 << 20;
 /// Times summed in int32 before they are added to int64 (|product| ≤ 128², so each real
 /// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin): inside the
@@ -172,12 +177,14 @@ impl CorrConfig {
     /// `kernels/correlate_wgmma_ride.cuh`: turner warps write the planar rows through global
     /// memory ahead of the items, so the turn's DRAM traffic shares the correlator's launch
     /// instead of following it): 8-bit input in heaps of a multiple of 16 spectra (a turner
-    /// lane's 16 times lie in one batch), beyond [`FUSE_MAX_NP`], and a channel's planar rows
-    /// within [`RIDE_MAX_ROWS`] (or [`RIDE_MAX_ROWS_LARGE`] from 512 antennas), where it
-    /// measured faster than the separate pass. Elsewhere the separate pass runs.
+    /// lane's 16 times lie in one batch), beyond [`FUSE_MAX_NP`], rows of at least
+    /// [`RIDE_MIN_TIMES`] and a channel's planar rows within [`RIDE_MAX_ROWS`] (or
+    /// [`RIDE_MAX_ROWS_LARGE`] from 512 antennas), where it measured faster than the separate
+    /// pass. Elsewhere the separate pass runs.
     pub fn can_ride(&self) -> bool {
         let rows = 2 * self.np() * self.tpad();
         self.ride_allowed()
+            && self.tpad() >= RIDE_MIN_TIMES
             && (rows <= RIDE_MAX_ROWS || (self.shape.n_ants >= 512 && rows <= RIDE_MAX_ROWS_LARGE))
     }
 
@@ -261,6 +268,8 @@ mod tests {
             (256, 12288),
             (256, 49152),
             (576, 49152),
+            (576, 256),
+            (1024, 256),
             (576, 33),
             (80, 32),
         ];

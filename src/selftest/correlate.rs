@@ -271,14 +271,22 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             spectra: 384,
             ..base
         },
-        // Beyond 128 antennas, heaps of a multiple of 16 spectra: the turn rides in the wgmma
-        // kernel's launch (`can_ride`), here with merged heaps, the last group partly beyond
-        // the call's batches.
+        // Beyond 128 antennas, heaps of a multiple of 16 spectra, rows of 3072 times or more:
+        // the turn rides in the wgmma kernel's launch (`can_ride`), here with 100 merged heaps
+        // of 32 spectra (rows of 3200 times, a step's 128 times spanning four heaps), and with
+        // two heaps of 3072.
         Case {
             n_ants: 200,
-            channels: 3,
+            channels: 2,
             spectra: 32,
-            batches: 5,
+            batches: 100,
+            ..base
+        },
+        Case {
+            n_ants: 130,
+            channels: 2,
+            spectra: 3072,
+            batches: 2,
             ..base
         },
         Case {
