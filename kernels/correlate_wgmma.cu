@@ -11,7 +11,8 @@
 //
 // Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP), NP
 // (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages), FUSED
-// (1: stage from the chunk, see copy_item and split_item; then SPECTRA and GROUP too). A launch
+// (1: stage from the chunk, see copy_item and split_item), RIDE (1: turn the chunk in this
+// launch, kernels/correlate_wgmma_ride.cuh); with either, SPECTRA and GROUP too. A launch
 // sums steps [step0, step0 + nsteps) of KSTEP times in int32; the host keeps nsteps · KSTEP ≤
 // 65536 so that RR stays below 2³¹ (|product| ≤ 128²), and launches again for longer rows.
 //

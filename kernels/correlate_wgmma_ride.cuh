@@ -19,8 +19,10 @@
 // layout, kernels/correlate_turn.cu `word`). Units are taken in order from progress word 0,
 // cb-major as the items are, and a turner counts each finished unit in progress word 1 + cb
 // (release, after its stores); the staging lane waits for its item's channel to be whole
-// (nsteps units) before its first copy of it (wait_turned). Turners never wait on anything,
-// so the items always make progress. A warp takes a group of four antennas at a time: lane
+// (nsteps units) before its first copy of it (wait_turned). Turners wait only for the items
+// taken to come within `ahead` of a unit's channel, and a channel whose item a staging lane
+// waits for has had an item taken, so its units always pass: the items always make progress.
+// A warp takes a group of four antennas at a time: lane
 // (a, j) reads antenna 4g + a's times 16j … 16j + 15 (64 bytes, four 16-byte loads) and
 // writes the 16 bytes of chunk j of its four planar rows, so a warp's stores fill whole
 // 128-byte rows. TURN_ILP groups' loads are in flight before any of them is written.
@@ -35,7 +37,7 @@
 #endif
 #define TURN_ILP 4 // antenna groups whose loads a turner warp has in flight at once
 
-// The turner warps' work (warps 1 … TURNERS of the producer warpgroup): units of the launch's
+// The turner warps' work (warps 1 … 3 of the producer warpgroup): units of the launch's
 // steps [step0, step0 + nsteps) for batch groups·channels [0, cbs), from the chunk `in`
 // ((batch, antenna, channel, spectrum) 4-byte words, n batches) into the tiled planar rows.
 __device__ __forceinline__ void turn_units(const uint4 *__restrict__ in, uint4 *__restrict__ planar, int n, int step0,
@@ -109,7 +111,10 @@ __device__ __forceinline__ void turn_units(const uint4 *__restrict__ in, uint4 *
                 }
             }
         }
-        // Every lane's rows visible device-wide before the unit is counted.
+        // Every lane's rows visible device-wide before the unit is counted, and ordered for
+        // the async proxy that the staging lanes' bulk copies read them through (the writer's
+        // half of the generic-to-async hand-over; wait_turned fences the reader's).
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
         __threadfence();
         __syncwarp();
         if (lane == 0)

@@ -16,10 +16,10 @@
 //! re and im parts counted into `clips` (**overwritten**), and (−2³¹, 1) in every baseline
 //! touching an antenna whose presence flag is 0; optionally clears the accumulators as it reads.
 //!
-//! Each call runs on the compute stream. Where the turn is not fused (see below), the corner
-//! turn (`kernels/correlate_turn.cu`) first writes a planar, time-major copy of the chunk into
-//! a scratch buffer the plan owns (as large as the 8-bit input, padded to whole tiles; read and
-//! written, 2 bytes moved per input byte). Then
+//! Each call runs on the compute stream. Where the turn is neither fused nor riding (see
+//! below), the corner turn (`kernels/correlate_turn.cu`) first writes a planar, time-major copy
+//! of the chunk into a scratch buffer the plan owns (as large as the 8-bit input, padded to
+//! whole tiles; read and written, 2 bytes moved per input byte). Then
 //! the correlator adds its tiles into the accumulators: on an
 //! sm_90 device (H100, H200) the warpgroup-MMA kernel (`kernels/correlate_wgmma.cu`, compiled
 //! for sm_90a: a persistent grid of two-block clusters taking items from a counter, the
@@ -372,7 +372,8 @@ impl Correlator {
 
     /// The correlator over the first `n` batches into `acc` (`n` accumulators; group j of
     /// batches adds into accumulator j, the reduce sums them all): from `input` (those `n`
-    /// batches) where the turn is fused, else from the planar rows the corner turn wrote.
+    /// batches) where the turn is fused, else from the planar rows the corner turn wrote (or,
+    /// riding, writes from `input` in the same launch).
     fn launch(
         &mut self,
         input: Option<&CudaView<u8>>,
@@ -479,7 +480,10 @@ impl Correlator {
                     }
                     // SAFETY: the source is the chunk's n batches (fused: the kernel reads no
                     // batch at or beyond n, nor a time beyond SPECTRA·GROUP of a group) or
-                    // the corner turn's (tiled) output for them, and `acc` holds n
+                    // the corner turn's (tiled) output for them (riding: the kernel writes
+                    // those rows itself from the chunk's n batches, 16-byte aligned, within
+                    // planar_bytes(), counting in `progress`, 1 + groups · channels words,
+                    // zeroed on the stream before each launch), and `acc` holds n
                     // accumulators (the callers check); the kernel takes items below
                     // `items` only, each adding into its own baselines; steps [step0, step0 +
                     // k) lie inside the planar rows' TPAD times, and launches on one stream run

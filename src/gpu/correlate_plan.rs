@@ -53,7 +53,8 @@ impl CorrPath {
 /// 576 (0.70–0.80×), where the splitters' de-interleave, not the copies, sets the pace.
 const FUSE_MAX_NP: usize = 256;
 /// The largest planar rows of one (batch group, channel) at which the turn rides in the
-/// `wgmma` launch ([`CorrConfig::can_ride`]), and at 512 antennas and more. Measured against
+/// `wgmma` launch ([`CorrConfig::can_ride`]) below 512 antennas ([`RIDE_MAX_ROWS_LARGE`] from
+/// 512 on). Measured against
 /// the separate pass (bench/correlator-notes.md v15, lent H100): faster at 256 antennas × 3072
 /// times (3 MiB: 1.12×), 576 × 3072 (7 MiB: 1.09×), 1024 × 3072 (12 MiB: 1.07×) and 576 ×
 /// 12288 (27 MiB: 1.22×); slower at 256 × 12288 (12 MiB: 0.89×), 256 × 49152 (48 MiB: 0.86×)
@@ -65,6 +66,7 @@ const RIDE_MAX_ROWS: usize = 8 << 20;
 /// it (256, 576 and 1024 antennas; bench/correlator-notes.md v15), rows of 3072 times and more
 /// faster.
 const RIDE_MIN_TIMES: usize = 3072;
+/// [`RIDE_MAX_ROWS`] from 512 antennas on (576 × 12288 times, 27 MiB, rode 1.22× faster).
 const RIDE_MAX_ROWS_LARGE: usize = 32 << 20;
 /// Times summed in int32 before they are added to int64 (|product| ≤ 128², so each real
 /// product sum stays below 2³¹ for up to 131072 times; half of that keeps a margin): inside the
@@ -92,9 +94,9 @@ pub enum CorrError {
     },
     #[error("the wgmma correlator needs an sm_90 device (H100, H200); this one is {arch}")]
     Unsupported { arch: String },
-    #[error("this correlator plan fuses its corner turn into the wgmma kernel: no separate turn or planar rows (build it with_turn)")]
+    #[error("this correlator plan turns the chunk inside the wgmma kernel (fused or riding): no separate turn pass (build it with_turn)")]
     NoTurn,
-    #[error("the fused correlator reads its input through a TMA tensor map, which needs a 16-byte aligned address: input at device address {address:#x} is not")]
+    #[error("the wgmma correlator reads its input itself (a TMA tensor map, or the riding turn's 16-byte loads), which needs a 16-byte aligned address: input at device address {address:#x} is not")]
     Misaligned { address: u64 },
     #[error(transparent)]
     Gpu(#[from] GpuError),

@@ -8,8 +8,9 @@
 //! on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma` path too: with the
 //! corner turn fused into it where the spectra are a multiple of 128, the input 8-bit and the
 //! array at most 128 antennas (`CorrConfig::can_fuse`), with the turn riding in its launch for
-//! larger arrays in heaps of a multiple of 16 spectra (`can_ride`), after the separate turn
-//! elsewhere (17, 33, 255 … spectra, 4-bit, 1024 antennas at 33 spectra).
+//! larger arrays in heaps of a multiple of 16 spectra and rows of at least 3072 times
+//! (`can_ride`), after the separate turn elsewhere (17, 33, 255 … spectra, 4-bit, short rows,
+//! 1024 antennas at 33 spectra).
 
 use std::sync::Arc;
 
@@ -274,7 +275,15 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         // Beyond 128 antennas, heaps of a multiple of 16 spectra, rows of 3072 times or more:
         // the turn rides in the wgmma kernel's launch (`can_ride`), here with 100 merged heaps
         // of 32 spectra (rows of 3200 times, a step's 128 times spanning four heaps), and with
-        // two heaps of 3072.
+        // two heaps of 3072, and with rows padded past the call's times (3088 → 3200).
+        Case {
+            n_ants: 200,
+            channels: 1,
+            spectra: 3088,
+            batches: 1,
+            extremes: true,
+            ..base
+        },
         Case {
             n_ants: 200,
             channels: 2,
