@@ -285,6 +285,17 @@ impl Correlator {
         }
     }
 
+    /// How the chunk becomes the tensor cores' planar rows, in words for an operator's log.
+    pub fn staging(&self) -> &'static str {
+        if self.fused() {
+            "fused into the correlator"
+        } else if self.rides() {
+            "riding in the correlator's launch"
+        } else {
+            "a separate pass"
+        }
+    }
+
     /// Whether a separate corner-turn pass runs before the correlator.
     fn turns_apart(&self) -> bool {
         !self.fused() && !self.rides()

@@ -128,6 +128,12 @@ impl CudaBackend {
             path: CorrPath::best_for(&gpu),
         };
         let correlator = Correlator::new(Arc::clone(&gpu), cfg)?;
+        tracing::info!(
+            path = ?cfg.path,
+            corner_turn = correlator.staging(),
+            clusters = correlator.resident_clusters(),
+            "correlator"
+        );
         let st = &gpu.compute;
         let inputs = (0..INPUT_SLOTS)
             .map(|_| st.alloc_zeros::<u8>(cfg.input_bytes()))
