@@ -279,15 +279,14 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 
         // (−1 when none are left) before staging it; block 1's reads them from its ring. RIDE:
         // the producer warpgroup's other warps turn the chunk meanwhile.
 #if RIDE
-        const unsigned *turned = progress;
         if (threadIdx.x / 32 != CONSUMERS / 32)
             turn_units(in, reinterpret_cast<uint4 *>(const_cast<signed char *>(src)), n, step0, nsteps,
                        items / PAIRS, progress, next_item, ahead);
-        else
+        const unsigned *turned = progress;
 #else
         const unsigned *turned = nullptr;
 #endif
-        if (lane == 0)
+        if (threadIdx.x / 32 == CONSUMERS / 32 && lane == 0)
         {
             u32 g = 0;
             if (rank == 0)

@@ -183,9 +183,8 @@ __device__ __forceinline__ void split_item(int it, int rank, int n, u32 sbase, u
 #pragma unroll
                 for (int q = 0; q < 4; ++q)
                 {
-                    // Row (pol, plane) of antenna-pol 2·sl + pol is (sl / 4)·16 + plane·8 +
-                    // 2·(sl % 4) + pol; its chunk ch lies at (ch ^ row & 7)·16.
-                    const int row = (sl >> 2) * 16 + (q & 1) * 8 + 2 * (sl & 3) + (q >> 1);
+                    // Chunk ch of the row lies at (ch ^ row & 7)·16.
+                    const int row = planar_row(sl, q);
                     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + row * KSTEP +
                                                                                      ((ch ^ (row & 7)) << 4)),
                                  "r"(rows[q][0]), "r"(rows[q][1]), "r"(rows[q][2]), "r"(rows[q][3])

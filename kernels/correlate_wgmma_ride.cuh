@@ -105,8 +105,8 @@ __device__ __forceinline__ void turn_units(const uint4 *__restrict__ in, uint4 *
 #pragma unroll
                 for (int q = 0; q < 4; ++q)
                 {
-                    // Row (plane q % 2, pol q / 2) of antenna 4g + a; chunk j at (j ^ row & 7).
-                    const int row = g * 16 + (q & 1) * 8 + 2 * a + (q >> 1);
+                    // Antenna 4g + a's row; chunk j at (j ^ row & 7).
+                    const int row = planar_row(4 * g + a, q);
                     rows[row * (KSTEP / 16) + (j ^ (row & 7))] = make_uint4(w[q][0], w[q][1], w[q][2], w[q][3]);
                 }
             }

@@ -160,6 +160,14 @@ __device__ __forceinline__ int row_chunk(int ct, int pp, int rank, int wg)
     return wg == 0 ? 4 * ct + rank : 4 * ct + 3 - rank;
 }
 
+// The planar row of antenna `ant` (counted from a tile's or channel's first) holding split4's
+// output q, i.e. plane q % 2 (Re, Im) of pol q / 2: the corner turn's order, (ant / 4)·16 +
+// plane·8 + 2·(ant % 4) + pol (kernels/correlate_turn.cu `word`), for both staged producers.
+__device__ __forceinline__ int planar_row(int ant, int q)
+{
+    return (ant >> 2) * 16 + (q & 1) * 8 + 2 * (ant & 3) + (q >> 1);
+}
+
 // The de-interleave of both staged producers (FUSED, RIDE): a byte permute.
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel)
 {

@@ -391,7 +391,6 @@ impl Correlator {
         acc: &mut CudaViewMut<i64>,
         n: usize,
     ) -> Result<(), CorrError> {
-        let tiles = self.cfg.np() / self.cfg.path.tile();
         let channels = self.cfg.shape.channels;
         let groups = self.cfg.groups(n);
         let (fused, rides) = (self.fused(), self.rides());
@@ -400,11 +399,7 @@ impl Correlator {
             CorrPath::Mma => {
                 // A block per square tile of the triangle, channel and batch group.
                 let cfg = LaunchConfig {
-                    grid_dim: (
-                        (tiles * (tiles + 1) / 2) as u32,
-                        channels as u32,
-                        groups as u32,
-                    ),
+                    grid_dim: (self.cfg.tile_pairs() as u32, channels as u32, groups as u32),
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
@@ -421,7 +416,7 @@ impl Correlator {
             CorrPath::Wgmma => {
                 // Items: (batch group, channel, column tile, pair of its row tiles); column
                 // tile ct holds ct + 1 pairs.
-                let items = tiles * (tiles + 1) / 2 * channels * groups;
+                let items = self.cfg.tile_pairs() * channels * groups;
                 let items = i32::try_from(items).map_err(|_| CorrError::Shape {
                     what: "wgmma work items",
                     value: items,

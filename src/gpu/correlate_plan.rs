@@ -202,8 +202,14 @@ impl CorrConfig {
     /// How far the riding turn may run ahead, in work items (column tile pairs of a channel)
     /// beyond the items taken: four channels' (bench/correlator-notes.md v15).
     pub(super) fn turn_ahead(&self) -> i32 {
+        (4 * self.tile_pairs()).min(i32::MAX as usize) as i32
+    }
+
+    /// (Column tile, row tile) pairs of the triangle per channel and batch group: the mma
+    /// kernel's blocks, the wgmma kernel's work items.
+    pub(super) fn tile_pairs(&self) -> usize {
         let tiles = self.np() / self.path.tile();
-        (4 * tiles * (tiles + 1) / 2).min(i32::MAX as usize) as i32
+        tiles * (tiles + 1) / 2
     }
 
     /// Groups of batches in `n` batches.
