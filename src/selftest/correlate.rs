@@ -4,13 +4,14 @@
 //! filled), odd channel and spectrum counts, the whole int8 range (−128 included: the planar
 //! scheme negates nothing, so −128 is correlated as −128), full-scale ±127/−128 extremes,
 //! 4-bit input, accumulators pre-filled with garbage that the op must add to, two calls into the
-//! same accumulators, missing antennas, and sums that saturate in the reduce. Every case runs
-//! on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma` path too: with the
-//! corner turn fused into it where the spectra are a multiple of 128, the input 8-bit and the
-//! array at most 128 antennas (`CorrConfig::can_fuse`), with the turn riding in its launch for
+//! same accumulators, missing antennas, and sums that saturate in the reduce. Every case but the
+//! forced rides runs on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma`
+//! path too: with the corner turn fused into it where the spectra are a multiple of 128, the
+//! input 8-bit and the array at most 128 antennas (`CorrConfig::can_fuse`), with the turn riding in its launch for
 //! larger arrays in heaps of a multiple of 16 spectra and rows of at least 3072 times
 //! (`can_ride`), after the separate turn elsewhere (17, 33, 255 … spectra, 4-bit, short rows,
-//! 1024 antennas at 33 spectra).
+//! 1024 antennas at 33 spectra), and, forced, riding over two windows of one row, and over
+//! several batch groups against the separate turn.
 
 use std::sync::Arc;
 
@@ -36,6 +37,11 @@ struct Case {
     extremes: bool,
     /// Accumulators start anywhere within ±this (±2³¹ and beyond make the reduce saturate).
     garbage: i64,
+    /// The `wgmma` path only, with the turn riding in its launch wherever the kernel allows it
+    /// (`Correlator::riding`), also at sizes the plan turns apart: the ride over several
+    /// windows of one row, which no plan's own choice reaches (its rows of more than 65,536
+    /// times exceed `can_ride`'s row bounds).
+    ride: bool,
 }
 
 /// Input bytes of one call and their int8 expansion (the oracle's input): int8, or one byte per
@@ -82,7 +88,17 @@ fn check(
         in_bits: case.in_bits,
         path,
     };
-    let mut corr = Correlator::new(Arc::clone(gpu), cfg)?;
+    let mut corr = if case.ride {
+        Correlator::riding(Arc::clone(gpu), cfg)?
+    } else {
+        Correlator::new(Arc::clone(gpu), cfg)?
+    };
+    if case.ride && !corr.rides() {
+        return Err(GpuError::Backend(format!(
+            "self-test case of {} antennas × {} spectra × {} batches asks for the ride, which the plan refused",
+            case.n_ants, case.spectra, case.batches
+        )));
+    }
     let st = &gpu.compute;
     let lim = case.garbage;
     let mut want: Vec<i64> = (0..cfg.acc_len())
@@ -187,6 +203,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         in_bits: 8,
         extremes: false,
         garbage: 1 << 20,
+        ride: false,
     };
     let mut checks = Vec::new();
     for case in [
@@ -305,6 +322,17 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             batches: 1,
             ..base
         },
+        // The ride over two windows of one row (65,792 times: launches at steps 0 and 512),
+        // extremes so that a window's int32 sums come near 2³¹.
+        Case {
+            n_ants: 130,
+            channels: 1,
+            spectra: 256,
+            batches: 257,
+            extremes: true,
+            ride: true,
+            ..base
+        },
         // Full-scale extremes with accumulators near ±2³¹: the reduce saturates.
         Case {
             n_ants: 19,
@@ -357,10 +385,75 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             ..base
         },
     ] {
-        checks.extend(check(gpu, &mut rng, case, CorrPath::Mma)?);
+        if !case.ride {
+            checks.extend(check(gpu, &mut rng, case, CorrPath::Mma)?);
+        }
         if CorrPath::best_for(gpu) == CorrPath::Wgmma {
             checks.extend(check(gpu, &mut rng, case, CorrPath::Wgmma)?);
         }
     }
+    if CorrPath::best_for(gpu) == CorrPath::Wgmma {
+        checks.push(ride_against_apart(gpu, &mut rng)?);
+    }
     Ok(checks)
+}
+
+/// The ride over several batch groups, each over two windows, against the separate turn on
+/// the same input and accumulators (exact): rows of more than 2²⁰ times are not merged, so
+/// each of 16 batches of 65,664 spectra is its own group. The oracle's direct sums over
+/// 1,050,624 times of 130 antennas would take minutes on the host; the separate turn and the
+/// same kernel without turners are checked against the oracle at several groups and windows
+/// above (3 antennas × 400,000 spectra × 3 batches), so here they are the reference for what
+/// the ride adds: its progress words per (group, channel) and its turners' rows.
+fn ride_against_apart(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuError> {
+    let shape = CorrShape {
+        n_ants: 130,
+        channels: 1,
+        spectra: 65_664,
+    };
+    let cfg = CorrConfig {
+        shape,
+        batches: 16,
+        in_bits: 8,
+        path: CorrPath::Wgmma,
+    };
+    let mut ride = Correlator::riding(Arc::clone(gpu), cfg)?;
+    let mut apart = Correlator::with_turn(Arc::clone(gpu), cfg)?;
+    let st = &gpu.compute;
+    let start: Vec<i64> = (0..cfg.acc_len())
+        .map(|_| rng.random_range(-(1i64 << 40)..=1 << 40))
+        .collect();
+    let mut acc_ride: CudaSlice<i64> = st.clone_htod(&start)?;
+    let mut acc_apart: CudaSlice<i64> = st.clone_htod(&start)?;
+    for _ in 0..2 {
+        let (bytes, _) = draw_samples(rng, 8, true, shape.input_len() * cfg.batches);
+        let input = st.clone_htod(&bytes)?;
+        ride.correlate(&input.as_view(), &mut acc_ride)?;
+        apart.correlate(&input.as_view(), &mut acc_apart)?;
+    }
+    let (got, want) = (st.clone_dtoh(&acc_ride)?, st.clone_dtoh(&acc_apart)?);
+    let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+    let rides = ride.rides() && !apart.rides() && !apart.fused();
+    Ok(Check {
+        name: format!(
+            "correlate Wgmma ride vs apart {} ants {} ch {} t {} batch (groups of {})",
+            shape.n_ants,
+            shape.channels,
+            shape.spectra,
+            cfg.batches,
+            cfg.group()
+        ),
+        measured: wrong as f64,
+        limit: 0.0,
+        pass: wrong == 0 && rides && cfg.group() == 1,
+        note: format!(
+            "int64 accumulators equal ({} values, extremes, two calls); {}",
+            want.len(),
+            if rides {
+                "riding against the separate turn"
+            } else {
+                "NOT riding against the separate turn"
+            }
+        ),
+    })
 }
