@@ -6,10 +6,12 @@
 //! peers' figures; every time is the median of event-timed calls after a warm-up.
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
-//! Usage: `cbf-corr-bench [--quick] [--fused] [--turn-ahead ITEMS]… [--ants N]…` (`--fused`:
-//! only the plans whose kernel turns the chunk itself, fused or riding, to compare builds of
-//! its producers; `--turn-ahead`: time a riding plan once per value instead of at its default,
-//! `Correlator::set_turn_ahead`).
+//! Usage: `cbf-corr-bench [--quick] [--fused] [--turn-ahead ITEMS]… [--ants N]… [--size
+//! N,F,T,B]… [--window T]…` (`--fused`: only the plans whose kernel turns the chunk itself, fused or riding,
+//! to compare builds of its producers; `--turn-ahead`: time a riding plan once per value
+//! instead of at its default, `Correlator::set_turn_ahead`; `--ants` and `--size`: only the
+//! sizes of N antennas, or only that one size, e.g. under Nsight Compute; `--window T`: time
+//! the `wgmma` plans once per launch length of T times, `Correlator::set_launch_times`).
 
 use std::sync::Arc;
 
@@ -80,6 +82,7 @@ fn measure(
     input: &CudaSlice<u8>,
     fuse: bool,
     ahead: Option<i32>,
+    window: Option<usize>,
     reps: usize,
 ) -> Result<Figure, GpuError> {
     let mut c = if fuse && ahead.is_some() {
@@ -92,6 +95,12 @@ fn measure(
     if let Some(items) = ahead {
         c.set_turn_ahead(items);
     }
+    if let Some(times) = window {
+        assert!(
+            c.set_launch_times(times),
+            "--window takes a multiple of 128 times up to 65536 (wgmma plans only)"
+        );
+    }
     let mut acc = gpu.compute.alloc_zeros::<i64>(cfg.acc_len())?;
     let view = input.as_view();
     let label = if c.fused() {
@@ -100,7 +109,7 @@ fn measure(
         ahead.map_or("Ride".to_string(), |a| format!("Ride/{a}"))
     } else {
         format!("{:?}", cfg.path)
-    };
+    } + &window.map_or(String::new(), |t| format!("@{t}"));
     let (turn, corr) = if c.fused() || c.rides() {
         let call = timed::<GpuError>(gpu, reps, &mut || Ok(c.correlate(&view, &mut acc)?))?;
         (0.0, call)
@@ -142,6 +151,23 @@ fn main() -> Result<(), GpuError> {
         .windows(2)
         .filter(|w| w[0] == "--ants")
         .map(|w| w[1].parse().expect("--ants takes an antenna count"))
+        .collect();
+    let windows: Vec<usize> = args
+        .windows(2)
+        .filter(|w| w[0] == "--window")
+        .map(|w| w[1].parse().expect("--window takes a count of times"))
+        .collect();
+    let exact: Vec<(usize, usize, usize, usize)> = args
+        .windows(2)
+        .filter(|w| w[0] == "--size")
+        .map(|w| {
+            let v: Vec<usize> = w[1]
+                .split(',')
+                .map(|x| x.parse().expect("--size takes N,F,T,B"))
+                .collect();
+            assert!(v.len() == 4, "--size takes N,F,T,B");
+            (v[0], v[1], v[2], v[3])
+        })
         .collect();
     let gpu = Gpu::open(0)?;
     println!("# cbf-corr-bench on {} ({})", gpu.name, gpu.arch);
@@ -200,7 +226,9 @@ fn main() -> Result<(), GpuError> {
         "clusters"
     );
     for &(n_ants, channels, spectra, batches) in sizes {
-        if !only.is_empty() && !only.contains(&n_ants) {
+        if (!only.is_empty() && !only.contains(&n_ants))
+            || (!exact.is_empty() && !exact.contains(&(n_ants, channels, spectra, batches)))
+        {
             continue;
         }
         // One random input per size, shared by its plans.
@@ -235,8 +263,17 @@ fn main() -> Result<(), GpuError> {
             } else {
                 vec![None]
             };
-            for ahead in sweep {
-                let f = measure(&gpu, cfg, &input, fuse, ahead, reps)?;
+            // The wgmma plans once per --window value, else at the default launch length.
+            let lengths: Vec<Option<usize>> = if path == CorrPath::Wgmma && !windows.is_empty() {
+                windows.iter().copied().map(Some).collect()
+            } else {
+                vec![None]
+            };
+            for (ahead, window) in sweep
+                .iter()
+                .flat_map(|&a| lengths.iter().map(move |&w| (a, w)))
+            {
+                let f = measure(&gpu, cfg, &input, fuse, ahead, window, reps)?;
                 println!(
                 "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
                 f.label,

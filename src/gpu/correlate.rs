@@ -102,6 +102,8 @@ pub struct Correlator {
     /// The `wgmma` grid's item counter: zeroed before each launch, the clusters take their
     /// next item from it.
     next_item: CudaSlice<u32>,
+    /// Times of a row one `wgmma` launch covers (at most [`WINDOW`], the int32 sums' bound).
+    launch_times: usize,
 }
 
 impl Correlator {
@@ -229,6 +231,7 @@ impl Correlator {
             reduce: gpu.function(Kernel::CorrReduce, &reduce_defs)?,
             clusters,
             next_item: gpu.compute.alloc_zeros(1)?,
+            launch_times: WINDOW,
             gpu,
             cfg,
         })
@@ -283,6 +286,20 @@ impl Correlator {
             }
             _ => false,
         }
+    }
+
+    /// Split each row into `wgmma` launches of `times` (a multiple of the 128-time step, at most
+    /// 65,536; the default is 65,536): each launch's clusters then share fewer bytes of rows in
+    /// L2, and each adds its sums into the int64 accumulators once more (the benchmark's
+    /// sweep). False on the mma path or for another `times`.
+    pub fn set_launch_times(&mut self, times: usize) -> bool {
+        let k = CorrPath::Wgmma.kstep();
+        let ok =
+            self.cfg.path == CorrPath::Wgmma && times % k == 0 && (k..=WINDOW).contains(&times);
+        if ok {
+            self.launch_times = times;
+        }
+        ok
     }
 
     /// How the chunk becomes the tensor cores' planar rows, in words for an operator's log.
@@ -446,9 +463,10 @@ impl Correlator {
                     Some((_, address)) => Some(self.chunk_map(address, n)?),
                     None => None,
                 };
-                // One launch per WINDOW of times: the kernel sums a launch in int32.
+                // One launch per `launch_times` (at most WINDOW) of times: the kernel sums a
+                // launch in int32.
                 let steps = (self.cfg.tpad() / CorrPath::Wgmma.kstep()) as i32;
-                let per = (WINDOW / CorrPath::Wgmma.kstep()) as i32;
+                let per = (self.launch_times / CorrPath::Wgmma.kstep()) as i32;
                 for step0 in (0..steps).step_by(per as usize) {
                     let k = per.min(steps - step0);
                     st.memset_zeros(&mut self.next_item)?;
