@@ -37,7 +37,8 @@ pub const RECV_METRICS: [MetricSpec; 6] = [
     ),
     (
         "input_kernel_dropped_packets",
-        "Packets the kernel dropped because the socket buffer was full",
+        "Datagrams the kernel dropped because the socket buffer was full (with UDP GRO one \
+         datagram can hold up to 64 KiB of coalesced packets; DPDK: frames the port missed)",
         &[],
     ),
     (

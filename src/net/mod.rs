@@ -65,7 +65,10 @@ pub trait PacketReceiver: Send {
     }
 
     /// Packets the kernel dropped before this receiver could take them (socket buffer full),
-    /// as far as the transport knows; 0 where it cannot tell.
+    /// as far as the transport knows; 0 where it cannot tell. The sockets' count
+    /// (`SO_RXQ_OVFL`) is of datagrams: with UDP GRO one dropped datagram may have held up to
+    /// 64 KiB of coalesced packets, so the packets lost can be more (the chunks' missing heaps
+    /// count them whole).
     fn kernel_drops(&self) -> u64 {
         0
     }
