@@ -7,11 +7,15 @@
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
 //! Usage: `cbf-corr-bench [--quick] [--fused] [--turn-ahead ITEMS]… [--ants N]… [--size
-//! N,F,T,B]… [--window T]…` (`--fused`: only the plans whose kernel turns the chunk itself, fused or riding,
-//! to compare builds of its producers; `--turn-ahead`: time a riding plan once per value
-//! instead of at its default, `Correlator::set_turn_ahead`; `--ants` and `--size`: only the
-//! sizes of N antennas, or only that one size, e.g. under Nsight Compute; `--window T`: time
-//! the `wgmma` plans once per launch length of T times, `Correlator::set_launch_times`).
+//! N,F,T,B]… [--window T]…`:
+//! - `--fused`: only the plans whose kernel turns the chunk itself, fused or riding, to compare
+//!   builds of its producers;
+//! - `--turn-ahead`: time a riding plan once per value instead of at its default
+//!   (`Correlator::set_turn_ahead`);
+//! - `--ants` and `--size`: only the sizes of N antennas, or only those of the table below
+//!   named exactly (e.g. one launch under Nsight Compute; a size not in the table is refused);
+//! - `--window T`: time the `wgmma` plans once per launch length of T times
+//!   (`Correlator::set_launch_times`).
 
 use std::sync::Arc;
 
@@ -206,13 +210,16 @@ fn main() -> Result<(), GpuError> {
         (256, 30, 49152, 1),
         (576, 30, 49152, 1),
     ];
+    if let Some(missing) = exact.iter().find(|s| !sizes.contains(s)) {
+        panic!("--size {missing:?} is not one of the benchmark's sizes: {sizes:?}");
+    }
     // (path, fused): the `wgmma` path with its corner turn apart, and fused where it fuses.
     let mut paths = vec![(CorrPath::Mma, false)];
     if CorrPath::best_for(&gpu) == CorrPath::Wgmma {
         paths.extend([(CorrPath::Wgmma, false), (CorrPath::Wgmma, true)]);
     }
     println!(
-        "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9} {:>9}  {:>10} {:>6}  {:>10}  {:>8}",
+        "{:>12} {:>5} {:>4} {:>5} {:>3}  {:>9} {:>9}  {:>10} {:>6}  {:>10}  {:>8}",
         "path",
         "N",
         "F",
@@ -275,7 +282,7 @@ fn main() -> Result<(), GpuError> {
             {
                 let f = measure(&gpu, cfg, &input, fuse, ahead, window, reps)?;
                 println!(
-                "{:>6} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
+                "{:>12} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
                 f.label,
                 n_ants,
                 channels,

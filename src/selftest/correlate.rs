@@ -4,14 +4,14 @@
 //! filled), odd channel and spectrum counts, the whole int8 range (−128 included: the planar
 //! scheme negates nothing, so −128 is correlated as −128), full-scale ±127/−128 extremes,
 //! 4-bit input, accumulators pre-filled with garbage that the op must add to, two calls into the
-//! same accumulators, missing antennas, and sums that saturate in the reduce. Every case but the
-//! forced rides runs on the portable `mma.sync` path and, on an sm_90 device, on the `wgmma`
-//! path too: with the corner turn fused into it where the spectra are a multiple of 128, the
-//! input 8-bit and the array at most 128 antennas (`CorrConfig::can_fuse`), with the turn riding in its launch for
-//! larger arrays in heaps of a multiple of 16 spectra and rows of at least 3072 times
-//! (`can_ride`), after the separate turn elsewhere (17, 33, 255 … spectra, 4-bit, short rows,
-//! 1024 antennas at 33 spectra), and, forced, riding over two windows of one row, and over
-//! several batch groups against the separate turn.
+//! same accumulators, missing antennas, and sums that saturate in the reduce. Every case but
+//! the `wgmma`-only ones runs on the portable `mma.sync` path and, on an sm_90 device, on the
+//! `wgmma` path too: with the corner turn fused into it where the spectra are a multiple of
+//! 128, the input 8-bit and the array at most 128 antennas (`CorrConfig::can_fuse`), with the
+//! turn riding in its launch for larger arrays in heaps of a multiple of 16 spectra and rows of
+//! at least 3072 times (`can_ride`), after the separate turn elsewhere (17, 33, 255 … spectra,
+//! 4-bit, short rows, 1024 antennas at 33 spectra). `wgmma` only: the ride forced over two
+//! launches of one row and over several batch groups, and rows split into short launches.
 
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::Check;
-use crate::dsp::correlate::{correlate_accumulate, reduce, unpack_4bit, CorrShape};
+use crate::dsp::correlate::{baseline_index, correlate_accumulate, reduce, unpack_4bit, CorrShape};
 use crate::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use crate::gpu::{Gpu, GpuError};
 
@@ -42,6 +42,9 @@ struct Case {
     /// windows of one row, which no plan's own choice reaches (its rows of more than 65,536
     /// times exceed `can_ride`'s row bounds).
     ride: bool,
+    /// The `wgmma` path only, its rows split into launches of this many times
+    /// (`Correlator::set_launch_times`, the benchmark's `--window`) instead of 65,536.
+    launch_times: Option<usize>,
 }
 
 /// Input bytes of one call and their int8 expansion (the oracle's input): int8, or one byte per
@@ -93,11 +96,24 @@ fn check(
     } else {
         Correlator::new(Arc::clone(gpu), cfg)?
     };
-    if case.ride && !corr.rides() {
-        return Err(GpuError::Backend(format!(
-            "self-test case of {} antennas × {} spectra × {} batches asks for the ride, which the plan refused",
-            case.n_ants, case.spectra, case.batches
-        )));
+    let refused = if case.ride && !corr.rides() {
+        Some("the plan refused the ride")
+    } else if case.launch_times.is_some_and(|t| !corr.set_launch_times(t)) {
+        Some("the plan refused the launch length")
+    } else {
+        None
+    };
+    if let Some(why) = refused {
+        return Ok(vec![Check {
+            name: format!(
+                "correlate {path:?} {} ants {} ch {} t {} batch",
+                case.n_ants, case.channels, case.spectra, case.batches
+            ),
+            measured: 1.0,
+            limit: 0.0,
+            pass: false,
+            note: why.to_string(),
+        }]);
     }
     let st = &gpu.compute;
     let lim = case.garbage;
@@ -129,7 +145,7 @@ fn check(
     let got = st.clone_dtoh(&acc)?;
     let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
     let name = format!(
-        "correlate {path:?}{} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}",
+        "correlate {path:?}{} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}{}",
         if corr.fused() {
             " fused"
         } else if corr.rides() {
@@ -143,7 +159,9 @@ fn check(
         case.batches,
         cfg.group(),
         case.in_bits,
-        if case.extremes { " extremes" } else { "" }
+        if case.extremes { " extremes" } else { "" },
+        case.launch_times
+            .map_or(String::new(), |t| format!(", launches of {t} times"))
     );
     let mut checks = vec![Check {
         name,
@@ -204,6 +222,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         extremes: false,
         garbage: 1 << 20,
         ride: false,
+        launch_times: None,
     };
     let mut checks = Vec::new();
     for case in [
@@ -322,8 +341,9 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             batches: 1,
             ..base
         },
-        // The ride over two windows of one row (65,792 times: launches at steps 0 and 512),
-        // extremes so that a window's int32 sums come near 2³¹.
+        // The ride over two launches of one row (65,792 times: steps 0 and 512, the progress
+        // words zeroed again for the second), extremes. (A window's sums stay below 2³¹ here:
+        // the extremes case at 140,032 times below is the one that needs the windows.)
         Case {
             n_ants: 130,
             channels: 1,
@@ -361,13 +381,48 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             ..base
         },
         // Rows too long to merge (3 × 400,000 times > 2²⁰): one group per batch, each summed
-        // into its own accumulator over several windows.
+        // into its own accumulator over several windows (fused on the wgmma path: whole steps
+        // of 128 spectra); then 400,016 spectra, turned apart (7 launches per row).
         Case {
             n_ants: 3,
             channels: 2,
             spectra: 400_000,
             batches: 3,
             extremes: true,
+            ..base
+        },
+        Case {
+            n_ants: 3,
+            channels: 2,
+            spectra: 400_016,
+            batches: 3,
+            extremes: true,
+            ..base
+        },
+        // Rows split into short launches (`set_launch_times`): turned apart (2048 times, six
+        // launches of 384), fused (2048, eight of 256), riding (6144, six of 1024).
+        Case {
+            n_ants: 19,
+            channels: 3,
+            spectra: 1000,
+            batches: 2,
+            launch_times: Some(384),
+            ..base
+        },
+        Case {
+            n_ants: 100,
+            channels: 2,
+            spectra: 1024,
+            batches: 2,
+            launch_times: Some(256),
+            ..base
+        },
+        Case {
+            n_ants: 130,
+            channels: 1,
+            spectra: 3072,
+            batches: 2,
+            launch_times: Some(1024),
             ..base
         },
         Case {
@@ -385,7 +440,7 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             ..base
         },
     ] {
-        if !case.ride {
+        if !case.ride && case.launch_times.is_none() {
             checks.extend(check(gpu, &mut rng, case, CorrPath::Mma)?);
         }
         if CorrPath::best_for(gpu) == CorrPath::Wgmma {
@@ -399,13 +454,15 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
 }
 
 /// The ride over several batch groups, each over two windows, against the separate turn on
-/// the same input and accumulators (exact): rows of more than 2²⁰ times are not merged, so
-/// each of 16 batches of 65,664 spectra is its own group. The oracle's direct sums over
-/// 1,050,624 times of 130 antennas would take minutes on the host; the separate turn and the
-/// same kernel without turners are checked against the oracle at several groups and windows
-/// above (3 antennas × 400,000 spectra × 3 batches), so here they are the reference for what
-/// the ride adds: its progress words per (group, channel) and its turners' rows.
+/// the same input and accumulators (exact), and a sample of baselines against direct sums on
+/// the host: rows of more than 2²⁰ times are not merged, so each of 16 batches of 65,664
+/// spectra is its own group. The oracle's sums over all 1,050,624 times of 130 antennas would
+/// take minutes on the host, so it checks `SAMPLE` baselines of every group in full; the
+/// comparison with the separate turn (oracle-checked over several groups and windows at
+/// 3 antennas × 400,016 spectra) covers the rest.
 fn ride_against_apart(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuError> {
+    /// Baselines checked against the host: an autocorrelation, the column tiles' corners.
+    const SAMPLE: [(usize, usize); 4] = [(0, 0), (0, 129), (63, 64), (127, 128)];
     let shape = CorrShape {
         n_ants: 130,
         channels: 1,
@@ -420,19 +477,55 @@ fn ride_against_apart(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuEr
     let mut ride = Correlator::riding(Arc::clone(gpu), cfg)?;
     let mut apart = Correlator::with_turn(Arc::clone(gpu), cfg)?;
     let st = &gpu.compute;
-    let start: Vec<i64> = (0..cfg.acc_len())
+    let mut want: Vec<i64> = (0..cfg.acc_len())
         .map(|_| rng.random_range(-(1i64 << 40)..=1 << 40))
         .collect();
-    let mut acc_ride: CudaSlice<i64> = st.clone_htod(&start)?;
-    let mut acc_apart: CudaSlice<i64> = st.clone_htod(&start)?;
+    let mut acc_ride: CudaSlice<i64> = st.clone_htod(&want)?;
+    let mut acc_apart: CudaSlice<i64> = st.clone_htod(&want)?;
+    let extremes = [0x80u8, 0x81, 0x7f]; // −128, −127, 127
     for _ in 0..2 {
-        let (bytes, _) = draw_samples(rng, 8, true, shape.input_len() * cfg.batches);
+        let bytes: Vec<u8> = (0..shape.input_len() * cfg.batches)
+            .map(|_| extremes[rng.random_range(0..3)])
+            .collect();
+        // Each batch is its own group: batch j adds into accumulator j.
+        for (j, batch) in bytes.chunks_exact(shape.input_len()).enumerate() {
+            let x = |a: usize, t: usize, p: usize, c: usize| {
+                i64::from(batch[(a * shape.spectra + t) * 4 + 2 * p + c] as i8)
+            };
+            for (a1, a2) in SAMPLE {
+                for (p1, p2) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+                    let (mut re, mut im) = (0i64, 0i64);
+                    for t in 0..shape.spectra {
+                        let (xr, xi, yr, yi) = (
+                            x(a1, t, p1, 0),
+                            x(a1, t, p1, 1),
+                            x(a2, t, p2, 0),
+                            x(a2, t, p2, 1),
+                        );
+                        re += xr * yr + xi * yi;
+                        im += xi * yr - xr * yi;
+                    }
+                    let o = j * shape.vis_len() + (baseline_index(a1, a2) * 4 + p1 + 2 * p2) * 2;
+                    want[o] += re;
+                    want[o + 1] += im;
+                }
+            }
+        }
         let input = st.clone_htod(&bytes)?;
         ride.correlate(&input.as_view(), &mut acc_ride)?;
         apart.correlate(&input.as_view(), &mut acc_apart)?;
     }
-    let (got, want) = (st.clone_dtoh(&acc_ride)?, st.clone_dtoh(&acc_apart)?);
-    let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+    let (got, other) = (st.clone_dtoh(&acc_ride)?, st.clone_dtoh(&acc_apart)?);
+    let differ = got.iter().zip(&other).filter(|(g, o)| g != o).count();
+    let sampled: Vec<usize> = (0..cfg.batches)
+        .flat_map(|j| {
+            SAMPLE.iter().flat_map(move |&(a1, a2)| {
+                let o = j * shape.vis_len() + baseline_index(a1, a2) * 8;
+                o..o + 8
+            })
+        })
+        .collect();
+    let off = sampled.iter().filter(|&&o| got[o] != want[o]).count();
     let rides = ride.rides() && !apart.rides() && !apart.fused();
     Ok(Check {
         name: format!(
@@ -443,12 +536,14 @@ fn ride_against_apart(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuEr
             cfg.batches,
             cfg.group()
         ),
-        measured: wrong as f64,
+        measured: (differ + off) as f64,
         limit: 0.0,
-        pass: wrong == 0 && rides && cfg.group() == 1,
+        pass: differ == 0 && off == 0 && rides && cfg.group() == 1,
         note: format!(
-            "int64 accumulators equal ({} values, extremes, two calls); {}",
-            want.len(),
+            "int64 accumulators: {differ} of {} differ from the separate turn's, {off} of {} \
+             sampled from the host's direct sums (extremes, two calls); {}",
+            got.len(),
+            sampled.len(),
             if rides {
                 "riding against the separate turn"
             } else {
