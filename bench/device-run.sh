@@ -10,7 +10,10 @@
 # addresses per pol, as a digitiser spreads a pol over several groups, and the engine's receive
 # threads; default 1:2), CBF_E2E_PIN (1: dsim on its own cores), CBF_BACKEND (cuda; cpu for a dry run),
 # CBF_FENG_EXTRA (more fengine flags, e.g. "--send-sample-bits 4"), CBF_E2E_CAPTURE (0: no capture
-# of the engine's output; its packets go to a port nobody reads).
+# of the engine's output; its packets go to a port nobody reads), CBF_CHANNELS (the wideband
+# output's channels; default 4096). dsim starts once every engine has logged its output: on a
+# fresh machine the engine's start-up (driver, NVRTC) took ~2 s, and a dsim started with it
+# lost that much to a window jump and heaps too old (bench/e2e-2026-11-28-s19.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=.dev
@@ -23,7 +26,7 @@ if [[ " $* " != *" --skip-bench "* ]]; then
 fi
 [[ " $* " == *" --skip-e2e "* ]] && exit 0
 # End to end over loopback: per antenna, 2 pols × rate × 10 bits in (one dsim with
-# CBF_DSIM_THREADS send threads), one fengine --backend cuda, 4096 channels out to a capture.
+# CBF_DSIM_THREADS send threads), one fengine --backend cuda, CBF_CHANNELS channels out to a capture.
 # CBF_E2E_ANTS antennas run at once, each its own processes (as katgpucbf runs one fgpu per
 # antenna), all on the one GPU.
 rcvbuf_errors() { awk '/^Udp:/ { if (h) print $6; h = 1 }' /proc/net/snmp; }
@@ -46,9 +49,13 @@ e2e() {
         p0="127.0.0.1+$((dests - 1)):$((7101 + 2 * a))" p1="127.0.0.1+$((dests - 1)):$((7102 + 2 * a))"
         $pin_rest "$bin/cbf" fengine --backend "${CBF_BACKEND:-cuda}" --src "$p0,$p1" \
             --recv-threads "$recv" --adc-sample-rate "$rate" --sync-time "$sync" --katcp-port 0 \
-            --wideband "name=wide,channels=4096,dst=127.0.0.1:$((7200 + a))" ${CBF_FENG_EXTRA:-} \
+            --wideband "name=wide,channels=${CBF_CHANNELS:-4096},dst=127.0.0.1:$((7200 + a))" ${CBF_FENG_EXTRA:-} \
             > "$out/fengine-$tag.txt" 2>&1 &
         fengs+=($!)
+    done
+    for ((a = 0; a < ants; a++)); do
+        tag="$rate-n$ants-$dests-$recv-a$a"
+        until grep -q 'kind="wideband"' "$out/fengine-$tag.txt" || ! kill -0 "${fengs[a]}" 2>/dev/null; do sleep 0.2; done
     done
     for ((a = 0; a < ants; a++)); do
         tag="$rate-n$ants-$dests-$recv-a$a"
