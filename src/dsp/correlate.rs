@@ -51,6 +51,27 @@ impl CorrShape {
 pub fn correlate_accumulate(shape: CorrShape, x: &[i8], acc: &mut [i64]) {
     assert_eq!(x.len(), shape.input_len());
     assert_eq!(acc.len(), shape.vis_len());
+    for c in 0..shape.channels {
+        for a2 in 0..shape.n_ants {
+            for a1 in 0..=a2 {
+                accumulate_baseline(shape, x, c, a1, a2, acc);
+            }
+        }
+    }
+}
+
+/// Accumulate one baseline a1 ≤ a2 of channel `c` of one batch into `acc` (as
+/// [`correlate_accumulate`], which is this over every baseline): all four products, each
+/// Σ_t x[a1][p1] · conj(x[a2][p2]) at `((c · baselines + bl) · 4 + p1 + 2·p2) · 2`. A
+/// self-test checks a sample of baselines of a call too long to correlate whole on the host.
+pub fn accumulate_baseline(
+    shape: CorrShape,
+    x: &[i8],
+    c: usize,
+    a1: usize,
+    a2: usize,
+    acc: &mut [i64],
+) {
     let CorrShape {
         n_ants,
         channels,
@@ -58,28 +79,22 @@ pub fn correlate_accumulate(shape: CorrShape, x: &[i8], acc: &mut [i64]) {
     } = shape;
     let at =
         |a: usize, c: usize, t: usize, p: usize| ((a * channels + c) * spectra + t) * 4 + p * 2;
-    for c in 0..channels {
-        for a2 in 0..n_ants {
-            for a1 in 0..=a2 {
-                let bl = baseline_index(a1, a2);
-                for p2 in 0..2 {
-                    for p1 in 0..2 {
-                        let (mut re, mut im) = (0i64, 0i64);
-                        for t in 0..spectra {
-                            let i = at(a1, c, t, p1);
-                            let j = at(a2, c, t, p2);
-                            let (xr, xi) = (i64::from(x[i]), i64::from(x[i + 1]));
-                            let (yr, yi) = (i64::from(x[j]), i64::from(x[j + 1]));
-                            // x · conj(y)
-                            re += xr * yr + xi * yi;
-                            im += xi * yr - xr * yi;
-                        }
-                        let o = ((c * n_baselines(n_ants) + bl) * 4 + p1 + 2 * p2) * 2;
-                        acc[o] += re;
-                        acc[o + 1] += im;
-                    }
-                }
+    let bl = baseline_index(a1, a2);
+    for p2 in 0..2 {
+        for p1 in 0..2 {
+            let (mut re, mut im) = (0i64, 0i64);
+            for t in 0..spectra {
+                let i = at(a1, c, t, p1);
+                let j = at(a2, c, t, p2);
+                let (xr, xi) = (i64::from(x[i]), i64::from(x[i + 1]));
+                let (yr, yi) = (i64::from(x[j]), i64::from(x[j + 1]));
+                // x · conj(y)
+                re += xr * yr + xi * yi;
+                im += xi * yr - xr * yi;
             }
+            let o = ((c * n_baselines(n_ants) + bl) * 4 + p1 + 2 * p2) * 2;
+            acc[o] += re;
+            acc[o + 1] += im;
         }
     }
 }

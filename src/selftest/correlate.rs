@@ -20,7 +20,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::Check;
-use crate::dsp::correlate::{baseline_index, correlate_accumulate, reduce, unpack_4bit, CorrShape};
+use crate::dsp::correlate::{
+    accumulate_baseline, baseline_index, correlate_accumulate, reduce, unpack_4bit, CorrShape,
+};
 use crate::gpu::correlate::{CorrConfig, CorrPath, Correlator};
 use crate::gpu::{Gpu, GpuError};
 
@@ -96,6 +98,25 @@ fn check(
     } else {
         Correlator::new(Arc::clone(gpu), cfg)?
     };
+    let name = format!(
+        "correlate {path:?}{} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}{}",
+        if corr.fused() {
+            " fused"
+        } else if corr.rides() {
+            " ride"
+        } else {
+            ""
+        },
+        case.n_ants,
+        case.channels,
+        case.spectra,
+        case.batches,
+        cfg.group(),
+        case.in_bits,
+        if case.extremes { " extremes" } else { "" },
+        case.launch_times
+            .map_or(String::new(), |t| format!(", launches of {t} times"))
+    );
     let refused = if case.ride && !corr.rides() {
         Some("the plan refused the ride")
     } else if case.launch_times.is_some_and(|t| !corr.set_launch_times(t)) {
@@ -105,10 +126,7 @@ fn check(
     };
     if let Some(why) = refused {
         return Ok(vec![Check {
-            name: format!(
-                "correlate {path:?} {} ants {} ch {} t {} batch",
-                case.n_ants, case.channels, case.spectra, case.batches
-            ),
+            name,
             measured: 1.0,
             limit: 0.0,
             pass: false,
@@ -144,25 +162,6 @@ fn check(
     }
     let got = st.clone_dtoh(&acc)?;
     let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
-    let name = format!(
-        "correlate {path:?}{} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}{}",
-        if corr.fused() {
-            " fused"
-        } else if corr.rides() {
-            " ride"
-        } else {
-            ""
-        },
-        case.n_ants,
-        case.channels,
-        case.spectra,
-        case.batches,
-        cfg.group(),
-        case.in_bits,
-        if case.extremes { " extremes" } else { "" },
-        case.launch_times
-            .map_or(String::new(), |t| format!(", launches of {t} times"))
-    );
     let mut checks = vec![Check {
         name,
         measured: wrong as f64,
@@ -482,33 +481,13 @@ fn ride_against_apart(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuEr
         .collect();
     let mut acc_ride: CudaSlice<i64> = st.clone_htod(&want)?;
     let mut acc_apart: CudaSlice<i64> = st.clone_htod(&want)?;
-    let extremes = [0x80u8, 0x81, 0x7f]; // −128, −127, 127
     for _ in 0..2 {
-        let bytes: Vec<u8> = (0..shape.input_len() * cfg.batches)
-            .map(|_| extremes[rng.random_range(0..3)])
-            .collect();
+        let (bytes, x) = draw_samples(rng, 8, true, shape.input_len() * cfg.batches);
         // Each batch is its own group: batch j adds into accumulator j.
-        for (j, batch) in bytes.chunks_exact(shape.input_len()).enumerate() {
-            let x = |a: usize, t: usize, p: usize, c: usize| {
-                i64::from(batch[(a * shape.spectra + t) * 4 + 2 * p + c] as i8)
-            };
+        for (j, x) in x.chunks_exact(shape.input_len()).enumerate() {
+            let acc = &mut want[j * shape.vis_len()..][..shape.vis_len()];
             for (a1, a2) in SAMPLE {
-                for (p1, p2) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
-                    let (mut re, mut im) = (0i64, 0i64);
-                    for t in 0..shape.spectra {
-                        let (xr, xi, yr, yi) = (
-                            x(a1, t, p1, 0),
-                            x(a1, t, p1, 1),
-                            x(a2, t, p2, 0),
-                            x(a2, t, p2, 1),
-                        );
-                        re += xr * yr + xi * yi;
-                        im += xi * yr - xr * yi;
-                    }
-                    let o = j * shape.vis_len() + (baseline_index(a1, a2) * 4 + p1 + 2 * p2) * 2;
-                    want[o] += re;
-                    want[o + 1] += im;
-                }
+                accumulate_baseline(shape, x, 0, a1, a2, acc);
             }
         }
         let input = st.clone_htod(&bytes)?;
