@@ -7,7 +7,7 @@
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
 //! Usage: `cbf-corr-bench [--quick] [--fused] [--turn-ahead ITEMS]… [--ants N]… [--size
-//! N,F,T,B]… [--window T]…`:
+//! N,F,T,B]… [--window T]… [--blocks B]…`:
 //! - `--fused`: only the plans whose kernel turns the chunk itself, fused or riding, to compare
 //!   builds of its producers;
 //! - `--turn-ahead`: time a riding plan once per value instead of at its default
@@ -15,7 +15,10 @@
 //! - `--ants` and `--size`: only the sizes of N antennas, or only those of the table below
 //!   named exactly (e.g. one launch under Nsight Compute; a size not in the table is refused);
 //! - `--window T`: time the `wgmma` plans once per launch length of T times
-//!   (`Correlator::set_launch_times`).
+//!   (`Correlator::set_launch_times`);
+//! - `--blocks B`: time the `wgmma` plans once per cluster size of B blocks, 2 or 4
+//!   (`Correlator::with_cluster_blocks`; a fused plan in clusters of two only). The
+//!   "clusters" column shows the resident clusters × their blocks.
 
 use std::sync::Arc;
 
@@ -72,6 +75,7 @@ struct Figure {
     /// "Fused" or "Ride" where the kernel turns the chunk itself, else the path's name.
     label: String,
     clusters: u32,
+    blocks: u32,
     turn: f64,
     corr: f64,
     useful: f64,
@@ -79,7 +83,9 @@ struct Figure {
 
 /// One plan's figures: with `fuse`, the plan `Correlator::new` builds (the corner turn fused
 /// into the `wgmma` kernel, or riding in its launch, where it can be: the whole call is timed
-/// as "corr", "turn" is 0), else the corner turn and the correlator timed apart.
+/// as "corr", "turn" is 0), else the corner turn and the correlator timed apart. None where
+/// the plan cannot take clusters of `blocks` (a fused one in fours).
+#[allow(clippy::too_many_arguments)]
 fn measure(
     gpu: &Arc<Gpu>,
     cfg: CorrConfig,
@@ -87,8 +93,9 @@ fn measure(
     fuse: bool,
     ahead: Option<i32>,
     window: Option<usize>,
+    blocks: Option<u32>,
     reps: usize,
-) -> Result<Figure, GpuError> {
+) -> Result<Option<Figure>, GpuError> {
     let mut c = if fuse && ahead.is_some() {
         Correlator::riding(Arc::clone(gpu), cfg)?
     } else if fuse {
@@ -96,6 +103,11 @@ fn measure(
     } else {
         Correlator::with_turn(Arc::clone(gpu), cfg)?
     };
+    match blocks {
+        Some(4) if c.fused() => return Ok(None),
+        Some(b) if b != c.cluster_blocks() => c = c.with_cluster_blocks(b)?,
+        _ => {}
+    }
     if let Some(items) = ahead {
         c.set_turn_ahead(items);
     }
@@ -129,13 +141,14 @@ fn measure(
         * s.channels as f64
         * s.spectra as f64
         * cfg.batches as f64;
-    Ok(Figure {
+    Ok(Some(Figure {
         label,
         clusters: c.resident_clusters(),
+        blocks: c.cluster_blocks(),
         turn,
         corr,
         useful,
-    })
+    }))
 }
 
 fn main() -> Result<(), GpuError> {
@@ -160,6 +173,14 @@ fn main() -> Result<(), GpuError> {
         .windows(2)
         .filter(|w| w[0] == "--window")
         .map(|w| w[1].parse().expect("--window takes a count of times"))
+        .collect();
+    let cluster_sizes: Vec<u32> = args
+        .windows(2)
+        .filter(|w| w[0] == "--blocks")
+        .map(|w| match w[1].parse() {
+            Ok(b @ (2 | 4)) => b,
+            _ => panic!("--blocks takes 2 or 4"),
+        })
         .collect();
     let exact: Vec<(usize, usize, usize, usize)> = args
         .windows(2)
@@ -276,11 +297,22 @@ fn main() -> Result<(), GpuError> {
             } else {
                 vec![None]
             };
-            for (ahead, window) in sweep
+            // And once per --blocks value, else in the plan's clusters.
+            let clusterings: Vec<Option<u32>> =
+                if path == CorrPath::Wgmma && !cluster_sizes.is_empty() {
+                    cluster_sizes.iter().copied().map(Some).collect()
+                } else {
+                    vec![None]
+                };
+            let combos: Vec<_> = sweep
                 .iter()
                 .flat_map(|&a| lengths.iter().map(move |&w| (a, w)))
-            {
-                let f = measure(&gpu, cfg, &input, fuse, ahead, window, reps)?;
+                .flat_map(|(a, w)| clusterings.iter().map(move |&b| (a, w, b)))
+                .collect();
+            for (ahead, window, blocks) in combos {
+                let Some(f) = measure(&gpu, cfg, &input, fuse, ahead, window, blocks, reps)? else {
+                    continue;
+                };
                 println!(
                 "{:>12} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
                 f.label,
@@ -293,7 +325,7 @@ fn main() -> Result<(), GpuError> {
                 f.useful / f.corr / 1e12,
                 100.0 * f.useful / f.corr / DENSE_PEAK,
                 f.useful / (f.corr + f.turn) / 1e12,
-                f.clusters
+                format!("{}x{}", f.clusters, f.blocks)
             );
             }
         }
