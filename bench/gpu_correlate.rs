@@ -7,7 +7,7 @@
 //!
 //! Run `cbf selftest --gpu` first: a figure counts only when that passed in the same run.
 //! Usage: `cbf-corr-bench [--quick] [--fused] [--turn-ahead ITEMS]… [--ants N]… [--size
-//! N,F,T,B]… [--window T]… [--blocks B]…`:
+//! N,F,T,B]… [--window T]…`:
 //! - `--fused`: only the plans whose kernel turns the chunk itself, fused or riding, to compare
 //!   builds of its producers;
 //! - `--turn-ahead`: time a riding plan once per value instead of at its default
@@ -15,10 +15,7 @@
 //! - `--ants` and `--size`: only the sizes of N antennas, or only those of the table below
 //!   named exactly (e.g. one launch under Nsight Compute; a size not in the table is refused);
 //! - `--window T`: time the `wgmma` plans once per launch length of T times
-//!   (`Correlator::set_launch_times`);
-//! - `--blocks B`: time the `wgmma` plans once per cluster size of B blocks, 2 or 4
-//!   (`Correlator::with_cluster_blocks`; a fused plan in clusters of two only). The
-//!   "clusters" column shows the resident clusters × their blocks.
+//!   (`Correlator::set_launch_times`).
 
 use std::sync::Arc;
 
@@ -75,7 +72,6 @@ struct Figure {
     /// "Fused" or "Ride" where the kernel turns the chunk itself, else the path's name.
     label: String,
     clusters: u32,
-    blocks: u32,
     turn: f64,
     corr: f64,
     useful: f64,
@@ -83,9 +79,7 @@ struct Figure {
 
 /// One plan's figures: with `fuse`, the plan `Correlator::new` builds (the corner turn fused
 /// into the `wgmma` kernel, or riding in its launch, where it can be: the whole call is timed
-/// as "corr", "turn" is 0), else the corner turn and the correlator timed apart. None where
-/// the plan cannot take clusters of `blocks` (a fused one in fours).
-#[allow(clippy::too_many_arguments)]
+/// as "corr", "turn" is 0), else the corner turn and the correlator timed apart.
 fn measure(
     gpu: &Arc<Gpu>,
     cfg: CorrConfig,
@@ -93,9 +87,8 @@ fn measure(
     fuse: bool,
     ahead: Option<i32>,
     window: Option<usize>,
-    blocks: Option<u32>,
     reps: usize,
-) -> Result<Option<Figure>, GpuError> {
+) -> Result<Figure, GpuError> {
     let mut c = if fuse && ahead.is_some() {
         Correlator::riding(Arc::clone(gpu), cfg)?
     } else if fuse {
@@ -103,11 +96,6 @@ fn measure(
     } else {
         Correlator::with_turn(Arc::clone(gpu), cfg)?
     };
-    match blocks {
-        Some(4) if c.fused() => return Ok(None),
-        Some(b) if b != c.cluster_blocks() => c = c.with_cluster_blocks(b)?,
-        _ => {}
-    }
     if let Some(items) = ahead {
         c.set_turn_ahead(items);
     }
@@ -141,14 +129,13 @@ fn measure(
         * s.channels as f64
         * s.spectra as f64
         * cfg.batches as f64;
-    Ok(Some(Figure {
+    Ok(Figure {
         label,
         clusters: c.resident_clusters(),
-        blocks: c.cluster_blocks(),
         turn,
         corr,
         useful,
-    }))
+    })
 }
 
 fn main() -> Result<(), GpuError> {
@@ -173,14 +160,6 @@ fn main() -> Result<(), GpuError> {
         .windows(2)
         .filter(|w| w[0] == "--window")
         .map(|w| w[1].parse().expect("--window takes a count of times"))
-        .collect();
-    let cluster_sizes: Vec<u32> = args
-        .windows(2)
-        .filter(|w| w[0] == "--blocks")
-        .map(|w| match w[1].parse() {
-            Ok(b @ (2 | 4)) => b,
-            _ => panic!("--blocks takes 2 or 4"),
-        })
         .collect();
     let exact: Vec<(usize, usize, usize, usize)> = args
         .windows(2)
@@ -297,22 +276,11 @@ fn main() -> Result<(), GpuError> {
             } else {
                 vec![None]
             };
-            // And once per --blocks value, else in the plan's clusters.
-            let clusterings: Vec<Option<u32>> =
-                if path == CorrPath::Wgmma && !cluster_sizes.is_empty() {
-                    cluster_sizes.iter().copied().map(Some).collect()
-                } else {
-                    vec![None]
-                };
-            let combos: Vec<_> = sweep
+            for (ahead, window) in sweep
                 .iter()
                 .flat_map(|&a| lengths.iter().map(move |&w| (a, w)))
-                .flat_map(|(a, w)| clusterings.iter().map(move |&b| (a, w, b)))
-                .collect();
-            for (ahead, window, blocks) in combos {
-                let Some(f) = measure(&gpu, cfg, &input, fuse, ahead, window, blocks, reps)? else {
-                    continue;
-                };
+            {
+                let f = measure(&gpu, cfg, &input, fuse, ahead, window, reps)?;
                 println!(
                 "{:>12} {:>5} {:>4} {:>5} {:>3}  {:>9.3} {:>9.3}  {:>10.0} {:>5.1}%  {:>10.0}  {:>8}",
                 f.label,
@@ -325,7 +293,7 @@ fn main() -> Result<(), GpuError> {
                 f.useful / f.corr / 1e12,
                 100.0 * f.useful / f.corr / DENSE_PEAK,
                 f.useful / (f.corr + f.turn) / 1e12,
-                format!("{}x{}", f.clusters, f.blocks)
+                f.clusters
             );
             }
         }

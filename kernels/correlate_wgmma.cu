@@ -12,22 +12,16 @@
 // Compile-time constants (-D): N_ANTS, CHANNELS, TPAD (times per row, a multiple of KSTEP), NP
 // (antenna-pols per (batch, channel), a multiple of 128), STAGES (shared-memory stages), FUSED
 // (1: stage from the chunk, see copy_item and split_item), RIDE (1: turn the chunk in this
-// launch, kernels/correlate_wgmma_ride.cuh); with either, SPECTRA and GROUP too; CLUSTER
-// (blocks per cluster) and SLOTS (work items per batch group and channel). A launch
+// launch, kernels/correlate_wgmma_ride.cuh); with either, SPECTRA and GROUP too. A launch
 // sums steps [step0, step0 + nsteps) of KSTEP times in int32; the host keeps nsteps · KSTEP ≤
 // 65536 so that RR stays below 2³¹ (|product| ≤ 128²), and launches again for longer rows.
 //
-// Work: a pair is one (batch group, channel, column tile of 128 antenna-pols, pair of row tiles
-// of 64 antenna-pols); block r of a pair takes row tile 2p + r (on the diagonal, two of its four
-// row chunks: row_chunk), so both multiply the same column tile, and each loads a part of the
-// column tile's 256 planar rows and multicasts it to the blocks that share it
-// (cp.async.bulk … .multicast::cluster). A cluster (CLUSTER = 2 or 4 blocks) takes one work
-// item at a time, from a table of the host's (`gpu::correlate::schedule`): in clusters of two
-// one pair, each block loading half of the column tile (48 KB → 32 KB staged per block per
-// step; at ~1,000 useful TOPS v6 pulled ≈ 6 TB/s out of L2, bench/correlator-notes.md); in
-// clusters of four two pairs, blocks 0–1 and 2–3, which where they are of one column tile (a
-// quad) load a quarter of it each for all four (24 KB per block per step), and otherwise
-// multicast within their own pair of blocks. The grid is
+// Work: an item is one (batch group, channel, column tile of 128 antenna-pols, pair of row
+// tiles of 64 antenna-pols). A cluster of two blocks takes an item, block r of the cluster the
+// row tile 2p + r (on the diagonal, two of its four row chunks: row_chunk), so both multiply
+// the same column tile: each block loads half of the column tile's 256 planar rows and multicasts it to both (cp.async.bulk … .multicast::cluster), which
+// halves the L2 → SM traffic of the column operand (48 KB → 32 KB staged per block per step; at
+// ~1,000 useful TOPS v6 pulled ≈ 6 TB/s out of L2, bench/correlator-notes.md). The grid is
 // persistent: as many clusters as fit at once, each taking the next item from a counter of the
 // launch's (block 0's producer takes it and passes it to the rest of the cluster through a ring
 // in shared memory), so that one item's epilogue overlaps the next item's loads, the blocks
@@ -44,8 +38,8 @@
 // the corner turn stored a step of a tile's rows contiguously, already in
 // the 128-byte swizzle wgmma reads: 16-byte chunk c of row r at (c ^ (r & 7)) · 16) onto the
 // stage's "full" mbarrier (transaction bytes), after waiting on its "empty" mbarrier, which every
-// consumer warp of the cluster arrives on once its wgmma reading the stage has completed (the
-// multicast writes the peers' stages too; see stage_item for why every block's). Consumer warpgroup g multiplies its 64 planar rows (32
+// consumer warp of both blocks arrives on once its wgmma reading the stage has completed (the
+// multicast writes the peer's stage too). Consumer warpgroup g multiplies its 64 planar rows (32
 // antenna-pols: Re and Im of 8 at a time, one group per warp) by the 256 column rows, so each
 // thread's n8 chunks 2h and 2h + 1 hold RR, IR and RI, II of the same pairs (the wgmma
 // accumulator layout repeats mma.sync's per 16-row warp slice); one step's wgmma stay in flight
@@ -57,10 +51,10 @@
 // diagonal item costs 5/8 of a full one (the work below the diagonal was a tenth of the issued
 // work at N = 576, a fifth at 256, half at 64).
 
-// This block's share of the item of sequence number `seq` from its ring (publish_item), read
-// by one lane of every consumer warp and by the producer of every block but 0 (FUSED: of every
-// producer warp of both blocks); the reader's arrival on block 0's "taken" mbarrier lets block
-// 0's producer reuse the slot.
+// The item of sequence number `seq` from the cluster's ring (next_item), read by one lane of
+// every consumer warp and by block 1's producer (FUSED: of every producer warp of both
+// blocks); the reader's arrival on block 0's "taken"
+// mbarrier lets block 0's producer reuse the slot.
 __device__ __forceinline__ int take_item(u32 seq, u32 ring_full, u32 ring_taken, const volatile int *ring)
 {
     const u32 q = seq % RING;
@@ -79,52 +73,32 @@ __device__ __forceinline__ int warp_take_item(u32 seq, u32 ring_full, u32 ring_t
     return __shfl_sync(0xffffffffu, it, 0);
 }
 
-// Block 0's publication of item `it` (−1: none left) as sequence number `seq`: each block's
-// share of it (block_work, or END) into that block's ring (at shared offset `ring0`), once
-// every reader has taken the slot's previous item. Returns block 0's own share.
-__device__ __forceinline__ int publish_item(u32 seq, int it, const int2 *sched, u32 ring0, u32 ring_full,
-                                            u32 ring_taken)
+// Block 0's publication of item `it` (−1: none left) as sequence number `seq` into both
+// blocks' rings (the ring at shared offset `ring0`), once every reader has taken the slot's
+// previous item.
+__device__ __forceinline__ void publish_item(u32 seq, int it, u32 ring0, u32 ring_full, u32 ring_taken)
 {
     const u32 q = seq % RING;
     if (seq >= RING)
         mbar_wait<true>(ring_taken + 8 * q, ((seq / RING) & 1) ^ 1);
 #pragma unroll
-    for (u32 r = 0; r < CLUSTER; ++r)
+    for (u32 r = 0; r < 2; ++r)
     {
-        const int v = it < 0 ? END : block_work(it, sched, r);
-        asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(in_block(ring0 + 4 * q, r)), "r"(v) : "memory");
+        asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(in_block(ring0 + 4 * q, r)), "r"(it) : "memory");
         mbar_arrive_at(ring_full + 8 * q, r);
     }
-    return it < 0 ? END : block_work(it, sched, 0);
 }
 
-// A consumer warp's release of a stage it has finished reading: to every block's producer of
-// the cluster where the column tile is multicast (whichever blocks share it in this item: the
-// producers' waits on their own "empty" barrier then cover every stage their copies may write,
-// and the blocks stay within STAGES steps of each other, see stage_item), to its own block's
+// A consumer warp's release of a stage it has finished reading: to both blocks' producers where
+// the column tile is multicast into both (each block's copy half of it), to its own block's
 // where its producers stage every row themselves (FUSED).
 __device__ __forceinline__ void release_stage(u32 bar)
 {
 #if FUSED
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 #else
-    mbar_arrive_cluster<CLUSTER>(bar);
+    mbar_arrive_cluster(bar);
 #endif
-}
-
-// An IDLE share's steps for a consumer warp: nothing to multiply, but each stage is still
-// released once its step's "full" phase has passed, so that the producers' "empty" barriers
-// count every consumer of the cluster at every step.
-__device__ __forceinline__ void idle_steps(u32 full, u32 empty, int nsteps, u32 &g)
-{
-    for (int k = 0; k < nsteps; ++k, ++g)
-    {
-        const u32 s = g % STAGES;
-        mbar_wait(full + 8 * s, (g / STAGES) & 1);
-        __syncwarp();
-        if (threadIdx.x % 32 == 0)
-            release_stage(empty + 8 * s);
-    }
 }
 
 // One item's steps for a consumer warpgroup: wait for each stage, issue its KSTEP / 32 MMAs of
@@ -166,32 +140,21 @@ __device__ __forceinline__ void multiply(int (&d)[128], u32 sbase, int wg, bool 
         release_stage(empty + 8 * ((g - 1) % STAGES));
 }
 
-// Block `rank`'s copies of its share `v` of one item's steps (the producer's lane 0): each
-// stage waits for its "empty" mbarrier, then its row tile (none on the diagonal, whose rows the
-// column tile holds) and its part of the column tile, multicast to the blocks that share it
-// (a quarter to all four in a quad, else half to its pair of blocks), arrive on its "full"
-// one. The producer also arrives on every other block's "full" barrier of the stage: each
-// stage's "full" phase then needs every producer of the cluster to have waited for its own
-// "empty" one, so no consumer passes a step (and releases it in every block) before every
-// block has finished the stage's previous step, even where the halves of a cluster of four
-// share nothing. An IDLE share copies nothing but keeps that pace.
-__device__ __forceinline__ void stage_item(int v, int rank, const signed char *planar, u32 sbase, u32 full, u32 empty,
+// Block `rank`'s copies of one item's steps (the producer's lane 0): each stage waits for its
+// "empty" mbarrier, then its row tile (none on the diagonal, whose rows the column tile
+// holds) and its half of the column tile, multicast to both blocks, arrive on its
+// "full" one.
+__device__ __forceinline__ void stage_item(int it, int rank, const signed char *planar, u32 sbase, u32 full, u32 empty,
                                            int step0, int nsteps, u32 &g, const unsigned *progress)
 {
-    const bool idle = v == IDLE;
-    int cb = 0, ct = 0, pp = 0;
-    if (!idle)
-        item_parts(v >> 1, cb, ct, pp);
+    int cb, ct, pp;
+    item_parts(it, cb, ct, pp);
 #if RIDE
-    if (!idle)
-        wait_turned(progress, cb, nsteps);
+    wait_turned(progress, cb, nsteps);
 #endif
     const signed char *chan = planar + (i64)cb * (i64)(2 * NP) * TPAD;
-    const bool diag = pp == ct, quad = v & 1;
-    const int parts = quad ? 4 : 2, part = quad ? rank : rank & 1;
-    const unsigned short mask = quad ? 0xF : 0x3 << (rank & 2);
-    const int r0 = row_chunk(ct, pp, rank & 1, 0); // used off the diagonal only
-    const u32 tx = idle ? 0 : diag ? B_BYTES : STAGE_BYTES;
+    const bool diag = pp == ct;
+    const int r0 = row_chunk(ct, pp, rank, 0); // used off the diagonal only
     for (int k = 0; k < nsteps; ++k, ++g)
     {
         const u32 s = g % STAGES;
@@ -199,24 +162,21 @@ __device__ __forceinline__ void stage_item(int v, int rank, const signed char *p
             mbar_wait(empty + 8 * s, ((g / STAGES) & 1) ^ 1);
         const u32 st = sbase + s * STAGE_BYTES;
         const signed char *step = chan + (i64)(step0 + k) * (2 * NP) * KSTEP;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s), "r"(tx)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s),
+                     "r"(diag ? B_BYTES : STAGE_BYTES)
                      : "memory");
-        mbar_arrive_cluster<CLUSTER>(full + 8 * s, rank);
-        if (idle)
-            continue;
         // On the diagonal the row chunks are the column tile's own rows, staged below (multiply).
         if (!diag)
             bulk_load(st, step + (i64)r0 * CHUNK_BYTES, A_BYTES, full + 8 * s);
-        bulk_load_multicast(st + A_BYTES + part * (B_BYTES / parts),
-                            step + (i64)ct * B_BYTES + part * (B_BYTES / parts), B_BYTES / parts, full + 8 * s,
-                            mask);
+        bulk_load_multicast(st + A_BYTES + rank * (B_BYTES / 2), step + (i64)ct * B_BYTES + rank * (B_BYTES / 2),
+                            B_BYTES / 2, full + 8 * s, 3);
     }
 }
 
 
-extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
     corr_wgmma(const signed char *src, i64 *__restrict__ acc, int step0, int nsteps, int items,
-               const int2 *__restrict__ sched, unsigned int *__restrict__ next_item, int n
+               unsigned int *__restrict__ next_item, int n
 #if FUSED
                ,
                const __grid_constant__ TensorMap chunk
@@ -259,17 +219,16 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THR
             mbar_init(empty + 8 * s, CONSUMERS / 32);
             mbar_init(raw + 8 * s, 1); // the copier's arrival with the runs' bytes
 #else
-            mbar_init(full + 8 * s, CLUSTER);
-            mbar_init(empty + 8 * s, CLUSTER * CONSUMERS / 32);
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 2 * CONSUMERS / 32);
 #endif
         }
         for (int q = 0; q < RING; ++q)
         {
-            // Taken by every consumer warp of the cluster and by the producers that stage
-            // from the ring (FUSED: all producer warps of both blocks; otherwise those of
-            // blocks 1 on).
+            // Taken by every consumer warp of both blocks and by the producers that stage
+            // from the ring (FUSED: all producer warps of both; otherwise block 1's).
             mbar_init(ring_full + 8 * q, 1);
-            mbar_init(ring_taken + 8 * q, CLUSTER * CONSUMERS / 32 + (FUSED ? 2 * PRODUCERS / 32 : CLUSTER - 1));
+            mbar_init(ring_taken + 8 * q, 2 * CONSUMERS / 32 + (FUSED ? 2 * PRODUCERS / 32 : 1));
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -294,36 +253,35 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THR
             if (publisher)
             {
                 const int it = next < items ? next : -1;
-                publish_item(seq, it, sched, ring0, ring_full, ring_taken);
+                publish_item(seq, it, ring0, ring_full, ring_taken);
                 if (it >= 0)
                     next = (int)atomicAdd(next_item, 1u);
             }
-            // Never IDLE: clusters of two take one pair per item.
-            const int v = warp_take_item(seq, ring_full, ring_taken, ring);
-            if (v == END)
+            const int it = warp_take_item(seq, ring_full, ring_taken, ring);
+            if (it < 0)
                 break;
             if (copier)
             {
                 if (lane == 0)
-                    copy_item(v >> 1, rank, &chunk, n, sbase, raw, empty, step0, nsteps, g);
+                    copy_item(it, rank, &chunk, n, sbase, raw, empty, step0, nsteps, g);
                 else
                     g += nsteps;
             }
             else
-                split_item(v >> 1, rank, n, sbase, raw, full, step0, nsteps, g);
+                split_item(it, rank, n, sbase, raw, full, step0, nsteps, g);
         }
         __syncwarp();
         cluster_sync();
         return;
 #else
         // The producer warp: lane 0 issues every copy. Block 0's takes the cluster's items from
-        // the launch's counter, in order (next_item), and publishes each block's share into its
-        // ring (END when none are left) before staging its own; the other blocks' read theirs
-        // from their rings. RIDE: the producer warpgroup's other warps turn the chunk meanwhile.
+        // the launch's counter, in order (next_item), and publishes each into both blocks' ring
+        // (−1 when none are left) before staging it; block 1's reads them from its ring. RIDE:
+        // the producer warpgroup's other warps turn the chunk meanwhile.
 #if RIDE
         if (threadIdx.x / 32 != CONSUMERS / 32)
             turn_units(in, reinterpret_cast<uint4 *>(const_cast<signed char *>(src)), n, step0, nsteps,
-                       items / SLOTS, progress, next_item, ahead);
+                       items / PAIRS, progress, next_item, ahead);
         const unsigned *turned = progress;
 #else
         const unsigned *turned = nullptr;
@@ -338,23 +296,23 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THR
                 for (u32 seq = 0;; ++seq)
                 {
                     const int it = next < items ? next : -1;
-                    const int v = publish_item(seq, it, sched, ring0, ring_full, ring_taken);
-                    if (v == END)
+                    publish_item(seq, it, ring0, ring_full, ring_taken);
+                    if (it < 0)
                         break;
                     // Taken now, used at the next publication: the atomic's round trip
                     // overlaps this item's copies.
                     next = (int)atomicAdd(next_item, 1u);
-                    stage_item(v, rank, src, sbase, full, empty, step0, nsteps, g, turned);
+                    stage_item(it, rank, src, sbase, full, empty, step0, nsteps, g, turned);
                 }
             }
             else
             {
                 for (u32 seq = 0;; ++seq)
                 {
-                    const int v = take_item(seq, ring_full, ring_taken, ring);
-                    if (v == END)
+                    const int it = take_item(seq, ring_full, ring_taken, ring);
+                    if (it < 0)
                         break;
-                    stage_item(v, rank, src, sbase, full, empty, step0, nsteps, g, turned);
+                    stage_item(it, rank, src, sbase, full, empty, step0, nsteps, g, turned);
                 }
             }
         }
@@ -372,17 +330,12 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THR
     u32 g = 0;
     for (u32 seq = 0;; ++seq)
     {
-        const int v = warp_take_item(seq, ring_full, ring_taken, ring);
-        if (v == END)
+        const int it = warp_take_item(seq, ring_full, ring_taken, ring);
+        if (it < 0)
             break;
-        if (v == IDLE)
-        {
-            idle_steps(full, empty, nsteps, g);
-            continue;
-        }
         int cb, ct, pp;
-        item_parts(v >> 1, cb, ct, pp);
-        const int rc = row_chunk(ct, pp, rank & 1, wg);
+        item_parts(it, cb, ct, pp);
+        const int rc = row_chunk(ct, pp, rank, wg);
         const int j0 = pp == ct ? rc - 4 * ct : 0;
         int d[128];
 #pragma unroll

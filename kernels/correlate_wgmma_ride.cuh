@@ -63,7 +63,7 @@ __device__ __forceinline__ void turn_units(const uint4 *__restrict__ in, uint4 *
             {
                 u32 taken;
                 asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(taken) : "l"(next_item) : "memory");
-                if ((i64)cb * SLOTS <= (i64)taken + ahead)
+                if ((i64)cb * PAIRS <= (i64)taken + ahead)
                     break;
                 __nanosleep(256);
             }

@@ -19,15 +19,6 @@
 #define RIDE 0
 #endif
 
-// CLUSTER: blocks per cluster, 2 or 4 (4 only where the column tile is multicast: not FUSED);
-// SLOTS: work items per (batch group, channel), the host's table (`gpu::correlate::schedule`).
-#if CLUSTER != 2 && CLUSTER != 4
-#error "CLUSTER must be 2 or 4"
-#endif
-#if FUSED && CLUSTER != 2
-#error "FUSED stages every row in each block: clusters of two"
-#endif
-
 #define CONSUMERS 256 // two warpgroups
 #if FUSED
 #define PRODUCERS 128 // a producer warpgroup that de-interleaves the chunk's words
@@ -140,46 +131,18 @@ __device__ __forceinline__ void wgmma_wait(int (&d)[128])
         asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// Pair index k within a channel → (column tile ct, pair pp of its row tiles): column tile ct
-// holds row tiles 0 .. 2·ct + 1, i.e. ct + 1 pairs (the last on the diagonal), so the pairs
-// before it number ct·(ct + 1)/2.
-__device__ __forceinline__ void pair_parts(int k, int &ct, int &pp)
+// Item → (batch group and channel `cb`, column tile ct, pair pp of its row tiles), pairs inner:
+// column tile ct holds row tiles 0 .. 2·ct + 1, i.e. ct + 1 pairs (the last on the diagonal),
+// so the pairs before it number ct·(ct + 1)/2. Items are handed out in this order (next_item),
+// so the clusters at work at once share a few channels' rows in L2.
+__device__ __forceinline__ void item_parts(int it, int &cb, int &ct, int &pp)
 {
+    const int k = it % PAIRS;
+    cb = it / PAIRS;
     ct = 0;
     while ((ct + 1) * (ct + 2) / 2 <= k)
         ++ct;
     pp = k - ct * (ct + 1) / 2;
-}
-
-// Pair item pi = cb·PAIRS + k → (batch group and channel cb, column tile ct, pair pp).
-__device__ __forceinline__ void item_parts(int pi, int &cb, int &ct, int &pp)
-{
-    cb = pi / PAIRS;
-    pair_parts(pi % PAIRS, ct, pp);
-}
-
-// A block's share of a work item, as the cluster's ring carries it (publish_item): END when no
-// items are left, IDLE where the block's half of the item has no pair (its stages are still
-// paced with the others', see stage_item), else 2·pi + quad for pair item pi, with quad = 1
-// where all four blocks multiply the same column tile (two pairs of it side by side) and so
-// each loads a quarter of it for the four, 0 where the block's pair of blocks shares it alone.
-#define END (-1)
-#define IDLE (-2)
-
-// Block `rank`'s share of work item `it` (the items are (batch group · channel, slot) with
-// slots inner, so the clusters at work at once share a few channels' rows in L2; `sched` holds
-// each slot's pair for blocks 0–1 and, in clusters of four, for blocks 2–3, −1 where absent).
-__device__ __forceinline__ int block_work(int it, const int2 *sched, int rank)
-{
-    const int2 e = sched[it % SLOTS];
-    const int k = rank < 2 ? e.x : e.y;
-    if (k < 0)
-        return IDLE;
-    int ct0 = 0, ct1 = -1, pp;
-    pair_parts(e.x, ct0, pp);
-    if (e.y >= 0)
-        pair_parts(e.y, ct1, pp);
-    return ((it / SLOTS) * PAIRS + k) * 2 + (ct0 == ct1);
 }
 
 // The row chunk (32 antenna-pols: 64 planar rows, 8 KB of a step) that warpgroup wg of block

@@ -20,16 +20,16 @@ __device__ __forceinline__ void mbar_init(u32 bar, int count)
 }
 
 // Wait until the mbarrier at shared offset `bar` has completed the phase of `parity`, with
-// CTA-scope acquire, or with CLUSTER_SCOPE cluster-scope acquire: for data that another block of the
+// CTA-scope acquire, or with CLUSTER cluster-scope acquire: for data that another block of the
 // cluster wrote before its arrival (the correlator's item ring).
-template <bool CLUSTER_SCOPE = false>
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity)
 {
 #define MBAR_WAIT_LOOP(SCOPE, LABEL)                                                             \
     asm volatile("{\n.reg .pred p;\n" LABEL ":\nmbarrier.try_wait.parity" SCOPE               \
                  ".shared::cta.b64 p, [%0], %1;\n@!p bra " LABEL ";\n}\n" ::"r"(bar), "r"(parity) \
                  : "memory")
-    if constexpr (CLUSTER_SCOPE)
+    if constexpr (CLUSTER)
         MBAR_WAIT_LOOP(".acquire.cluster", "WAITC");
     else
         MBAR_WAIT_LOOP("", "WAIT");
@@ -50,19 +50,16 @@ __device__ __forceinline__ void mbar_arrive_at(u32 bar, u32 rank)
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(in_block(bar, rank)) : "memory");
 }
 
-// Arrive on the mbarrier at shared offset `bar` in blocks 0 .. BLOCKS − 1 of the cluster but
-// `skip` (none by default), with the default (CTA-scope) semantics: for an arrival that
-// publishes no data to the peers (the correlator's consumers releasing a stage once their own
-// reads of it are done, its producers pacing the others' stages). `.release.cluster` made
-// every such arrival wait for a cluster-wide memory fence, which stalled those consumers half
-// of the time (Nsight Compute, bench/correlator-notes.md v7).
-template <u32 BLOCKS>
-__device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 skip = BLOCKS)
+// Arrive on the mbarrier at shared offset `bar` in both blocks of a two-block cluster, with
+// the default (CTA-scope) semantics: for an arrival that publishes no data to the peer (the
+// correlator's consumers releasing a stage once their own reads of it are done).
+// `.release.cluster` made every such arrival wait for a cluster-wide memory fence, which
+// stalled those consumers half of the time (Nsight Compute, bench/correlator-notes.md v7).
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar)
 {
 #pragma unroll
-    for (u32 rank = 0; rank < BLOCKS; ++rank)
-        if (rank != skip)
-            asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(in_block(bar, rank)) : "memory");
+    for (u32 rank = 0; rank < 2; ++rank)
+        asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(in_block(bar, rank)) : "memory");
 }
 
 __device__ __forceinline__ void cluster_sync()

@@ -6,7 +6,6 @@
 
 use cbf::gpu::beamform::{BeamformConfig, OCCUPANCIES};
 use cbf::gpu::compile::{compile, nvrtc_present, Kernel};
-use cbf::gpu::correlate::schedule;
 use cbf::gpu::ddc::{DdcPlan, DdcShape, DdcTuning};
 use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbTuning, Stage2Table};
 
@@ -144,8 +143,7 @@ fn every_kernel_compiles_for_every_architecture() {
     // The wgmma correlator exists for sm_90a only: from the corner turn's rows (FUSED 0),
     // staging the chunk itself (FUSED 1, spectra a multiple of 128) and turning it in its own
     // launch (RIDE 1, spectra a multiple of 16), one heap or merged ones (katgpucbf's 32 heaps
-    // of 256 spectra), one window of times or several; in clusters of two blocks and, where the
-    // turn is not fused, of four.
+    // of 256 spectra), one window of times or several.
     for (ants, channels, spectra, group, fused, ride) in [
         (1, 1, 1, 1, 0, 0),
         (19, 3, 255, 1, 0, 0),
@@ -162,29 +160,23 @@ fn every_kernel_compiles_for_every_architecture() {
         (576, 120, 12_288, 1, 0, 1),
         (1024, 64, 256, 32, 0, 1),
     ] {
-        let np = (2 * ants + 127) / 128 * 128;
-        for blocks in [2, 4].into_iter().filter(|&b| b == 2 || fused == 0) {
-            // As `gpu::correlate` builds them: the chunk's layout for the kernel's own
-            // producers only.
-            let slots = schedule::items(np as usize / 128, blocks).len() as i64;
-            let mut defs = vec![
-                ("N_ANTS", ants),
-                ("CHANNELS", channels),
-                ("TPAD", (spectra * group + 127) / 128 * 128),
-                ("NP", np),
-                ("STAGES", 4),
-                ("FUSED", fused),
-                ("RIDE", ride),
-                ("CLUSTER", i64::from(blocks)),
-                ("SLOTS", slots),
-            ];
-            if fused == 1 || ride == 1 {
-                defs.extend([("SPECTRA", spectra), ("GROUP", group)]);
-            }
-            let target = Kernel::CorrWgmma.target("sm_90");
-            compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
-            compiled += 1;
+        // As `gpu::correlate` builds them: the chunk's layout for the kernel's own producers
+        // only.
+        let mut defs = vec![
+            ("N_ANTS", ants),
+            ("CHANNELS", channels),
+            ("TPAD", (spectra * group + 127) / 128 * 128),
+            ("NP", (2 * ants + 127) / 128 * 128),
+            ("STAGES", 4),
+            ("FUSED", fused),
+            ("RIDE", ride),
+        ];
+        if fused == 1 || ride == 1 {
+            defs.extend([("SPECTRA", spectra), ("GROUP", group)]);
         }
+        let target = Kernel::CorrWgmma.target("sm_90");
+        compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
+        compiled += 1;
     }
     // The beamformer at every shape the self-test and the benchmark build, for the lent H100
     // (ptxas decides register allocation per shape: one spilled there and nowhere else).
@@ -247,8 +239,6 @@ fn every_kernel_compiles_for_every_architecture() {
         ("NP", 1024),
         ("STAGES", 4),
         ("FUSED", 0),
-        ("CLUSTER", 4),
-        ("SLOTS", schedule::items(1024 / 128, 4).len() as i64),
     ];
     let target = Kernel::CorrWgmma.target("sm_90");
     compile(Kernel::CorrWgmma, &defs, &target).unwrap_or_else(|e| panic!("{e}"));
@@ -429,7 +419,7 @@ fn every_kernel_compiles_for_every_architecture() {
     }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 14 + 8 + 16 + 1 + 4 + 20 + 55
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 14 + 16 + 1 + 4 + 20 + 55
     );
 }
 

@@ -22,10 +22,10 @@
 //! whole tiles; read and written, 2 bytes moved per input byte). Then
 //! the correlator adds its tiles into the accumulators: on an
 //! sm_90 device (H100, H200) the warpgroup-MMA kernel (`kernels/correlate_wgmma.cu`, compiled
-//! for sm_90a: a persistent grid of clusters of two or four blocks taking items from a
-//! counter, the diagonal's lower triangle not computed, the planar rows in a tiled,
-//! pre-swizzled order staged by bulk asynchronous copies, each column tile multicast to the
-//! blocks that multiply it: [`schedule`]), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`, any
+//! for sm_90a: a persistent grid of two-block clusters taking items from a counter, the
+//! diagonal's lower triangle not computed, the planar rows in a tiled,
+//! pre-swizzled order staged by bulk asynchronous copies, the column tile multicast to both
+//! blocks), elsewhere the portable warp-level `mma.sync` one (`kernels/correlate_mma.cu`, any
 //! sm_80 and later device; compiled for sm_90 it adds its tiles by bulk asynchronous
 //! reduce-adds and fits three blocks per SM, bench/correlator-notes.md v12).
 //! [`CorrPath::best_for`] picks it from the device. On the `wgmma` path with up to 128
@@ -52,7 +52,6 @@ use super::Gpu;
 use crate::dsp::correlate::n_baselines;
 
 mod launch;
-pub mod schedule;
 
 /// Shared-memory stages of the `wgmma` kernel (48 KiB each; 3 measured 10–15 % slower at
 /// N = 576, bench/correlator-notes.md v7), its epilogue's staging (4 KiB per consumer warp) and
@@ -99,11 +98,6 @@ pub struct Correlator {
     reduce: CudaFunction,
     /// Clusters of the persistent `wgmma` grid (0 for the mma path).
     clusters: u32,
-    /// Blocks per `wgmma` cluster (2 or 4; 0 for the mma path).
-    blocks: u32,
-    /// The `wgmma` kernel's items per batch group and channel: the pairs of each cluster's
-    /// halves ([`schedule::items`], flattened; unread on the mma path).
-    schedule: CudaSlice<i32>,
     /// The `wgmma` grid's item counter: zeroed before each launch, the clusters take their
     /// next item from it.
     next_item: CudaSlice<u32>,
@@ -116,48 +110,29 @@ impl Correlator {
     /// [`CorrConfig::can_fuse`] says it can be, or riding in its launch where
     /// [`CorrConfig::can_ride`] does.
     pub fn new(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
-        Self::build(gpu, cfg, true, cfg.can_ride(), None)
+        Self::build(gpu, cfg, true, cfg.can_ride())
     }
 
     /// The plan for `cfg` with a separate corner turn on every path (the benchmark compares
     /// it with the kernel's own stagings).
     pub fn with_turn(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
-        Self::build(gpu, cfg, false, false, None)
+        Self::build(gpu, cfg, false, false)
     }
 
     /// The plan for `cfg` with the turn riding in the `wgmma` launch wherever the kernel allows
     /// it ([`CorrConfig::ride_allowed`]), also at the sizes where it measured slower than the
     /// separate pass (the benchmark's comparison); as [`Correlator::new`] elsewhere.
     pub fn riding(gpu: Arc<Gpu>, cfg: CorrConfig) -> Result<Correlator, CorrError> {
-        Self::build(gpu, cfg, true, cfg.ride_allowed(), None)
-    }
-
-    /// This plan's staging (fused, riding or turned apart) in `wgmma` clusters of `blocks`
-    /// (2 or 4) instead of [`CorrConfig::cluster_blocks`]' choice (the benchmark's and the
-    /// self-test's comparison); an error on the mma path, for another count, or for 4 where
-    /// the turn is fused.
-    pub fn with_cluster_blocks(&self, blocks: u32) -> Result<Correlator, CorrError> {
-        let fused = self.fused();
-        if self.cfg.path != CorrPath::Wgmma || !(blocks == 2 || blocks == 4 && !fused) {
-            return Err(CorrError::Shape {
-                what: "blocks per wgmma cluster",
-                value: blocks as usize,
-                why: "2, or 4 where the turn is not fused (wgmma path only)",
-            });
-        }
-        let gpu = Arc::clone(&self.gpu);
-        Self::build(gpu, self.cfg, fused, self.rides(), Some(blocks))
+        Self::build(gpu, cfg, true, cfg.ride_allowed())
     }
 
     /// `fuse`: let the `wgmma` kernel stage the chunk itself where it can; `ride`: turn it in
-    /// the kernel's launch (where the caller has checked the kernel allows it); `blocks`:
-    /// blocks per `wgmma` cluster, or the plan's choice.
+    /// the kernel's launch (where the caller has checked the kernel allows it).
     fn build(
         gpu: Arc<Gpu>,
         cfg: CorrConfig,
         fuse: bool,
         ride: bool,
-        blocks: Option<u32>,
     ) -> Result<Correlator, CorrError> {
         cfg.validate()?;
         if cfg.path == CorrPath::Wgmma && CorrPath::best_for(&gpu) != CorrPath::Wgmma {
@@ -186,15 +161,6 @@ impl Correlator {
             ("TPAD", tpad),
             ("NP", np),
         ];
-        let blocks = match cfg.path {
-            CorrPath::Mma => 0,
-            CorrPath::Wgmma => blocks.unwrap_or(cfg.cluster_blocks(fused)),
-        };
-        // Only the wgmma kernel reads it (one empty item for the mma path's plan).
-        let table = match cfg.path {
-            CorrPath::Mma => vec![[schedule::NONE; 2]],
-            CorrPath::Wgmma => schedule::items(cfg.np() / CorrPath::Wgmma.tile(), blocks),
-        };
         let (corr, clusters) = match cfg.path {
             CorrPath::Mma => {
                 corr_defs.push(("WINDOW", WINDOW as i64));
@@ -205,8 +171,6 @@ impl Correlator {
                     ("STAGES", WGMMA_STAGES as i64),
                     ("FUSED", i64::from(fused)),
                     ("RIDE", i64::from(ride)),
-                    ("CLUSTER", i64::from(blocks)),
-                    ("SLOTS", table.len() as i64),
                 ]);
                 if fused || ride {
                     // The chunk's own layout, read by the kernel's own producers only (so that
@@ -219,11 +183,11 @@ impl Correlator {
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     WGMMA_SMEM as i32,
                 )?;
-                // The grid is persistent: exactly the clusters (of `blocks`, the kernel's
+                // The grid is persistent: exactly the clusters (of two blocks, the kernel's
                 // __cluster_dims__) that are resident at once, each taking items from the
                 // launch's counter until none are left; more would only wait for a place.
                 let probe = LaunchConfig {
-                    grid_dim: (blocks, 1, 1),
+                    grid_dim: (2, 1, 1),
                     block_dim: (threads, 1, 1),
                     shared_mem_bytes: WGMMA_SMEM as u32,
                 };
@@ -232,7 +196,7 @@ impl Correlator {
                     return Err(CorrError::Shape {
                         what: "resident wgmma clusters",
                         value: 0,
-                        why: "the device cannot hold one cluster of these 225 KiB blocks",
+                        why: "the device cannot hold one cluster of two 225 KiB blocks",
                     });
                 }
                 (f, clusters)
@@ -250,7 +214,7 @@ impl Correlator {
                 let cbs = cfg.groups(cfg.batches) * s.channels;
                 TurnBy::Ride {
                     progress: gpu.compute.alloc_zeros(1 + cbs)?,
-                    ahead: cfg.turn_ahead(table.len()),
+                    ahead: cfg.turn_ahead(),
                 }
             } else {
                 TurnBy::Pass(gpu.function(Kernel::CorrTurn, &turn_defs)?)
@@ -265,8 +229,6 @@ impl Correlator {
             corr,
             reduce: gpu.function(Kernel::CorrReduce, &reduce_defs)?,
             clusters,
-            blocks,
-            schedule: gpu.compute.clone_htod(&table.concat())?,
             next_item: gpu.compute.alloc_zeros(1)?,
             launch_times: WINDOW,
             gpu,
@@ -278,14 +240,9 @@ impl Correlator {
         self.cfg
     }
 
-    /// Clusters in the `wgmma` kernel's persistent grid; 0 on the mma path.
+    /// Clusters (of two blocks) in the `wgmma` kernel's persistent grid; 0 on the mma path.
     pub fn resident_clusters(&self) -> u32 {
         self.clusters
-    }
-
-    /// Blocks per `wgmma` cluster (2 or 4); 0 on the mma path.
-    pub fn cluster_blocks(&self) -> u32 {
-        self.blocks
     }
 
     /// Correlate one call's `batches` batches of `input` (layout in the module doc), **adding**

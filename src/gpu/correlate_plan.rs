@@ -199,22 +199,10 @@ impl CorrConfig {
             && self.np() > FUSE_MAX_NP
     }
 
-    /// How far the riding turn may run ahead, in work items beyond the items taken, for
-    /// `slots` items per channel: four channels' (bench/correlator-notes.md v15).
-    pub(super) fn turn_ahead(&self, slots: usize) -> i32 {
-        (4 * slots).min(i32::MAX as usize) as i32
-    }
-
-    /// Blocks per `wgmma` cluster: four, sharing each column tile in quarters
-    /// (`gpu::correlate::schedule`), where the turn is not `fused` and the array has at
-    /// least four column tiles (NP ≥ 512, beyond 192 antennas), so that most of its pairs
-    /// form quads; two otherwise.
-    pub fn cluster_blocks(&self, fused: bool) -> u32 {
-        if !fused && self.np() >= 512 {
-            4
-        } else {
-            2
-        }
+    /// How far the riding turn may run ahead, in work items (column tile pairs of a channel)
+    /// beyond the items taken: four channels' (bench/correlator-notes.md v15).
+    pub(super) fn turn_ahead(&self) -> i32 {
+        (4 * self.tile_pairs()).min(i32::MAX as usize) as i32
     }
 
     /// (Column tile, row tile) pairs of the triangle per channel and batch group: the mma

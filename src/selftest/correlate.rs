@@ -11,9 +11,7 @@
 //! turn riding in its launch for larger arrays in heaps of a multiple of 16 spectra and rows of
 //! at least 3072 times (`can_ride`), after the separate turn elsewhere (17, 33, 255 … spectra,
 //! 4-bit, short rows, 1024 antennas at 33 spectra). `wgmma` only: the ride forced over two
-//! launches of one row and over several batch groups (in clusters of four, against the
-//! separate turn's two), rows split into short launches, and clusters of four blocks where the
-//! plan takes two and the reverse.
+//! launches of one row and over several batch groups, and rows split into short launches.
 
 use std::sync::Arc;
 
@@ -49,9 +47,6 @@ struct Case {
     /// The `wgmma` path only, its rows split into launches of this many times
     /// (`Correlator::set_launch_times`, the benchmark's `--window`) instead of 65,536.
     launch_times: Option<usize>,
-    /// The `wgmma` path only, in clusters of this many blocks
-    /// (`Correlator::with_cluster_blocks`) instead of the plan's choice.
-    blocks: Option<u32>,
 }
 
 /// Input bytes of one call and their int8 expansion (the oracle's input): int8, or one byte per
@@ -103,21 +98,14 @@ fn check(
     } else {
         Correlator::new(Arc::clone(gpu), cfg)?
     };
-    if let Some(blocks) = case.blocks {
-        corr = corr.with_cluster_blocks(blocks)?;
-    }
     let name = format!(
-        "correlate {path:?}{}{} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}{}",
+        "correlate {path:?}{} {:>4} ants {:>2} ch {:>3} t {} batch (groups of {}) {}-bit{}{}",
         if corr.fused() {
             " fused"
         } else if corr.rides() {
             " ride"
         } else {
             ""
-        },
-        match corr.cluster_blocks() {
-            0 => String::new(),
-            b => format!(" x{b}"),
         },
         case.n_ants,
         case.channels,
@@ -234,7 +222,6 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         garbage: 1 << 20,
         ride: false,
         launch_times: None,
-        blocks: None,
     };
     let mut checks = Vec::new();
     for case in [
@@ -451,58 +438,8 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
             in_bits: 4,
             ..base
         },
-        // Clusters of four where the plan takes two, and the reverse (`schedule::items`): one
-        // column tile (every item's second half idle), three (a quad, a double of diagonals, a
-        // full pair beside a diagonal of another tile), nine (16 quads a channel), and the
-        // ride and 1024 antennas in clusters of two.
-        Case {
-            n_ants: 17,
-            channels: 3,
-            spectra: 33,
-            blocks: Some(4),
-            ..base
-        },
-        Case {
-            n_ants: 130,
-            channels: 2,
-            spectra: 100,
-            extremes: true,
-            blocks: Some(4),
-            ..base
-        },
-        Case {
-            n_ants: 576,
-            channels: 2,
-            spectra: 256,
-            blocks: Some(4),
-            ..base
-        },
-        Case {
-            n_ants: 576,
-            channels: 2,
-            spectra: 256,
-            blocks: Some(2),
-            ..base
-        },
-        Case {
-            n_ants: 200,
-            channels: 1,
-            spectra: 3088,
-            batches: 1,
-            extremes: true,
-            blocks: Some(2),
-            ..base
-        },
-        Case {
-            n_ants: 1024,
-            channels: 1,
-            spectra: 33,
-            batches: 1,
-            blocks: Some(2),
-            ..base
-        },
     ] {
-        if !case.ride && case.launch_times.is_none() && case.blocks.is_none() {
+        if !case.ride && case.launch_times.is_none() {
             checks.extend(check(gpu, &mut rng, case, CorrPath::Mma)?);
         }
         if CorrPath::best_for(gpu) == CorrPath::Wgmma {
@@ -536,8 +473,7 @@ fn ride_against_apart(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuEr
         in_bits: 8,
         path: CorrPath::Wgmma,
     };
-    // In clusters of four against the separate turn's two: the schedules differ too.
-    let mut ride = Correlator::riding(Arc::clone(gpu), cfg)?.with_cluster_blocks(4)?;
+    let mut ride = Correlator::riding(Arc::clone(gpu), cfg)?;
     let mut apart = Correlator::with_turn(Arc::clone(gpu), cfg)?;
     let st = &gpu.compute;
     let mut want: Vec<i64> = (0..cfg.acc_len())
@@ -570,12 +506,9 @@ fn ride_against_apart(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuEr
         .collect();
     let off = sampled.iter().filter(|&&o| got[o] != want[o]).count();
     let rides = ride.rides() && !apart.rides() && !apart.fused();
-    let blocks = (ride.cluster_blocks(), apart.cluster_blocks());
     Ok(Check {
         name: format!(
-            "correlate Wgmma ride x{} vs apart x{} {} ants {} ch {} t {} batch (groups of {})",
-            blocks.0,
-            blocks.1,
+            "correlate Wgmma ride vs apart {} ants {} ch {} t {} batch (groups of {})",
             shape.n_ants,
             shape.channels,
             shape.spectra,
@@ -584,7 +517,7 @@ fn ride_against_apart(gpu: &Arc<Gpu>, rng: &mut SmallRng) -> Result<Check, GpuEr
         ),
         measured: (differ + off) as f64,
         limit: 0.0,
-        pass: differ == 0 && off == 0 && rides && cfg.group() == 1 && blocks == (4, 2),
+        pass: differ == 0 && off == 0 && rides && cfg.group() == 1,
         note: format!(
             "int64 accumulators: {differ} of {} differ from the separate turn's, {off} of {} \
              sampled from the host's direct sums (extremes, two calls); {}",

@@ -74,22 +74,16 @@ impl Correlator {
                 unsafe { b.launch(cfg) }?;
             }
             CorrPath::Wgmma => {
-                // Items: (batch group, channel, slot of the schedule); the kernel passes each
-                // block's pair item (batch group, channel, pair) through its ring as
-                // 2 · pair item + 1 at most, which must stay below 2^31 too.
-                let slots = self.schedule.len() / 2;
-                let items = slots * channels * groups;
-                let pair_items = self.cfg.tile_pairs() * channels * groups;
-                let items = i32::try_from(items)
-                    .ok()
-                    .filter(|_| pair_items < 1 << 30)
-                    .ok_or(CorrError::Shape {
-                        what: "wgmma work items",
-                        value: pair_items,
-                        why: "below 2^30 (fewer channels or batches per call)",
-                    })?;
+                // Items: (batch group, channel, column tile, pair of its row tiles); column
+                // tile ct holds ct + 1 pairs.
+                let items = self.cfg.tile_pairs() * channels * groups;
+                let items = i32::try_from(items).map_err(|_| CorrError::Shape {
+                    what: "wgmma work items",
+                    value: items,
+                    why: "below 2^31 (fewer channels or batches per call)",
+                })?;
                 let cfg = LaunchConfig {
-                    grid_dim: (self.blocks * self.clusters.min(items as u32), 1, 1),
+                    grid_dim: (2 * self.clusters.min(items as u32), 1, 1),
                     block_dim: (wgmma_threads(fused || rides), 1, 1),
                     shared_mem_bytes: WGMMA_SMEM as u32,
                 };
@@ -136,7 +130,6 @@ impl Correlator {
                         .arg(&step0)
                         .arg(&k)
                         .arg(&items)
-                        .arg(&self.schedule)
                         .arg(&mut self.next_item)
                         .arg(&n_arg);
                     if let Some(map) = &map {
@@ -159,9 +152,7 @@ impl Correlator {
                     // planar_bytes(), counting in `progress`, 1 + groups · channels words,
                     // zeroed on the stream before each launch), and `acc` holds n
                     // accumulators (the callers check); the kernel takes items below
-                    // `items` only, reading their slots (`items` is a multiple of SLOTS, the
-                    // schedule's length in int2), each adding into its own baselines
-                    // (schedule::items names every pair once); steps [step0, step0 +
+                    // `items` only, each adding into its own baselines; steps [step0, step0 +
                     // k) lie inside the planar rows' TPAD times, and launches on one stream run
                     // in order, so their read-modify-writes of `acc` never overlap (nor their
                     // uses of the item counter, zeroed on the same stream before each).
