@@ -252,13 +252,7 @@ impl Correlator {
         input: &CudaView<u8>,
         acc: &mut CudaSlice<i64>,
     ) -> Result<(), CorrError> {
-        check_len("input", input.len(), self.cfg.input_bytes())?;
-        check_len("acc", acc.len(), self.cfg.acc_len())?;
-        let n = self.cfg.batches;
-        if self.turns_apart() {
-            self.turn(input, n)?;
-        }
-        self.launch(Some(input), &mut acc.slice_mut(..), n)
+        self.correlate_range(input, acc, 0..self.cfg.batches)
     }
 
     /// Whether the corner turn is fused into the correlator (no separate pass, no scratch).
