@@ -14,13 +14,17 @@
 //! Input lives in device memory (random bytes: any byte is a valid sample); every time is the
 //! median of event-timed calls after warm-ups. Run `cbf selftest --gpu` first: a figure counts
 //! only when that passed in the same run.
-//! Usage: `cbf-frb-bench [--quick] [--case K [--tb N] [--groups R] [--b2 regs|shared]]`.
+//! The kernel is the op's (`mma.sync`) or the one `--kernel` names (`wgmma`: sm_90, the shapes
+//! `gpu::frb_wgmma` takes); the TFLOPS figure counts the `mma.sync` kernel's products (at 24×24
+//! the useful ones: neither kernel pads there).
+//! Usage: `cbf-frb-bench [--quick] [--case K [--kernel mma|wgmma] [--tb N] [--groups R]
+//! [--b2 regs|shared]]`.
 
 use std::sync::Arc;
 
 use cbf::dsp::frb::DishGrid;
 use cbf::dsp::frb_resample::{w_table, FrbBeams};
-use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbStage1, FrbTuning, Stage2Table};
+use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbKernel, FrbStage1, FrbTuning, Stage2Table};
 use cbf::gpu::frb_half::f16_from_f32;
 use cbf::gpu::frb_resample::{FrbResampler, Precision};
 use cbf::gpu::{pow2_scale, Gpu, GpuError};
@@ -186,7 +190,7 @@ fn measure(
     let bytes_moved = (cfg.input_bytes() + out_bytes) as f64;
     let tflops = (case.channels * times * mmas_per_sample(case.rows, case.cols) * 4096) as f64 / t;
     println!(
-        "RESULT frb_stage1 {:<28} out {:<3} TB {:<4} R {:<4} B2 {:<9} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
+        "RESULT frb_stage1 {:<28} out {:<3} TB {:<4} R {:<4} {:<15} {:>8.3} ms per {:>6.2} ms of data = {:>6.2} % of real time \
          (Smith A40 estimate {:>4.1} %) | bytes {:>6.1} MB, {:>5.1} % of copy | mma {:>5.1} TFLOPS \
          | {regs} regs, {} KiB shared, {blocks} blocks/SM",
         case.name,
@@ -195,7 +199,11 @@ fn measure(
             .time_block
             .map_or("auto".to_string(), |v| v.to_string()),
         tuning.groups.map_or("auto".to_string(), |v| v.to_string()),
-        format!("{:?}", op.table()),
+        match op.kernel() {
+            (FrbKernel::Wgmma, _) => "wgmma".to_string(),
+            (FrbKernel::Mma, Some(table)) => format!("mma B2 {table:?}"),
+            (FrbKernel::Mma, None) => "mma".to_string(),
+        },
         t * 1e3,
         real * 1e3,
         100.0 * t / real,
@@ -326,10 +334,22 @@ fn main() -> Result<(), GpuError> {
             Some("shared") => Some(Stage2Table::Shared),
             Some(other) => panic!("--b2 regs|shared, not {other}"),
         };
+        let kernel = match args
+            .iter()
+            .position(|a| a == "--kernel")
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+        {
+            None => None,
+            Some("mma") => Some(FrbKernel::Mma),
+            Some("wgmma") => Some(FrbKernel::Wgmma),
+            Some(other) => panic!("--kernel mma|wgmma, not {other}"),
+        };
         let tuning = FrbTuning {
             time_block: value("--tb"),
             groups: value("--groups"),
             table,
+            kernel,
         };
         for output in both {
             measure(&gpu, case, tuning, output, copy, reps)?;

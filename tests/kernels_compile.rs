@@ -7,7 +7,7 @@
 use cbf::gpu::beamform::{BeamformConfig, OCCUPANCIES};
 use cbf::gpu::compile::{compile, nvrtc_present, Kernel};
 use cbf::gpu::ddc::{DdcPlan, DdcShape, DdcTuning};
-use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbTuning, Stage2Table};
+use cbf::gpu::frb::{FrbConfig, FrbIntensities, FrbTuning, Stage2Table, WgmmaShape};
 
 const ARCHES: [&str; 4] = ["sm_80", "sm_89", "sm_90", "sm_90a"];
 
@@ -417,9 +417,31 @@ fn every_kernel_compiles_for_every_architecture() {
         compile(Kernel::FrbStage1, defs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         compiled += 1;
     }
+    // The wgmma first stage (sm_90a) at every shape the op, the self-test and the benchmarks
+    // give it, both outputs: seed 004 case 5 (the benchmark's call and the XB-engine
+    // benchmark's chunk) and the self-test's; no spill, no serialised MMA.
+    for (grid, call) in [
+        ((24, 24, 512, 40), (256, 2064, 1)),
+        ((24, 24, 512, 40), (256, 256, 5)),
+        ((24, 24, 512, 40), (2, 64, 2)),
+        ((24, 24, 400, 40), (1, 100, 1)),
+        ((24, 24, 512, 7), (2, 64, 2)),
+        ((24, 24, 300, 1), (1, 16, 1)),
+        ((16, 16, 200, 25), (2, 100, 2)),
+        ((8, 8, 50, 3), (3, 16, 2)),
+        ((12, 12, 100, 24), (2, 48, 2)),
+    ] {
+        for output in both {
+            let cfg = config(grid, call, FrbTuning::default(), output);
+            let shape = WgmmaShape::choose(&cfg).expect("a wgmma shape");
+            compile(Kernel::FrbStage1Wgmma, &shape.defines(&cfg), "sm_90a")
+                .unwrap_or_else(|e| panic!("{e}"));
+            compiled += 1;
+        }
+    }
     assert_eq!(
         compiled,
-        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 14 + 16 + 1 + 4 + 20 + 55
+        ARCHES.len() * (7 * 3 + 20 + 2 + 5 * 6 + 1 + 4 + 2 + 2) + 14 + 16 + 1 + 4 + 20 + 55 + 18
     );
 }
 

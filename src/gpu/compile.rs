@@ -36,6 +36,8 @@ pub enum Kernel {
     Beamform,
     /// The FRB beamformer's first stage (`kernels/frb_stage1.cu`).
     FrbStage1,
+    /// Its Hopper `wgmma` form (`kernels/frb_stage1_wgmma.cu`), sm_90a only.
+    FrbStage1Wgmma,
     /// The FRB second stage's resampling matrix for a beam list (`kernels/frb_weights.cu`:
     /// `frb_w`, and `frb_u` before it).
     FrbWeights,
@@ -61,6 +63,7 @@ impl Kernel {
             Kernel::CorrWgmma => "correlate_wgmma.cu",
             Kernel::Beamform => "beamform.cu",
             Kernel::FrbStage1 => "frb_stage1.cu",
+            Kernel::FrbStage1Wgmma => "frb_stage1_wgmma.cu",
             Kernel::FrbWeights => "frb_weights.cu",
             Kernel::F16Encode => "f16_encode.cu",
             Kernel::Ddc => "ddc.cu",
@@ -82,6 +85,7 @@ impl Kernel {
             Kernel::CorrWgmma => "corr_wgmma",
             Kernel::Beamform => "beamform",
             Kernel::FrbStage1 => "frb_stage1",
+            Kernel::FrbStage1Wgmma => "frb_stage1_wgmma",
             Kernel::FrbWeights => "frb_w",
             Kernel::F16Encode => "f16_encode",
             Kernel::Ddc => "ddc",
@@ -95,7 +99,7 @@ impl Kernel {
     /// rejects it for plain `sm_90`).
     pub fn target(self, device_arch: &str) -> String {
         match self {
-            Kernel::CorrWgmma => "sm_90a".to_string(),
+            Kernel::CorrWgmma | Kernel::FrbStage1Wgmma => "sm_90a".to_string(),
             _ => device_arch.to_string(),
         }
     }
@@ -134,6 +138,7 @@ impl Kernel {
                 include_str!("../../kernels/beamform.cu")
             ),
             Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
+            Kernel::FrbStage1Wgmma => include_str!("../../kernels/frb_stage1_wgmma.cu"),
             Kernel::FrbWeights => include_str!("../../kernels/frb_weights.cu"),
             Kernel::F16Encode => include_str!("../../kernels/f16_encode.cu"),
             Kernel::Ddc => concat!(

@@ -1,8 +1,10 @@
-//! The first stage's constant inputs (`kernels/frb_stage1.cu`, seed 004 §4): the two DFT
-//! tables as `mma.m16n8k16` fragments, rounded once from f64, and the order in which the
-//! kernel grids the dishes.
+//! The first stage's constant inputs (`kernels/frb_stage1.cu` and `frb_stage1_wgmma.cu`, seed
+//! 004 §4): the two DFT tables, rounded once from f64, as `mma.m16n8k16` fragments or as the
+//! `wgmma` kernel's shared-memory operands, and the order in which the kernels grid the dishes.
 
 use half::f16;
+
+use super::frb_wgmma::operand_offset;
 
 /// Entry (row r of 16-row tile t, column k) of stage 1's real-ified zero-padded DFT along n
 /// (kernel header): rows 0–7 real, 8–15 imaginary parts of output q = 8t + r mod 8; column k
@@ -84,6 +86,40 @@ pub fn b2_table(rows: usize) -> Vec<u32> {
     v
 }
 
+/// An operand of `kernels/frb_stage1_wgmma.cu` in its swizzled K-major layout
+/// (`frb_wgmma::operand_offset`), `rows` × `k_len` fp16 values from `entry(row, k)`, as u32 pairs
+/// (k even in the low half).
+fn wgmma_operand(rows: usize, k_len: usize, entry: impl Fn(usize, usize) -> f64) -> Vec<u32> {
+    let mut v = vec![0u32; rows * k_len / 2];
+    for row in 0..rows {
+        for k in (0..k_len).step_by(2) {
+            v[operand_offset(row, k, k_len) / 4] = pack(entry(row, k), entry(row, k + 1));
+        }
+    }
+    v
+}
+
+/// Stage 1's DFT along n for the `wgmma` kernel: row (q, c) (c = re/im innermost) of the
+/// product's columns, k (n, d) — [`a1_entry`]'s value for output part c of q from input part d
+/// of n; q padded to a multiple of 8, n to 8.
+pub fn a1_wgmma_table(cols: usize) -> Vec<u32> {
+    let (qp, np) = ((2 * cols).div_ceil(8) * 8, cols.div_ceil(8) * 8);
+    wgmma_operand(2 * qp, 2 * np, |row, k| {
+        let (q, c) = (row / 2, row % 2);
+        a1_entry(q / 8, q % 8 + 8 * c, k, cols)
+    })
+}
+
+/// Stage 2's DFT along m for the `wgmma` kernel: row (p, c), k (m, d) — [`b2_entry`]'s value
+/// for output part c of p from G's part d at m; p padded to a multiple of 4, m to 8.
+pub fn b2_wgmma_table(rows: usize) -> Vec<u32> {
+    let (pp, mp) = ((2 * rows).div_ceil(4) * 4, rows.div_ceil(8) * 8);
+    wgmma_operand(2 * pp, 2 * mp, |row, k| {
+        let (p, c, m, d) = (row / 2, row % 2, k / 2, k % 2);
+        b2_entry(m / 8, m % 8 + 8 * d, p / 4, 2 * (p % 4) + c, rows)
+    })
+}
+
 /// The gridding order: for each gridding slot k, the dish it takes, so that the 32 slots of
 /// each group (a warp's stores at one time sample, when 32 divides the dish count) fall in
 /// distinct shared-memory banks wherever the dish map allows. `cells` holds each dish's
@@ -110,7 +146,51 @@ mod tests {
     use super::*;
     use rand::rngs::SmallRng;
     use rand::seq::SliceRandom;
-    use rand::SeedableRng;
+    use rand::{Rng, SeedableRng};
+
+    /// The `wgmma` tables, read back through the operand layout as the kernel's products take
+    /// them (row (out, c) · (in, d) with c and d the real and imaginary parts), give the zero-
+    /// padded DFTs of a random complex vector, e^{iπ·n·q/N} summed directly in f64, within
+    /// fp16's rounding of the entries: at a side that pads q and n (5) and at case 5's (24).
+    #[test]
+    fn wgmma_tables_apply_the_dfts_with_their_signs() {
+        use num_complex::Complex64;
+        let mut rng = SmallRng::seed_from_u64(3);
+        let entry = |table: &[u32], row: usize, k: usize, k_len: usize| {
+            let word = table[operand_offset(row, k, k_len) / 4];
+            f16::from_bits((word >> (16 * (k % 2))) as u16).to_f64()
+        };
+        for len in [5usize, 24] {
+            let x: Vec<Complex64> = (0..len)
+                .map(|_| Complex64::new(rng.random_range(-1.0..1.0), rng.random_range(-1.0..1.0)))
+                .collect();
+            let pad = len.div_ceil(8) * 8;
+            for (table, k_len) in [
+                (a1_wgmma_table(len), 2 * pad),
+                (b2_wgmma_table(len), 2 * pad),
+            ] {
+                for out in 0..2 * len {
+                    let want: Complex64 = (0..len)
+                        .map(|n| {
+                            let a = std::f64::consts::PI * (n * out) as f64 / len as f64;
+                            Complex64::from_polar(1.0, a) * x[n]
+                        })
+                        .sum();
+                    let part = |c: usize| -> f64 {
+                        (0..len)
+                            .map(|n| {
+                                entry(&table, 2 * out + c, 2 * n, k_len) * x[n].re
+                                    + entry(&table, 2 * out + c, 2 * n + 1, k_len) * x[n].im
+                            })
+                            .sum()
+                    };
+                    let tol = 2f64.powi(-11) * 2.0 * len as f64;
+                    assert!((part(0) - want.re).abs() < tol, "{len} {out}");
+                    assert!((part(1) - want.im).abs() < tol, "{len} {out}");
+                }
+            }
+        }
+    }
 
     /// Most dishes of one bank in any aligned group of 32 slots.
     fn worst_group(cells: &[i32], order: &[usize]) -> usize {

@@ -29,7 +29,9 @@ use crate::dsp::frb::{
     intensities, resample, resample_factorised, u_sum, DishGrid, FieldTransform, FrbShape,
 };
 use crate::dsp::frb_resample::FrbBeams;
-use crate::gpu::frb::{error_bound, FrbConfig, FrbIntensities, FrbStage1, FrbTuning, Stage2Table};
+use crate::gpu::frb::{
+    error_bound, FrbConfig, FrbIntensities, FrbKernel, FrbStage1, FrbTuning, Stage2Table,
+};
 use crate::gpu::frb_half::{dot_bound, f16_from_f32, rounded, v_bound, F16_MAX};
 use crate::gpu::frb_resample::{FrbResampler, Precision};
 use crate::gpu::frb_weights::deviation;
@@ -257,6 +259,7 @@ fn check(gpu: &Arc<Gpu>, rng: &mut SmallRng, case: &Case) -> Result<[Check; 2], 
     let rms = (rms / count.max(1) as f64).sqrt();
     let t = case.tuning;
     let groups = [
+        Some(format!(", {:?}", op.kernel().0)),
         t.groups.map(|g| format!(", {g} warp groups")),
         t.table.map(|b| format!(", stage-2 table in {b:?}")),
     ]
@@ -474,6 +477,20 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     // Stage 2's table in shared memory where the default keeps it in registers (24×24, two
     // warp groups at t_ds 7, a one-group grid), and large grids whose tables spill in
     // registers, which build with the default's fallback to the shared table.
+    // The wgmma kernel where the device has it (elsewhere these cases are mma.sync's).
+    let wgmma = |case: Case| {
+        if gpu.arch == "sm_90" {
+            Case {
+                tuning: FrbTuning {
+                    kernel: Some(FrbKernel::Wgmma),
+                    ..case.tuning
+                },
+                ..case
+            }
+        } else {
+            case
+        }
+    };
     let shared = |case: Case| Case {
         tuning: FrbTuning {
             table: Some(Stage2Table::Shared),
@@ -493,6 +510,17 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(4, 8, 20, 7, 1, 16, 1, 2),
         c(16, 16, 256, 1, 1, 16, 1, 2),
         grouped(2, c(24, 24, 512, 40, 2, 64, 2, 3)),
+        // The wgmma kernel (`gpu::frb_wgmma`, on sm_90 devices): seed 004 case 5's grid, slots
+        // that end mid-step (t_ds 1, 3, 7, 25: the step's later pairs transformed but not
+        // summed), m padded (12 rows), three and two warpgroups, two and three stage-2 tiles
+        // per warpgroup, two stage-1 tiles, partly filled grids.
+        wgmma(c(24, 24, 512, 40, 2, 64, 2, 3)),
+        wgmma(c(24, 24, 400, 40, 1, 100, 1, 1)),
+        wgmma(c(24, 24, 512, 7, 2, 64, 2, 3)),
+        wgmma(c(24, 24, 300, 1, 1, 16, 1, 2)),
+        wgmma(c(16, 16, 200, 25, 2, 100, 2, 2)),
+        wgmma(c(8, 8, 50, 3, 3, 16, 2, 3)),
+        wgmma(c(12, 12, 100, 24, 2, 48, 2, 2)),
         grouped(2, c(16, 16, 200, 7, 2, 24, 2, 2)),
         grouped(4, c(8, 12, 64, 3, 3, 16, 2, 3)),
         shared(c(24, 24, 512, 40, 2, 64, 2, 3)),
