@@ -27,9 +27,10 @@
 // output rounded, bit for bit, in every build). Steps are pipelined, X and G' double-buffered
 // so that each warpgroup keeps a stage-1 and a stage-2 tile in flight while it works:
 //
-//   step s's first stage-2 tile and step s+1's stage 1 issued → step s+2 gridded, step s+3's
-//   raw samples queued → the tile summed, the next tile issued → G of step s+1 stored from
-//   stage 1 → the remaining tiles summed → one block barrier,
+//   step s's first stage-2 tile and step s+1's stage 1 issued → step s+2 gridded (each thread
+//   from the raw samples it copied itself: no barrier), step s+3's raw samples queued → the
+//   tile summed, the next tile issued → G of step s+1 stored from stage 1 → the remaining
+//   tiles summed → one block barrier,
 //
 // and the rows of pairs past a short step's end (a slot that ends mid-step) are computed on
 // stale X but not summed.
@@ -39,9 +40,8 @@
 // 256-byte atom per 8 rows. The tables come from the host in exactly that layout
 // (`gpu::frb_tables`).
 //
-// Measured (bench/RESULTS.md, 2026-11-28): 2.03–2.06 ms at seed 004 case 5 on the H100 against
-// frb_stage1.cu's 1.96–1.98, so not the op's default; the MMAs alone take 1.40 ms, and the sums,
-// G's stores and the gridding each add 0.4–0.5 ms (`gpu::frb_wgmma`).
+// Measured (bench/RESULTS.md, 2026-11-28): 1.94–1.96 ms at seed 004 case 5 on the H100 against
+// frb_stage1.cu's 1.96–1.98, level, so not the op's default (`gpu::frb_wgmma`).
 //
 // Compile-time constants (-D): M, N, D, T_DS, CHANNELS, SPECTRA, BATCHES, TB, NWG, OUT_HALF.
 
@@ -332,26 +332,30 @@ __device__ __forceinline__ void grid_sample(unsigned short *x, u32 raw, uint4 w)
     *(u32 *)(x + MP * K1) = cmul(e1, w.z, w.w);
 }
 
-// Grid samples 0 … n−1 of a step (raw words `cur`) into X: pair 2·tb + pol, rows (pair, m).
+// Grid samples 0 … n−1 of a step (raw words `cur`) into X: pair 2·tb + pol, rows (pair, m). A
+// thread takes the dish slots whose raw samples it copied (load_raw's mapping), so it needs only
+// its own copies to have landed, not a barrier; consecutive threads take consecutive slots at
+// the same times, so their stores fall in distinct cells (and, by the slots' order, banks).
 __device__ __forceinline__ void grid_step(unsigned short *xs, const u32 *cur, const uint4 *ws, const int *cs, int n)
 {
-    for (int e = threadIdx.x; e < (n + GT - 1) / GT * D; e += THREADS) {
-        const int tb = GT * (e / D), slot = e % D;
+    for (int slot = threadIdx.x; slot < D; slot += THREADS) {
         const uint4 w = ws[slot];
-        unsigned short *x = xs + tb * 2 * MP * K1 + cs[slot];
+        unsigned short *x = xs + cs[slot];
+        for (int tb = 0; tb < n; tb += GT) {
 #if GT == 4
-        const uint4 v = *(const uint4 *)(cur + slot * TB + tb);
-        const u32 rw[4] = {v.x, v.y, v.z, v.w};
+            const uint4 v = *(const uint4 *)(cur + slot * TB + tb);
+            const u32 rw[4] = {v.x, v.y, v.z, v.w};
 #elif GT == 2
-        const uint2 v = *(const uint2 *)(cur + slot * TB + tb);
-        const u32 rw[2] = {v.x, v.y};
+            const uint2 v = *(const uint2 *)(cur + slot * TB + tb);
+            const u32 rw[2] = {v.x, v.y};
 #else
-        const u32 rw[1] = {cur[slot * TB + tb]};
+            const u32 rw[1] = {cur[slot * TB + tb]};
 #endif
 #pragma unroll
-        for (int k = 0; k < GT; k++)
-            if (k == 0 || tb + k < n)
-                grid_sample(x + k * 2 * MP * K1, rw[k], w);
+            for (int k = 0; k < GT; k++)
+                if (k == 0 || tb + k < n)
+                    grid_sample(x + (tb + k) * 2 * MP * K1, rw[k], w);
+        }
     }
 }
 
@@ -461,7 +465,6 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     }
     if (nx1.j < j1) {
         asm volatile("cp.async.wait_group 0;\n" ::);
-        __syncthreads();
         grid_step((unsigned short *)x_buf(1), raw_buf(1), ws, cs, nx1.n);
         if (nx2.j < j1)
             load_raw(raw_buf(0), in, ds, f, nx2.t0, nx2.n);
@@ -493,7 +496,6 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
         stage1(acc1, smem_addr(x_buf(s + 1)), a1_a, wg);
         if (nx2.j < j1) {
             asm volatile("cp.async.wait_group 0;\n" ::);
-            __syncthreads();
             grid_step((unsigned short *)x_buf(s), raw_buf(s), ws, cs, nx2.n);
             if (nx3.j < j1)
                 load_raw(raw_buf(s + 1), in, ds, f, nx3.t0, nx3.n);

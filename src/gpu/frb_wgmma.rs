@@ -12,10 +12,10 @@
 //! pair of a step is transformed, so a step that a slot cuts short wastes the rest.
 //!
 //! **Not the default** (bench/RESULTS.md, 2026-11-28 twenty-first session): at seed 004 case 5
-//! on the H100 it takes 2.03–2.06 ms against `mma.sync`'s 1.96–1.98 in the same calls. Its MMAs
-//! alone (the sums, G's stores and the gridding removed) take 1.40 ms, and each of those three
-//! parts adds 0.4–0.5 ms: they do not overlap the asynchronous MMAs, whose m64n96k16 products
-//! (N is the DFT's output length) run at about half the fp16 peak even alone.
+//! on the H100 it takes 1.940–1.960 ms against `mma.sync`'s 1.959–1.979 in the same calls,
+//! level within the spread. The products alone run at the fp16 peak when fed (963 TFLOPS in a
+//! kernel of their own); here each warpgroup's work is a chain (a stage-2 tile summed before
+//! its next one) and the block's barrier per step drains the tensor cores.
 
 use super::compile::Defines;
 use super::frb_config::{up, FrbConfig, FrbIntensities, MAX_SMEM};
