@@ -52,9 +52,9 @@ pub struct FrbTuning {
     /// Stage 2's table (None: registers where ptxas holds it there without spilling at the
     /// blocks per SM asked for, else shared memory; `compile`).
     pub table: Option<Stage2Table>,
-    /// The kernel (None: `mma.sync`, level with `wgmma` at seed 004 case 5 on the H100; `wgmma` only
-    /// where named, on an sm_90 device, for the shapes `gpu::frb_wgmma::WgmmaShape::choose`
-    /// finds). The fields above tune the `mma.sync` kernel only.
+    /// The kernel (None: `mma.sync`, level with `wgmma` at seed 004 case 5 on the H100;
+    /// `wgmma` only where named, on an sm_90 device, for the shapes
+    /// `gpu::frb_wgmma::WgmmaShape::choose` finds). The fields above tune `mma.sync` only.
     pub kernel: Option<FrbKernel>,
 }
 

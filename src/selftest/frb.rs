@@ -478,18 +478,12 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
     // warp groups at t_ds 7, a one-group grid), and large grids whose tables spill in
     // registers, which build with the default's fallback to the shared table.
     // The wgmma kernel where the device has it (elsewhere these cases are mma.sync's).
-    let wgmma = |case: Case| {
-        if gpu.arch == "sm_90" {
-            Case {
-                tuning: FrbTuning {
-                    kernel: Some(FrbKernel::Wgmma),
-                    ..case.tuning
-                },
-                ..case
-            }
-        } else {
-            case
-        }
+    let wgmma = |case: Case| Case {
+        tuning: FrbTuning {
+            kernel: (gpu.arch == "sm_90").then_some(FrbKernel::Wgmma),
+            ..case.tuning
+        },
+        ..case
     };
     let shared = |case: Case| Case {
         tuning: FrbTuning {
@@ -510,10 +504,8 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(4, 8, 20, 7, 1, 16, 1, 2),
         c(16, 16, 256, 1, 1, 16, 1, 2),
         grouped(2, c(24, 24, 512, 40, 2, 64, 2, 3)),
-        // The wgmma kernel (`gpu::frb_wgmma`, on sm_90 devices): seed 004 case 5's grid, slots
-        // that end mid-step (t_ds 1, 3, 7, 25: the step's later pairs transformed but not
-        // summed), m padded (12 rows), three and two warpgroups, two and three stage-2 tiles
-        // per warpgroup, two stage-1 tiles, partly filled grids.
+        // `gpu::frb_wgmma` (sm_90): case 5's grid, slots ending mid-step (t_ds 1, 3, 7, 25),
+        // m padded (12 rows), two and three warpgroups and tiles each, partly filled grids.
         wgmma(c(24, 24, 512, 40, 2, 64, 2, 3)),
         wgmma(c(24, 24, 400, 40, 1, 100, 1, 1)),
         wgmma(c(24, 24, 512, 7, 2, 64, 2, 3)),
