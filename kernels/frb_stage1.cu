@@ -73,8 +73,6 @@
 // block per SM. Two (time, pol) pairs per warp at once (B2 fragments read once for both) were
 // measured slower: 11–56 % at case 5, for want of registers.
 
-typedef unsigned int u32;
-
 #define TIMES (SPECTRA * BATCHES)
 #define MP ((M + 7) / 8 * 8)     // m padded: stage-1 columns per (time, pol), stage-2 k
 #define NP ((N + 7) / 8 * 8)     // n padded: stage-1 k
@@ -104,11 +102,6 @@ typedef unsigned int u32;
 #define B2_BYTES (B2_SMEM ? K2S * NT2H * 32 * 8 : 0)
 #define RED_BYTES ((R - 1) * QW * 32 * 2 * NT2 * 4)
 
-__device__ __forceinline__ u32 smem_addr(const void *p)
-{
-    return (u32)__cvta_generic_to_shared(p);
-}
-
 __device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], u32 addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
@@ -122,122 +115,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], const u32 
                  "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ void cp_async4(u32 dst, const void *src)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-
-// sum + (re² + im²) with its roundings fixed: re² + im² by one fused multiply-add on the
-// rounded im², then one rounded add (the error bound's 2⁻²⁴·(2·t_ds + 2) of I counts these).
-// Written out so that ptxas cannot contract them its own way: it may fuse a plain multiply and
-// add differently in two builds (the fp32 and fp16 outputs, or two register budgets), and the
-// fp16 output must be the fp32 build's value rounded, bit for bit (one value in 80640 differed
-// at 30×28, whose two outputs built at different blocks per SM).
-__device__ __forceinline__ float add_power(float sum, float re, float im)
-{
-    return __fadd_rn(sum, fmaf(re, re, __fmul_rn(im, im)));
-}
-
-// Two floats rounded to fp16 (nearest even), `lo` in the low half. (No cuda_fp16.h: NVRTC has
-// no include path for it, and nothing here needs more than this conversion.)
-__device__ __forceinline__ u32 pack(float lo, float hi)
-{
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-#if OUT_HALF
-typedef unsigned short out_t;
-// scale·v saturated to fp16's range and rounded to the nearest fp16 (ties to even).
-__device__ __forceinline__ out_t to_out(float v, float scale)
-{
-    const float s = fminf(fmaxf(v * scale, -65504.0f), 65504.0f);
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(s));
-    return h;
-}
-#else
-typedef float out_t;
-__device__ __forceinline__ out_t to_out(float v, float scale)
-{
-    return v * scale;
-}
-#endif
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-// Queue the raw samples t0 … t0+n−1 of every dish into raw (slot, tb) words: a thread per dish
-// (its samples are consecutive in the chunk), four at a time where they start on a 16-byte
-// boundary of one batch (one copy instead of four: the 4-byte copies and their addresses were a
-// fifth of the kernel's instructions at seed 004 case 5, bench/RESULTS.md).
-__device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, const int *ds, int f, int t0, int n)
-{
-    for (int k = threadIdx.x; k < D; k += WARPS * 32) {
-        u32 *dst = raw + k * TB;
-        const int d = ds[k];
-        int tb = 0;
-#if TB % 4 == 0 && SPECTRA % 4 == 0
-        // s ≡ 0 (mod 4) and 4 | SPECTRA: the four lie in one batch, 16-byte aligned.
-        for (; tb + 4 <= n; tb += 4) {
-            const int t = t0 + tb, batch = t / SPECTRA, s = t % SPECTRA;
-            if (s % 4 != 0)
-                break;
-            cp_async16(smem_addr(dst + tb), in + ((size_t)(batch * D + d) * CHANNELS + f) * SPECTRA + s);
-        }
-#endif
-        for (; tb < n; tb++) {
-            const int t = t0 + tb, batch = t / SPECTRA, s = t % SPECTRA;
-            cp_async4(smem_addr(dst + tb), in + ((size_t)(batch * D + d) * CHANNELS + f) * SPECTRA + s);
-        }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-// Times of a dish one gridding thread takes (its weights and cell read once for all of them).
-#if TB % 4 == 0
-#define GT 4
-#elif TB % 2 == 0
-#define GT 2
-#else
-#define GT 1
-#endif
-
-// re·a + im·b for the complex sample s = (re, im) (fp16 pair): one fp16 multiply, rounded, and
-// one fused multiply-add, with re and im taken from s's halves.
-__device__ __forceinline__ u32 cmul(u32 s, u32 a, u32 b)
-{
-    u32 r;
-    asm("{\n.reg .f16 re, im;\n.reg .b32 rr, ii, t;\n"
-        "mov.b32 {re, im}, %1;\n"
-        "mov.b32 rr, {re, re};\n"
-        "mov.b32 ii, {im, im};\n"
-        "mul.rn.f16x2 t, rr, %2;\n"
-        "fma.rn.f16x2 %0, ii, %3, t;\n}"
-        : "=r"(r)
-        : "r"(s), "r"(a), "r"(b));
-    return r;
-}
-
-// Grid one raw sample (both pols) of a dish into X at x: W·E in fp16 pairs. `w` holds, per pol,
-// (Wr, Wi) and (−Wi, Wr), so W·E = re·(Wr, Wi) + im·(−Wi, Wr). A sample byte b + 128 under the
-// fp16 exponent of 1024 (bits 0x64xx) is 1024 + b + 128 exactly; subtracting 1152 leaves b,
-// exactly. A byte permute and three fp16 pair operations (subtract, multiply, fused
-// multiply-add) per pol replace four float conversions, four multiplies and a pack (the
-// gridding was a third of the stall samples at seed 004 case 5, bench/RESULTS.md).
-__device__ __forceinline__ void grid_sample(unsigned short *x, u32 raw, uint4 w)
-{
-    const u32 biased = raw ^ 0x80808080u;
-    u32 e0, e1;
-    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(e0) : "r"(__byte_perm(biased, 0x6464u, 0x4140)), "r"(0x64806480u));
-    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(e1) : "r"(__byte_perm(biased, 0x6464u, 0x4342)), "r"(0x64806480u));
-    *(u32 *)x = cmul(e0, w.x, w.y);
-    *(u32 *)(x + MP * XROW) = cmul(e1, w.z, w.w);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
@@ -320,7 +197,7 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
     }
 
     int j = j0, te = slot_end(j0), t0 = slot_begin(j0);
-    load_raw(raw, in, ds, f, t0, min(TB, te - t0));
+    load_raw(raw, in, ds, f, t0, min(TB, te - t0), WARPS * 32);
     for (int step = 0;; step++) {
         const int n = min(TB, te - t0);
         // The next block step: later in this slot, or the start of the next.
@@ -332,7 +209,7 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
         }
         const bool more = nj < j1;
         if (more) {
-            load_raw(raw + ((step + 1) & 1) * TB * D, in, ds, f, nt0, min(TB, nte - nt0));
+            load_raw(raw + ((step + 1) & 1) * TB * D, in, ds, f, nt0, min(TB, nte - nt0), WARPS * 32);
             asm volatile("cp.async.wait_group 1;\n" ::);
         } else {
             asm volatile("cp.async.wait_group 0;\n" ::);
@@ -347,20 +224,7 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
         for (int e = threadIdx.x; e < (n + GT - 1) / GT * D; e += WARPS * 32) {
             const int tb = GT * (e / D), slot = e % D;
             const uint4 w = ws[slot];
-            unsigned short *x = xs + tb * 2 * MP * XROW + cs[slot];
-#if GT == 4
-            const uint4 v = *(const uint4 *)(cur + slot * TB + tb);
-            const u32 rw[4] = {v.x, v.y, v.z, v.w};
-#elif GT == 2
-            const uint2 v = *(const uint2 *)(cur + slot * TB + tb);
-            const u32 rw[2] = {v.x, v.y};
-#else
-            const u32 rw[1] = {cur[slot * TB + tb]};
-#endif
-#pragma unroll
-            for (int k = 0; k < GT; k++)
-                if (k == 0 || tb + k < n)
-                    grid_sample(x + k * 2 * MP * XROW, rw[k], w);
+            grid_times(xs + tb * 2 * MP * XROW + cs[slot], cur + slot * TB + tb, w, tb, n, 2 * MP * XROW, MP * XROW);
         }
         __syncthreads();
 

@@ -49,7 +49,6 @@
 #error "frb_stage1_wgmma.cu needs sm_90a (wgmma)"
 #endif
 
-typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define TIMES (SPECTRA * BATCHES)
@@ -85,11 +84,6 @@ typedef unsigned long long u64;
 #define W_BYTES (D * 16)
 #define CELL_BYTES ((D * 8 + 15) / 16 * 16)
 #define RED_BYTES (PP * 64 * NWG * 4)
-
-__device__ __forceinline__ u32 smem_addr(const void *p)
-{
-    return (u32)__cvta_generic_to_shared(p);
-}
 
 // K-major descriptor in the 32-byte swizzle (mode 3): atoms of 8 rows × 32 bytes, a row
 // group's atoms consecutive along k, so row groups `kbytes`·8 apart (the stride byte offset);
@@ -214,122 +208,27 @@ __device__ __forceinline__ void fence_async_smem()
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Stage 1 of one tile: rows 64·tile … of X by A1, K1/16 steps, as one commit group.
+// One tile of a stage as one commit group: rows 64·tile … of the operand at `a` (K values a
+// row) by the table at `b`, K/16 steps. Stage 1 is product<N1, K1> on X and A1, stage 2
+// product<N2, K2> on G' and B2.
+template <int NN, int K>
+__device__ __forceinline__ void product(float (&d)[AN], u32 a, u32 b, int tile)
+{
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ks++)
+        wgmma<NN>(d, desc(a + tile * 64 * K * 2 + ks * 256, K * 2), desc(b + ks * 256, K * 2), ks > 0);
+    wgmma_commit();
+}
+
 __device__ __forceinline__ void stage1(float (&d)[AN], u32 x, u32 a1, int tile)
 {
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < K1 / 16; ks++)
-        wgmma<N1>(d, desc(x + tile * 64 * K1 * 2 + ks * 256, K1 * 2), desc(a1 + ks * 256, K1 * 2), ks > 0);
-    wgmma_commit();
+    product<N1, K1>(d, x, a1, tile);
 }
 
-// Stage 2 of one tile: rows 64·tile … of G' by B2.
 __device__ __forceinline__ void stage2(float (&d)[AN], u32 g, u32 b2, int tile)
 {
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < K2 / 16; ks++)
-        wgmma<N2>(d, desc(g + tile * 64 * K2 * 2 + ks * 256, K2 * 2), desc(b2 + ks * 256, K2 * 2), ks > 0);
-    wgmma_commit();
-}
-
-__device__ __forceinline__ float add_power(float sum, float re, float im)
-{
-    // As frb_stage1.cu's: re² + im² by one fused multiply-add on the rounded im², then one
-    // rounded add, written out so that every build rounds alike.
-    return __fadd_rn(sum, fmaf(re, re, __fmul_rn(im, im)));
-}
-
-__device__ __forceinline__ u32 pack(float lo, float hi)
-{
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-#if OUT_HALF
-typedef unsigned short out_t;
-__device__ __forceinline__ out_t to_out(float v, float scale)
-{
-    const float s = fminf(fmaxf(v * scale, -65504.0f), 65504.0f);
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(s));
-    return h;
-}
-#else
-typedef float out_t;
-__device__ __forceinline__ out_t to_out(float v, float scale)
-{
-    return v * scale;
-}
-#endif
-
-__device__ __forceinline__ void cp_async4(u32 dst, const void *src)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async16(u32 dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-// As frb_stage1.cu's load_raw: dish slot k's samples t0 … t0+n−1 into raw (slot, tb) words.
-__device__ __forceinline__ void load_raw(u32 *raw, const u32 *__restrict__ in, const int *ds, int f, int t0, int n)
-{
-    for (int k = threadIdx.x; k < D; k += THREADS) {
-        u32 *dst = raw + k * TB;
-        const int d = ds[k];
-        int tb = 0;
-#if TB % 4 == 0 && SPECTRA % 4 == 0
-        for (; tb + 4 <= n; tb += 4) {
-            const int t = t0 + tb, batch = t / SPECTRA, s = t % SPECTRA;
-            if (s % 4 != 0)
-                break;
-            cp_async16(smem_addr(dst + tb), in + ((size_t)(batch * D + d) * CHANNELS + f) * SPECTRA + s);
-        }
-#endif
-        for (; tb < n; tb++) {
-            const int t = t0 + tb, batch = t / SPECTRA, s = t % SPECTRA;
-            cp_async4(smem_addr(dst + tb), in + ((size_t)(batch * D + d) * CHANNELS + f) * SPECTRA + s);
-        }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-#if TB % 4 == 0
-#define GT 4
-#elif TB % 2 == 0
-#define GT 2
-#else
-#define GT 1
-#endif
-
-// As frb_stage1.cu's: re·a + im·b of the fp16 pair s.
-__device__ __forceinline__ u32 cmul(u32 s, u32 a, u32 b)
-{
-    u32 r;
-    asm("{\n.reg .f16 re, im;\n.reg .b32 rr, ii, t;\n"
-        "mov.b32 {re, im}, %1;\n"
-        "mov.b32 rr, {re, re};\n"
-        "mov.b32 ii, {im, im};\n"
-        "mul.rn.f16x2 t, rr, %2;\n"
-        "fma.rn.f16x2 %0, ii, %3, t;\n}"
-        : "=r"(r)
-        : "r"(s), "r"(a), "r"(b));
-    return r;
-}
-
-// As frb_stage1.cu's grid_sample, pol 1 being the next pair (MP rows on).
-__device__ __forceinline__ void grid_sample(unsigned short *x, u32 raw, uint4 w)
-{
-    const u32 biased = raw ^ 0x80808080u;
-    u32 e0, e1;
-    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(e0) : "r"(__byte_perm(biased, 0x6464u, 0x4140)), "r"(0x64806480u));
-    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(e1) : "r"(__byte_perm(biased, 0x6464u, 0x4342)), "r"(0x64806480u));
-    *(u32 *)x = cmul(e0, w.x, w.y);
-    *(u32 *)(x + MP * K1) = cmul(e1, w.z, w.w);
+    product<N2, K2>(d, g, b2, tile);
 }
 
 // Grid samples 0 … n−1 of a step (raw words `cur`) into X: pair 2·tb + pol, rows (pair, m). A
@@ -341,21 +240,8 @@ __device__ __forceinline__ void grid_step(unsigned short *xs, const u32 *cur, co
     for (int slot = threadIdx.x; slot < D; slot += THREADS) {
         const uint4 w = ws[slot];
         unsigned short *x = xs + cs[slot];
-        for (int tb = 0; tb < n; tb += GT) {
-#if GT == 4
-            const uint4 v = *(const uint4 *)(cur + slot * TB + tb);
-            const u32 rw[4] = {v.x, v.y, v.z, v.w};
-#elif GT == 2
-            const uint2 v = *(const uint2 *)(cur + slot * TB + tb);
-            const u32 rw[2] = {v.x, v.y};
-#else
-            const u32 rw[1] = {cur[slot * TB + tb]};
-#endif
-#pragma unroll
-            for (int k = 0; k < GT; k++)
-                if (k == 0 || tb + k < n)
-                    grid_sample(x + (tb + k) * 2 * MP * K1, rw[k], w);
-        }
+        for (int tb = 0; tb < n; tb += GT)
+            grid_times(x + tb * 2 * MP * K1, cur + slot * TB + tb, w, tb, n, 2 * MP * K1, MP * K1);
     }
 }
 
@@ -449,12 +335,12 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     Step cur = {j0, slot_begin(j0), slot_end(j0), 0};
     cur.n = min(TB, cur.te - cur.t0);
     Step nx1 = next(cur), nx2 = next(nx1), nx3 = next(nx2);
-    load_raw(raw_buf(0), in, ds, f, cur.t0, cur.n);
+    load_raw(raw_buf(0), in, ds, f, cur.t0, cur.n, THREADS);
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
     grid_step((unsigned short *)x_buf(0), raw_buf(0), ws, cs, cur.n);
     if (nx1.j < j1)
-        load_raw(raw_buf(1), in, ds, f, nx1.t0, nx1.n);
+        load_raw(raw_buf(1), in, ds, f, nx1.t0, nx1.n, THREADS);
     fence_async_smem();
     __syncthreads();
 #pragma unroll
@@ -467,7 +353,7 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
         asm volatile("cp.async.wait_group 0;\n" ::);
         grid_step((unsigned short *)x_buf(1), raw_buf(1), ws, cs, nx1.n);
         if (nx2.j < j1)
-            load_raw(raw_buf(0), in, ds, f, nx2.t0, nx2.n);
+            load_raw(raw_buf(0), in, ds, f, nx2.t0, nx2.n, THREADS);
     }
     fence_async_smem();
     __syncthreads();
@@ -498,7 +384,7 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
             asm volatile("cp.async.wait_group 0;\n" ::);
             grid_step((unsigned short *)x_buf(s), raw_buf(s), ws, cs, nx2.n);
             if (nx3.j < j1)
-                load_raw(raw_buf(s + 1), in, ds, f, nx3.t0, nx3.n);
+                load_raw(raw_buf(s + 1), in, ds, f, nx3.t0, nx3.n, THREADS);
         }
         // Each stage-2 tile summed while the next one (and the first, step s+1's stage 1)
         // runs; G of step s+1 stored once its stage 1 is done.

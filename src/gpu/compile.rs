@@ -137,8 +137,14 @@ impl Kernel {
                 include_str!("../../kernels/beamform_input.cuh"),
                 include_str!("../../kernels/beamform.cu")
             ),
-            Kernel::FrbStage1 => include_str!("../../kernels/frb_stage1.cu"),
-            Kernel::FrbStage1Wgmma => include_str!("../../kernels/frb_stage1_wgmma.cu"),
+            Kernel::FrbStage1 => concat!(
+                include_str!("../../kernels/frb_common.cuh"),
+                include_str!("../../kernels/frb_stage1.cu")
+            ),
+            Kernel::FrbStage1Wgmma => concat!(
+                include_str!("../../kernels/frb_common.cuh"),
+                include_str!("../../kernels/frb_stage1_wgmma.cu")
+            ),
             Kernel::FrbWeights => include_str!("../../kernels/frb_weights.cu"),
             Kernel::F16Encode => include_str!("../../kernels/f16_encode.cu"),
             Kernel::Ddc => concat!(
