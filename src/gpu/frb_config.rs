@@ -168,11 +168,10 @@ impl FrbConfig {
             + (r - 1) * self.q_warps() * 32 * 2 * (pp / 4) * 4
     }
 
-    /// The kernel's `-D` constants, once the shape is checked, with stage 2's table in `table`
-    /// and registers for `min_blocks` blocks per SM.
-    fn defines(&self, table: Stage2Table, min_blocks: usize) -> Result<Defines, GpuError> {
-        let tb = self.validate()?;
-        Ok(vec![
+    /// The `-D` constants of the grid and the call that both kernels take (M, N, D, T_DS,
+    /// CHANNELS, SPECTRA, BATCHES), and the output type (OUT_HALF).
+    pub(super) fn call_defines(&self) -> Defines {
+        vec![
             ("M", self.rows as i64),
             ("N", self.cols as i64),
             ("D", self.dishes as i64),
@@ -180,15 +179,25 @@ impl FrbConfig {
             ("CHANNELS", self.channels as i64),
             ("SPECTRA", self.spectra as i64),
             ("BATCHES", self.batches as i64),
-            ("TB", tb as i64),
-            ("R", self.groups() as i64),
             (
                 "OUT_HALF",
                 i64::from(self.output == FrbIntensities::Float16),
             ),
+        ]
+    }
+
+    /// The kernel's `-D` constants, once the shape is checked, with stage 2's table in `table`
+    /// and registers for `min_blocks` blocks per SM.
+    fn defines(&self, table: Stage2Table, min_blocks: usize) -> Result<Defines, GpuError> {
+        let tb = self.validate()?;
+        let mut defines = self.call_defines();
+        defines.extend([
+            ("TB", tb as i64),
+            ("R", self.groups() as i64),
             ("B2_SMEM", i64::from(table == Stage2Table::Shared)),
             ("MIN_BLOCKS", min_blocks as i64),
-        ])
+        ]);
+        Ok(defines)
     }
 
     /// The builds `FrbStage1::new` tries, in order, each with its stage-2 table: at the blocks

@@ -18,7 +18,7 @@
 //! its next one) and the block's barrier per step drains the tensor cores.
 
 use super::compile::Defines;
-use super::frb_config::{up, FrbConfig, FrbIntensities, MAX_SMEM};
+use super::frb_config::{up, FrbConfig, MAX_SMEM};
 use crate::dsp::frb::DishGrid;
 
 /// Which kernel a first stage runs.
@@ -108,18 +108,12 @@ impl WgmmaShape {
 
     /// The kernel's `-D` constants.
     pub fn defines(&self, cfg: &FrbConfig) -> Defines {
-        vec![
-            ("M", cfg.rows as i64),
-            ("N", cfg.cols as i64),
-            ("D", cfg.dishes as i64),
-            ("T_DS", cfg.t_ds as i64),
-            ("CHANNELS", cfg.channels as i64),
-            ("SPECTRA", cfg.spectra as i64),
-            ("BATCHES", cfg.batches as i64),
+        let mut defines = cfg.call_defines();
+        defines.extend([
             ("TB", self.time_block as i64),
             ("NWG", self.warpgroups as i64),
-            ("OUT_HALF", i64::from(cfg.output == FrbIntensities::Float16)),
-        ]
+        ]);
+        defines
     }
 
     /// Each dish's cell in the gridded field X, in fp16 halves: (m, n) at row m, k = 2n of a
@@ -147,7 +141,7 @@ pub fn operand_offset(row: usize, k: usize, k_len: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::frb::FrbTuning;
+    use crate::gpu::frb::{FrbIntensities, FrbTuning};
 
     fn cfg(rows: usize, cols: usize, dishes: usize) -> FrbConfig {
         FrbConfig {
