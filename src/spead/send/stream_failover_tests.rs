@@ -18,6 +18,8 @@ use crate::spead::recv::{HeapStream, HeapStreamConfig};
 use crate::spead::wire::ParsedPacket;
 
 const ITEM: u64 = 0x4300;
+/// The streams' burst size: two 8 KiB packets.
+const BURST: usize = 16384;
 
 /// A NIC that works until its packet budget is spent, then fails with ENETDOWN, part-way
 /// through a batch if the budget ends there (what a link going down mid-`sendmmsg` does:
@@ -110,7 +112,7 @@ fn config(rate: f64, retry: Duration) -> SendStreamConfig {
     SendStreamConfig {
         rate,
         max_packet_size: 8192 + 72,
-        burst_size: 16384,
+        burst_size: BURST,
         interface_retry: retry,
         ..Default::default()
     }
@@ -132,8 +134,14 @@ fn bytes_of(packets: &[Vec<u8>]) -> usize {
 }
 
 /// Under load (the sender always has a heap ready), uneven heaps spread over three
-/// interfaces with bytes per interface within 2 % of the mean, rate-limited (fast, so the
-/// test is quick) and unlimited; every heap arrives whole.
+/// interfaces, rate-limited (fast, so the test is quick) and unlimited; every heap arrives
+/// whole. The bound on the bytes per interface, whatever the timing: an interface is chosen
+/// only while it has carried at most one burst more than the least-carrying one
+/// (`super::balance`), and it then takes one heap, so no two interfaces ever differ by more
+/// than the largest heap plus one burst (measured here from the packets received). That is
+/// 49.2 + 16.4 KB against about 2.46 MB each, 2.7 %: an interface 10 % short (246 KB) fails.
+/// The old choice by the limiters' schedules alone failed the old bound of 2 % of the mean
+/// (and this one) in 20 of 30 optimised runs: ±2.4 %, 113 KB apart.
 #[test]
 fn bytes_balance_over_three_interfaces_under_load() {
     for rate in [4e9, 0.0] {
@@ -144,10 +152,17 @@ fn bytes_balance_over_three_interfaces_under_load() {
         drop(s);
         let packets: Vec<Vec<Vec<u8>>> = rxs.iter_mut().map(drain).collect();
         let per: Vec<usize> = packets.iter().map(|p| bytes_of(p)).collect();
-        let mean = per.iter().sum::<usize>() as f64 / 3.0;
-        for &b in &per {
-            assert!((b as f64 / mean - 1.0).abs() < 0.02, "rate {rate}: {per:?}");
+        let mut heap_bytes = BTreeMap::<u64, usize>::new();
+        for p in packets.iter().flatten() {
+            let cnt = ParsedPacket::parse(p).unwrap().repr.heap_cnt;
+            *heap_bytes.entry(cnt).or_default() += p.len();
         }
+        let largest = heap_bytes.values().max().unwrap();
+        let spread = per.iter().max().unwrap() - per.iter().min().unwrap();
+        assert!(
+            spread <= largest + BURST,
+            "rate {rate}: {per:?} bytes, largest heap {largest} B"
+        );
         let heaps = reassemble(&packets);
         assert_eq!(heaps.len(), 300);
         for (i, (cnt, data)) in heaps.iter().enumerate() {
