@@ -1,10 +1,36 @@
 // The FRB first stage's device helpers that both of its kernels use (`gpu::compile` puts this
 // file before kernels/frb_stage1.cu and kernels/frb_stage1_wgmma.cu, whose headers describe the
 // data): the raw samples' copies, the weighted gridding of one sample, the |Ẽ|² sum with its
-// roundings fixed, and the output's rounding. Sizes come from the -D constants TB, D, CHANNELS,
-// SPECTRA and OUT_HALF.
+// roundings fixed, the output's rounding, and a block's time slots. Sizes come from the -D
+// constants TB, D, CHANNELS, SPECTRA, BATCHES, T_DS and OUT_HALF.
 
 typedef unsigned int u32;
+
+#define TIMES (SPECTRA * BATCHES)
+#define OUT_MAX ((TIMES + T_DS - 1) / T_DS) // output rows per channel: slots a call can end
+
+// The slow-time slots of this block (frb_stage1.cu's header, "Time slots"): slot j covers call
+// samples [begin(j), end(j)); block blockIdx.x takes slots j0 … j1 − 1 of the call's.
+struct Slots {
+    int phase, j0, j1;
+
+    __device__ __forceinline__ Slots(int phase, int slots_per_block) : phase(phase)
+    {
+        const int slots = (phase + TIMES + T_DS - 1) / T_DS;
+        j0 = blockIdx.x * slots_per_block;
+        j1 = min(j0 + slots_per_block, slots);
+    }
+
+    __device__ __forceinline__ int begin(int j) const
+    {
+        return max(0, j * T_DS - phase);
+    }
+
+    __device__ __forceinline__ int end(int j) const
+    {
+        return min(TIMES, (j + 1) * T_DS - phase);
+    }
+};
 
 __device__ __forceinline__ u32 smem_addr(const void *p)
 {

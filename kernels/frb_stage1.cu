@@ -73,7 +73,6 @@
 // block per SM. Two (time, pol) pairs per warp at once (B2 fragments read once for both) were
 // measured slower: 11–56 % at case 5, for want of registers.
 
-#define TIMES (SPECTRA * BATCHES)
 #define MP ((M + 7) / 8 * 8)     // m padded: stage-1 columns per (time, pol), stage-2 k
 #define NP ((N + 7) / 8 * 8)     // n padded: stage-1 k
 #define QP ((2 * N + 15) / 16 * 16) // q padded: stage-1 rows, stage-2 rows
@@ -88,7 +87,6 @@
 #define HALF (M % 4 == 0)
 #define NT2H (HALF ? M / 4 : NT2)    // stage-2 column tiles held
 #define XROW (2 * NP + 8)        // halves per gridded row (time, pol, m): (n, re/im) + pad
-#define OUT_MAX ((TIMES + T_DS - 1) / T_DS)
 // MIN_BLOCKS (-D): blocks per SM the registers must allow. The op asks first for 12 warps in
 // all (three per scheduler), enough to hide the tensor cores' latency, and where ptxas would
 // spill there for one block.
@@ -140,13 +138,9 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
     const int qw = warp % QW, r = warp / QW;
     const int g = lane >> 2, i = lane & 3;
 
-    const int slots = (phase + TIMES + T_DS - 1) / T_DS;
-    const int j0 = blockIdx.x * slots_per_block;
-    const int j1 = min(j0 + slots_per_block, slots);
-    if (j0 >= j1)
+    const Slots sl(phase, slots_per_block);
+    if (sl.j0 >= sl.j1)
         return;
-    auto slot_begin = [&](int j) { return max(0, j * T_DS - phase); };
-    auto slot_end = [&](int j) { return min(TIMES, (j + 1) * T_DS - phase); };
 
     // Set-up: zero X (unoccupied cells and padding stay zero), weights, cells, tables.
     for (int e = threadIdx.x; e < X_BYTES / 4; e += WARPS * 32)
@@ -191,12 +185,12 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
 #pragma unroll
     for (int nt = 0; nt < NT2; nt++) {
         const int p = 4 * nt + i, q = 16 * qw + g;
-        const bool carried = j0 == 0 && phase > 0 && r == 0 && p < 2 * M;
+        const bool carried = sl.j0 == 0 && phase > 0 && r == 0 && p < 2 * M;
         lo[nt] = carried && q < 2 * N ? carry_in[f * plane + p * (2 * N) + q] : 0.0f;
         hi[nt] = carried && q + 8 < 2 * N ? carry_in[f * plane + p * (2 * N) + q + 8] : 0.0f;
     }
 
-    int j = j0, te = slot_end(j0), t0 = slot_begin(j0);
+    int j = sl.j0, te = sl.end(sl.j0), t0 = sl.begin(sl.j0);
     load_raw(raw, in, ds, f, t0, min(TB, te - t0), WARPS * 32);
     for (int step = 0;; step++) {
         const int n = min(TB, te - t0);
@@ -204,10 +198,10 @@ frb_stage1(const u32 *__restrict__ in, const float2 *__restrict__ weights, const
         int nj = j, nt0 = t0 + n, nte = te;
         if (nt0 >= te) {
             nj = j + 1;
-            nt0 = slot_begin(nj);
-            nte = slot_end(nj);
+            nt0 = sl.begin(nj);
+            nte = sl.end(nj);
         }
-        const bool more = nj < j1;
+        const bool more = nj < sl.j1;
         if (more) {
             load_raw(raw + ((step + 1) & 1) * TB * D, in, ds, f, nt0, min(TB, nte - nt0), WARPS * 32);
             asm volatile("cp.async.wait_group 1;\n" ::);

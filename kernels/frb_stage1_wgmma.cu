@@ -51,8 +51,6 @@
 
 typedef unsigned long long u64;
 
-#define TIMES (SPECTRA * BATCHES)
-#define OUT_MAX ((TIMES + T_DS - 1) / T_DS)
 #define MP ((M + 7) / 8 * 8)       // m padded: stage-1 rows per pair, stage-2 k / 2
 #define NP ((N + 7) / 8 * 8)       // n padded: stage-1 k / 2
 #define QP ((2 * N + 7) / 8 * 8)   // q padded: stage-1 columns / 2, stage-2 rows per pair
@@ -83,7 +81,6 @@ typedef unsigned long long u64;
 #define RAW_BYTES ((2 * TB * D * 4 + 15) / 16 * 16)
 #define W_BYTES (D * 16)
 #define CELL_BYTES ((D * 8 + 15) / 16 * 16)
-#define RED_BYTES (PP * 64 * NWG * 4)
 
 // K-major descriptor in the 32-byte swizzle (mode 3): atoms of 8 rows × 32 bytes, a row
 // group's atoms consecutive along k, so row groups `kbytes`·8 apart (the stride byte offset);
@@ -95,9 +92,9 @@ __device__ __forceinline__ u64 desc(u32 addr, u32 kbytes)
 
 // Byte offset of (row, k) in such an operand with `k_len` values per row (`gpu::frb_wgmma::
 // operand_offset`): a row's 32 bytes of an atom hold k/16's 16 values, its two 16-byte halves
-// swapped in rows 4–7 of the atom (address bit 4 ^= bit 7; buffers are 256-byte aligned). The
-// tensor cores read four rows' 32 bytes at a time; unswizzled (16-byte rows, k halves 128 bytes
-// apart) those fell in the same 16 banks, and the MMAs alone ran at half the fp16 peak.
+// swapped in rows 4–7 of the atom (address bit 4 ^= bit 7; buffers are 256-byte aligned). Against
+// the unswizzled layout the whole kernel measured 1–3 % faster (G''s stores fall in distinct
+// banks), though its MMAs alone were 9 % slower (bench/RESULTS.md, 2026-11-28).
 __device__ __forceinline__ u32 operand_offset(int row, int k, int k_len)
 {
     return ((row >> 3) * (k_len >> 4) + (k >> 4)) * 256 + (row & 7) * 32 + ((((k >> 3) ^ (row >> 2)) & 1) << 4) +
@@ -287,20 +284,16 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     const int g = lane >> 2, i = lane & 3;
     const int row16 = 16 * warp + g; // this thread's first accumulator row in a tile
 
-    const int slots = (phase + TIMES + T_DS - 1) / T_DS;
-    const int j0 = blockIdx.x * slots_per_block;
-    const int j1 = min(j0 + slots_per_block, slots);
-    if (j0 >= j1)
+    const Slots sl(phase, slots_per_block);
+    if (sl.j0 >= sl.j1)
         return;
-    auto slot_begin = [&](int j) { return max(0, j * T_DS - phase); };
-    auto slot_end = [&](int j) { return min(TIMES, (j + 1) * T_DS - phase); };
     // The step after c: later in c's slot, or the start of the next (past j1: not run).
     auto next = [&](Step c) {
         Step r = {c.j, c.t0 + c.n, c.te, 0};
         if (r.t0 >= c.te) {
             r.j = c.j + 1;
-            r.t0 = slot_begin(r.j);
-            r.te = slot_end(r.j);
+            r.t0 = sl.begin(r.j);
+            r.te = sl.end(r.j);
         }
         r.n = min(TB, r.te - r.t0);
         return r;
@@ -332,14 +325,14 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     float acc1[AN], acc2[AN];
 
     // Steps s, s + 1, s + 2 and s + 3; step 0 gridded and through stage 1, step 1 gridded.
-    Step cur = {j0, slot_begin(j0), slot_end(j0), 0};
+    Step cur = {sl.j0, sl.begin(sl.j0), sl.end(sl.j0), 0};
     cur.n = min(TB, cur.te - cur.t0);
     Step nx1 = next(cur), nx2 = next(nx1), nx3 = next(nx2);
     load_raw(raw_buf(0), in, ds, f, cur.t0, cur.n, THREADS);
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
     grid_step((unsigned short *)x_buf(0), raw_buf(0), ws, cs, cur.n);
-    if (nx1.j < j1)
+    if (nx1.j < sl.j1)
         load_raw(raw_buf(1), in, ds, f, nx1.t0, nx1.n, THREADS);
     fence_async_smem();
     __syncthreads();
@@ -349,10 +342,10 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
         wgmma_wait<0>(acc1);
         store_g(gs, acc1, wg + k * NWG, row16, i);
     }
-    if (nx1.j < j1) {
+    if (nx1.j < sl.j1) {
         asm volatile("cp.async.wait_group 0;\n" ::);
         grid_step((unsigned short *)x_buf(1), raw_buf(1), ws, cs, nx1.n);
-        if (nx2.j < j1)
+        if (nx2.j < sl.j1)
             load_raw(raw_buf(0), in, ds, f, nx2.t0, nx2.n, THREADS);
     }
     fence_async_smem();
@@ -371,7 +364,7 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     };
 
     for (int s = 0;; s++) {
-        const bool more = nx1.j < j1;
+        const bool more = nx1.j < sl.j1;
         const u32 g_a = smem_addr(gs + (s & 1) * G_BYTES);
         unsigned char *g_next = gs + ((s + 1) & 1) * G_BYTES;
         // Step s's first stage-2 tile and step s+1's stage 1 in flight while step s+2 is
@@ -380,30 +373,28 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
         // and serialised every MMA (C7514).
         stage2(acc2, g_a, b2_a, wg);
         stage1(acc1, smem_addr(x_buf(s + 1)), a1_a, wg);
-        if (nx2.j < j1) {
+        if (nx2.j < sl.j1) {
             asm volatile("cp.async.wait_group 0;\n" ::);
             grid_step((unsigned short *)x_buf(s), raw_buf(s), ws, cs, nx2.n);
-            if (nx3.j < j1)
+            if (nx3.j < sl.j1)
                 load_raw(raw_buf(s + 1), in, ds, f, nx3.t0, nx3.n, THREADS);
         }
         // Each stage-2 tile summed while the next one (and the first, step s+1's stage 1)
         // runs; G of step s+1 stored once its stage 1 is done.
         wgmma_wait<1>(acc2);
         sum_tile(wg);
-        if (T2W > 1)
+        if (T2W > 1) {
             stage2(acc2, g_a, b2_a, wg + NWG);
-        {
-            if (T2W > 1)
-                wgmma_wait<1>(acc1);
-            else
-                wgmma_wait<0>(acc1);
-            store_g(g_next, acc1, wg, row16, i);
+            wgmma_wait<1>(acc1);
+        } else {
+            wgmma_wait<0>(acc1);
+        }
+        store_g(g_next, acc1, wg, row16, i);
 #pragma unroll
-            for (int k = 1; k < T1W; k++) {
-                stage1(acc1, smem_addr(x_buf(s + 1)), a1_a, wg + k * NWG);
-                wgmma_wait_all(acc1, acc2);
-                store_g(g_next, acc1, wg + k * NWG, row16, i);
-            }
+        for (int k = 1; k < T1W; k++) {
+            stage1(acc1, smem_addr(x_buf(s + 1)), a1_a, wg + k * NWG);
+            wgmma_wait_all(acc1, acc2);
+            store_g(g_next, acc1, wg + k * NWG, row16, i);
         }
 #pragma unroll
         for (int k = 1; k < T2W; k++) {

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use super::frb_wgmma::operand_offset;
+use super::frb_wgmma::{operand_offset, padded_sides};
 
 /// Entry (row r of 16-row tile t, column k) of stage 1's real-ified zero-padded DFT along n
 /// (kernel header): rows 0–7 real, 8–15 imaginary parts of output q = 8t + r mod 8; column k
@@ -103,7 +103,7 @@ fn wgmma_operand(rows: usize, k_len: usize, entry: impl Fn(usize, usize) -> f64)
 /// product's columns, k (n, d) — [`a1_entry`]'s value for output part c of q from input part d
 /// of n; q padded to a multiple of 8, n to 8.
 pub fn a1_wgmma_table(cols: usize) -> Vec<u32> {
-    let (qp, np) = ((2 * cols).div_ceil(8) * 8, cols.div_ceil(8) * 8);
+    let (_, np, qp, _) = padded_sides(1, cols);
     wgmma_operand(2 * qp, 2 * np, |row, k| {
         let (q, c) = (row / 2, row % 2);
         a1_entry(q / 8, q % 8 + 8 * c, k, cols)
@@ -113,7 +113,7 @@ pub fn a1_wgmma_table(cols: usize) -> Vec<u32> {
 /// Stage 2's DFT along m for the `wgmma` kernel: row (p, c), k (m, d) — [`b2_entry`]'s value
 /// for output part c of p from G's part d at m; p padded to a multiple of 4, m to 8.
 pub fn b2_wgmma_table(rows: usize) -> Vec<u32> {
-    let (pp, mp) = ((2 * rows).div_ceil(4) * 4, rows.div_ceil(8) * 8);
+    let (mp, _, _, pp) = padded_sides(rows, 1);
     wgmma_operand(2 * pp, 2 * mp, |row, k| {
         let (p, c, m, d) = (row / 2, row % 2, k / 2, k % 2);
         b2_entry(m / 8, m % 8 + 8 * d, p / 4, 2 * (p % 4) + c, rows)

@@ -45,20 +45,20 @@ pub struct WgmmaShape {
     pub warpgroups: usize,
 }
 
-/// Padded extents (kernel header): m, n, q, p.
+/// The kernel's padded extents for an M×N grid (its MP, NP, QP, PP): m, n and q to multiples
+/// of 8, p to 4.
+pub fn padded_sides(rows: usize, cols: usize) -> (usize, usize, usize, usize) {
+    (up(rows, 8), up(cols, 8), up(2 * cols, 8), up(2 * rows, 4))
+}
+
 fn padded(cfg: &FrbConfig) -> (usize, usize, usize, usize) {
-    (
-        up(cfg.rows, 8),
-        up(cfg.cols, 8),
-        up(2 * cfg.cols, 8),
-        up(2 * cfg.rows, 4),
-    )
+    padded_sides(cfg.rows, cfg.cols)
 }
 
 impl WgmmaShape {
     /// The first (block step, warpgroups) the kernel takes for `cfg`'s grid — steps from 1 to
-    /// 16 samples, three warpgroups preferred (the most whose registers hold a step's stage-2
-    /// tiles), then two, then four — or None where none fits.
+    /// 16 samples, three warpgroups preferred (the most a block's registers allow at 24×24),
+    /// then two, then four — or None where none fits.
     pub fn choose(cfg: &FrbConfig) -> Option<WgmmaShape> {
         (1..=16)
             .flat_map(|time_block| {
@@ -120,7 +120,7 @@ impl WgmmaShape {
     /// pair's rows ([`operand_offset`]; a pair's rows start a row group, MP being a multiple of
     /// 8, so the swizzle is the same in every pair).
     pub fn cells(grid: &DishGrid) -> Vec<i32> {
-        let k_len = 2 * up(grid.cols, 8);
+        let k_len = 2 * padded_sides(grid.rows, grid.cols).1;
         grid.positions()
             .map(|(m, n)| (operand_offset(m, 2 * n, k_len) / 2) as i32)
             .collect()
