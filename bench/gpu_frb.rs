@@ -14,8 +14,9 @@
 //! Input lives in device memory (random bytes: any byte is a valid sample); every time is the
 //! median of event-timed calls after warm-ups. Run `cbf selftest --gpu` first: a figure counts
 //! only when that passed in the same run.
-//! The kernel is the op's (`mma.sync`) or the one `--kernel` names (`wgmma`: sm_90, the shapes
-//! `gpu::frb_wgmma` takes); the TFLOPS figure counts the `mma.sync` kernel's products (at 24×24
+//! The kernel is the op's choice (`wgmma` on sm_90 at 24×24, else `mma.sync`:
+//! `gpu::frb_wgmma::WgmmaShape::preferred`) or the one `--kernel` names (`wgmma`: sm_90, the
+//! shapes `gpu::frb_wgmma` takes); the TFLOPS figure counts the `mma.sync` kernel's products (at 24×24
 //! the useful ones: neither kernel pads there).
 //! Usage: `cbf-frb-bench [--quick] [--case K [--kernel mma|wgmma] [--tb N] [--groups R]
 //! [--b2 regs|shared]]`.

@@ -43,14 +43,23 @@ __device__ __forceinline__ void cp_async4(u32 dst, const void *src)
 }
 
 // sum + (re² + im²) with its roundings fixed: re² + im² by one fused multiply-add on the
-// rounded im², then one rounded add (the error bound's 2⁻²⁴·(2·t_ds + 2) of I counts these).
-// Written out so that ptxas cannot contract them its own way: it may fuse a plain multiply and
-// add differently in two builds (the fp32 and fp16 outputs, or two register budgets), and the
-// fp16 output must be the fp32 build's value rounded, bit for bit (one value in 80640 differed
-// at 30×28, whose two outputs built at different blocks per SM).
+// rounded im², then one rounded add (each term within 2·2⁻²⁴ of its value, the sum within
+// 2⁻²⁴ per add). Written out so that ptxas cannot contract them its own way: it may fuse a
+// plain multiply and add differently in two builds (the fp32 and fp16 outputs, or two register
+// budgets), and the fp16 output must be the fp32 build's value rounded, bit for bit (one value
+// in 80640 differed at 30×28, whose two outputs built at different blocks per SM).
 __device__ __forceinline__ float add_power(float sum, float re, float im)
 {
     return __fadd_rn(sum, fmaf(re, re, __fmul_rn(im, im)));
+}
+
+// The same sum by two fused multiply-adds, each rounded once (the exact squares summed: 2⁻²⁴
+// per add), one instruction fewer: frb_stage1_wgmma.cu's form. (frb_stage1.cu keeps the
+// three: with two its 32×24 build spilled and case 5 measured 1.5 % slower, bench/RESULTS.md
+// 2026-11-28.) Either way the error bound's (4·t_ds + 2)·2⁻²⁴ of I covers the sums.
+__device__ __forceinline__ float add_power_fma(float sum, float re, float im)
+{
+    return __fmaf_rn(im, im, __fmaf_rn(re, re, sum));
 }
 
 // Two floats rounded to fp16 (nearest even), `lo` in the low half. (No cuda_fp16.h: NVRTC has

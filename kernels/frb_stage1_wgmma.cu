@@ -40,8 +40,9 @@
 // 256-byte atom per 8 rows. The tables come from the host in exactly that layout
 // (`gpu::frb_tables`).
 //
-// Measured (bench/RESULTS.md, 2026-11-28): 1.94–1.96 ms at seed 004 case 5 on the H100 against
-// frb_stage1.cu's 1.96–1.98, level, so not the op's default (`gpu::frb_wgmma`).
+// Measured (bench/RESULTS.md, 2026-11-28, twenty-second session): 1.79–1.81 ms at seed 004 case 5
+// on the H200 against frb_stage1.cu's 2.01–2.03, so the op's default at 24×24 on sm_90
+// (`gpu::frb_wgmma`); slower than frb_stage1.cu at 8×8 and 16×16, where the products are narrow.
 //
 // Compile-time constants (-D): M, N, D, T_DS, CHANNELS, SPECTRA, BATCHES, TB, NWG, OUT_HALF.
 
@@ -205,27 +206,33 @@ __device__ __forceinline__ void fence_async_smem()
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// One tile of a stage as one commit group: rows 64·tile … of the operand at `a` (K values a
-// row) by the table at `b`, K/16 steps. Stage 1 is product<N1, K1> on X and A1, stage 2
-// product<N2, K2> on G' and B2.
+// One tile of a stage as one commit group: K/16 k steps of the operand whose tile starts at
+// descriptor `a` by the table at descriptor `b`. A descriptor's start address is the byte
+// address / 16 in its low 14 bits, so a step of 256 bytes along k adds 16 (no carry leaves the
+// field: shared memory is below 2¹⁸ bytes); the callers form every descriptor the same way,
+// from one per buffer made before the loop, which keeps the address arithmetic out of the step.
 template <int NN, int K>
-__device__ __forceinline__ void product(float (&d)[AN], u32 a, u32 b, int tile)
+__device__ __forceinline__ void product(float (&d)[AN], u64 a, u64 b)
 {
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < K / 16; ks++)
-        wgmma<NN>(d, desc(a + tile * 64 * K * 2 + ks * 256, K * 2), desc(b + ks * 256, K * 2), ks > 0);
+        wgmma<NN>(d, a + ks * 16, b + ks * 16, ks > 0);
     wgmma_commit();
 }
 
-__device__ __forceinline__ void stage1(float (&d)[AN], u32 x, u32 a1, int tile)
+// Descriptor offsets of a tile (64 rows of K values) and of a buffer of `bytes`.
+#define TILE_DESC(K, tile) ((u64)(tile) * (64 * (K) * 2 / 16))
+#define BUF_DESC(bytes, k) ((u64)((k) & 1) * ((bytes) / 16))
+
+__device__ __forceinline__ void stage1(float (&d)[AN], u64 x, u64 a1, int tile)
 {
-    product<N1, K1>(d, x, a1, tile);
+    product<N1, K1>(d, x + TILE_DESC(K1, tile), a1);
 }
 
-__device__ __forceinline__ void stage2(float (&d)[AN], u32 g, u32 b2, int tile)
+__device__ __forceinline__ void stage2(float (&d)[AN], u64 g, u64 b2, int tile)
 {
-    product<N2, K2>(d, g, b2, tile);
+    product<N2, K2>(d, g + TILE_DESC(K2, tile), b2);
 }
 
 // Grid samples 0 … n−1 of a step (raw words `cur`) into X: pair 2·tb + pol, rows (pair, m). A
@@ -243,16 +250,20 @@ __device__ __forceinline__ void grid_step(unsigned short *xs, const u32 *cur, co
 }
 
 // Stage 1's accumulators of `tile` as fp16 (re, im) pairs into G' (row (pair, q), k (m, d)).
+// Accumulator block j holds q = 4j + i: as QP is a multiple of 8 and i < 4, its row
+// pair·QP + 4j + i lies in row group pair·QP/8 + j/2 at place 4·(j mod 2) + i, with swizzle bit
+// j mod 2, so operand_offset is one of two per-thread bases (j even, odd) plus a constant.
 __device__ __forceinline__ void store_g(unsigned char *g, const float (&d)[AN], int tile, int row16, int i)
 {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int r = tile * 64 + row16 + 8 * h, pair = r / MP, m = r % MP;
+        const int r = tile * 64 + row16 + 8 * h, pair = r / MP, k = 2 * (r % MP);
+        const int sw = ((k >> 3) & 1) << 4;
+        unsigned char *base = g + (pair * (QP / 8) * (K2 / 16) + (k >> 4)) * 256 + i * 32 + (k & 7) * 2;
+        unsigned char *even = base + sw, *odd = base + 128 + (sw ^ 16);
 #pragma unroll
-        for (int j = 0; j < N1 / 8; j++) {
-            const int row = pair * QP + 4 * j + i;
-            *(u32 *)(g + operand_offset(row, 2 * m, K2)) = pack(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-        }
+        for (int j = 0; j < N1 / 8; j++)
+            *(u32 *)((j & 1 ? odd : even) + (j >> 1) * K2 * 16) = pack(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
     }
 }
 
@@ -280,7 +291,10 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     float *red = (float *)((unsigned char *)cs + CELL_BYTES);
 
     const int f = blockIdx.y;
-    const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+    // The warpgroup broadcast from lane 0, so that ptxas knows it is warp-uniform and keeps the
+    // descriptors made from it in uniform registers.
+    const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
     const int g = lane >> 2, i = lane & 3;
     const int row16 = 16 * warp + g; // this thread's first accumulator row in a tile
 
@@ -315,7 +329,8 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
         cs[k] = cells[k];
         ds[k] = d;
     }
-    const u32 a1_a = smem_addr(a1s), b2_a = smem_addr(b2s);
+    const u64 a1_d = desc(smem_addr(a1s), K1 * 2), b2_d = desc(smem_addr(b2s), K2 * 2);
+    const u64 x_d = desc(smem_addr(xs), K1 * 2), g_d = desc(smem_addr(gs), K2 * 2);
 
     // |Ẽ|² of this thread's (q, p): rows row16 (lo) and row16 + 8 (hi) mod QP, p = 4c + i.
     float lo[N2 / 8], hi[N2 / 8];
@@ -338,7 +353,7 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < T1W; k++) {
-        stage1(acc1, smem_addr(x_buf(0)), a1_a, wg + k * NWG);
+        stage1(acc1, x_d, a1_d, wg + k * NWG);
         wgmma_wait<0>(acc1);
         store_g(gs, acc1, wg + k * NWG, row16, i);
     }
@@ -357,22 +372,22 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
 #pragma unroll
         for (int c = 0; c < N2 / 8; c++) {
             if (ok_lo)
-                lo[c] = add_power(lo[c], acc2[4 * c], acc2[4 * c + 1]);
+                lo[c] = add_power_fma(lo[c], acc2[4 * c], acc2[4 * c + 1]);
             if (ok_hi)
-                hi[c] = add_power(hi[c], acc2[4 * c + 2], acc2[4 * c + 3]);
+                hi[c] = add_power_fma(hi[c], acc2[4 * c + 2], acc2[4 * c + 3]);
         }
     };
 
     for (int s = 0;; s++) {
         const bool more = nx1.j < sl.j1;
-        const u32 g_a = smem_addr(gs + (s & 1) * G_BYTES);
+        const u64 g_a = g_d + BUF_DESC(G_BYTES, s), x_a = x_d + BUF_DESC(X_BYTES, s + 1);
         unsigned char *g_next = gs + ((s + 1) & 1) * G_BYTES;
         // Step s's first stage-2 tile and step s+1's stage 1 in flight while step s+2 is
         // gridded and step s+3's samples queued. Stage 1 runs after the last step too (on
         // stale X, its G never read): issued only when `more`, ptxas lost track of the groups
         // and serialised every MMA (C7514).
-        stage2(acc2, g_a, b2_a, wg);
-        stage1(acc1, smem_addr(x_buf(s + 1)), a1_a, wg);
+        stage2(acc2, g_a, b2_d, wg);
+        stage1(acc1, x_a, a1_d, wg);
         if (nx2.j < sl.j1) {
             asm volatile("cp.async.wait_group 0;\n" ::);
             grid_step((unsigned short *)x_buf(s), raw_buf(s), ws, cs, nx2.n);
@@ -384,7 +399,7 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
         wgmma_wait<1>(acc2);
         sum_tile(wg);
         if (T2W > 1) {
-            stage2(acc2, g_a, b2_a, wg + NWG);
+            stage2(acc2, g_a, b2_d, wg + NWG);
             wgmma_wait<1>(acc1);
         } else {
             wgmma_wait<0>(acc1);
@@ -392,7 +407,7 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
         store_g(g_next, acc1, wg, row16, i);
 #pragma unroll
         for (int k = 1; k < T1W; k++) {
-            stage1(acc1, smem_addr(x_buf(s + 1)), a1_a, wg + k * NWG);
+            stage1(acc1, x_a, a1_d, wg + k * NWG);
             wgmma_wait_all(acc1, acc2);
             store_g(g_next, acc1, wg + k * NWG, row16, i);
         }
@@ -401,7 +416,7 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
             wgmma_wait<0>(acc2);
             sum_tile(wg + k * NWG);
             if (k + 1 < T2W)
-                stage2(acc2, g_a, b2_a, wg + (k + 1) * NWG);
+                stage2(acc2, g_a, b2_d, wg + (k + 1) * NWG);
         }
         fence_async_smem();
 

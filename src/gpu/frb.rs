@@ -35,7 +35,9 @@
 //! term of ≤ 2·max(M,N)·8 terms, below 0.1u·B for grids up to 64), the cells' 2⁻¹⁵ each through
 //! DFT entries of modulus ≤ 1 + u, and fp16 subnormal flushes of G and Ẽ (≤ 2⁻²⁵ absolute per
 //! value): δ = 8.2u·B + 2⁻¹⁴·MN. Then |Î − I|_pq ≤ Σ_{τπ} (2|Ẽ_τπpq|·δ_τπ + δ_τπ²) +
-//! (2t_ds + 2)·2⁻²⁴·I_pq, the last term for the fp32 squares and running sum. The fp16 output
+//! (4t_ds + 2)·2⁻²⁴·I_pq, the last term for the fp32 squares and running sum (the `wgmma` kernel
+//! adds the 4t_ds exact squares by fused multiply-adds, 2⁻²⁴ each; `mma.sync` the 2t_ds
+//! terms, each within 2·2⁻²⁴, by rounded adds: (2t_ds + 2)·2⁻²⁴, within the same bound). The fp16 output
 //! adds its own rounding, u·s·I + η in scaled units: the rounding of I that `gpu::frb_half`'s
 //! bound on the second stage already charges (e_I there), of the same float32 I.
 //!
@@ -302,18 +304,28 @@ struct Build {
 }
 
 /// The first stage's kernel: the `wgmma` one where [`FrbTuning::kernel`] asks for it (an
-/// error where the shape is outside it or ptxas refuses it), else the first of `cfg.builds()`
+/// error where the shape is outside it or ptxas refuses it) or leaves it open on an sm_90
+/// device for a shape [`WgmmaShape::preferred`] takes, else the first of `cfg.builds()`
 /// that ptxas builds without spilling (the compile check refuses a spill). A grid that spills
 /// in every build is refused, saying so.
 fn compile(gpu: &Gpu, cfg: &FrbConfig) -> Result<(CudaFunction, Build), GpuError> {
-    if cfg.tuning.kernel == Some(FrbKernel::Wgmma) {
-        let shape = WgmmaShape::choose(cfg).ok_or_else(|| {
+    let t = &cfg.tuning;
+    let open =
+        t.kernel.is_none() && t.time_block.is_none() && t.groups.is_none() && t.table.is_none();
+    let wgmma = if t.kernel == Some(FrbKernel::Wgmma) {
+        Some(WgmmaShape::choose(cfg).ok_or_else(|| {
             GpuError::Backend(format!(
                 "FRB beamformer: no wgmma first stage for a {}×{} grid (kernels/\
                  frb_stage1_wgmma.cu's tiles)",
                 cfg.rows, cfg.cols
             ))
-        })?;
+        })?)
+    } else if open && gpu.arch == "sm_90" {
+        WgmmaShape::preferred(cfg)
+    } else {
+        None
+    };
+    if let Some(shape) = wgmma {
         let build = Build {
             kernel: FrbKernel::Wgmma,
             table: None,
@@ -381,7 +393,7 @@ pub fn error_bound(
             }
         }
         for k in 0..plane {
-            bound[s * plane + k] += (2 * t_ds + 2) as f64 * 2f64.powi(-24) * i[s * plane + k];
+            bound[s * plane + k] += (4 * t_ds + 2) as f64 * 2f64.powi(-24) * i[s * plane + k];
         }
     }
     bound

@@ -52,9 +52,10 @@ pub struct FrbTuning {
     /// Stage 2's table (None: registers where ptxas holds it there without spilling at the
     /// blocks per SM asked for, else shared memory; `compile`).
     pub table: Option<Stage2Table>,
-    /// The kernel (None: `mma.sync`, level with `wgmma` at seed 004 case 5 on the H100;
-    /// `wgmma` only where named, on an sm_90 device, for the shapes
-    /// `gpu::frb_wgmma::WgmmaShape::choose` finds). The fields above tune `mma.sync` only.
+    /// The kernel (None: `wgmma` on an sm_90 device where
+    /// `gpu::frb_wgmma::WgmmaShape::preferred` takes the grid and no field above is set, else
+    /// `mma.sync`; `wgmma` where named, for the shapes `WgmmaShape::choose` finds). The fields
+    /// above tune `mma.sync` only.
     pub kernel: Option<FrbKernel>,
 }
 
@@ -88,9 +89,9 @@ impl FrbConfig {
     /// A bound on every intensity [`FrbStage1::run`] writes while every weight's magnitude is
     /// at most `max_weight`. Exactly, |Ẽ| ≤ B = Σ_dishes |W|·|E| ≤ D·128√2·max|W| per (time,
     /// pol) (−128 in both parts is the largest sample); the kernel's |Ẽ| errs by at most
-    /// δ = 8.2·2⁻¹¹·B + 2⁻¹⁴·MN and its fp32 sums by (2·t_ds + 2)·2⁻²⁴ of I (module doc, the
+    /// δ = 8.2·2⁻¹¹·B + 2⁻¹⁴·MN and its fp32 sums by (4·t_ds + 2)·2⁻²⁴ of I (module doc, the
     /// bound [`error_bound`] checks), so
-    /// I ≤ 2·t_ds·(B + δ)²·(1 + (2·t_ds + 2)·2⁻²⁴). The fp16 output ([`FrbStage1::run_half`])
+    /// I ≤ 2·t_ds·(B + δ)²·(1 + (4·t_ds + 2)·2⁻²⁴). The fp16 output ([`FrbStage1::run_half`])
     /// and the second stage's fp16 path take their scale s_I from this bound
     /// (`gpu::frb_half`), so no intensity saturates.
     pub fn max_intensity(&self, max_weight: f64) -> f64 {
@@ -98,7 +99,7 @@ impl FrbConfig {
         let b = self.dishes as f64 * 128.0 * std::f64::consts::SQRT_2 * max_weight;
         let field = b * (1.0 + 8.2 / 2048.0) + 2f64.powi(-14) * (self.rows * self.cols) as f64;
         let t = self.t_ds as f64;
-        2.0 * t * field * field * (1.0 + (2.0 * t + 2.0) * eps)
+        2.0 * t * field * field * (1.0 + (4.0 * t + 2.0) * eps)
     }
 
     pub fn times(&self) -> usize {

@@ -11,11 +11,13 @@
 //! 12×16) ptxas serialised every MMA for want of registers (C7511) at half the registers. Every
 //! pair of a step is transformed, so a step that a slot cuts short wastes the rest.
 //!
-//! **Not the default** (bench/RESULTS.md, 2026-11-28 twenty-first session): at seed 004 case 5
-//! on the H100 it takes 1.940–1.960 ms against `mma.sync`'s 1.959–1.979 in the same calls,
-//! level within the spread. The products alone run at the fp16 peak when fed (963 TFLOPS in a
-//! kernel of their own); here each warpgroup's work is a chain (a stage-2 tile summed before
-//! its next one) and the block's barrier per step drains the tensor cores.
+//! **The default at 24×24** ([`WgmmaShape::preferred`]; bench/RESULTS.md, 2026-11-28
+//! twenty-second session): at seed 004 case 5 on the H200 it takes 1.79–1.81 ms against
+//! `mma.sync`'s 2.01–2.03 in the same calls, once the step's address arithmetic left the loop
+//! (level before). The products alone run near the fp16 peak when fed (50 cycles per
+//! m64n96k16 with three warpgroups on random operands); here each warpgroup's work is a chain
+//! (a stage-2 tile summed before its next one) and the block's barrier per step drains the
+//! tensor cores.
 
 use super::compile::Defines;
 use super::frb_config::{up, FrbConfig, MAX_SMEM};
@@ -68,6 +70,17 @@ impl WgmmaShape {
                 })
             })
             .find(|s| s.fits(cfg))
+    }
+
+    /// The shape the op runs where its tuning leaves the kernel open on an sm_90 device: the
+    /// one [`choose`](Self::choose) finds, where its products are the full 96 columns wide
+    /// (grids of 23–24 rows by 21–24 columns, CHORD's 24×24 among them). Measured on the H200
+    /// (bench/RESULTS.md, 2026-11-28 twenty-second session): 10 % faster than `mma.sync` at
+    /// 24×24, but 42 % slower at 8×8 (32 columns) and 63 % at 16×16 (64), where each product
+    /// is too narrow to pay for the warpgroups' waits.
+    pub fn preferred(cfg: &FrbConfig) -> Option<WgmmaShape> {
+        let (_, _, qp, _) = padded(cfg);
+        Self::choose(cfg).filter(|_| 2 * qp == MAX_ACCUMULATORS)
     }
 
     /// Whether the kernel builds this shape for `cfg` (its `#error` conditions, the registers:
@@ -182,6 +195,21 @@ mod tests {
         );
         // 32×32: the products would be 128 columns wide, 128 accumulators in flight.
         assert_eq!(WgmmaShape::choose(&cfg(32, 32, 1024)), None);
+    }
+
+    /// The default takes the wgmma kernel only where its products are 96 columns wide, the
+    /// shapes where it measured faster than `mma.sync`.
+    #[test]
+    fn the_default_takes_wgmma_at_full_width_only() {
+        assert!(WgmmaShape::preferred(&cfg(24, 24, 512)).is_some());
+        assert!(WgmmaShape::preferred(&cfg(23, 21, 400)).is_some());
+        // Built by wgmma when named, but slower there: 64 and 32 columns.
+        assert!(WgmmaShape::choose(&cfg(16, 16, 256)).is_some());
+        assert_eq!(WgmmaShape::preferred(&cfg(16, 16, 256)), None);
+        assert!(WgmmaShape::choose(&cfg(8, 8, 64)).is_some());
+        assert_eq!(WgmmaShape::preferred(&cfg(8, 8, 64)), None);
+        // 24 rows by 20 columns: q padded to 40, 80 columns.
+        assert_eq!(WgmmaShape::preferred(&cfg(24, 20, 400)), None);
     }
 
     /// Every cell of a pair's rows lands at a distinct, in-bounds, 4-byte aligned offset.

@@ -485,6 +485,14 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         },
         ..case
     };
+    // `mma.sync` named where the default on sm_90 is now `wgmma` (24×24).
+    let mma = |case: Case| Case {
+        tuning: FrbTuning {
+            kernel: Some(FrbKernel::Mma),
+            ..case.tuning
+        },
+        ..case
+    };
     let shared = |case: Case| Case {
         tuning: FrbTuning {
             table: Some(Stage2Table::Shared),
@@ -496,8 +504,8 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         c(5, 3, 15, 1, 2, 7, 1, 2),
         c(8, 12, 64, 3, 3, 16, 2, 3),
         c(16, 20, 256, 7, 2, 24, 2, 2),
-        c(24, 24, 512, 40, 2, 64, 2, 3),
-        c(24, 24, 400, 40, 1, 100, 1, 1),
+        mma(c(24, 24, 512, 40, 2, 64, 2, 3)),
+        mma(c(24, 24, 400, 40, 1, 100, 1, 1)),
         // More shapes: a grid whose m padding leaves a part step (12 rows), a small one, and
         // a square grid at t_ds 1.
         c(12, 16, 150, 3, 2, 24, 2, 2),
