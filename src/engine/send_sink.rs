@@ -5,7 +5,7 @@
 //!
 //! "Done" includes a link failing under them: the stream's wait then returns once the failed
 //! interface's sender has taken back what its NIC held (so the NIC reads none of the buffer
-//! again), with the loss counted against the interface ([`InterfaceCounters`]) and its share
+//! again), with the loss counted against the interface ([`InterfaceCounters`]) and its heaps
 //! moved to the others, and the thread carries on; with no interface up the heaps are counted
 //! as lost without waiting for anything. Every wait of the thread is bounded (the transports'
 //! own bounds), so a lease always comes back; on any path the lease is dropped exactly once,

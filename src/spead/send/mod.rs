@@ -1,4 +1,4 @@
-//! Send: heaps to packets ([`heap`]), the software rate limiter ([`rate`]), the choice of
+//! Send: heaps to packets ([`heap`]), the software rate limiter ([`rate`], one per stream), the choice of
 //! NIC and what happens when one fails ([`balance`]; `in_flight` counts what a failure loses
 //! in flight), and the stream that spreads heaps over substreams and NICs ([`stream`]).
 

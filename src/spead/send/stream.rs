@@ -4,8 +4,11 @@
 //! destination per X-engine). Several heaps can be sent together, their packets interleaved
 //! round-robin (spead2 `ROUND_ROBIN`, how katgpucbf sends a batch of F heaps) or one after
 //! another (`SERIAL`). With several interfaces (NICs), each call goes to the least-loaded one
-//! (katgpucbf's multi-NIC scheme), each paced at its share of the rate; descriptors and stop
-//! heaps go to the first live one ([`super::balance`] says how, and what "live" means). Heap
+//! (katgpucbf's multi-NIC scheme); descriptors and stop heaps go to the first live one
+//! ([`super::balance`] says how, and what "live" means). One [`RateLimiter`] paces every
+//! burst at the configured rate, whichever interface carries it: the bursts leave one thread
+//! one after another, so the total is what is paced (limiters per interface at a share of the
+//! rate paced calls of several bursts at the share, `super::balance`). Heap
 //! counters follow a (first, step) sequence like spead2's `set_cnt_sequence`, wrapping to the
 //! flavour's address width.
 //!
@@ -36,6 +39,7 @@ use std::time::{Duration, Instant};
 use super::balance::{is_link_error, Balancer, InterfaceCounters};
 use super::heap::{Heap, PacketGenerator, PacketiseError, PREFIX_LEN};
 use super::in_flight::InFlight;
+use super::rate::RateLimiter;
 use crate::net::{lost_in_flight, PacketSender, SendBatch};
 use crate::spead::wire::Flavour;
 use crate::spead::wire::POINTER_LEN;
@@ -160,6 +164,8 @@ pub struct SendStream<S: PacketSender> {
     config: SendStreamConfig,
     txs: Vec<S>,
     balancer: Balancer,
+    /// Paces every burst, on whichever interface, at the configured rate.
+    limiter: RateLimiter,
     /// What each interface's NIC may still hold, to count what a failure loses.
     in_flight: InFlight,
     /// The interface the current call sends on (it changes when one fails).
@@ -184,12 +190,10 @@ impl<S: PacketSender> SendStream<S> {
         }
         let balancer = Balancer::new(
             (0..interfaces.len()).map(|i| i.to_string()).collect(),
-            config.rate,
-            config.burst_size,
-            config.burst_rate_ratio,
             config.interface_retry,
         );
         Ok(SendStream {
+            limiter: RateLimiter::new(config.rate, config.burst_rate_ratio),
             next_cnt: config.cnt_first,
             config,
             in_flight: InFlight::new(interfaces.len()),
@@ -260,7 +264,7 @@ impl<S: PacketSender> SendStream<S> {
     /// Block until every interface's NIC is done with every packet sent so far
     /// ([`PacketSender::wait_sent`], bounded): after this, device memory the heaps were sent
     /// from may be rewritten. An interface whose link fails meanwhile has been made to drop
-    /// what it held (the transport's contract): it goes down, its share moves to the others,
+    /// what it held (the transport's contract): it goes down, the others take its heaps,
     /// and what it lost is counted against it; the stream carries on.
     pub fn wait_sent(&mut self) -> Result<(), SendError> {
         for i in 0..self.txs.len() {
@@ -400,20 +404,21 @@ impl<S: PacketSender> SendStream<S> {
     }
 
     /// Send the batch on the current interface, paced; on a link error, mark it down and
-    /// send the batch again on the least-loaded of the others, until one takes it or none is
-    /// left ([`SendError::NoInterface`]). Each burst tries at most as many sends as there are
+    /// send the batch again at once on the least-loaded of the others (its time on the
+    /// schedule was reserved once), until one takes it or none is left
+    /// ([`SendError::NoInterface`]). Each burst tries at most as many sends as there are
     /// interfaces, so a short retry interval cannot make it spin while every link is down.
     fn flush(&mut self, batch: &mut SendBatch<'_>, paced: bool) -> Result<(), SendError> {
         if batch.is_empty() {
             return Ok(());
         }
         let bytes = batch.bytes();
+        if paced && !self.hurried() {
+            let at = self.limiter.reserve(Instant::now(), bytes);
+            sleep_until_or(at, || self.hurried());
+        }
         for tries in 1.. {
             let iface = self.current;
-            if paced && !self.hurried() {
-                let at = self.balancer.reserve(iface, Instant::now(), bytes);
-                sleep_until_or(at, || self.hurried());
-            }
             match self.txs[iface].send_batch(batch) {
                 Ok(()) => {
                     self.balancer.sent(iface, batch.len(), bytes);
