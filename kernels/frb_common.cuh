@@ -10,7 +10,8 @@ typedef unsigned int u32;
 #define OUT_MAX ((TIMES + T_DS - 1) / T_DS) // output rows per channel: slots a call can end
 
 // The slow-time slots of this block (frb_stage1.cu's header, "Time slots"): slot j covers call
-// samples [begin(j), end(j)); block blockIdx.x takes slots j0 … j1 − 1 of the call's.
+// samples [begin(j), end(j)); a block takes slots j0 … j1 − 1 of the call's (frb_stage1.cu: block
+// blockIdx.x the run blockIdx.x of `slots_per_block`).
 struct Slots {
     int phase, j0, j1;
 
@@ -19,6 +20,11 @@ struct Slots {
         const int slots = (phase + TIMES + T_DS - 1) / T_DS;
         j0 = blockIdx.x * slots_per_block;
         j1 = min(j0 + slots_per_block, slots);
+    }
+
+    // Slots j0 … j1 − 1 of the call's (frb_stage1_wgmma.cu's runs of units).
+    __device__ __forceinline__ Slots(int phase, int j0, int j1) : phase(phase), j0(j0), j1(j1)
+    {
     }
 
     __device__ __forceinline__ int begin(int j) const

@@ -19,13 +19,13 @@
 // goes through shared memory. A thread of stage 2 holds Re and Im of one (p, q) side by side
 // (c innermost), so |Ẽ|² needs no exchange.
 //
-// Work. A block takes one channel and a run of slow-time slots with NWG warpgroups; warpgroup w
-// takes stage-1 tiles w, w + NWG, … and stage-2 tiles likewise. 64·NWG is a multiple of QP (the
-// op checks), so a thread's stage-2 rows have the same q in every tile and step: it sums |Ẽ|²
-// over its pairs in registers, and at each slot's end the block adds the 64·NWG/QP partial sums
-// of each (p, q) through shared memory, in a fixed order (the fp16 output must be the float32
-// output rounded, bit for bit, in every build). Steps are pipelined, X and G' double-buffered
-// so that each warpgroup keeps a stage-1 and a stage-2 tile in flight while it works:
+// Work. A block takes a run of the call's (channel, slot) units (the segment loop below) with NWG
+// warpgroups; warpgroup w takes stage-1 tiles w, w + NWG, … and stage-2 tiles likewise. 64·NWG
+// is a multiple of QP (the op checks), so a thread's stage-2 rows have the same q in every tile
+// and step: it sums |Ẽ|² over its pairs in registers, and at each slot's end the block adds the
+// 64·NWG/QP partial sums of each (p, q) through shared memory, in a fixed order (the fp16 output
+// must be the float32 output rounded, bit for bit, in every build). Steps are pipelined, X and G'
+// double-buffered so that each warpgroup keeps a stage-1 and a stage-2 tile in flight while it works:
 //
 //   step s's first stage-2 tile and step s+1's stage 1 issued → step s+2 gridded (each thread
 //   from the raw samples it copied itself: no barrier), step s+3's raw samples queued → the
@@ -276,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights, const int *__restrict__ cells,
                  const int *__restrict__ dishes, const uint4 *__restrict__ a1_table,
                  const uint4 *__restrict__ b2_table, const float *__restrict__ carry_in,
-                 float *__restrict__ carry_out, out_t *__restrict__ out, int phase, int slots_per_block,
+                 float *__restrict__ carry_out, out_t *__restrict__ out, int phase, int units_per_block,
                  float scale)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -290,7 +290,6 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     int *ds = cs + D;
     float *red = (float *)((unsigned char *)cs + CELL_BYTES);
 
-    const int f = blockIdx.y;
     // The warpgroup broadcast from lane 0, so that ptxas knows it is warp-uniform and keeps the
     // descriptors made from it in uniform registers.
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
@@ -298,24 +297,10 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     const int g = lane >> 2, i = lane & 3;
     const int row16 = 16 * warp + g; // this thread's first accumulator row in a tile
 
-    const Slots sl(phase, slots_per_block);
-    if (sl.j0 >= sl.j1)
-        return;
-    // The step after c: later in c's slot, or the start of the next (past j1: not run).
-    auto next = [&](Step c) {
-        Step r = {c.j, c.t0 + c.n, c.te, 0};
-        if (r.t0 >= c.te) {
-            r.j = c.j + 1;
-            r.t0 = sl.begin(r.j);
-            r.te = sl.end(r.j);
-        }
-        r.n = min(TB, r.te - r.t0);
-        return r;
-    };
     auto raw_buf = [&](int k) { return raw + (k & 1) * TB * D; };
     auto x_buf = [&](int k) { return xs + (k & 1) * X_BYTES; };
 
-    // Set-up: X zeroed (unoccupied cells and padding stay zero), the tables, weights, cells.
+    // Set-up: X zeroed (unoccupied cells and padding stay zero), the tables, cells.
     for (int e = threadIdx.x; e < 2 * X_BYTES / 16; e += THREADS)
         ((uint4 *)xs)[e] = make_uint4(0, 0, 0, 0);
     for (int e = threadIdx.x; e < A1_BYTES / 16; e += THREADS)
@@ -323,136 +308,163 @@ frb_stage1_wgmma(const u32 *__restrict__ in, const float2 *__restrict__ weights,
     for (int e = threadIdx.x; e < B2_BYTES / 16; e += THREADS)
         ((uint4 *)b2s)[e] = b2_table[e];
     for (int k = threadIdx.x; k < D; k += THREADS) {
-        const int d = dishes[k];
-        const float2 w0 = weights[((size_t)f * D + d) * 2], w1 = weights[((size_t)f * D + d) * 2 + 1];
-        ws[k] = make_uint4(pack(w0.x, w0.y), pack(-w0.y, w0.x), pack(w1.x, w1.y), pack(-w1.y, w1.x));
         cs[k] = cells[k];
-        ds[k] = d;
+        ds[k] = dishes[k];
     }
     const u64 a1_d = desc(smem_addr(a1s), K1 * 2), b2_d = desc(smem_addr(b2s), K2 * 2);
     const u64 x_d = desc(smem_addr(xs), K1 * 2), g_d = desc(smem_addr(gs), K2 * 2);
 
-    // |Ẽ|² of this thread's (q, p): rows row16 (lo) and row16 + 8 (hi) mod QP, p = 4c + i.
-    float lo[N2 / 8], hi[N2 / 8];
-#pragma unroll
-    for (int c = 0; c < N2 / 8; c++)
-        lo[c] = hi[c] = 0.0f;
-    float acc1[AN], acc2[AN];
+    // The block's run of (channel, slot) units, unit f·slots + j: runs of equal length over
+    // the grid (`gpu::frb`), so that the SMs finish together whatever the channel count (whole
+    // channels per block left a 256-channel call's second wave of blocks 124 of 132 SMs wide).
+    // A run that crosses a channel's end is two segments, the pipeline drained and refilled
+    // between them, the tables and X's zeros kept.
+    const int slots = (phase + TIMES + T_DS - 1) / T_DS;
+    const int u1 = min((int)(blockIdx.x + 1) * units_per_block, CHANNELS * slots);
+    for (int u = blockIdx.x * units_per_block; u < u1;) {
+        const int f = u / slots;
+        const Slots sl(phase, u % slots, min(slots, u % slots + (u1 - u)));
+        u += sl.j1 - sl.j0;
+        // The channel's weights (a previous segment's last gridding is behind its last barrier).
+        for (int k = threadIdx.x; k < D; k += THREADS) {
+            const int d = ds[k];
+            const float2 w0 = weights[((size_t)f * D + d) * 2], w1 = weights[((size_t)f * D + d) * 2 + 1];
+            ws[k] = make_uint4(pack(w0.x, w0.y), pack(-w0.y, w0.x), pack(w1.x, w1.y), pack(-w1.y, w1.x));
+        }
+        // The step after c: later in c's slot, or the start of the next (past j1: not run).
+        auto next = [&](Step c) {
+            Step r = {c.j, c.t0 + c.n, c.te, 0};
+            if (r.t0 >= c.te) {
+                r.j = c.j + 1;
+                r.t0 = sl.begin(r.j);
+                r.te = sl.end(r.j);
+            }
+            r.n = min(TB, r.te - r.t0);
+            return r;
+        };
 
-    // Steps s, s + 1, s + 2 and s + 3; step 0 gridded and through stage 1, step 1 gridded.
-    Step cur = {sl.j0, sl.begin(sl.j0), sl.end(sl.j0), 0};
-    cur.n = min(TB, cur.te - cur.t0);
-    Step nx1 = next(cur), nx2 = next(nx1), nx3 = next(nx2);
-    load_raw(raw_buf(0), in, ds, f, cur.t0, cur.n, THREADS);
-    asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();
-    grid_step((unsigned short *)x_buf(0), raw_buf(0), ws, cs, cur.n);
-    if (nx1.j < sl.j1)
-        load_raw(raw_buf(1), in, ds, f, nx1.t0, nx1.n, THREADS);
-    fence_async_smem();
-    __syncthreads();
+        // |Ẽ|² of this thread's (q, p): rows row16 (lo) and row16 + 8 (hi) mod QP, p = 4c + i.
+        float lo[N2 / 8], hi[N2 / 8];
 #pragma unroll
-    for (int k = 0; k < T1W; k++) {
-        stage1(acc1, x_d, a1_d, wg + k * NWG);
-        wgmma_wait<0>(acc1);
-        store_g(gs, acc1, wg + k * NWG, row16, i);
-    }
-    if (nx1.j < sl.j1) {
+        for (int c = 0; c < N2 / 8; c++)
+            lo[c] = hi[c] = 0.0f;
+        float acc1[AN], acc2[AN];
+
+        // Steps s, s + 1, s + 2 and s + 3; step 0 gridded and through stage 1, step 1 gridded.
+        Step cur = {sl.j0, sl.begin(sl.j0), sl.end(sl.j0), 0};
+        cur.n = min(TB, cur.te - cur.t0);
+        Step nx1 = next(cur), nx2 = next(nx1), nx3 = next(nx2);
+        load_raw(raw_buf(0), in, ds, f, cur.t0, cur.n, THREADS);
         asm volatile("cp.async.wait_group 0;\n" ::);
-        grid_step((unsigned short *)x_buf(1), raw_buf(1), ws, cs, nx1.n);
-        if (nx2.j < sl.j1)
-            load_raw(raw_buf(0), in, ds, f, nx2.t0, nx2.n, THREADS);
-    }
-    fence_async_smem();
-    __syncthreads();
-
-    auto sum_tile = [&](int tile) {
-        const bool ok_lo = (tile * 64 + row16) / QP < 2 * cur.n;
-        const bool ok_hi = (tile * 64 + row16 + 8) / QP < 2 * cur.n;
+        __syncthreads();
+        grid_step((unsigned short *)x_buf(0), raw_buf(0), ws, cs, cur.n);
+        if (nx1.j < sl.j1)
+            load_raw(raw_buf(1), in, ds, f, nx1.t0, nx1.n, THREADS);
+        fence_async_smem();
+        __syncthreads();
 #pragma unroll
-        for (int c = 0; c < N2 / 8; c++) {
-            if (ok_lo)
-                lo[c] = add_power_fma(lo[c], acc2[4 * c], acc2[4 * c + 1]);
-            if (ok_hi)
-                hi[c] = add_power_fma(hi[c], acc2[4 * c + 2], acc2[4 * c + 3]);
-        }
-    };
-
-    for (int s = 0;; s++) {
-        const bool more = nx1.j < sl.j1;
-        const u64 g_a = g_d + BUF_DESC(G_BYTES, s), x_a = x_d + BUF_DESC(X_BYTES, s + 1);
-        unsigned char *g_next = gs + ((s + 1) & 1) * G_BYTES;
-        // Step s's first stage-2 tile and step s+1's stage 1 in flight while step s+2 is
-        // gridded and step s+3's samples queued. Stage 1 runs after the last step too (on
-        // stale X, its G never read): issued only when `more`, ptxas lost track of the groups
-        // and serialised every MMA (C7514).
-        stage2(acc2, g_a, b2_d, wg);
-        stage1(acc1, x_a, a1_d, wg);
-        if (nx2.j < sl.j1) {
-            asm volatile("cp.async.wait_group 0;\n" ::);
-            grid_step((unsigned short *)x_buf(s), raw_buf(s), ws, cs, nx2.n);
-            if (nx3.j < sl.j1)
-                load_raw(raw_buf(s + 1), in, ds, f, nx3.t0, nx3.n, THREADS);
-        }
-        // Each stage-2 tile summed while the next one (and the first, step s+1's stage 1)
-        // runs; G of step s+1 stored once its stage 1 is done.
-        wgmma_wait<1>(acc2);
-        sum_tile(wg);
-        if (T2W > 1) {
-            stage2(acc2, g_a, b2_d, wg + NWG);
-            wgmma_wait<1>(acc1);
-        } else {
+        for (int k = 0; k < T1W; k++) {
+            stage1(acc1, x_d, a1_d, wg + k * NWG);
             wgmma_wait<0>(acc1);
+            store_g(gs, acc1, wg + k * NWG, row16, i);
         }
-        store_g(g_next, acc1, wg, row16, i);
-#pragma unroll
-        for (int k = 1; k < T1W; k++) {
-            stage1(acc1, x_a, a1_d, wg + k * NWG);
-            wgmma_wait_all(acc1, acc2);
-            store_g(g_next, acc1, wg + k * NWG, row16, i);
-        }
-#pragma unroll
-        for (int k = 1; k < T2W; k++) {
-            wgmma_wait<0>(acc2);
-            sum_tile(wg + k * NWG);
-            if (k + 1 < T2W)
-                stage2(acc2, g_a, b2_d, wg + (k + 1) * NWG);
+        if (nx1.j < sl.j1) {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+            grid_step((unsigned short *)x_buf(1), raw_buf(1), ws, cs, nx1.n);
+            if (nx2.j < sl.j1)
+                load_raw(raw_buf(0), in, ds, f, nx2.t0, nx2.n, THREADS);
         }
         fence_async_smem();
+        __syncthreads();
 
-        if (cur.t0 + cur.n >= cur.te) {
-            // Slot j ends: the block's partial sums of each (p, q) added in row order, the slot
-            // written (or its part carried).
-            const int j = cur.j;
-            const bool complete = cur.te == (j + 1) * T_DS - phase;
-            const bool carried = j == 0 && phase > 0;
-            const size_t plane = (size_t)(2 * M) * (2 * N);
-            const size_t at = complete ? ((size_t)f * OUT_MAX + j) * plane : f * plane;
+        auto sum_tile = [&](int tile) {
+            const bool ok_lo = (tile * 64 + row16) / QP < 2 * cur.n;
+            const bool ok_hi = (tile * 64 + row16 + 8) / QP < 2 * cur.n;
 #pragma unroll
             for (int c = 0; c < N2 / 8; c++) {
-                red[(4 * c + i) * 64 * NWG + wg * 64 + row16] = lo[c];
-                red[(4 * c + i) * 64 * NWG + wg * 64 + row16 + 8] = hi[c];
-                lo[c] = hi[c] = 0.0f;
+                if (ok_lo)
+                    lo[c] = add_power_fma(lo[c], acc2[4 * c], acc2[4 * c + 1]);
+                if (ok_hi)
+                    hi[c] = add_power_fma(hi[c], acc2[4 * c + 2], acc2[4 * c + 3]);
+            }
+        };
+
+        for (int s = 0;; s++) {
+            const bool more = nx1.j < sl.j1;
+            const u64 g_a = g_d + BUF_DESC(G_BYTES, s), x_a = x_d + BUF_DESC(X_BYTES, s + 1);
+            unsigned char *g_next = gs + ((s + 1) & 1) * G_BYTES;
+            // Step s's first stage-2 tile and step s+1's stage 1 in flight while step s+2 is
+            // gridded and step s+3's samples queued. Stage 1 runs after the last step too (on
+            // stale X, its G never read): issued only when `more`, ptxas lost track of the groups
+            // and serialised every MMA (C7514).
+            stage2(acc2, g_a, b2_d, wg);
+            stage1(acc1, x_a, a1_d, wg);
+            if (nx2.j < sl.j1) {
+                asm volatile("cp.async.wait_group 0;\n" ::);
+                grid_step((unsigned short *)x_buf(s), raw_buf(s), ws, cs, nx2.n);
+                if (nx3.j < sl.j1)
+                    load_raw(raw_buf(s + 1), in, ds, f, nx3.t0, nx3.n, THREADS);
+            }
+            // Each stage-2 tile summed while the next one (and the first, step s+1's stage 1)
+            // runs; G of step s+1 stored once its stage 1 is done.
+            wgmma_wait<1>(acc2);
+            sum_tile(wg);
+            if (T2W > 1) {
+                stage2(acc2, g_a, b2_d, wg + NWG);
+                wgmma_wait<1>(acc1);
+            } else {
+                wgmma_wait<0>(acc1);
+            }
+            store_g(g_next, acc1, wg, row16, i);
+#pragma unroll
+            for (int k = 1; k < T1W; k++) {
+                stage1(acc1, x_a, a1_d, wg + k * NWG);
+                wgmma_wait_all(acc1, acc2);
+                store_g(g_next, acc1, wg + k * NWG, row16, i);
+            }
+#pragma unroll
+            for (int k = 1; k < T2W; k++) {
+                wgmma_wait<0>(acc2);
+                sum_tile(wg + k * NWG);
+                if (k + 1 < T2W)
+                    stage2(acc2, g_a, b2_d, wg + (k + 1) * NWG);
+            }
+            fence_async_smem();
+
+            if (cur.t0 + cur.n >= cur.te) {
+                // Slot j ends: the block's partial sums of each (p, q) added in row order, the slot
+                // written (or its part carried).
+                const int j = cur.j;
+                const bool complete = cur.te == (j + 1) * T_DS - phase;
+                const bool carried = j == 0 && phase > 0;
+                const size_t plane = (size_t)(2 * M) * (2 * N);
+                const size_t at = complete ? ((size_t)f * OUT_MAX + j) * plane : f * plane;
+#pragma unroll
+                for (int c = 0; c < N2 / 8; c++) {
+                    red[(4 * c + i) * 64 * NWG + wg * 64 + row16] = lo[c];
+                    red[(4 * c + i) * 64 * NWG + wg * 64 + row16 + 8] = hi[c];
+                    lo[c] = hi[c] = 0.0f;
+                }
+                __syncthreads();
+                for (int e = threadIdx.x; e < (int)plane; e += THREADS) {
+                    const int p = e / (2 * N), q = e % (2 * N);
+                    float v = carried ? carry_in[f * plane + e] : 0.0f;
+#pragma unroll
+                    for (int k = 0; k < SHARE; k++)
+                        v = __fadd_rn(v, red[p * 64 * NWG + k * QP + q]);
+                    if (complete)
+                        out[at + e] = to_out(v, scale);
+                    else
+                        carry_out[at + e] = v;
+                }
             }
             __syncthreads();
-            for (int e = threadIdx.x; e < (int)plane; e += THREADS) {
-                const int p = e / (2 * N), q = e % (2 * N);
-                float v = carried ? carry_in[f * plane + e] : 0.0f;
-#pragma unroll
-                for (int k = 0; k < SHARE; k++)
-                    v = __fadd_rn(v, red[p * 64 * NWG + k * QP + q]);
-                if (complete)
-                    out[at + e] = to_out(v, scale);
-                else
-                    carry_out[at + e] = v;
-            }
+            if (!more)
+                break;
+            cur = nx1;
+            nx1 = nx2;
+            nx2 = nx3;
+            nx3 = next(nx3);
         }
-        __syncthreads();
-        if (!more)
-            break;
-        cur = nx1;
-        nx1 = nx2;
-        nx2 = nx3;
-        nx3 = next(nx3);
     }
 }

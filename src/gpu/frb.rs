@@ -87,7 +87,10 @@ pub struct FrbStage1 {
     phase: usize,
     next_carry: usize,
     weights_set: bool,
+    /// Slots per block, `mma.sync`'s grid.
     slots_per_block: usize,
+    /// Blocks resident on the whole device at once (blocks per SM × SMs).
+    resident: usize,
 }
 
 impl FrbStage1 {
@@ -130,7 +133,8 @@ impl FrbStage1 {
             kernel.occupancy_max_active_blocks_per_multiprocessor(build.threads, smem, None)?
                 as usize
                 * gpu.sm_count()?;
-        let slots_per_block = slots_per_block(&cfg, resident.max(1));
+        let resident = resident.max(1);
+        let slots_per_block = slots_per_block(&cfg, resident);
         Ok(FrbStage1 {
             kernel,
             build,
@@ -144,6 +148,7 @@ impl FrbStage1 {
             next_carry: 0,
             weights_set: false,
             slots_per_block,
+            resident,
             gpu,
             cfg,
         })
@@ -257,16 +262,30 @@ impl FrbStage1 {
         let slots = (self.phase + cfg.times()).div_ceil(cfg.t_ds);
         // This call writes carry[next_carry] and reads the other, which the last call wrote.
         let read = 1 - self.next_carry;
-        let launch = LaunchConfig {
-            grid_dim: (
-                slots.div_ceil(self.slots_per_block) as u32,
-                cfg.channels as u32,
-                1,
+        // `mma.sync`: a block per run of `slots_per_block` slots of one channel; `wgmma`: one
+        // wave of blocks over runs of equal length of the call's (channel, slot) units, a run
+        // free to cross a channel's end (kernel header), the waves' last partial one gone.
+        let (grid_dim, spb) = match self.build.kernel {
+            FrbKernel::Mma => (
+                (
+                    slots.div_ceil(self.slots_per_block) as u32,
+                    cfg.channels as u32,
+                    1,
+                ),
+                self.slots_per_block,
             ),
+            FrbKernel::Wgmma => {
+                let units = cfg.channels * slots;
+                let per_block = units.div_ceil(self.resident);
+                ((units.div_ceil(per_block) as u32, 1, 1), per_block)
+            }
+        };
+        let launch = LaunchConfig {
+            grid_dim,
             block_dim: (self.build.threads, 1, 1),
             shared_mem_bytes: self.build.smem as u32,
         };
-        let (phase, spb) = (self.phase as i32, self.slots_per_block as i32);
+        let (phase, spb) = (self.phase as i32, spb as i32);
         let [c0, c1] = &mut self.carry;
         let (carry_in, carry_out) = if read == 0 { (&*c0, c1) } else { (&*c1, c0) };
         let mut b = self.gpu.compute.launch_builder(&self.kernel);

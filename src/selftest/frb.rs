@@ -521,6 +521,10 @@ pub fn run(gpu: &Arc<Gpu>, seed: u64) -> Result<Vec<Check>, GpuError> {
         wgmma(c(16, 16, 200, 25, 2, 100, 2, 2)),
         wgmma(c(8, 8, 50, 3, 3, 16, 2, 3)),
         wgmma(c(12, 12, 100, 24, 2, 48, 2, 2)),
+        // More (channel, slot) units than a device's resident blocks: runs of two units, some
+        // crossing a channel's end (101 slots a channel; 43 or 44 by phase at t_ds 3).
+        wgmma(c(24, 24, 300, 1, 2, 101, 1, 2)),
+        wgmma(c(24, 24, 400, 3, 4, 64, 2, 3)),
         grouped(2, c(16, 16, 200, 7, 2, 24, 2, 2)),
         grouped(4, c(8, 12, 64, 3, 3, 16, 2, 3)),
         shared(c(24, 24, 512, 40, 2, 64, 2, 3)),
