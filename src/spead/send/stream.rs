@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 use super::balance::{is_link_error, Balancer, InterfaceCounters};
 use super::heap::{Heap, PacketGenerator, PacketiseError, PREFIX_LEN};
 use super::in_flight::InFlight;
+use super::lane::{fill_round_robin, fill_serial, Assign, Gen, Lane};
 use super::rate::RateLimiter;
 use crate::net::{lost_in_flight, PacketSender, SendBatch};
 use crate::spead::wire::Flavour;
@@ -522,122 +523,6 @@ impl<S: PacketSender> SendStream<S> {
         self.counters.bytes += bytes as u64;
         batch.clear();
         Ok(())
-    }
-}
-
-/// Which interfaces a call's heaps go to.
-#[derive(Debug, Clone, Copy)]
-enum Assign {
-    /// Each to the least-loaded live one.
-    Balanced,
-    /// All to this one.
-    To(usize),
-}
-
-/// One heap of a call: its packets still to come, and its lane.
-struct Gen<'h, 'a, 'r> {
-    gen: PacketGenerator<'h, 'a>,
-    heap: &'r HeapRef<'h, 'a>,
-    lane: usize,
-    /// Its place in the call.
-    order: usize,
-}
-
-/// The heaps of a call that one interface was given: they go out on it, in the call's mode,
-/// as bursts of their own, interleaved in time with the other lanes' bursts.
-#[derive(Debug, Clone, Default)]
-struct Lane {
-    /// The interface carrying it: the one it was dealt to, until that one fails.
-    iface: usize,
-    /// Its heaps (a range of the call's heaps, grouped by lane) and their HEAP_LENGTHs.
-    heaps: std::ops::Range<usize>,
-    bytes: u64,
-    /// Bytes of its bursts sent so far (headers included).
-    sent: u64,
-    /// Index into `heaps` of the heap to take the next packet from.
-    next: usize,
-    /// Whether its heaps are already counted in the in-flight record of `iface`.
-    charged: bool,
-    /// No packet left.
-    done: bool,
-}
-
-impl Lane {
-    fn new(iface: usize) -> Lane {
-        Lane {
-            iface,
-            ..Default::default()
-        }
-    }
-}
-
-/// Fill `batch` with lane's next packets, heap after heap, up to `burst` bytes, stopping
-/// early where a paced heap follows an unpaced one or the other way round; returns whether
-/// the burst is paced.
-fn fill_serial<'h>(
-    batch: &mut SendBatch<'h>,
-    lane: &mut Lane,
-    gens: &mut [Gen<'h, '_, '_>],
-    burst: usize,
-) -> bool {
-    let gens = &mut gens[lane.heaps.clone()];
-    let mut paced = None;
-    while let Some(g) = gens.get_mut(lane.next) {
-        let p = !g.heap.unpaced;
-        if paced.is_some_and(|q| q != p) {
-            break;
-        }
-        if push_packet(batch, &mut g.gen, g.heap.substream) {
-            paced = Some(p);
-            if batch.bytes() >= burst {
-                break;
-            }
-        } else {
-            lane.next += 1;
-        }
-    }
-    paced.unwrap_or(false)
-}
-
-/// Fill `batch` with lane's next packets, one from each heap in turn, up to `burst` bytes.
-fn fill_round_robin<'h>(
-    batch: &mut SendBatch<'h>,
-    lane: &mut Lane,
-    gens: &mut [Gen<'h, '_, '_>],
-    burst: usize,
-) {
-    let gens = &mut gens[lane.heaps.clone()];
-    let n = gens.len();
-    let mut idle = 0;
-    while idle < n {
-        let g = &mut gens[lane.next];
-        lane.next = (lane.next + 1) % n;
-        if push_packet(batch, &mut g.gen, g.heap.substream) {
-            idle = 0;
-            if batch.bytes() >= burst {
-                break;
-            }
-        } else {
-            idle += 1;
-        }
-    }
-}
-
-/// Generate the next packet of `g` into `batch`; false when the heap is done.
-fn push_packet<'h>(
-    batch: &mut SendBatch<'h>,
-    g: &mut PacketGenerator<'h, '_>,
-    dest: usize,
-) -> bool {
-    let (h, p) = (batch.header_buf().len(), batch.parts_buf().len());
-    let (headers, parts) = batch.bufs();
-    let mut device = None;
-    match g.next_packet_parts(headers, parts, &mut device) {
-        Some(_) => {
-            batch.finish_gathered(h, p, device, dest);
-            true
-        }
-        None => false,
     }
 }
 
