@@ -12,14 +12,16 @@
 //!   share, so a stream over three interfaces sent calls of several bursts at little more
 //!   than a third of its rate (a review's simulation: 1.9 of 4 GB/s with 16 KiB bursts;
 //!   `tests/send_rate.rs`: 21 of 50 MB/s).
-//! - **Least loaded, in bytes.** The next heaps go to the live interface that carried the
-//!   fewest bytes since the live set last changed, ties to the next after the one used last
-//!   (a first-index tie-break would load the first interface most). A call goes whole to the
-//!   interface chosen, so no interface carries more than the largest call more than another,
-//!   whatever the timing. (Choosing by the limiters' schedules, as before, did not balance: a
-//!   limiter restarted its schedule after idle time, so one that had just sent looked less
-//!   loaded than idle ones that had carried less, and took call after call: ±2.4 % of the mean
-//!   over 300 heaps.)
+//! - **Least loaded, in bytes.** Each heap goes to the live interface with the fewest bytes:
+//!   those it carried since the live set last changed, plus those already handed to it and
+//!   not yet sent (`queued`: the stream deals a call's heaps out one by one before it sends
+//!   any, so a call of many heaps spreads over the interfaces). Ties go to the next after the
+//!   one chosen last (a first-index tie-break would load the first interface most). A heap
+//!   goes whole to the interface chosen, so no interface carries more than the largest heap
+//!   more than another, whatever the timing. (Choosing by the limiters' schedules, as before,
+//!   did not balance: a limiter restarted its schedule after idle time, so one that had just
+//!   sent looked less loaded than idle ones that had carried less, and took call after call:
+//!   ±2.4 % of the mean over 300 heaps.)
 //! - **Failure.** A send that fails with a link error ([`is_link_error`]: the interface went
 //!   down, lost its address or its route) marks the interface down: counted, logged once, and
 //!   the others take its heaps. After `retry` it is put on trial: it is live again, real heaps go out on it,
@@ -184,17 +186,26 @@ impl Balancer {
         }
     }
 
-    /// The least-loaded live interface for heaps handed over at `now` (module doc), or `None`
-    /// when every interface is down and none is due for a retry.
-    pub fn pick(&mut self, now: Instant) -> Option<usize> {
+    /// The least-loaded live interface for a heap handed over at `now`, counting `queued[i]`
+    /// bytes handed to interface `i` and not yet sent (module doc), or `None` when every
+    /// interface is down and none is due for a retry.
+    pub fn pick(&mut self, now: Instant, queued: &[u64]) -> Option<usize> {
         self.promote(now);
         let n = self.links.len();
         let chosen = (1..=n)
             .map(|k| (self.last + k) % n)
             .filter(|&i| is_live(self.links[i].state))
-            .min_by_key(|&i| self.links[i].since_change)?;
+            .min_by_key(|&i| {
+                let q = queued.get(i).copied().unwrap_or(0);
+                self.links[i].since_change.saturating_add(q)
+            })?;
         self.last = chosen;
         Some(chosen)
+    }
+
+    /// Whether interface `i` may be sent on now: up or on trial.
+    pub fn is_live(&self, i: usize) -> bool {
+        is_live(self.links[i].state)
     }
 
     /// The first live interface (descriptors and stop heaps go there, seed 000 §Network
@@ -272,10 +283,10 @@ mod tests {
         b.counters().map(|(_, c)| c.bytes).collect()
     }
 
-    /// Calls of 1 byte to eight bursts of 8 KiB, each sent whole on the interface picked (as
-    /// `super::stream` sends a call), in a pattern that does not divide by the interface
-    /// count. No interface carries more than the largest call more than another: the
-    /// least-carrying one always takes the next call.
+    /// Heaps of 1 byte to eight bursts of 8 KiB, each sent whole on the interface picked (as
+    /// `super::stream` sends a heap), in a pattern that does not divide by the interface
+    /// count. No interface carries more than the largest heap more than another: the
+    /// least-carrying one always takes the next heap.
     #[test]
     fn calls_balance_by_bytes() {
         const LARGEST: usize = 8 * 8192;
@@ -283,7 +294,7 @@ mod tests {
             let mut b = balancer(n, Duration::from_secs(1));
             let now = Instant::now();
             for k in 0..3001 {
-                let i = b.pick(now).expect("an interface is live");
+                let i = b.pick(now, &[]).expect("an interface is live");
                 let mut left = 1 + (k * 40_503) % LARGEST;
                 while left > 0 {
                     let burst = left.min(8192);
@@ -305,12 +316,33 @@ mod tests {
         let now = Instant::now();
         let picks: Vec<usize> = (0..6)
             .map(|_| {
-                let i = b.pick(now).unwrap();
+                let i = b.pick(now, &[]).unwrap();
                 b.sent(i, 1, 1000);
                 i
             })
             .collect();
         assert_eq!(picks, [1, 2, 0, 1, 2, 0]);
+    }
+
+    /// Bytes queued on an interface count as carried: a call's equal heaps, dealt one by one
+    /// with what each took added to its queue, go to the interfaces that carried less before
+    /// until they catch up, then in turn. Worked by hand: 0 carried 3000 B, so the first six
+    /// heaps of 1000 B alternate between 1 and 2 (ties in turn after the last chosen), and
+    /// the seventh, with all three at 3000, goes to 0, the next after 2.
+    #[test]
+    fn queued_bytes_count_as_carried() {
+        let mut b = balancer(3, Duration::from_secs(1));
+        let now = Instant::now();
+        b.sent(0, 1, 3000);
+        let mut queued = [0u64; 3];
+        let picks: Vec<usize> = (0..7)
+            .map(|_| {
+                let i = b.pick(now, &queued).unwrap();
+                queued[i] += 1000;
+                i
+            })
+            .collect();
+        assert_eq!(picks, [1, 2, 1, 2, 1, 2, 0]);
     }
 
     #[test]
@@ -322,7 +354,7 @@ mod tests {
         assert_eq!(b.live(), 2);
         let picks: Vec<usize> = (0..10)
             .map(|_| {
-                let i = b.pick(t0).unwrap();
+                let i = b.pick(t0, &[]).unwrap();
                 b.sent(i, 1, 1000);
                 i
             })
@@ -331,7 +363,7 @@ mod tests {
         // Its retry time comes: on trial, live, and chosen in its turn (the byte counts
         // restart as the live set changes, so all three tie).
         let t1 = t0 + retry;
-        let picks: Vec<usize> = (0..3).map(|_| b.pick(t1).unwrap()).collect();
+        let picks: Vec<usize> = (0..3).map(|_| b.pick(t1, &[]).unwrap()).collect();
         assert!(picks.contains(&1), "{picks:?}");
         assert_eq!(b.state(1), LinkState::Trial);
         // The trial fails: down again, counted as a failure but not as a new down.
@@ -339,7 +371,7 @@ mod tests {
         let c = b.counters().nth(1).unwrap().1;
         assert_eq!((c.downs, c.failures, c.live), (1, 2, false));
         // The next trial succeeds: up.
-        b.pick(t1 + retry).unwrap();
+        b.pick(t1 + retry, &[]).unwrap();
         assert_eq!(b.state(1), LinkState::Trial);
         b.sent(1, 1, 1000);
         assert_eq!(b.state(1), LinkState::Up);
@@ -353,7 +385,7 @@ mod tests {
         let t0 = Instant::now();
         b.failed(0, t0, &down());
         b.failed(1, t0 + Duration::from_millis(100), &down());
-        assert_eq!(b.pick(t0 + Duration::from_millis(499)), None);
+        assert_eq!(b.pick(t0 + Duration::from_millis(499), &[]), None);
         assert_eq!(b.first_live(t0 + Duration::from_millis(499)), None);
         assert_eq!(b.first_live(t0 + retry), Some(0));
         assert_eq!(b.live(), 1, "only the one whose retry is due");

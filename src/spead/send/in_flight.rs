@@ -3,9 +3,11 @@
 //! are always the latest) the heaps they carried are counted as well as the packets.
 //!
 //! Per interface, a list of spans, oldest first: the packets each send call handed to that
-//! interface, and the heaps of that call. A loss of `n` packets is matched against the latest
-//! spans; every call it reaches counts its heaps whole (in round-robin mode each heap of a
-//! call has packets in every burst, so a loss in any part damages them all, as
+//! interface, and the heaps of that call it carried pieces of (a call's heaps are spread over
+//! the interfaces, `super::stream`; the caller says how many heaps each send adds). A loss of
+//! `n` packets is matched against the latest spans; every call it reaches counts its heaps on
+//! that interface whole (in round-robin mode each heap of a call's share on one interface has
+//! packets in every burst there, so a loss in any part damages them all, as
 //! `SendCounters::lost_heaps` counts whole calls). A wait that finds everything sent
 //! (`wait_sent`) clears the list; so does a failure (the sender took back everything its NIC
 //! held). Spans further back than any NIC can hold (`net::MAX_IN_FLIGHT` packets) are
@@ -35,9 +37,8 @@ struct Held {
 #[derive(Debug, Clone)]
 pub struct InFlight {
     links: Vec<Held>,
-    /// The current call: its number and heaps.
+    /// The current call's number.
     call: u64,
-    heaps: u64,
 }
 
 impl InFlight {
@@ -45,26 +46,28 @@ impl InFlight {
         InFlight {
             links: vec![Held::default(); interfaces],
             call: 0,
-            heaps: 0,
         }
     }
 
-    /// A send call of `heaps` heaps begins.
-    pub fn begin(&mut self, heaps: usize) {
+    /// A send call begins.
+    pub fn begin(&mut self) {
         self.call += 1;
-        self.heaps = heaps as u64;
     }
 
-    /// Interface `i` took `packets` packets of the current call.
-    pub fn sent(&mut self, i: usize, packets: usize) {
+    /// Interface `i` took `packets` packets of the current call, carrying pieces of `heaps`
+    /// heaps of it that it had not carried yet (0 for more of the same heaps).
+    pub fn sent(&mut self, i: usize, packets: usize, heaps: usize) {
         let held = &mut self.links[i];
-        let packets = packets as u64;
+        let (packets, heaps) = (packets as u64, heaps as u64);
         match held.spans.back_mut() {
-            Some(s) if s.call == self.call => s.packets += packets,
+            Some(s) if s.call == self.call => {
+                s.packets += packets;
+                s.heaps += heaps;
+            }
             _ => held.spans.push_back(Span {
                 call: self.call,
                 packets,
-                heaps: self.heaps,
+                heaps,
             }),
         }
         held.packets += packets;
@@ -85,7 +88,7 @@ impl InFlight {
     }
 
     /// Interface `i`'s link failed and the last `packets` packets it took were not sent: the
-    /// heaps of the calls they belong to (each call whole). Nothing it took is held any more.
+    /// heaps the interface carried of the calls they belong to (each call's share whole). Nothing it took is held any more.
     pub fn lost(&mut self, i: usize, packets: u64) -> u64 {
         let mut left = packets;
         let mut heaps = 0;
@@ -111,33 +114,40 @@ mod tests {
     fn a_loss_counts_the_heaps_of_the_calls_it_reaches() {
         let mut f = InFlight::new(2);
         // Call 1: 4 heaps, 10 packets on 0. Call 2: 2 heaps, 3 on 0 then 5 on 1 (a failover
-        // mid-call). Call 3: 4 heaps, 6 on 0.
-        f.begin(4);
-        f.sent(0, 6);
-        f.sent(0, 4);
-        f.begin(2);
-        f.sent(0, 3);
-        f.sent(1, 5);
-        f.begin(4);
-        f.sent(0, 6);
-        // The last 6 on 0 are call 3's alone; 7 reach into call 2; 10 do not reach call 1.
-        assert_eq!(f.clone().lost(0, 6), 4);
-        assert_eq!(f.clone().lost(0, 7), 6);
-        assert_eq!(f.clone().lost(0, 9), 6);
-        assert_eq!(f.clone().lost(0, 10), 10);
+        // mid-call). Call 3: 4 heaps on 0 in two sends, and 1 heap on 1, its sends between
+        // theirs (a call spread over both), then one more heap on 0.
+        f.begin();
+        f.sent(0, 6, 4);
+        f.sent(0, 4, 0);
+        f.begin();
+        f.sent(0, 3, 2);
+        f.sent(1, 5, 2);
+        f.begin();
+        f.sent(0, 4, 4);
+        f.sent(1, 2, 1);
+        f.sent(0, 2, 0);
+        f.sent(0, 1, 1);
+        // The last 7 on 0 are call 3's alone (its 5 heaps there); 8 reach into call 2; 11
+        // do not reach call 1.
+        assert_eq!(f.clone().lost(0, 7), 5);
+        assert_eq!(f.clone().lost(0, 8), 7);
+        assert_eq!(f.clone().lost(0, 10), 7);
+        assert_eq!(f.clone().lost(0, 11), 11);
         assert_eq!(f.clone().lost(0, 0), 0);
         // More than was held (a transport that over-reports) counts what there is.
-        assert_eq!(f.clone().lost(0, 1000), 10);
-        assert_eq!(f.clone().lost(1, 1), 2);
+        assert_eq!(f.clone().lost(0, 1000), 11);
+        // On 1, call 3's one heap; further back, call 2's two.
+        assert_eq!(f.clone().lost(1, 1), 1);
+        assert_eq!(f.clone().lost(1, 3), 3);
         // After a loss nothing is held: a second report finds nothing.
         let mut g = f.clone();
-        assert_eq!(g.lost(0, 6), 4);
-        assert_eq!(g.lost(0, 6), 0);
-        assert_eq!(g.lost(1, 5), 2, "the other interface keeps its own");
+        assert_eq!(g.lost(0, 7), 5);
+        assert_eq!(g.lost(0, 7), 0);
+        assert_eq!(g.lost(1, 7), 3, "the other interface keeps its own");
         // A confirmation clears one interface.
         f.confirmed(0);
         assert_eq!(f.clone().lost(0, 3), 0);
-        assert_eq!(f.lost(1, 3), 2);
+        assert_eq!(f.lost(1, 3), 3);
     }
 
     /// The record stops at what a NIC can hold: a loss reaches back over `MAX_IN_FLIGHT`
@@ -147,8 +157,8 @@ mod tests {
     fn the_record_is_bounded_by_what_a_nic_can_hold() {
         let mut f = InFlight::new(1);
         for _ in 0..1000 {
-            f.begin(1);
-            f.sent(0, 1000);
+            f.begin();
+            f.sent(0, 1000, 1);
         }
         assert_eq!(f.links[0].spans.len(), 66);
         assert_eq!(f.links[0].packets, 66_000);

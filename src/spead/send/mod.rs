@@ -5,6 +5,7 @@
 pub mod balance;
 pub mod heap;
 mod in_flight;
+mod lane;
 pub mod rate;
 pub mod stream;
 #[cfg(test)]

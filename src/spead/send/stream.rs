@@ -3,20 +3,31 @@
 //! Heaps carry a substream index (a destination: spead2's substreams, katgpucbf's one
 //! destination per X-engine). Several heaps can be sent together, their packets interleaved
 //! round-robin (spead2 `ROUND_ROBIN`, how katgpucbf sends a batch of F heaps) or one after
-//! another (`SERIAL`). With several interfaces (NICs), each call goes to the least-loaded one
-//! (katgpucbf's multi-NIC scheme); descriptors and stop heaps go to the first live one
-//! ([`super::balance`] says how, and what "live" means). One [`RateLimiter`] paces every
-//! burst at the configured rate, whichever interface carries it: the bursts leave one thread
-//! one after another, so the total is what is paced (limiters per interface at a share of the
-//! rate paced calls of several bursts at the share, `super::balance`). Heap
+//! another (`SERIAL`). With several interfaces (NICs), a call's heaps are dealt out one by one,
+//! each whole to the live interface least loaded at that moment (katgpucbf's multi-NIC scheme:
+//! a heap's packets never straddle NICs, so receivers reassemble it as from one sender), and
+//! each interface's share of the call, its *lane*, goes out as bursts of its own in the call's
+//! mode. The lanes' bursts are interleaved in time: the next burst always comes from the lane
+//! that has sent the smallest fraction of its bytes, so that every interface carries its share
+//! of the rate throughout the call (a third each over three interfaces and equal heaps; with
+//! unequal lanes each keeps its share to the end, rather than the smaller ones finishing
+//! first and leaving the largest the whole rate, as taking the lane with the fewest bytes
+//! sent would). A
+//! call used to go whole to one interface, which then carried the stream's whole rate while
+//! the others idled, more than its line rate where an operator gave the engine several NICs
+//! because one cannot carry its output. Descriptors and stop heaps go to the first live
+//! interface ([`super::balance`] says how, and what "live" means). One [`RateLimiter`] paces
+//! every burst at the configured rate, whichever interface carries it: the bursts leave one
+//! thread one after another, so the total is what is paced (limiters per interface at a
+//! share of the rate paced calls of several bursts at the share, `super::balance`). Heap
 //! counters follow a (first, step) sequence like spead2's `set_cnt_sequence`, wrapping to the
 //! flavour's address width.
 //!
-//! An interface whose send fails with a link error is marked down, and the burst that failed
-//! is sent again, whole, on another interface: losing it would lose every heap it carries a
-//! piece of, while re-sending costs at most a few duplicate packets (those the kernel took
-//! before the error), which receivers drop by payload range (spead2's and `spead::recv`'s
-//! duplicate detection). Only when no interface is live are the heaps of the call counted as
+//! An interface whose send fails with a link error is marked down, its lane moves to the
+//! least-loaded live interface, and the burst that failed is sent again, whole, there: losing
+//! it would lose every heap it carries a piece of, while re-sending costs at most a few
+//! duplicate packets (those the kernel took before the error), which receivers drop by
+//! payload range (spead2's and `spead::recv`'s duplicate detection). Only when no interface is live are the heaps of the call counted as
 //! lost ([`SendCounters::lost_heaps`]), and the stream carries on, so that an engine survives
 //! an outage of all its links and resumes when one comes back.
 //!
@@ -24,8 +35,9 @@
 //! find, at the next send or at [`SendStream::wait_sent`], that packets it had already taken
 //! were never sent (`net::LinkDown`). The interface goes down as above, and those packets and
 //! the heaps of the calls they belonged to are counted against it
-//! ([`InterfaceCounters::lost_packets`], [`InterfaceCounters::lost_heaps`]; `super::in_flight`
-//! matches the one to the other); they are not sent again (the calls are over).
+//! ([`InterfaceCounters::lost_packets`], [`InterfaceCounters::lost_heaps`]: the heaps of those
+//! calls that the interface carried; `super::in_flight` matches the one to the other); they
+//! are not sent again (the calls are over).
 //!
 //! Sending is synchronous on the caller's thread: packets are written into one reusable
 //! [`SendBatch`] as headers plus payload slices borrowed from the heaps (no payload copy in
@@ -39,6 +51,7 @@ use std::time::{Duration, Instant};
 use super::balance::{is_link_error, Balancer, InterfaceCounters};
 use super::heap::{Heap, PacketGenerator, PacketiseError, PREFIX_LEN};
 use super::in_flight::InFlight;
+use super::lane::{fill_round_robin, fill_serial, Assign, Gen, Lane};
 use super::rate::RateLimiter;
 use crate::net::{lost_in_flight, PacketSender, SendBatch};
 use crate::spead::wire::Flavour;
@@ -168,8 +181,11 @@ pub struct SendStream<S: PacketSender> {
     limiter: RateLimiter,
     /// What each interface's NIC may still hold, to count what a failure loses.
     in_flight: InFlight,
-    /// The interface the current call sends on (it changes when one fails).
-    current: usize,
+    /// One lane per interface: the heaps of the current call dealt to it (module doc).
+    lanes: Vec<Lane>,
+    /// Per interface, bytes of the current call handed to it and not yet sent (the balance
+    /// counts them as carried), kept so that steady sending does not allocate.
+    queued: Vec<u64>,
     next_cnt: u64,
     /// Storage of the per-call [`SendBatch`], kept so that steady sending does not allocate.
     spare: SendBatch<'static>,
@@ -197,9 +213,10 @@ impl<S: PacketSender> SendStream<S> {
             next_cnt: config.cnt_first,
             config,
             in_flight: InFlight::new(interfaces.len()),
+            lanes: vec![Lane::default(); interfaces.len()],
+            queued: vec![0; interfaces.len()],
             txs: interfaces,
             balancer,
-            current: 0,
             spare: SendBatch::default(),
             counters: SendCounters::default(),
             hurry: None,
@@ -250,15 +267,17 @@ impl<S: PacketSender> SendStream<S> {
         cnt & mask
     }
 
-    /// Send heaps together on the least-loaded interface (another if it fails; counted as
-    /// lost if none is up).
+    /// Send heaps together, each whole on one of the live interfaces, the least loaded when
+    /// it is dealt out, their bursts interleaved over the interfaces (module doc); a lane
+    /// whose interface fails moves to another, and the call's heaps are counted as lost if
+    /// none is up.
     pub fn send_heaps(
         &mut self,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
     ) -> Result<(), SendError> {
-        let iface = self.balancer.pick(Instant::now());
-        self.send_on(iface, heaps, mode)
+        let live = self.balancer.first_live(Instant::now());
+        self.send_on(live.map(|_| Assign::Balanced), heaps, mode)
     }
 
     /// Block until every interface's NIC is done with every packet sent so far
@@ -300,19 +319,19 @@ impl<S: PacketSender> SendStream<S> {
         mode: SendMode,
     ) -> Result<(), SendError> {
         let iface = self.balancer.first_live(Instant::now());
-        self.send_on(iface, heaps, mode)
+        self.send_on(iface.map(Assign::To), heaps, mode)
     }
 
-    /// Send on `iface`, or count the heaps as lost when it is `None` or when every interface
-    /// fails on the way.
+    /// Send as `assign` says, or count the heaps as lost when it is `None` (no interface is
+    /// live) or when every interface fails on the way.
     fn send_on(
         &mut self,
-        iface: Option<usize>,
+        assign: Option<Assign>,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
     ) -> Result<(), SendError> {
-        let result = match iface {
-            Some(i) => self.send_all(i, heaps, mode),
+        let result = match assign {
+            Some(a) => self.send_all(a, heaps, mode),
             None => Err(SendError::NoInterface),
         };
         match result {
@@ -330,13 +349,18 @@ impl<S: PacketSender> SendStream<S> {
 
     fn send_all(
         &mut self,
-        iface: usize,
+        assign: Assign,
         heaps: &[HeapRef<'_, '_>],
         mode: SendMode,
     ) -> Result<(), SendError> {
         let n_dest = self.destinations();
+        let now = Instant::now();
+        for (k, l) in self.lanes.iter_mut().enumerate() {
+            *l = Lane::new(k);
+        }
+        self.queued.fill(0);
         let mut gens = Vec::with_capacity(heaps.len());
-        for h in heaps {
+        for (order, h) in heaps.iter().enumerate() {
             if h.substream >= n_dest {
                 return Err(SendError::Substream(h.substream, n_dest));
             }
@@ -344,85 +368,145 @@ impl<S: PacketSender> SendStream<S> {
                 Some(c) => c,
                 None => self.take_cnt(),
             };
-            gens.push((
-                PacketGenerator::new(
-                    h.heap,
-                    cnt,
-                    self.config.flavour,
-                    self.config.max_packet_size,
-                )?,
-                h,
-            ));
+            let gen = PacketGenerator::new(
+                h.heap,
+                cnt,
+                self.config.flavour,
+                self.config.max_packet_size,
+            )?;
+            let lane = match assign {
+                Assign::To(i) => i,
+                Assign::Balanced => self
+                    .balancer
+                    .pick(now, &self.queued)
+                    .ok_or(SendError::NoInterface)?,
+            };
+            // Queued as HEAP_LENGTH: the packets' headers, left out, add about the same
+            // fraction to every heap.
+            self.queued[lane] += gen.heap_length();
+            self.lanes[lane].bytes += gen.heap_length();
+            gens.push(Gen {
+                gen,
+                heap: h,
+                lane,
+                order,
+            });
         }
-        self.current = iface;
-        self.in_flight.begin(heaps.len());
+        // Each lane's heaps together, in the order given, so a lane is a range of `gens`.
+        gens.sort_unstable_by_key(|g| (g.lane, g.order));
+        let mut start = 0;
+        for (k, l) in self.lanes.iter_mut().enumerate() {
+            let end = start + gens[start..].iter().take_while(|g| g.lane == k).count();
+            l.heaps = start..end;
+            start = end;
+        }
+        self.in_flight.begin();
         let mut batch = std::mem::take(&mut self.spare).reuse();
-        let result = self.send_generated(&mut batch, &mut gens, mode, heaps);
+        let result = self.send_lanes(&mut batch, &mut gens, mode);
         batch.clear();
         self.spare = batch.reuse();
         result
     }
 
-    fn send_generated<'h>(
+    /// Send every lane's bursts, each next burst from the lane furthest behind an even spread
+    /// over the call (the smallest fraction of its bytes sent), so that every interface
+    /// carries its share of the rate throughout the call rather than one after another.
+    fn send_lanes<'h>(
         &mut self,
         batch: &mut SendBatch<'h>,
-        gens: &mut [(PacketGenerator<'h, '_>, &HeapRef<'_, '_>)],
+        gens: &mut [Gen<'h, '_, '_>],
         mode: SendMode,
-        heaps: &[HeapRef<'_, '_>],
     ) -> Result<(), SendError> {
-        let mut paced = !heaps.iter().all(|h| h.unpaced);
-        match mode {
-            SendMode::Serial => {
-                for (g, h) in gens.iter_mut() {
-                    if h.unpaced == paced {
-                        self.flush(batch, paced)?;
-                        paced = !h.unpaced;
-                    }
-                    while push_packet(batch, g, h.substream) {
-                        if batch.bytes() >= self.config.burst_size {
-                            self.flush(batch, paced)?;
-                        }
-                    }
+        let call_paced = !gens.iter().all(|g| g.heap.unpaced);
+        while let Some(k) = self.furthest_behind() {
+            let lane = &mut self.lanes[k];
+            let paced = match mode {
+                SendMode::Serial => fill_serial(batch, lane, gens, self.config.burst_size),
+                SendMode::RoundRobin => {
+                    fill_round_robin(batch, lane, gens, self.config.burst_size);
+                    call_paced
                 }
-            }
-            SendMode::RoundRobin => {
-                let mut live = gens.len();
-                while live > 0 {
-                    live = 0;
-                    for (g, h) in gens.iter_mut() {
-                        if push_packet(batch, g, h.substream) {
-                            live += 1;
-                            if batch.bytes() >= self.config.burst_size {
-                                self.flush(batch, paced)?;
-                            }
-                        }
-                    }
-                }
+            };
+            if batch.is_empty() {
+                self.lanes[k].done = true;
+            } else {
+                self.flush(batch, paced, k)?;
             }
         }
-        self.flush(batch, paced)
+        Ok(())
     }
 
-    /// Send the batch on the current interface, paced; on a link error, mark it down and
-    /// send the batch again at once on the least-loaded of the others (its time on the
-    /// schedule was reserved once), until one takes it or none is left
-    /// ([`SendError::NoInterface`]). Each burst tries at most as many sends as there are
-    /// interfaces, so a short retry interval cannot make it spin while every link is down.
-    fn flush(&mut self, batch: &mut SendBatch<'_>, paced: bool) -> Result<(), SendError> {
-        if batch.is_empty() {
-            return Ok(());
+    /// The lane with packets left whose sent bytes are the smallest fraction of its heaps'
+    /// bytes (ties to the first), or `None` when every lane is done.
+    fn furthest_behind(&self) -> Option<usize> {
+        let behind = |a: &Lane, b: &Lane| {
+            u128::from(a.sent) * u128::from(b.bytes) < u128::from(b.sent) * u128::from(a.bytes)
+        };
+        let mut best: Option<usize> = None;
+        for (k, l) in self.lanes.iter().enumerate() {
+            if l.done || l.heaps.is_empty() {
+                continue;
+            }
+            if best.is_none_or(|b| behind(l, &self.lanes[b])) {
+                best = Some(k);
+            }
         }
+        best
+    }
+
+    /// Move lane `k` to the least-loaded live interface, counting what the other lanes still
+    /// have to send as queued (its own interface failed or went down under another lane).
+    /// `failed`, the interface the lane's burst just failed on, is taken only when no other
+    /// is live: with a short retry interval it may already be due for a trial, and trying it
+    /// again at once would use up the burst's tries before the others are tried.
+    fn move_lane(
+        &mut self,
+        k: usize,
+        now: Instant,
+        failed: Option<usize>,
+    ) -> Result<(), SendError> {
+        self.queued.fill(0);
+        for (j, l) in self.lanes.iter().enumerate() {
+            if j != k && !l.done {
+                self.queued[l.iface] += l.bytes.saturating_sub(l.sent);
+            }
+        }
+        if let Some(f) = failed {
+            self.queued[f] = u64::MAX;
+        }
+        let lane = &mut self.lanes[k];
+        lane.iface = self
+            .balancer
+            .pick(now, &self.queued)
+            .ok_or(SendError::NoInterface)?;
+        lane.charged = false;
+        Ok(())
+    }
+
+    /// Send lane `k`'s burst on its interface, paced; on a link error, mark that interface
+    /// down, move the lane to the least-loaded of the others and send the burst again there
+    /// at once (its time on the schedule was reserved once), until one takes it or none is
+    /// left ([`SendError::NoInterface`]). Each burst tries at most as many sends as there are
+    /// interfaces, so a short retry interval cannot make it spin while every link is down.
+    fn flush(&mut self, batch: &mut SendBatch<'_>, paced: bool, k: usize) -> Result<(), SendError> {
         let bytes = batch.bytes();
         if paced && !self.hurried() {
             let at = self.limiter.reserve(Instant::now(), bytes);
             sleep_until_or(at, || self.hurried());
         }
+        if !self.balancer.is_live(self.lanes[k].iface) {
+            self.move_lane(k, Instant::now(), None)?;
+        }
         for tries in 1.. {
-            let iface = self.current;
+            let iface = self.lanes[k].iface;
             match self.txs[iface].send_batch(batch) {
                 Ok(()) => {
+                    let lane = &mut self.lanes[k];
+                    let new_heaps = if lane.charged { 0 } else { lane.heaps.len() };
+                    lane.charged = true;
+                    lane.sent += bytes as u64;
                     self.balancer.sent(iface, batch.len(), bytes);
-                    self.in_flight.sent(iface, batch.len());
+                    self.in_flight.sent(iface, batch.len(), new_heaps);
                     break;
                 }
                 Err(e) if is_link_error(&e) => {
@@ -430,8 +514,7 @@ impl<S: PacketSender> SendStream<S> {
                     if tries >= self.txs.len() {
                         return Err(SendError::NoInterface);
                     }
-                    let now = Instant::now();
-                    self.current = self.balancer.pick(now).ok_or(SendError::NoInterface)?;
+                    self.move_lane(k, Instant::now(), Some(iface))?;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -440,24 +523,6 @@ impl<S: PacketSender> SendStream<S> {
         self.counters.bytes += bytes as u64;
         batch.clear();
         Ok(())
-    }
-}
-
-/// Generate the next packet of `g` into `batch`; false when the heap is done.
-fn push_packet<'h>(
-    batch: &mut SendBatch<'h>,
-    g: &mut PacketGenerator<'h, '_>,
-    dest: usize,
-) -> bool {
-    let (h, p) = (batch.header_buf().len(), batch.parts_buf().len());
-    let (headers, parts) = batch.bufs();
-    let mut device = None;
-    match g.next_packet_parts(headers, parts, &mut device) {
-        Some(_) => {
-            batch.finish_gathered(h, p, device, dest);
-            true
-        }
-        None => false,
     }
 }
 
