@@ -40,9 +40,10 @@
 // 256-byte atom per 8 rows. The tables come from the host in exactly that layout
 // (`gpu::frb_tables`).
 //
-// Measured (bench/RESULTS.md, 2026-11-28, twenty-second session): 1.79–1.81 ms at seed 004 case 5
-// on the H200 against frb_stage1.cu's 2.01–2.03, so the op's default at 24×24 on sm_90
-// (`gpu::frb_wgmma`); slower than frb_stage1.cu at 8×8 and 16×16, where the products are narrow.
+// Measured (bench/RESULTS.md, 2026-11-28, twenty-second session): 1.68–1.70 ms at seed 004 case 5
+// on the H200 (1.79–1.81 before the runs of units crossed channels) against frb_stage1.cu's
+// 2.01–2.03, so the op's default at 24×24 on sm_90 (`gpu::frb_wgmma`); slower than frb_stage1.cu
+// at 8×8 and 16×16, where the products are narrow.
 //
 // Compile-time constants (-D): M, N, D, T_DS, CHANNELS, SPECTRA, BATCHES, TB, NWG, OUT_HALF.
 

@@ -12,9 +12,9 @@
 //! pair of a step is transformed, so a step that a slot cuts short wastes the rest.
 //!
 //! **The default at 24×24** ([`WgmmaShape::preferred`]; bench/RESULTS.md, 2026-11-28
-//! twenty-second session): at seed 004 case 5 on the H200 it takes 1.79–1.81 ms against
-//! `mma.sync`'s 2.01–2.03 in the same calls, once the step's address arithmetic left the loop
-//! (level before). The products alone run near the fp16 peak when fed (50 cycles per
+//! twenty-second session): at seed 004 case 5 on the H200 it takes 1.68–1.70 ms against
+//! `mma.sync`'s 2.01–2.03, once the step's address arithmetic left the loop (level before) and
+//! its blocks took equal runs of (channel, slot) units in one wave (`gpu::frb`'s launch). The products alone run near the fp16 peak when fed (50 cycles per
 //! m64n96k16 with three warpgroups on random operands); here each warpgroup's work is a chain
 //! (a stage-2 tile summed before its next one) and the block's barrier per step drains the
 //! tensor cores.
