@@ -34,15 +34,7 @@ fn round_robin_interleaves_and_cnt_sequence_steps() {
     s.send_heaps(&heaps, SendMode::RoundRobin).unwrap();
     drop(s);
     let pkts = drain(&mut rx);
-    let cnts: Vec<u64> = pkts
-        .iter()
-        .map(|p| {
-            crate::spead::wire::ParsedPacket::parse(p)
-                .unwrap()
-                .repr
-                .heap_cnt
-        })
-        .collect();
+    let cnts: Vec<u64> = pkts.iter().map(|p| heap_cnt(p)).collect();
     assert_eq!(cnts, [5, 8, 5, 8, 5, 8]);
 }
 
@@ -256,20 +248,18 @@ fn logged_stream(n: usize) -> (SendStream<Logged>, Vec<mem::MemReceiver>, BurstL
     (SendStream::new(cfg, txs).unwrap(), rxs, log)
 }
 
+/// The heap counter of a packet.
+fn heap_cnt(packet: &[u8]) -> u64 {
+    crate::spead::wire::ParsedPacket::parse(packet)
+        .unwrap()
+        .repr
+        .heap_cnt
+}
+
 /// Per interface, the heap counters of the packets its receiver got.
 fn cnts_per_interface(rxs: &mut [mem::MemReceiver]) -> Vec<std::collections::BTreeSet<u64>> {
     rxs.iter_mut()
-        .map(|rx| {
-            drain(rx)
-                .iter()
-                .map(|p| {
-                    crate::spead::wire::ParsedPacket::parse(p)
-                        .unwrap()
-                        .repr
-                        .heap_cnt
-                })
-                .collect()
-        })
+        .map(|rx| drain(rx).iter().map(|p| heap_cnt(p)).collect())
         .collect()
 }
 
