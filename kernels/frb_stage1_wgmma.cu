@@ -36,7 +36,7 @@
 // stale X but not summed.
 //
 // Shared-memory operands are in the canonical K-major layout with the 32-byte swizzle (PTX ISA,
-// "Shared Memory Matrix Layout"; `operand_offset` below): each k step of 16 values is one
+// "Shared Memory Matrix Layout"; `gpu::frb_wgmma::operand_offset`): each k step of 16 values is one
 // 256-byte atom per 8 rows. The tables come from the host in exactly that layout
 // (`gpu::frb_tables`).
 //
@@ -92,16 +92,12 @@ __device__ __forceinline__ u64 desc(u32 addr, u32 kbytes)
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)((kbytes * 8) >> 4) << 32) | ((u64)3 << 62);
 }
 
-// Byte offset of (row, k) in such an operand with `k_len` values per row (`gpu::frb_wgmma::
-// operand_offset`): a row's 32 bytes of an atom hold k/16's 16 values, its two 16-byte halves
-// swapped in rows 4–7 of the atom (address bit 4 ^= bit 7; buffers are 256-byte aligned). Against
-// the unswizzled layout the whole kernel measured 1–3 % faster (G''s stores fall in distinct
-// banks), though its MMAs alone were 9 % slower (bench/RESULTS.md, 2026-11-28).
-__device__ __forceinline__ u32 operand_offset(int row, int k, int k_len)
-{
-    return ((row >> 3) * (k_len >> 4) + (k >> 4)) * 256 + (row & 7) * 32 + ((((k >> 3) ^ (row >> 2)) & 1) << 4) +
-           (k & 7) * 2;
-}
+// The byte offset of (row, k) in such an operand with `k_len` values per row is
+// `gpu::frb_wgmma::operand_offset` (the host places the tables and cells by it; store_g below
+// follows it in closed form): a row's 32 bytes of an atom hold k/16's 16 values, its two 16-byte
+// halves swapped in rows 4–7 of the atom (address bit 4 ^= bit 7; buffers are 256-byte aligned).
+// Against the unswizzled layout the whole kernel measured 1–3 % faster (G''s stores fall in
+// distinct banks), though its MMAs alone were 9 % slower (bench/RESULTS.md, 2026-11-28).
 
 // Accumulator register lists (adjacent string literals join): four per block.
 #define R0 "%0, %1, %2, %3"
@@ -253,7 +249,7 @@ __device__ __forceinline__ void grid_step(unsigned short *xs, const u32 *cur, co
 // Stage 1's accumulators of `tile` as fp16 (re, im) pairs into G' (row (pair, q), k (m, d)).
 // Accumulator block j holds q = 4j + i: as QP is a multiple of 8 and i < 4, its row
 // pair·QP + 4j + i lies in row group pair·QP/8 + j/2 at place 4·(j mod 2) + i, with swizzle bit
-// j mod 2, so operand_offset is one of two per-thread bases (j even, odd) plus a constant.
+// j mod 2, so its operand offset is one of two per-thread bases (j even, odd) plus a constant.
 __device__ __forceinline__ void store_g(unsigned char *g, const float (&d)[AN], int tile, int row16, int i)
 {
 #pragma unroll

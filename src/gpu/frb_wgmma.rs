@@ -140,7 +140,7 @@ impl WgmmaShape {
     }
 }
 
-/// Byte offset of (row, k) in a K-major operand of the kernel (its `operand_offset`), with
+/// Byte offset of (row, k) in a K-major operand of the kernel, with
 /// `k_len` fp16 values per row, in the 32-byte swizzle: atoms of 8 rows × 16 values (32 bytes a
 /// row), a row group's atoms consecutive along k, a row's two 16-byte halves swapped in rows
 /// 4–7 of its atom.
