@@ -69,8 +69,11 @@ fn send_descriptors<F: HeapFormat>(
             unpaced: true,
         })
         .collect();
+    // All through the first live interface, as katgpucbf sends them through its first stream
+    // (seed 000 §Network transmit): the interfaces share one network, and a set of
+    // descriptors is too small to balance.
     stream
-        .send_heaps(&refs, SendMode::RoundRobin)
+        .send_heaps_first(&refs, SendMode::RoundRobin)
         .map_err(|e| e.to_string())
 }
 

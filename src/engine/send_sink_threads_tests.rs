@@ -1,7 +1,8 @@
 //! An output's several send threads (`HeapSink::spawn_threads`), on the host-buffer path the
 //! engines use with kernel sockets: every thread made to send, every heap once with its own
 //! counter, one set of descriptors, counts that add up; and one thread's failure stopping the
-//! output without leaving the engine waiting. Helpers (the heap format, the patterns, the
+//! output without leaving the engine waiting; and one thread over two interfaces putting its
+//! descriptors on the first. Helpers (the heap format, the patterns, the
 //! reassembly of a wire) are the parent module's.
 
 use super::*;
@@ -198,4 +199,56 @@ fn one_thread_failing_stops_the_output_without_a_hang() {
     assert!(handed < 100_000, "the engine was never told of the stop");
     let err = sink.join().expect_err("the failure is reported");
     assert!(err.to_string().contains("the NIC broke"), "{err}");
+}
+
+/// One send thread whose stream spans two interfaces: the start-up descriptors all go to the
+/// first live one (seed 000 §Network transmit; README "multi-NIC send"), while the data heaps
+/// are spread over both.
+#[test]
+fn descriptors_go_to_the_first_interface_and_data_to_both() {
+    let wires: Vec<_> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+    let start = Arc::new((Mutex::new(0), std::sync::Condvar::new()));
+    let nics: Vec<NetSender> = wires
+        .iter()
+        .map(|wire| -> NetSender {
+            Box::new(WireNic {
+                wire: Arc::clone(wire),
+                start: Arc::clone(&start),
+                nics: 1,
+                first: true,
+                broken: false,
+            })
+        })
+        .collect();
+    let mut stream = SendStream::new(config(Duration::from_secs(3600)), nics).unwrap();
+    stream.set_interface_names(&["a".into(), "b".into()]);
+    let thread = SendThread {
+        name: "test-tx".into(),
+        core: None,
+    };
+    let mut sink = HeapSink::spawn(
+        thread,
+        stream,
+        SlotFormat,
+        start_up_descriptors(),
+        8,
+        0,
+        &Shutdown::manual(),
+    )
+    .unwrap();
+    assert_eq!(run_engine_host(&sink, 40), 40);
+    sink.join().expect("the send thread survives");
+    let (first, _, first_descriptors) = on_wire(&wires[0]);
+    let (second, _, second_descriptors) = on_wire(&wires[1]);
+    assert_eq!(
+        (first_descriptors, second_descriptors),
+        (DESTS, 0),
+        "descriptors per interface"
+    );
+    assert!(
+        !first.is_empty() && !second.is_empty(),
+        "data heaps on one interface only: {} and {}",
+        first.len(),
+        second.len()
+    );
 }
