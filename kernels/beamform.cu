@@ -20,7 +20,9 @@
 // staged DEPTH k-steps ahead by `cp.async` (v14 in blocks of 4 warps: 72 % of copy
 // at MeerKAT's 8 beams and 80 antennas on the lent H100, timed behind other work as the engine
 // runs it; the same kernel without its dither-quantise-store epilogue reaches 91 %, with the
-// loads alone 94 %, so the epilogue is what is left: bench/xbengine-notes.md, v9–v14):
+// loads alone 94 %, so the epilogue is what is left: bench/xbengine-notes.md, v9–v14. On the
+// lent H200, whose copy is 1.4× the H100's, the kernel takes about the same time: 60 % of
+// its copy with the 16-byte copies of 2026-11-28, its loads alone 69–76 %):
 //
 //   D (16 times × 8 columns, s32) += A (16 times × 32 k, s8) · B (32 k × 8 columns, s8)
 //

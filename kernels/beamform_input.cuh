@@ -142,6 +142,17 @@ __device__ __forceinline__ void copy8_or_zero(u32 dst, const unsigned char *src,
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(keep ? 8 : 0) : "memory");
 }
 
+// 16 bytes the same way, with a hint that L2 fetch the 256 bytes around them: a block's warps
+// read an antenna's consecutive 128-byte runs, and on the lent H200 this form with 4 k-steps
+// in flight took 6–14 % off the kernel against 8-byte copies without the hint (the loads
+// alone: 55.7 µs against 60.5 at MeerKAT's shape; bench/xbengine-notes.md, 2026-11-28).
+// `.ca`: the same copy through `.cg` (L1 bypassed) took the loads alone to 88 µs.
+__device__ __forceinline__ void copy16_or_zero(u32 dst, const unsigned char *src, bool keep)
+{
+    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(keep ? 16 : 0)
+                 : "memory");
+}
+
 // A lane's presence bits of one antenna batch (2·KS of them).
 #if KS <= 16
 typedef u32 Bits;
@@ -185,11 +196,10 @@ __device__ __forceinline__ Bits presence_bits(const Slab &s, int a0, int nks, in
     return bits;
 }
 
-// A ring slot: a lane's words of one k-step. At 8 bits, already as its two A fragments
-// (frag[j] = antenna q at slots 4g+2j, 4g+2j+1, then antenna q+4 at the same), so that one
-// 16-byte shared load is an MMA operand: copied in 8-byte pieces, as each antenna's four slots
-// are split between the fragments. At 4 bits, each antenna's four slots as they lie (h = 0 for
-// antenna q, 1 for q+4), widened after the read.
+// A ring slot: a lane's words of one k-step, each antenna's four slots as they lie (h = 0 for
+// antenna q, 1 for q + 4): one 16-byte copy each at 8 bits (8 bytes at 4 bits, widened after
+// the read), and the A fragments taken from the two halves (`fragments`). (Copied as the
+// fragments themselves, in 8-byte pieces, the kernel measured 6–14 % slower on the H200.)
 #if IN_BITS == 8
 typedef uint4 Slot[2][32];
 #else
@@ -224,8 +234,8 @@ __device__ __forceinline__ Issuer issuer_at(Slot *ring, const Slab &s, int a0, B
     return is;
 }
 
-// Issue the next k-step's words (antennas q and q + 4 of its eight) into the next ring slot:
-// at 8 bits fragment j's 8-byte half h (ring[slot][j][lane], bytes 8h…), at 4 bits ring[slot][h].
+// Issue the next k-step's words (antennas q and q + 4 of its eight) into the next ring slot,
+// antenna q + 4h's to ring[slot][h][lane].
 __device__ __forceinline__ void issue(Issuer &is)
 {
 #pragma unroll
@@ -234,8 +244,7 @@ __device__ __forceinline__ void issue(Issuer &is)
         const bool keep = (is.bits >> h) & 1;
         const unsigned char *src = keep ? is.src + 4 * ANT_STRIDE * h : is.readable;
 #if IN_BITS == 8
-        copy8_or_zero(is.dst + 8 * h, src, keep);
-        copy8_or_zero(is.dst + 32 * LANE_BYTES + 8 * h, src + 8, keep);
+        copy16_or_zero(is.dst + 32 * LANE_BYTES * h, src, keep);
 #else
         copy8_or_zero(is.dst + 32 * LANE_BYTES * h, src, keep);
 #endif
@@ -251,8 +260,9 @@ __device__ __forceinline__ void issue(Issuer &is)
 __device__ __forceinline__ void fragments(uint4 (&frag)[2], const Slot *ring, int slot, int lane)
 {
 #if IN_BITS == 8
-    frag[0] = ring[slot][0][lane];
-    frag[1] = ring[slot][1][lane];
+    const uint4 lo = ring[slot][0][lane], hi = ring[slot][1][lane];
+    frag[0] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    frag[1] = make_uint4(lo.z, lo.w, hi.z, hi.w);
 #else
     const uint4 lo = as_words(ring[slot][0][lane]), hi = as_words(ring[slot][1][lane]);
     frag[0] = make_uint4(lo.x, lo.y, hi.x, hi.y);

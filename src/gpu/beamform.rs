@@ -158,16 +158,19 @@ pub struct Occupancy {
 }
 
 /// The occupancies tried in turn, the first that compiles without a spill kept. Five blocks of
-/// 4 warps with 6 k-steps in flight leave each thread 96 registers (65536 / 640, in units of 8):
-/// the shapes whose spectra are a multiple of 4 (every heap size katgpucbf uses) fit there at
-/// 87–96, while those with other spectra counts (the kernel's register path) spill and take the
-/// fallback, three blocks with 8 (up to 170 registers). Five blocks are resident only where
-/// shared memory allows (the digit table takes up to 30 KiB per block, from 160 antennas at 8
-/// beams), else the hardware runs four.
+/// 4 warps leave each thread 96 registers (65536 / 640, in units of 8): the shapes whose
+/// spectra are a multiple of 4 (every heap size katgpucbf uses) fit there at 87–96, while
+/// those with other spectra counts (the kernel's register path) spill and take the fallback,
+/// three blocks with 8 k-steps in flight (up to 170 registers). Five blocks are resident only
+/// where shared memory allows (the digit table takes up to 30 KiB per block, from 160 antennas
+/// at 8 beams), else the hardware runs four. Four k-steps in flight per warp rather than six
+/// since the ring's copies became 16 bytes with an L2 prefetch hint: on the lent H200 that
+/// pair took 3–14 % off every case measured (bench/xbengine-notes.md, 2026-11-28); six had
+/// been best on the H100 with 8-byte copies.
 pub const OCCUPANCIES: [Occupancy; 2] = [
     Occupancy {
         blocks: 5,
-        depth: 6,
+        depth: 4,
     },
     Occupancy {
         blocks: 3,
