@@ -47,6 +47,8 @@ pub enum SendTransportKind {
     /// Kernel UDP sockets (`sendmmsg` with GSO), or ibverbs with the ibverbs switch.
     #[default]
     Udp,
+    /// The same sockets through io_uring's zero-copy `sendmsg` (Linux 6.1).
+    Uring,
     /// DPDK ports polled from user space (`--dpdk-args`, `--dpdk-src`; a build with
     /// `--features dpdk`).
     Dpdk,
@@ -55,9 +57,10 @@ pub enum SendTransportKind {
 /// The send side's transport flags (fengine, xbengine, dsim, fsim).
 #[derive(Debug, Clone, Default, Args)]
 pub struct SendTransportArgs {
-    /// How outputs leave the host: `udp` (kernel sockets) or `dpdk` (DPDK ports: the send
-    /// interfaces name ports, else --dpdk-port; needs --dpdk-args and --dpdk-src, and a build
-    /// with `--features dpdk`).
+    /// How outputs leave the host: `udp` (kernel sockets), `uring` (the same sockets through
+    /// io_uring's zero-copy sendmsg, Linux 6.1) or `dpdk` (DPDK ports: the send interfaces
+    /// name ports, else --dpdk-port; needs --dpdk-args and --dpdk-src, and a build with
+    /// `--features dpdk`).
     #[arg(long, value_enum, default_value_t)]
     pub send_transport: SendTransportKind,
     /// With --send-transport dpdk: the frames' source, A.B.C.D[:port] (port 7148 if not
@@ -82,7 +85,7 @@ impl SendTransportArgs {
         ibv_flag: &'static str,
         eal: &DpdkArgs,
     ) -> Result<SendTransport, CliError> {
-        if self.send_transport == SendTransportKind::Udp {
+        if self.send_transport != SendTransportKind::Dpdk {
             if !self.dpdk_src.is_empty() {
                 return Err(CliError::flag("--dpdk-src", "needs --send-transport dpdk"));
             }
@@ -92,7 +95,16 @@ impl SendTransportArgs {
                     "needs --send-transport dpdk",
                 ));
             }
-            return Ok(ibv);
+            if self.send_transport == SendTransportKind::Udp {
+                return Ok(ibv);
+            }
+            if ibv != SendTransport::Udp {
+                return Err(CliError::flag(
+                    ibv_flag,
+                    "conflicts with --send-transport uring",
+                ));
+            }
+            return Ok(SendTransport::Uring);
         }
         if !dpdk::AVAILABLE {
             return Err(CliError::flag("--send-transport", DpdkError::NotBuilt));
@@ -168,6 +180,32 @@ mod tests {
             Err(CliError::Flag { flag, .. }) => flag,
             other => panic!("expected a flag error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn uring_is_its_own_transport_and_refuses_ibverbs_and_dpdk_flags() {
+        let uring = SendTransportArgs {
+            send_transport: SendTransportKind::Uring,
+            ..Default::default()
+        };
+        assert_eq!(
+            uring
+                .transport(SendTransport::Udp, "--send-ibv", &eal(None))
+                .unwrap(),
+            SendTransport::Uring
+        );
+        let r = uring.transport(
+            SendTransport::Ibv { comp_vector: 0 },
+            "--send-ibv",
+            &eal(None),
+        );
+        assert_eq!(flag_of(r), "--send-ibv");
+        let orphan_src = SendTransportArgs {
+            dpdk_src: vec!["10.0.0.1".into()],
+            ..uring
+        };
+        let r = orphan_src.transport(SendTransport::Udp, "--send-ibv", &eal(None));
+        assert_eq!(flag_of(r), "--dpdk-src");
     }
 
     #[test]

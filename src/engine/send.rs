@@ -25,6 +25,7 @@ pub use super::send_sink::{
 };
 use super::ConfigError;
 use crate::net::udp::UdpSender;
+use crate::net::uring_send::{self, UringSender};
 use crate::net::{DeviceBytes, DeviceMemory, NetSender};
 use crate::spead::send::{Heap, SendStream, SendStreamConfig};
 
@@ -61,6 +62,8 @@ pub enum SendTransport {
     /// Kernel UDP sockets (`net::udp`).
     #[default]
     Udp,
+    /// The same sockets through io_uring's zero-copy `sendmsg` (`net::uring_send`).
+    Uring,
     /// ibverbs raw-packet queue pairs (`net::ibv`, cargo feature `ibv`), one per interface,
     /// completions on `comp_vector` (negative: polling).
     Ibv { comp_vector: i32 },
@@ -85,7 +88,7 @@ impl SendTransport {
             SendTransport::Dpdk(cfg) => {
                 plan_dpdk_senders(interfaces, streams, cfg, flags, count_flag)
             }
-            SendTransport::Udp | SendTransport::Ibv { .. } => Ok(()),
+            SendTransport::Udp | SendTransport::Uring | SendTransport::Ibv { .. } => Ok(()),
         }
     }
 }
@@ -171,20 +174,31 @@ fn open_gathering(
         ));
     }
     match transport {
-        SendTransport::Udp => {
-            let ifaces: Vec<Option<&str>> = if interfaces.is_empty() {
-                vec![None]
-            } else {
-                interfaces.iter().map(|s| Some(s.as_str())).collect()
-            };
-            ifaces
+        SendTransport::Udp => interfaces_or_default(interfaces)
+            .into_iter()
+            .map(|i| UdpSender::new(dst, i, ttl, buffer).map(|s| Box::new(s) as NetSender))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ConfigError::new(flags.interface, e)),
+        SendTransport::Uring => {
+            // A kernel without io_uring is the transport's fault, not an interface's.
+            uring_send::probe().map_err(|e| ConfigError::new("--send-transport", e))?;
+            interfaces_or_default(interfaces)
                 .into_iter()
-                .map(|i| UdpSender::new(dst, i, ttl, buffer).map(|s| Box::new(s) as NetSender))
+                .map(|i| UringSender::new(dst, i, ttl, buffer).map(|s| Box::new(s) as NetSender))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| ConfigError::new(flags.interface, e))
         }
         SendTransport::Ibv { comp_vector } => open_ibv(wire, *comp_vector, flags, device),
         SendTransport::Dpdk(cfg) => open_dpdk_senders(dst, interfaces, ttl, max_packet, cfg, flags),
+    }
+}
+
+/// One entry per named interface, or the default route's.
+fn interfaces_or_default(interfaces: &[String]) -> Vec<Option<&str>> {
+    if interfaces.is_empty() {
+        vec![None]
+    } else {
+        interfaces.iter().map(|s| Some(s.as_str())).collect()
     }
 }
 

@@ -151,11 +151,16 @@ impl FengineConfig {
                 format!("{} is not 1 … {MAX_SEND_THREADS}", self.send_threads),
             ));
         }
-        if self.send_threads > 1 && self.send_transport != crate::engine::send::SendTransport::Udp {
+        if self.send_threads > 1
+            && !matches!(
+                self.send_transport,
+                crate::engine::send::SendTransport::Udp | crate::engine::send::SendTransport::Uring
+            )
+        {
             return Err(ConfigError::new(
                 "--send-threads",
-                "more than one send thread is for kernel UDP sockets (whose copy of every byte \
-                 limits one thread); ibverbs and DPDK send without it",
+                "more than one send thread is for kernel UDP sockets (whose work per byte \
+                 limits one thread); ibverbs and DPDK send without the kernel",
             ));
         }
         if self.send_packet_payload == 0 {

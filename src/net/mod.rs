@@ -26,7 +26,9 @@ pub mod pcap;
 pub mod recv_batch;
 pub(crate) mod recv_socket;
 pub mod udp;
+pub mod udp_send;
 pub mod uring;
+pub mod uring_send;
 
 use std::io;
 

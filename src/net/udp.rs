@@ -5,12 +5,9 @@
 //! copy, kernel to user), with UDP GRO: the kernel may hand over several equal-sized packets
 //! of one flow in one 64 KiB slot, with their segment size in a control message, which saves a
 //! trip through the stack per packet (and, on loopback, lets a GSO sender skip segmentation).
-//! The send side uses UDP GSO the same way: consecutive packets of a batch with the same
-//! destination and size go down as one message with a `UDP_SEGMENT` control message; if the
-//! kernel refuses GSO, the sender falls back to one message per packet for good (as spead2
-//! does, `doc/dev-send-gso.rst`). `socket2` handles socket options; the batch calls and their
-//! control messages are not in any maintained crate with caller-owned buffers, so they are
-//! made through `libc` here.
+//! The send side is `net::udp_send`, with GSO the same way. `socket2` handles socket options;
+//! the batch calls and their control messages are not in any maintained crate with
+//! caller-owned buffers, so they are made through `libc` here.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -18,13 +15,14 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::Socket;
 
 use super::recv_socket::{
     control_data, enable_gro, first_local_addr, open_recv_sockets, set_busy_poll, slot_for,
     DropCount,
 };
-use super::{PacketReceiver, PacketSender, Received, RecvBatch, SendBatch};
+pub use super::udp_send::UdpSender;
+use super::{PacketReceiver, Received, RecvBatch};
 
 /// How long a receive call waits before returning [`Received::Idle`].
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -66,9 +64,6 @@ pub fn resolve_interface(name: &str) -> io::Result<(u32, Ipv4Addr)> {
 
 /// Slot size when GRO may coalesce packets: the largest UDP datagram.
 pub const GRO_SLOT: usize = 65536;
-/// Most packets and bytes one GSO message may carry.
-const GSO_MAX_SEGMENTS: usize = 64;
-const GSO_MAX_BYTES: usize = 65000;
 /// Room for two control messages carrying an int each, UDP_GRO and SO_RXQ_OVFL
 /// (CMSG_SPACE(4) is 24 on 64-bit Linux).
 const CONTROL_WORDS: usize = 6;
@@ -77,11 +72,11 @@ const CONTROL_WORDS: usize = 6;
 /// not allocate. The pointers inside are rewritten before every call and mean nothing between
 /// calls.
 #[derive(Default)]
-struct MsgScratch {
-    iovecs: Vec<libc::iovec>,
-    msgs: Vec<libc::mmsghdr>,
+pub(super) struct MsgScratch {
+    pub(super) iovecs: Vec<libc::iovec>,
+    pub(super) msgs: Vec<libc::mmsghdr>,
     /// One 8-byte-aligned control buffer per message.
-    controls: Vec<[u64; CONTROL_WORDS]>,
+    pub(super) controls: Vec<[u64; CONTROL_WORDS]>,
 }
 
 // SAFETY: the raw pointers are only dereferenced by the kernel during a call made by the
@@ -91,7 +86,7 @@ unsafe impl Send for MsgScratch {}
 impl MsgScratch {
     /// Size for `n` messages (allocates only when growing). The sender's iovec list is
     /// rebuilt per call and may hold several iovecs per message.
-    fn prepare(&mut self, n: usize) {
+    pub(super) fn prepare(&mut self, n: usize) {
         if self.msgs.len() < n {
             // SAFETY: mmsghdr is plain old data; zeroed is a valid empty header.
             self.msgs
@@ -309,168 +304,6 @@ impl PacketReceiver for UdpReceiver {
             }
         }
         Ok(Received::Idle)
-    }
-}
-
-/// A UDP sender: one socket (optionally bound to an interface) and a destination list.
-pub struct UdpSender {
-    socket: Socket,
-    dests: Vec<SockAddr>,
-    scratch: MsgScratch,
-    /// Try GSO; cleared for good the first time the kernel refuses it.
-    gso: bool,
-    /// Packets in each message of the current call.
-    counts: Vec<usize>,
-    /// Per message: (first iovec, iovecs, destination, segment size).
-    runs: Vec<(usize, usize, usize, usize)>,
-}
-
-impl UdpSender {
-    /// `interface` (name or address) selects the source address and multicast interface.
-    pub fn new(
-        dests: &[SocketAddrV4],
-        interface: Option<&str>,
-        ttl: u32,
-        buffer: usize,
-    ) -> io::Result<Self> {
-        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-        socket.set_send_buffer_size(buffer)?;
-        socket.set_multicast_ttl_v4(ttl)?;
-        socket.set_multicast_loop_v4(true)?;
-        if let Some(name) = interface {
-            let (_, addr) = resolve_interface(name)?;
-            socket.bind(&SockAddr::from(SocketAddrV4::new(addr, 0)))?;
-            socket.set_multicast_if_v4(&addr)?;
-        }
-        if dests.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "no destinations to send to",
-            ));
-        }
-        Ok(UdpSender {
-            socket,
-            dests: dests.iter().map(|d| SockAddr::from(*d)).collect(),
-            scratch: MsgScratch::default(),
-            gso: true,
-            counts: Vec::new(),
-            runs: Vec::new(),
-        })
-    }
-}
-
-/// Most messages handed to one sendmmsg call.
-const SEND_CHUNK: usize = 256;
-
-impl PacketSender for UdpSender {
-    fn destinations(&self) -> usize {
-        self.dests.len()
-    }
-
-    fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
-        batch.host_only()?;
-        let mut done = 0; // packets sent
-        while done < batch.len() {
-            // Up to SEND_CHUNK messages, each one packet or a GSO run: packets to one
-            // destination, all of one size except that the last may be shorter. A message's
-            // iovecs are its packets' headers and borrowed payload slices, in order.
-            self.scratch.prepare(SEND_CHUNK);
-            self.scratch.iovecs.clear();
-            self.counts.clear();
-            self.runs.clear();
-            let mut p = done;
-            while p < batch.len() && self.counts.len() < SEND_CHUNK {
-                let first = *batch.packet(p);
-                if first.dest >= self.dests.len() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("destination {} out of range", first.dest),
-                    ));
-                }
-                let (mut n, mut bytes) = (1, first.len);
-                while self.gso && p + n < batch.len() && n < GSO_MAX_SEGMENTS {
-                    let next = batch.packet(p + n);
-                    let prev = batch.packet(p + n - 1).len;
-                    if next.dest != first.dest
-                        || next.len > first.len
-                        || prev != first.len
-                        || bytes + next.len > GSO_MAX_BYTES
-                    {
-                        break;
-                    }
-                    bytes += next.len;
-                    n += 1;
-                }
-                let iov_start = self.scratch.iovecs.len();
-                for q in p..p + n {
-                    for piece in batch.pieces(q) {
-                        self.scratch.iovecs.push(libc::iovec {
-                            iov_base: piece.as_ptr() as *mut libc::c_void,
-                            iov_len: piece.len(),
-                        });
-                    }
-                }
-                self.runs.push((
-                    iov_start,
-                    self.scratch.iovecs.len() - iov_start,
-                    first.dest,
-                    first.len,
-                ));
-                self.counts.push(n);
-                p += n;
-            }
-            // The iovec array is complete (no more reallocation): point the headers into it.
-            for (k, &(iov_start, iov_len, dest, seg)) in self.runs.iter().enumerate() {
-                let addr = &self.dests[dest];
-                let m = &mut self.scratch.msgs[k];
-                m.msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
-                m.msg_hdr.msg_namelen = addr.len();
-                m.msg_hdr.msg_iov = self.scratch.iovecs[iov_start..].as_mut_ptr();
-                m.msg_hdr.msg_iovlen = iov_len as _;
-                if self.counts[k] > 1 {
-                    m.msg_hdr.msg_control = self.scratch.controls[k].as_mut_ptr().cast();
-                    // SAFETY: CMSG_SPACE(2) (16 bytes) fits the 32-byte aligned buffer; the
-                    // header and the u16 segment size are written through the CMSG macros.
-                    unsafe {
-                        m.msg_hdr.msg_controllen = libc::CMSG_SPACE(2) as _;
-                        let c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
-                        (*c).cmsg_level = libc::SOL_UDP;
-                        (*c).cmsg_type = libc::UDP_SEGMENT;
-                        (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg as u16);
-                    }
-                } else {
-                    m.msg_hdr.msg_control = std::ptr::null_mut();
-                    m.msg_hdr.msg_controllen = 0;
-                }
-            }
-            // SAFETY: every pointer in msgs refers to memory alive across the call (the batch's
-            // headers and the heaps it borrows, scratch, dests); the kernel only reads it.
-            let r = unsafe {
-                libc::sendmmsg(
-                    self.socket.as_raw_fd(),
-                    self.scratch.msgs.as_mut_ptr(),
-                    self.counts.len() as u32,
-                    0,
-                )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR | libc::EAGAIN) => continue,
-                    Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP)
-                        if self.gso && self.counts.iter().any(|&c| c > 1) =>
-                    {
-                        tracing::warn!(error = %e, "UDP GSO refused; one packet per message from now on");
-                        self.gso = false;
-                        continue;
-                    }
-                    _ => return Err(e),
-                }
-            }
-            done += self.counts[..r as usize].iter().sum::<usize>();
-        }
-        Ok(())
     }
 }
 
