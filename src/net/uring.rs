@@ -24,8 +24,8 @@
 //! one 64 KiB datagram with the segment size in a control message; the batch splits it, exactly
 //! as for `recvmmsg`. Without GRO a multishot receive costs a trip through the stack per
 //! packet, which on loopback from a GSO sender (dsim) took 2.5 times the CPU of `recvmmsg` +
-//! GRO. Not here yet (issue 15): zero-copy send, SQPOLL, receiving straight into registered
-//! chunk memory (that needs the chunk, not a batch, to own the buffers).
+//! GRO. Zero-copy send is `net::uring_send`. Not here yet (issue 15): SQPOLL, receiving straight
+//! into registered chunk memory (that needs the chunk, not a batch, to own the buffers).
 //!
 //! The `io-uring` crate provides the ring, the opcodes and the `recvmsg` output parser; the
 //! provided-buffer ring itself (page-aligned entries and a tail the kernel reads) has no safe
