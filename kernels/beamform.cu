@@ -17,7 +17,8 @@
 // word cost byte permutes and subtractions to become fp16, and each block generated its own
 // coefficients (bench/xbengine-notes.md). Here a channel's beamforming is an exact integer GEMM
 // on int8 `mma.sync` m16n8k32, which takes the input words as they lie in memory, with the input
-// staged DEPTH k-steps ahead by `cp.async` (v14 in blocks of 4 warps: 72 % of copy
+// staged DEPTH k-steps ahead by `cp.async` (v14 in blocks of 4 warps, then with 6 k-steps in
+// flight and 8-byte copies: 72 % of copy
 // at MeerKAT's 8 beams and 80 antennas on the lent H100, timed behind other work as the engine
 // runs it; the same kernel without its dither-quantise-store epilogue reaches 91 %, with the
 // loads alone 94 %, so the epilogue is what is left: bench/xbengine-notes.md, v9–v14. On the
@@ -156,7 +157,7 @@ __device__ __forceinline__ void stage(uint2 (&coeff)[BT][KS][PAIRS], const uint2
     commit();
 }
 
-// One k-step: the lane's words are its A fragments as they are (frag[j] for m16 tile j: antenna
+// One k-step: the lane's words are its A fragments (`fragments`; frag[j] for m16 tile j: antenna
 // q at slots 4g+2j and 4g+2j+1, antenna q+4 at the same); three MMAs (one per digit) per beam
 // tile and m16 tile.
 __device__ __forceinline__ void multiply(int (&acc)[BT][3][2][4], const uint4 (&frag)[2],

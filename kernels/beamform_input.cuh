@@ -74,6 +74,7 @@ __device__ __forceinline__ u32 word_at(const unsigned char *p)
 struct Slab
 {
     const unsigned char *in;      // antenna 0's word at the first slot
+    const unsigned char *base;    // the input's start (a slab past the end has no word of its own)
     const unsigned char *present; // the first slot's batch's presence flags
 #if VEC
     // The four slots are spectra spec … spec + 3 of one batch, all valid or none.
@@ -96,6 +97,7 @@ struct Slab
 __device__ __forceinline__ Slab slab_at(const unsigned char *in, const unsigned char *present, int c, int slab, int g)
 {
     Slab s;
+    s.base = in;
     const int f0 = slab * 32 + 4 * g;
 #if VEC
     s.valid = f0 < SLOTS;
@@ -143,10 +145,11 @@ __device__ __forceinline__ void copy8_or_zero(u32 dst, const unsigned char *src,
 }
 
 // 16 bytes the same way, with a hint that L2 fetch the 256 bytes around them: a block's warps
-// read an antenna's consecutive 128-byte runs, and on the lent H200 this form with 4 k-steps
-// in flight took 6–14 % off the kernel against 8-byte copies without the hint (the loads
-// alone: 55.7 µs against 60.5 at MeerKAT's shape; bench/xbengine-notes.md, 2026-11-28).
-// `.ca`: the same copy through `.cg` (L1 bypassed) took the loads alone to 88 µs.
+// read an antenna's consecutive 128-byte runs. On the lent H200 (bench/xbengine-notes.md,
+// 2026-11-28), at 4 k-steps in flight, this form beat two 8-byte copies without the hint by
+// 0–6 % at 8 beams and 8–12 % at 64–256 beams; with the depth it took 3–14 % off the kernel
+// as it was (6 k-steps, 8-byte copies). `.ca`: the same copy through `.cg` (L1 bypassed) took
+// the loads alone from 57 µs to 88 µs at MeerKAT's shape.
 __device__ __forceinline__ void copy16_or_zero(u32 dst, const unsigned char *src, bool keep)
 {
     asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(keep ? 16 : 0)
@@ -198,8 +201,9 @@ __device__ __forceinline__ Bits presence_bits(const Slab &s, int a0, int nks, in
 
 // A ring slot: a lane's words of one k-step, each antenna's four slots as they lie (h = 0 for
 // antenna q, 1 for q + 4): one 16-byte copy each at 8 bits (8 bytes at 4 bits, widened after
-// the read), and the A fragments taken from the two halves (`fragments`). (Copied as the
-// fragments themselves, in 8-byte pieces, the kernel measured 6–14 % slower on the H200.)
+// the read), and the A fragments taken from the two halves (`fragments`: register naming
+// only). (Copied as the fragments themselves, in 8-byte pieces, the kernel measured up to
+// 12 % slower on the H200: `copy16_or_zero`.)
 #if IN_BITS == 8
 typedef uint4 Slot[2][32];
 #else
@@ -226,7 +230,7 @@ __device__ __forceinline__ Issuer issuer_at(Slot *ring, const Slab &s, int a0, B
 {
     Issuer is;
     is.src = s.in + (i64)(a0 + q) * ANT_STRIDE;
-    is.readable = s.in;
+    is.readable = s.base;
     is.ring_begin = (u32)__cvta_generic_to_shared(ring) + LANE_BYTES * lane;
     is.ring_end = is.ring_begin + DEPTH * sizeof(Slot);
     is.dst = is.ring_begin;

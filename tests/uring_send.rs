@@ -32,10 +32,12 @@ fn capture_of_dsim(transport: &str) -> serde_json::Value {
         .args(["--send-transport", transport, &dst, &dst])
         .output()
         .unwrap();
-    assert!(
-        dsim.status.success(),
-        "dsim over {transport}: {}",
-        String::from_utf8_lossy(&dsim.stderr)
+    let log = String::from_utf8_lossy(&dsim.stderr);
+    assert!(dsim.status.success(), "dsim over {transport}: {log}");
+    assert_eq!(
+        log.contains("sending through io_uring's zero-copy sendmsg"),
+        transport == "uring",
+        "dsim over {transport}: {log}"
     );
     let mut text = String::new();
     capture

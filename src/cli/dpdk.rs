@@ -47,7 +47,7 @@ pub enum SendTransportKind {
     /// Kernel UDP sockets (`sendmmsg` with GSO), or ibverbs with the ibverbs switch.
     #[default]
     Udp,
-    /// The same sockets through io_uring's zero-copy `sendmsg` (Linux 6.1).
+    /// The same sockets through io_uring's zero-copy `sendmsg` (Linux 6.2).
     Uring,
     /// DPDK ports polled from user space (`--dpdk-args`, `--dpdk-src`; a build with
     /// `--features dpdk`).
@@ -58,7 +58,7 @@ pub enum SendTransportKind {
 #[derive(Debug, Clone, Default, Args)]
 pub struct SendTransportArgs {
     /// How outputs leave the host: `udp` (kernel sockets), `uring` (the same sockets through
-    /// io_uring's zero-copy sendmsg, Linux 6.1) or `dpdk` (DPDK ports: the send interfaces
+    /// io_uring's zero-copy sendmsg, Linux 6.2) or `dpdk` (DPDK ports: the send interfaces
     /// name ports, else --dpdk-port; needs --dpdk-args and --dpdk-src, and a build with
     /// `--features dpdk`).
     #[arg(long, value_enum, default_value_t)]
@@ -202,10 +202,16 @@ mod tests {
         assert_eq!(flag_of(r), "--send-ibv");
         let orphan_src = SendTransportArgs {
             dpdk_src: vec!["10.0.0.1".into()],
-            ..uring
+            ..uring.clone()
         };
         let r = orphan_src.transport(SendTransport::Udp, "--send-ibv", &eal(None));
         assert_eq!(flag_of(r), "--dpdk-src");
+        let orphan_mac = SendTransportArgs {
+            dpdk_dst_mac: Some("02:00:00:00:00:01".into()),
+            ..uring
+        };
+        let r = orphan_mac.transport(SendTransport::Udp, "--send-ibv", &eal(None));
+        assert_eq!(flag_of(r), "--dpdk-dst-mac");
     }
 
     #[test]

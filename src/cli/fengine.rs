@@ -429,6 +429,11 @@ mod tests {
             Err("--send-threads")
         );
         assert_eq!(check(&["--send-threads=2"]), Ok(()));
+        // io_uring's sends go through the kernel's sockets too.
+        assert_eq!(
+            check(&["--send-threads=2", "--send-transport", "uring"]),
+            Ok(())
+        );
         // One thread is not refused with ibverbs.
         assert_ne!(
             check(&["--send-threads=1", "--send-ibv"]),

@@ -182,6 +182,10 @@ fn open_gathering(
         SendTransport::Uring => {
             // A kernel without io_uring is the transport's fault, not an interface's.
             uring_send::probe().map_err(|e| ConfigError::new("--send-transport", e))?;
+            tracing::info!(
+                interfaces = interfaces.len().max(1),
+                "sending through io_uring's zero-copy sendmsg"
+            );
             interfaces_or_default(interfaces)
                 .into_iter()
                 .map(|i| UringSender::new(dst, i, ttl, buffer).map(|s| Box::new(s) as NetSender))

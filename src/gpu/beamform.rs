@@ -10,7 +10,7 @@
 //! `dsp::beamform::beam_dither(seed, b, …)` bit for bit, `None` none.
 //!
 //! The kernel (`kernels/beamform.cu`, whose header gives the mapping) is a per-channel integer
-//! GEMM on int8 tensor cores: the input words are the A fragments as they lie in memory, and
+//! GEMM on int8 tensor cores: the input words, as they lie in memory, are the A fragments, and
 //! each weight W = w·e^{jπcd}, scaled per beam by a power of two ([`beam_scale`]) and rounded
 //! to 22 bits or more, is written as three int8 digits, one exact MMA each. The digits are made
 //! on the GPU once per steering version (`beam_coeffs`, at [`Beamformer::set_beams`]) into a
@@ -166,7 +166,8 @@ pub struct Occupancy {
 /// at 8 beams), else the hardware runs four. Four k-steps in flight per warp rather than six
 /// since the ring's copies became 16 bytes with an L2 prefetch hint: on the lent H200 that
 /// pair took 3–14 % off every case measured (bench/xbengine-notes.md, 2026-11-28); six had
-/// been best on the H100 with 8-byte copies.
+/// been best on the H100 with 8-byte copies. 4-bit input, whose ring still takes 8-byte
+/// copies, has been timed at neither depth.
 pub const OCCUPANCIES: [Occupancy; 2] = [
     Occupancy {
         blocks: 5,

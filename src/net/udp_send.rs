@@ -63,8 +63,10 @@ pub(super) struct Messages {
     scratch: MsgScratch,
     /// Try GSO; cleared for good the first time the kernel refuses it.
     no_gso: bool,
-    /// Packets in each message of the current round.
+    /// Packets in each message of the current round, and (with `max_pages`) the pages each
+    /// touches.
     counts: Vec<usize>,
+    pages: Vec<usize>,
     /// Per message: (first iovec, iovecs, destination, segment size).
     runs: Vec<(usize, usize, usize, usize)>,
 }
@@ -90,6 +92,7 @@ impl Messages {
         self.scratch.prepare(SEND_CHUNK);
         self.scratch.iovecs.clear();
         self.counts.clear();
+        self.pages.clear();
         self.runs.clear();
         let mut p = from;
         while p < batch.len() && self.counts.len() < SEND_CHUNK {
@@ -143,6 +146,7 @@ impl Messages {
                 first.len,
             ));
             self.counts.push(n);
+            self.pages.push(pages);
             p += n;
         }
         // The iovec array is complete (no more reallocation): point the headers into it.
@@ -155,7 +159,7 @@ impl Messages {
             m.msg_hdr.msg_iovlen = iov_len as _;
             if self.counts[k] > 1 {
                 m.msg_hdr.msg_control = self.scratch.controls[k].as_mut_ptr().cast();
-                // SAFETY: CMSG_SPACE(2) (16 bytes) fits the 48-byte aligned buffer; the header
+                // SAFETY: CMSG_SPACE(2) (16 bytes) fits the 48-byte, 8-byte-aligned buffer; the header
                 // and the u16 segment size are written through the CMSG macros.
                 unsafe {
                     m.msg_hdr.msg_controllen = libc::CMSG_SPACE(2) as _;
@@ -181,6 +185,12 @@ impl Messages {
     /// Message `k`'s header.
     pub(super) fn header(&self, k: usize) -> &libc::msghdr {
         &self.scratch.msgs[k].msg_hdr
+    }
+
+    /// Whether message `k` touches more pages than `max_pages` allows: a lone packet that
+    /// does (a GSO run is cut before it would) must be sent some other way.
+    pub(super) fn over_pages(&self, k: usize) -> bool {
+        self.max_pages.is_some_and(|max| self.pages[k] > max)
     }
 
     /// The current round's headers as `sendmmsg` takes them.
