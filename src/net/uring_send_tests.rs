@@ -171,10 +171,7 @@ fn a_packet_over_the_page_limit_is_sent_all_the_same() {
     // Every message but the big one's was zero-copy and notified: the first packet alone, then
     // 29 of 8256 bytes (3 pages or more each) in runs of at most five within 17 pages.
     let (_, notified) = sender.copied();
-    assert!(
-        notified > 29_u64.div_ceil(5),
-        "{notified} notifications"
-    );
+    assert!(notified > 29_u64.div_ceil(5), "{notified} notifications");
 }
 
 /// A datagram larger than UDP allows (EMSGSIZE) in the middle of a batch: the call fails with
