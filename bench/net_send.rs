@@ -24,32 +24,15 @@ use cbf::net::udp::UdpSender;
 use cbf::net::uring_send::UringSender;
 use cbf::net::{PacketSender, SendBatch};
 
+#[path = "cpu_time.rs"]
+mod cpu_time;
+use cpu_time::{pin, thread_cpu};
+
 /// Bytes sent per run and per batch.
 const RUN_BYTES: usize = 256 << 20;
 const BATCH_BYTES: usize = 256 << 10;
 const HEADER: usize = 64;
 const ROUNDS: usize = 7;
-
-fn thread_cpu() -> Duration {
-    // SAFETY: a zeroed rusage is valid; getrusage fills it for the calling thread.
-    let u = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut u);
-        u
-    };
-    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
-    t(u.ru_utime) + t(u.ru_stime)
-}
-
-/// Pin the calling thread to `core` (best effort).
-fn pin(core: usize) {
-    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
 
 /// A socket on loopback drained by a thread on core 1 until `stop`.
 fn drained_socket(stop: Arc<AtomicBool>) -> (SocketAddrV4, thread::JoinHandle<()>) {

@@ -34,6 +34,10 @@ use cbf::spead::recv::{ChunkGroup, ChunkGroupConfig, ChunkStream, PlaceInput, Pl
 use cbf::spead::send::{Heap, PacketGenerator};
 use cbf::spead::Flavour;
 
+#[path = "cpu_time.rs"]
+mod cpu_time;
+use cpu_time::{pin, thread_cpu};
+
 const HEAP_BYTES: usize = 1 << 20;
 const HEAPS_PER_CHUNK: u64 = 8;
 const HEAPS: u64 = 200; // 200 MiB per run
@@ -90,27 +94,6 @@ fn packets(packet: usize, heaps: u64) -> Vec<Vec<u8>> {
         }
     }
     out
-}
-
-fn thread_cpu() -> Duration {
-    // SAFETY: a zeroed rusage is valid; getrusage fills it for the calling thread.
-    let u = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut u);
-        u
-    };
-    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
-    t(u.ru_utime) + t(u.ru_stime)
-}
-
-/// Pin the calling thread to `core` (best effort: a machine with one core keeps both threads).
-fn pin(core: usize) {
-    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 struct Figures {

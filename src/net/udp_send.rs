@@ -177,9 +177,33 @@ impl Messages {
         Ok(self.counts.len())
     }
 
-    /// Packets carried by messages `..k` of the current round.
-    pub(super) fn packets_in(&self, k: usize) -> usize {
-        self.counts[..k].iter().sum()
+    /// Send `batch` round by round: `round(messages, n)` sends messages `..n` of the round just
+    /// built and says how many went before the first failure, with it. As `sendmmsg` reports
+    /// a partial send and fails on the next call: a round that sent some goes on from the
+    /// failed message (which fails again first); EINTR and EAGAIN are tried again; a refused
+    /// GSO message turns GSO off and the round is built again.
+    pub(super) fn send_all(
+        &mut self,
+        batch: &SendBatch<'_>,
+        dests: &[SockAddr],
+        mut round: impl FnMut(&mut Messages, usize) -> (usize, Option<io::Error>),
+    ) -> io::Result<()> {
+        batch.host_only()?;
+        let mut done = 0; // packets sent
+        while done < batch.len() {
+            let n = self.fill(batch, done, dests)?;
+            let (sent, failure) = round(self, n);
+            done += self.counts[..sent].iter().sum::<usize>();
+            if let Some(e) = failure {
+                if sent > 0 || matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
+                    continue;
+                }
+                if !self.gso_refused(&e) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Message `k`'s header.
@@ -200,7 +224,7 @@ impl Messages {
 
     /// Whether `e`, returned for the current round, is the kernel refusing GSO: if so GSO is
     /// off from now on (a warning says so) and the round should be built again.
-    pub(super) fn gso_refused(&mut self, e: &io::Error) -> bool {
+    fn gso_refused(&mut self, e: &io::Error) -> bool {
         let refused = matches!(
             e.raw_os_error(),
             Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP)
@@ -254,31 +278,17 @@ impl PacketSender for UdpSender {
     }
 
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
-        batch.host_only()?;
-        let mut done = 0; // packets sent
-        while done < batch.len() {
-            let n = self.messages.fill(batch, done, &self.dests)?;
+        let fd = self.socket.as_raw_fd();
+        self.messages.send_all(batch, &self.dests, |messages, n| {
             // SAFETY: every pointer in the messages refers to memory alive across the call
             // (the batch's headers and the heaps it borrows, the scratch arrays, dests); the
             // kernel only reads it.
-            let r = unsafe {
-                libc::sendmmsg(
-                    self.socket.as_raw_fd(),
-                    self.messages.mmsghdrs(),
-                    n as u32,
-                    0,
-                )
-            };
+            let r = unsafe { libc::sendmmsg(fd, messages.mmsghdrs(), n as u32, 0) };
             if r < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR | libc::EAGAIN) => continue,
-                    _ if self.messages.gso_refused(&e) => continue,
-                    _ => return Err(e),
-                }
+                (0, Some(io::Error::last_os_error()))
+            } else {
+                (r as usize, None)
             }
-            done += self.messages.packets_in(r as usize);
-        }
-        Ok(())
+        })
     }
 }

@@ -78,6 +78,11 @@ pub struct UringSender {
     socket: Socket,
     dests: Vec<SockAddr>,
     messages: Messages,
+    ring: ZcRing,
+}
+
+/// The ring, with what a round needs beside the messages.
+struct ZcRing {
     ring: IoUring,
     /// The round's requests, built before any is queued.
     entries: Vec<squeue::Entry>,
@@ -104,27 +109,30 @@ impl UringSender {
             socket,
             dests,
             messages: Messages::new(Some(MAX_PAGES)),
-            ring,
-            entries: Vec::with_capacity(SEND_CHUNK),
-            copied: 0,
-            notified: 0,
+            ring: ZcRing {
+                ring,
+                entries: Vec::with_capacity(SEND_CHUNK),
+                copied: 0,
+                notified: 0,
+            },
         })
     }
 
     /// (sends the kernel copied after all, sends notified): on loopback every one is copied.
     pub fn copied(&self) -> (u64, u64) {
-        (self.copied, self.notified)
+        (self.ring.copied, self.ring.notified)
     }
+}
 
-    /// Send messages `..n` of the current round, linked, and wait for every completion and
-    /// notification (module doc). Returns how many were sent before the first failure, with
-    /// the failure.
-    fn send_round(&mut self, n: usize) -> (usize, Option<io::Error>) {
-        let fd = Fd(self.socket.as_raw_fd());
+impl ZcRing {
+    /// Send messages `..n` of the round just built, linked, on socket `fd`, and wait for every
+    /// completion and notification (module doc). Returns how many were sent before the first
+    /// failure, with the failure.
+    fn round(&mut self, fd: Fd, messages: &Messages, n: usize) -> (usize, Option<io::Error>) {
         self.entries.clear();
         for k in 0..n {
-            let header = self.messages.header(k);
-            let sqe = if self.messages.over_pages(k) {
+            let header = messages.header(k);
+            let sqe = if messages.over_pages(k) {
                 opcode::SendMsg::new(fd, header).build()
             } else {
                 opcode::SendMsgZc::new(fd, header)
@@ -218,24 +226,11 @@ impl PacketSender for UringSender {
     }
 
     fn send_batch(&mut self, batch: &SendBatch<'_>) -> io::Result<()> {
-        batch.host_only()?;
-        let mut done = 0; // packets sent
-        while done < batch.len() {
-            let n = self.messages.fill(batch, done, &self.dests)?;
-            let (sent, failure) = self.send_round(n);
-            done += self.messages.packets_in(sent);
-            if let Some(e) = failure {
-                // As `sendmmsg` reports a partial send and fails on the next call: a round that
-                // sent some messages goes on from the failed one, which fails again first.
-                if sent > 0 || matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) {
-                    continue;
-                }
-                if !self.messages.gso_refused(&e) {
-                    return Err(e);
-                }
-            }
-        }
-        Ok(())
+        let fd = Fd(self.socket.as_raw_fd());
+        let ring = &mut self.ring;
+        self.messages.send_all(batch, &self.dests, |messages, n| {
+            ring.round(fd, messages, n)
+        })
     }
 }
 
