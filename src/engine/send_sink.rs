@@ -8,7 +8,10 @@
 //! again), with the loss counted against the interface ([`InterfaceCounters`]) and its heaps
 //! moved to the others, and the thread carries on; with no interface up the heaps are counted
 //! as lost without waiting for anything. Every wait of the thread is bounded (the transports'
-//! own bounds), so a lease always comes back; on any path the lease is dropped exactly once,
+//! own bounds), so a lease always comes back, with one exception: `--send-transport uring`
+//! waits for the kernel to let go of each batch's memory for as long as the NIC takes to send
+//! it, warning every second (`net::uring_send`), since returning earlier would free memory the
+//! kernel still reads; on any path the lease is dropped exactly once,
 //! and on an error that stops the thread only after the stream, and with it every queue that
 //! could still read the buffer, is gone.
 
