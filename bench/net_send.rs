@@ -64,7 +64,6 @@ fn run(tx: &mut dyn PacketSender, packet: usize, headers: &[u8], payload: &[u8])
     let (cpu0, t0) = (thread_cpu(), Instant::now());
     let mut batch = SendBatch::default();
     for b in 0..batches {
-        batch = batch.reuse();
         for k in 0..per_batch {
             let (h, parts) = batch.bufs();
             let (h0, p0) = (h.len(), parts.len());
@@ -81,9 +80,11 @@ fn run(tx: &mut dyn PacketSender, packet: usize, headers: &[u8], payload: &[u8])
     (cpu / packets * 1e9, t0.elapsed().as_secs_f64())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// (median, min, max).
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
 fn main() {
@@ -112,21 +113,17 @@ fn main() {
         stop.store(true, Ordering::Relaxed);
         drain.join().unwrap();
         let gbps = |ns: f64| packet as f64 * 8.0 / ns;
-        let (un, zn) = (median(u.clone()), median(z.clone()));
+        let ((un, umin, umax), (zn, zmin, zmax)) = (spread(&u), spread(&z));
         println!(
-            "{packet:>5} B  udp (sendmmsg + GSO): {un:7.0} ns/packet (min {:.0}, max {:.0}), {:.1} Gb/s per core, wall {:.3} s",
-            u.iter().copied().fold(f64::MAX, f64::min),
-            u.iter().copied().fold(0.0, f64::max),
+            "{packet:>5} B  udp (sendmmsg + GSO): {un:7.0} ns/packet (min {umin:.0}, max {umax:.0}), {:.1} Gb/s per core, wall {:.3} s",
             gbps(un),
-            median(uw)
+            spread(&uw).0
         );
         let (copied, notified) = uring.copied();
         println!(
-            "{packet:>5} B  uring (sendmsg zero-copy): {zn:7.0} ns/packet (min {:.0}, max {:.0}), {:.1} Gb/s per core, wall {:.3} s; {copied} of {notified} sends copied by the kernel; uring/udp {:.2}",
-            z.iter().copied().fold(f64::MAX, f64::min),
-            z.iter().copied().fold(0.0, f64::max),
+            "{packet:>5} B  uring (sendmsg zero-copy): {zn:7.0} ns/packet (min {zmin:.0}, max {zmax:.0}), {:.1} Gb/s per core, wall {:.3} s; {copied} of {notified} sends copied by the kernel; uring/udp {:.2}",
             gbps(zn),
-            median(zw),
+            spread(&zw).0,
             zn / un
         );
     }

@@ -137,24 +137,26 @@ __device__ __forceinline__ void copy16(void *dst, const void *src)
 }
 
 #if VEC
-// 8 bytes from global to shared memory (address `dst`), or zeros where !keep (`src_bytes` 0:
-// cp.async fills the rest).
-__device__ __forceinline__ void copy8_or_zero(u32 dst, const unsigned char *src, bool keep)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(keep ? 8 : 0) : "memory");
-}
-
-// 16 bytes the same way, with a hint that L2 fetch the 256 bytes around them: a block's warps
-// read an antenna's consecutive 128-byte runs. On the lent H200 (bench/xbengine-notes.md,
-// 2026-11-28), at 4 k-steps in flight, this form beat two 8-byte copies without the hint by
-// 0–6 % at 8 beams and 8–12 % at 64–256 beams; with the depth it took 3–14 % off the kernel
-// as it was (6 k-steps, 8-byte copies). `.ca`: the same copy through `.cg` (L1 bypassed) took
-// the loads alone from 57 µs to 88 µs at MeerKAT's shape.
-__device__ __forceinline__ void copy16_or_zero(u32 dst, const unsigned char *src, bool keep)
+#if IN_BITS == 8
+// An antenna's four slots (16 bytes) from global to shared memory (address `dst`), or zeros
+// where !keep (`src_bytes` 0: cp.async fills the rest), with a hint that L2 fetch the 256 bytes
+// around them: a block's warps read an antenna's consecutive 128-byte runs. On the lent H200
+// (bench/xbengine-notes.md, 2026-11-28), at 4 k-steps in flight, this form beat two 8-byte
+// copies without the hint by 0–6 % at 8 beams and 8–12 % at 64–256 beams; with the depth it
+// took 3–14 % off the kernel as it was (6 k-steps, 8-byte copies). `.ca`: the same copy
+// through `.cg` (L1 bypassed) took the loads alone from 57 µs to 88 µs at MeerKAT's shape.
+__device__ __forceinline__ void copy_or_zero(u32 dst, const unsigned char *src, bool keep)
 {
     asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(keep ? 16 : 0)
                  : "memory");
 }
+#else
+// The same for 4-bit input: 8 bytes, no hint (not timed with one).
+__device__ __forceinline__ void copy_or_zero(u32 dst, const unsigned char *src, bool keep)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(keep ? 8 : 0) : "memory");
+}
+#endif
 
 // A lane's presence bits of one antenna batch (2·KS of them).
 #if KS <= 16
@@ -203,7 +205,7 @@ __device__ __forceinline__ Bits presence_bits(const Slab &s, int a0, int nks, in
 // antenna q, 1 for q + 4): one 16-byte copy each at 8 bits (8 bytes at 4 bits, widened after
 // the read), and the A fragments taken from the two halves (`fragments`: register naming
 // only). (Copied as the fragments themselves, in 8-byte pieces, the kernel measured up to
-// 12 % slower on the H200: `copy16_or_zero`.)
+// 12 % slower on the H200: `copy_or_zero`.)
 #if IN_BITS == 8
 typedef uint4 Slot[2][32];
 #else
@@ -247,11 +249,7 @@ __device__ __forceinline__ void issue(Issuer &is)
     {
         const bool keep = (is.bits >> h) & 1;
         const unsigned char *src = keep ? is.src + 4 * ANT_STRIDE * h : is.readable;
-#if IN_BITS == 8
-        copy16_or_zero(is.dst + 32 * LANE_BYTES * h, src, keep);
-#else
-        copy8_or_zero(is.dst + 32 * LANE_BYTES * h, src, keep);
-#endif
+        copy_or_zero(is.dst + 32 * LANE_BYTES * h, src, keep);
     }
     is.src += 8 * ANT_STRIDE;
     is.bits >>= 2;
