@@ -4,7 +4,7 @@
 //! katgpucbf's default) and 1472 B, each a 64-byte header followed by a payload slice borrowed
 //! from a heap (as `spead::send` builds them), in batches of 256 KiB (the send stream's burst)
 //! to one destination. The send thread is pinned to core 0 and its CPU time read with
-//! `getrusage(RUSAGE_THREAD)`; a thread on core 1 drains the receiving socket. Each transport
+//! `CLOCK_THREAD_CPUTIME_ID`; a thread on core 1 drains the receiving socket. Each transport
 //! runs [`ROUNDS`] times, alternated, and the median is printed.
 //!
 //! On loopback the kernel delivers each packet inside the sender's system call, and a

@@ -3,7 +3,7 @@
 //! `mem` (chunking alone), `udp` and `uring` over loopback, and with `--features dpdk` DPDK on
 //! `net_ring` (frames looped back in the process). A sender thread sends unpaced on the other
 //! core; the receive thread is pinned to its core and its CPU time is read with
-//! `getrusage(RUSAGE_THREAD)`, so that "per packet" is the receive core's cost whatever the
+//! `CLOCK_THREAD_CPUTIME_ID`, so that "per packet" is the receive core's cost whatever the
 //! sender's speed: packets/s per core = 1 / (CPU time per packet). Results go in
 //! `bench/RESULTS.md` with the on-paper 100 GbE budget.
 //!

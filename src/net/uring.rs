@@ -50,13 +50,23 @@ use super::recv_socket::{
 use super::udp::POLL_INTERVAL;
 use super::{PacketReceiver, Received, RecvBatch};
 
-/// Buffers in the provided-buffer ring (a power of two, at most 32768). A batch holds up to
-/// its capacity of them (64 in the engines) until the next receive call; the rest bridge the
-/// time between two calls (64 buffers of 64 KiB with GRO: ~0.3 ms at 100 Gb/s); the socket
-/// buffer behind them holds the rest, and its overflows are counted. 128 rather than 256: the
-/// smaller working set (8 MiB with GRO) cost 13–20 % less receive CPU per 8 KiB packet on
-/// loopback (bench/RESULTS.md, io_uring `DEFER_TASKRUN` section); 64 measured the same as 128.
-const RING_BUFFERS: u16 = 128;
+/// Buffers in the provided-buffer ring (powers of two, at most 32768) with GRO's 64 KiB buffers
+/// and without. The kernel takes buffers from the ring in the order they were put in, so every
+/// buffer is written in turn and the whole ring is the working set the kernel's copy and the
+/// chunk stream's copy go through: the smaller it is, the more of it is still in cache. With
+/// DEFER_TASKRUN the kernel fills buffers only inside this thread's receive call, so the ring
+/// need hold no more than one call takes; datagrams beyond it wait in the socket buffer (the
+/// request ends for want of buffers and is re-armed on the next call; the socket's overflows
+/// are counted). With GRO, 32 buffers (2 MiB) took 9–24 % less receive CPU per packet than 128
+/// (8 MiB) on loopback, in every method and at both packet sizes (bench/RESULTS.md, io_uring
+/// ring-size section, twenty-fourth session). The completion queue (twice the ring) must be at
+/// least the 64 submission entries, so 32 is also the smallest ring.
+/// Without GRO a buffer is one packet (~9 KiB), and 128 of them are 1.2 MiB. One batch may
+/// hold every buffer; nothing is then received (it waits in the socket buffer) until a batch
+/// is cleared, as each receive call clears its own batch first: so a caller that keeps batches
+/// while receiving into others must leave buffers in the ring (`tests/uring_recv.rs`).
+const RING_BUFFERS_GRO: u16 = 32;
+const RING_BUFFERS_PLAIN: u16 = 128;
 /// The ring's buffer group (one ring per receiver, one receiver per io_uring instance).
 const GROUP: u16 = 0;
 /// Control-message space per datagram: SO_RXQ_OVFL and UDP_GRO, 4 bytes each behind 16-byte
@@ -77,6 +87,8 @@ unsafe impl Send for MsgTemplate {}
 /// whose tail (in the first entry's reserved field) this side advances.
 struct BufRing {
     entries: *mut BufRingEntry,
+    /// Entries (a power of two).
+    len: u16,
     layout: Layout,
     /// Entries added so far (mod 2¹⁶, as the kernel counts).
     tail: u16,
@@ -87,8 +99,9 @@ struct BufRing {
 unsafe impl Send for BufRing {}
 
 impl BufRing {
-    fn new() -> io::Result<BufRing> {
-        let bytes = usize::from(RING_BUFFERS) * std::mem::size_of::<BufRingEntry>();
+    fn new(len: u16) -> io::Result<BufRing> {
+        debug_assert!(len.is_power_of_two());
+        let bytes = usize::from(len) * std::mem::size_of::<BufRingEntry>();
         let layout = Layout::from_size_align(bytes, 4096).map_err(io::Error::other)?;
         // SAFETY: the layout has a non-zero size.
         let entries = unsafe { alloc_zeroed(layout) }.cast::<BufRingEntry>();
@@ -97,6 +110,7 @@ impl BufRing {
         }
         Ok(BufRing {
             entries,
+            len,
             layout,
             tail: 0,
         })
@@ -106,9 +120,9 @@ impl BufRing {
     ///
     /// [`publish`]: BufRing::publish
     fn push(&mut self, bid: u16, addr: u64, len: u32) {
-        let i = usize::from(self.tail & (RING_BUFFERS - 1));
-        // SAFETY: i < RING_BUFFERS; the slot at the tail is not one the kernel may still read,
-        // since at most RING_BUFFERS buffers are ever in the ring (each bid is pushed once at
+        let i = usize::from(self.tail & (self.len - 1));
+        // SAFETY: i < len; the slot at the tail is not one the kernel may still read, since at
+        // most len buffers are ever in the ring (each bid is pushed once at
         // the start and again only after the kernel handed it back and no batch holds it).
         let e = unsafe { &mut *self.entries.add(i) };
         e.set_addr(addr);
@@ -136,7 +150,7 @@ impl Drop for BufRing {
     }
 }
 
-/// The provided buffers: RING_BUFFERS of `size` bytes in one page-aligned allocation, each
+/// The provided buffers: one per ring entry, of `size` bytes in one page-aligned allocation, each
 /// either in the ring (the kernel's to fill), lent to a batch, or given back by one and waiting
 /// in `returned` to go into the ring again.
 #[derive(Debug)]
@@ -155,9 +169,9 @@ unsafe impl Send for Buffers {}
 unsafe impl Sync for Buffers {}
 
 impl Buffers {
-    fn new(size: usize) -> io::Result<Buffers> {
-        let layout = Layout::from_size_align(usize::from(RING_BUFFERS) * size, 4096)
-            .map_err(io::Error::other)?;
+    fn new(count: u16, size: usize) -> io::Result<Buffers> {
+        let layout =
+            Layout::from_size_align(usize::from(count) * size, 4096).map_err(io::Error::other)?;
         // SAFETY: the layout has a non-zero size (size > 0).
         let mem = unsafe { alloc_zeroed(layout) };
         if mem.is_null() {
@@ -170,7 +184,7 @@ impl Buffers {
             mem,
             layout,
             size,
-            returned: Mutex::new(Vec::with_capacity(usize::from(RING_BUFFERS))),
+            returned: Mutex::new(Vec::with_capacity(usize::from(count))),
         })
     }
 
@@ -241,10 +255,15 @@ impl UringReceiver {
         let sockets = open_recv_sockets(endpoints, interface, buffer)?;
         let gro = sockets.iter().all(enable_gro);
         let payload = slot_for(gro, max_packet);
+        let count = if gro {
+            RING_BUFFERS_GRO
+        } else {
+            RING_BUFFERS_PLAIN
+        };
         // Every buffer can complete before the queue is read. The kernel's receive work runs
         // when this thread asks for completions (module doc): DEFER_TASKRUN where the kernel
         // has it, else COOP_TASKRUN.
-        let cq = 2 * u32::from(RING_BUFFERS);
+        let cq = 2 * u32::from(count);
         let (ring, disabled) = match IoUring::builder()
             .setup_cqsize(cq)
             .setup_single_issuer()
@@ -262,9 +281,9 @@ impl UringReceiver {
             ),
         };
         let buf_size = (RECVMSG_OUT + CONTROL_BYTES + payload).next_multiple_of(64);
-        let buffers = Arc::new(Buffers::new(buf_size)?);
-        let mut ring_buffers = BufRing::new()?;
-        for bid in 0..RING_BUFFERS {
+        let buffers = Arc::new(Buffers::new(count, buf_size)?);
+        let mut ring_buffers = BufRing::new(count)?;
+        for bid in 0..count {
             ring_buffers.push(bid, buffers.addr(bid), buf_size as u32);
         }
         ring_buffers.publish();
@@ -273,7 +292,7 @@ impl UringReceiver {
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
                 ring_buffers.entries as u64,
-                RING_BUFFERS,
+                count,
                 GROUP,
                 0,
             )
@@ -372,7 +391,7 @@ impl UringReceiver {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         for handle in back.drain(..) {
-            // Only ids lent below come back, each < RING_BUFFERS.
+            // Only ids lent below come back, each below the ring's length.
             let bid = handle as u16;
             self.ring_buffers
                 .push(bid, self.buffers.addr(bid), self.buf_size as u32);
