@@ -247,9 +247,34 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
         })
     }
 
-    /// HEAP_LENGTH as sent (payload plus any padding).
-    pub fn heap_length(&self) -> u64 {
-        self.payload_size
+    /// Bytes of every packet of the heap, headers included: what the heap puts on the wire
+    /// (less the UDP/IP/Ethernet framing, the same per packet), which the multi-interface
+    /// send stream balances. Walks the packets' shapes without writing them.
+    pub fn wire_length(&self) -> u64 {
+        let (mut offset, mut pointer, mut bytes) = (0, 0, 0);
+        while offset < self.payload_size {
+            if self.heap.repeat_pointers {
+                pointer = 0;
+            }
+            let (n_pointers, payload_len) = self.packet_shape(offset, pointer);
+            bytes += (PREFIX_LEN + n_pointers * POINTER_LEN + payload_len) as u64;
+            offset += payload_len as u64;
+            pointer += n_pointers;
+        }
+        bytes
+    }
+
+    /// The item pointers and payload bytes of the packet that starts at `payload_offset` with
+    /// item pointer `next_pointer` next: as many pointers as fit, then as much payload as is
+    /// left and fits.
+    fn packet_shape(&self, payload_offset: u64, next_pointer: usize) -> (usize, usize) {
+        let total_pointers = self.heap.items.len() + usize::from(self.need_null_item);
+        let n_pointers = self
+            .max_pointers_per_packet
+            .min(total_pointers - next_pointer.min(total_pointers));
+        let payload_len = ((self.payload_size - payload_offset) as usize)
+            .min(self.max_packet_size - n_pointers * POINTER_LEN - PREFIX_LEN);
+        (n_pointers, payload_len)
     }
 
     /// Append the next packet to `out`; returns its length, or `None` when the heap is done —
@@ -293,12 +318,8 @@ impl<'h, 'a> PacketGenerator<'h, 'a> {
             self.next_pointer = 0;
             self.next_address = 0;
         }
-        let total_pointers = heap.items.len() + usize::from(self.need_null_item);
-        let n_pointers = self
-            .max_pointers_per_packet
-            .min(total_pointers - self.next_pointer.min(total_pointers));
-        let mut payload_len = ((self.payload_size - self.payload_offset) as usize)
-            .min(self.max_packet_size - n_pointers * POINTER_LEN - PREFIX_LEN);
+        let (n_pointers, mut payload_len) =
+            self.packet_shape(self.payload_offset, self.next_pointer);
         let header_len = PREFIX_LEN + n_pointers * POINTER_LEN;
         let packet_len = header_len + payload_len;
         let start = header.len();
@@ -462,6 +483,36 @@ mod tests {
                 PacketGenerator::new(&bad, 1, Flavour::SPEAD_64_48, 1024).unwrap_err(),
                 PacketiseError::DevicePayload
             );
+        }
+    }
+
+    proptest::proptest! {
+        /// `wire_length` (the packets' shapes walked without writing) is the number of bytes
+        /// the generator writes, whatever the items, their sizes, the packet size and whether
+        /// pointers are repeated.
+        #[test]
+        fn wire_length_is_what_the_packets_take(
+            immediates in 0usize..12,
+            sizes in proptest::collection::vec(0usize..5000, 0..6),
+            packet in 64usize..9200,
+            repeat in proptest::bool::ANY,
+        ) {
+            let blobs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0x3c; n]).collect();
+            let mut heap = Heap::new();
+            for i in 0..immediates {
+                heap.add_immediate(0x1000 + i as u64, i as u64);
+            }
+            for (i, b) in blobs.iter().enumerate() {
+                heap.add_bytes(0x2000 + i as u64, &b[..]);
+            }
+            heap.repeat_pointers = repeat;
+            let Ok(mut g) = PacketGenerator::new(&heap, 3, Flavour::SPEAD_64_48, packet) else {
+                return Ok(());
+            };
+            let want = g.wire_length();
+            let mut out = Vec::new();
+            while g.next_packet(&mut out).is_some() {}
+            proptest::prop_assert_eq!(want, out.len() as u64);
         }
     }
 

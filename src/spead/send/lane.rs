@@ -31,7 +31,8 @@ pub(super) struct Gen<'h, 'a, 'r> {
 pub(super) struct Lane {
     /// The interface carrying it: the one it was dealt to, until that one fails.
     pub(super) iface: usize,
-    /// Its heaps (a range of the call's heaps, grouped by lane) and their HEAP_LENGTHs.
+    /// Its heaps (a range of the call's heaps, grouped by lane) and their packets' bytes,
+    /// headers included.
     pub(super) heaps: std::ops::Range<usize>,
     pub(super) bytes: u64,
     /// Bytes of its bursts sent so far (headers included).

@@ -381,10 +381,11 @@ impl<S: PacketSender> SendStream<S> {
                     .pick(now, &self.queued)
                     .ok_or(SendError::NoInterface)?,
             };
-            // Queued as HEAP_LENGTH: the packets' headers, left out, add about the same
-            // fraction to every heap.
-            self.queued[lane] += gen.heap_length();
-            self.lanes[lane].bytes += gen.heap_length();
+            // Counted as the packets' bytes, headers included, as the balancer counts what
+            // each interface sent and a lane what it has sent.
+            let wire = gen.wire_length();
+            self.queued[lane] += wire;
+            self.lanes[lane].bytes += wire;
             gens.push(Gen {
                 gen,
                 heap: h,

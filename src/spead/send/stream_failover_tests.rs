@@ -170,6 +170,35 @@ fn bytes_balance_over_three_interfaces_under_load() {
     }
 }
 
+/// One call's heaps are dealt to the interfaces by the bytes their packets take, headers
+/// included: a heap of 4,000 payload bytes, then nine of one byte and 500 immediate items
+/// (HEAP_LENGTH 1, about 4 KB of item pointers on the wire), over two interfaces. Dealt by
+/// HEAP_LENGTH, as the stream once did, the nine all went to the second interface (36 KB
+/// against 4 KB); by the wire the two end within one heap of each other.
+#[test]
+fn one_call_is_dealt_by_wire_bytes_not_heap_length() {
+    let (txs, mut rxs): (Vec<_>, Vec<_>) = (0..2).map(|_| mem::channel(1000, 1)).unzip();
+    let mut s = SendStream::new(config(0.0, Duration::from_secs(1)), txs).unwrap();
+    let payload = vec![0x11u8; 4000];
+    let mut big = Heap::new();
+    big.add_bytes(ITEM, &payload[..]);
+    let mut pointers = Heap::new();
+    for i in 0..500 {
+        pointers.add_immediate(0x5000 + i, i);
+    }
+    pointers.add_bytes(ITEM, &[0x22u8][..]);
+    let mut heaps = vec![HeapRef::new(&big, 0)];
+    heaps.extend((0..9).map(|_| HeapRef::new(&pointers, 0)));
+    s.send_heaps(&heaps, SendMode::Serial).unwrap();
+    drop(s);
+    let per: Vec<usize> = rxs.iter_mut().map(|r| bytes_of(&drain(r))).collect();
+    let largest = 8 + 505 * 8 + 1;
+    assert!(
+        per[0].abs_diff(per[1]) <= largest,
+        "{per:?} bytes per interface, largest heap {largest} B"
+    );
+}
+
 /// One of three interfaces goes down mid-run, part-way through a burst: the burst is sent
 /// again on another, the others carry every remaining heap (balanced between them), nothing
 /// is lost, and the failure is counted once.
