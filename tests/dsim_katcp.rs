@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{free_tcp_port, Kill};
+use common::{spawn_logging, KATCP_LOG, PROMETHEUS_LOG};
 use std::time::{Duration, Instant};
 
 use cbf::dsp::samples::unpack;
@@ -81,9 +81,7 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
             std::mem::take(&mut *log.lock().unwrap())
         })
     };
-    let port = free_tcp_port();
-    let metrics_port = free_tcp_port();
-    let _dsim = Kill(
+    let (_dsim, addrs) = spawn_logging(
         Command::new(env!("CARGO_BIN_EXE_cbf"))
             .args([
                 "dsim",
@@ -99,26 +97,12 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
                 "--send-threads",
                 "3",
             ])
-            .args([
-                "--katcp-port",
-                &port.to_string(),
-                "--katcp-host",
-                "127.0.0.1",
-                &dest,
-            ])
-            .args(["--prometheus-port", &metrics_port.to_string()])
-            .spawn()
-            .unwrap(),
+            .args(["--katcp-port", "0", "--katcp-host", "127.0.0.1", &dest])
+            .args(["--prometheus-port", "0"])
+            .env("RUST_LOG", "info"),
+        &[KATCP_LOG, PROMETHEUS_LOG],
     );
-    // Wait for the katcp server.
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "dsim katcp server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (port, metrics) = (addrs[0].port(), addrs[1]);
     let replies: Vec<serde_json::Value> = common::run_reference(
         "katcp_client.py",
         &[
@@ -206,7 +190,7 @@ fn signals_request_takes_effect_at_the_reported_timestamp() {
 
     // Prometheus: katgpucbf's dsim metric names, with values that move.
     std::thread::sleep(Duration::from_millis(1100)); // metrics refresh once a second
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
+    let mut s = std::net::TcpStream::connect(metrics).unwrap();
     std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut text = String::new();
     std::io::Read::read_to_string(&mut s, &mut text).unwrap();

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use cbf::net::udp::UdpReceiver;
 use cbf::net::{PacketReceiver, Received, RecvBatch};
 use cbf::spead::recv::{HeapStream, HeapStreamConfig};
-use common::{free_tcp_port, free_udp_port, Kill};
+use common::{free_udp_port, spawn_logging, Kill, KATCP_LOG, PROMETHEUS_LOG};
 use num_complex::Complex64;
 
 const FS: f64 = 1e6;
@@ -147,14 +147,14 @@ fn run(mode: Mode) {
         wide_rx.local_addr().unwrap().port(),
         nb_rx.local_addr().unwrap().port(),
     );
-    let (in_port, katcp_port, metrics_port) = (free_udp_port(), free_tcp_port(), free_tcp_port());
+    let in_port = free_udp_port();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
     let sync = (now - 50.0).floor();
     let centre = 72.0 * FS / 256.0;
-    let _feng = Kill(
+    let (_feng, addrs) = spawn_logging(
         Command::new(cbf)
             .args(["fengine", "--src", &format!("127.0.0.1:{in_port}")])
             .args([
@@ -173,18 +173,8 @@ fn run(mode: Mode) {
                 "--gain",
                 &GAIN.to_string(),
             ])
-            .args([
-                "--katcp-host",
-                "127.0.0.1",
-                "--katcp-port",
-                &katcp_port.to_string(),
-            ])
-            .args([
-                "--prometheus-port",
-                &metrics_port.to_string(),
-                "--duration",
-                "12",
-            ])
+            .args(["--katcp-host", "127.0.0.1", "--katcp-port", "0"])
+            .args(["--prometheus-port", "0", "--duration", "12"])
             .args([
                 "--wideband",
                 &format!("name=wide,channels={WIDE},dst=127.0.0.1:{wide_port}"),
@@ -198,9 +188,10 @@ fn run(mode: Mode) {
                     mode.extra
                 ),
             ])
-            .spawn()
-            .unwrap(),
+            .env("RUST_LOG", "info"),
+        &[KATCP_LOG, PROMETHEUS_LOG],
     );
+    let (katcp_port, metrics) = (addrs[0].port(), addrs[1]);
     std::thread::sleep(Duration::from_millis(800));
     let spacing = 8.0 * FS / 256.0;
     let first = centre + (TONES[0] as f64 - 32.0) * FS / 256.0;
@@ -335,7 +326,7 @@ fn run(mode: Mode) {
     assert!(delay.starts_with(&format!("({t0}, ")), "{delay}");
     assert_eq!(r[1]["status"], "ok", "{}", r[1]);
     assert_eq!(r[2]["args"].as_array().unwrap().len(), N, "{}", r[2]);
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
+    let mut conn = std::net::TcpStream::connect(metrics).unwrap();
     std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut text = String::new();
     std::io::Read::read_to_string(&mut conn, &mut text).unwrap();

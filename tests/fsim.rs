@@ -15,7 +15,7 @@ use cbf::engine::control::ControlConfig;
 use cbf::engine::{unix_now, Shutdown};
 use cbf::sim::fsim::Payload;
 use cbf::sim::{Fsim, FsimConfig, FsimReport};
-use common::{free_tcp_port, free_udp_port, Kill};
+use common::{free_udp_port, Kill};
 
 const ANTS: usize = 4;
 const CHANNELS: usize = 64;
@@ -60,14 +60,20 @@ fn config(ports: [u16; 2], payload: Payload, bits: u32) -> FsimConfig {
 }
 
 /// Run fsim in-process (the configuration edited by `edit` once spead2 is ready) while spead2
-/// listens for `seconds`; returns fsim's report, its katcp address and spead2's heaps.
+/// listens for `seconds`; returns fsim's report, its katcp and Prometheus addresses and
+/// spead2's heaps.
 fn run_with_spead2(
     ports: [u16; 2],
     kind: Payload,
     bits: u32,
     seconds: f64,
     edit: impl FnOnce(&mut FsimConfig),
-) -> (FsimReport, std::net::SocketAddr, Vec<serde_json::Value>) {
+) -> (
+    FsimReport,
+    std::net::SocketAddr,
+    Option<std::net::SocketAddr>,
+    Vec<serde_json::Value>,
+) {
     let (payload, seed) = match kind {
         Payload::Katgpucbf => ("katgpucbf", 0),
         Payload::Random { seed } => ("random", seed),
@@ -88,12 +94,12 @@ fn run_with_spead2(
     let mut c = config(ports, kind, bits);
     edit(&mut c);
     let fsim = Fsim::new(c, Shutdown::manual()).unwrap();
-    let katcp = fsim.katcp_addr();
+    let (katcp, prometheus) = (fsim.katcp_addr(), fsim.prometheus_addr());
     let report = fsim.run().unwrap();
     let heaps = lines
         .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
         .collect();
-    (report, katcp, heaps)
+    (report, katcp, prometheus, heaps)
 }
 
 /// Checks every heap and returns, per destination, the set of (timestamp, feng_id) received.
@@ -138,19 +144,19 @@ fn check_heaps(
 #[test]
 fn spead2_receives_katgpucbf_heaps_with_a_gap() {
     let ports = [free_udp_port(), free_udp_port()];
-    let prometheus = free_tcp_port();
     let batches = 200u64; // about 2 s at 1e5 samples/s and 1024 samples per batch
     let mut gap = (0, 0);
-    let (report, katcp, heaps) = run_with_spead2(ports, Payload::Katgpucbf, 8, 5.0, |c| {
-        c.max_heaps = Some(batches);
-        c.control.prometheus_port = Some(prometheus);
-        // The gap starts 0.5 s from now on the data's clock (fsim sends in real time).
-        let now_ts = ((unix_now() - c.sync_time) * ADC) as u64;
-        let gap_start = (now_ts + (0.5 * ADC) as u64).div_ceil(STEP) * STEP;
-        gap = (gap_start, gap_start + 5 * STEP);
-        c.missing_fengines = vec![2];
-        c.missing_timestamps = Some(gap);
-    });
+    let (report, katcp, prometheus, heaps) =
+        run_with_spead2(ports, Payload::Katgpucbf, 8, 5.0, |c| {
+            c.max_heaps = Some(batches);
+            c.control.prometheus_port = Some(0);
+            // The gap starts 0.5 s from now on the data's clock (fsim sends in real time).
+            let now_ts = ((unix_now() - c.sync_time) * ADC) as u64;
+            let gap_start = (now_ts + (0.5 * ADC) as u64).div_ceil(STEP) * STEP;
+            gap = (gap_start, gap_start + 5 * STEP);
+            c.missing_fengines = vec![2];
+            c.missing_timestamps = Some(gap);
+        });
     let got = check_heaps(&heaps, ports, 8);
     let ts0 = report.first_timestamp;
     let end = ts0 + batches * STEP;
@@ -182,7 +188,7 @@ fn spead2_receives_katgpucbf_heaps_with_a_gap() {
     assert_eq!(report.heaps, 2 * want.len() as u64);
 
     // Prometheus under katgpucbf's names, equal to what was sent.
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", prometheus)).unwrap();
+    let mut s = std::net::TcpStream::connect(prometheus.expect("a Prometheus endpoint")).unwrap();
     std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut text = String::new();
     std::io::Read::read_to_string(&mut s, &mut text).unwrap();
@@ -221,7 +227,7 @@ fn spead2_receives_katgpucbf_heaps_with_a_gap() {
 fn spead2_receives_random_four_bit_heaps_without_a_missing_fengine() {
     let ports = [free_udp_port(), free_udp_port()];
     let batches = 12u64;
-    let (report, _, heaps) = run_with_spead2(ports, Payload::Random { seed: 77 }, 4, 3.0, |c| {
+    let (report, _, _, heaps) = run_with_spead2(ports, Payload::Random { seed: 77 }, 4, 3.0, |c| {
         c.max_heaps = Some(batches);
         c.missing_fengines = vec![1];
     });

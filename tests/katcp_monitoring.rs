@@ -8,12 +8,11 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_tcp_port, free_udp_port, Kill};
+use common::{free_udp_port, spawn_logging, KATCP_LOG};
 
 #[test]
 fn aiokatcp_watches_an_engine_and_halts_it() {
-    let port = free_tcp_port();
-    let mut engine = Kill(
+    let (mut engine, addrs) = spawn_logging(
         Command::new(env!("CARGO_BIN_EXE_cbf"))
             .args([
                 "fengine",
@@ -21,20 +20,14 @@ fn aiokatcp_watches_an_engine_and_halts_it() {
                 &format!("127.0.0.1:{}", free_udp_port()),
             ])
             .args(["--adc-sample-rate", "1712e6", "--sync-time", "0"])
-            .args([
-                "--katcp-port",
-                &port.to_string(),
-                "--katcp-host",
-                "127.0.0.1",
-            ])
+            .args(["--katcp-port", "0", "--katcp-host", "127.0.0.1"])
             .args(["--recv-chunk-samples", "4194304", "--dither-seed", "7"])
             .args(["--wideband", "name=wide,channels=1024,dst=127.0.0.1:9"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("RUST_LOG", "info"),
+        &[KATCP_LOG],
     );
-    common::wait_for_tcp(port);
+    let port = addrs[0].port();
     let lines = common::run_reference(
         "katcp_watch.py",
         &[

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{free_tcp_port, free_udp_port, Kill};
+use common::{free_udp_port, spawn_logging, PROMETHEUS_LOG};
 
 const FGPU: [&str; 14] = [
     "input_heaps",
@@ -53,10 +53,10 @@ const XBGPU: [&str; 20] = [
 ];
 
 /// `/metrics` of a process as soon as it answers (within 30 s).
-fn scrape(port: u16) -> String {
+fn scrape(addr: std::net::SocketAddr) -> String {
     let started = Instant::now();
     loop {
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
             s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
             let mut text = String::new();
             s.read_to_string(&mut text).unwrap();
@@ -64,7 +64,7 @@ fn scrape(port: u16) -> String {
         }
         assert!(
             started.elapsed() < Duration::from_secs(30),
-            "no /metrics on {port}"
+            "no /metrics on {addr}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -88,8 +88,7 @@ fn check(text: &str, namespace: &str, names: &[&str]) {
 
 #[test]
 fn fgpu_families_from_start_up() {
-    let prom = free_tcp_port();
-    let _engine = Kill(
+    let (_engine, addrs) = spawn_logging(
         Command::new(env!("CARGO_BIN_EXE_cbf"))
             .args([
                 "fengine",
@@ -98,19 +97,18 @@ fn fgpu_families_from_start_up() {
             ])
             .args(["--adc-sample-rate", "1712e6", "--sync-time", "0"])
             .args(["--katcp-port", "0", "--katcp-host", "127.0.0.1"])
-            .args(["--prometheus-port", &prom.to_string()])
+            .args(["--prometheus-port", "0"])
             .args(["--recv-chunk-samples", "4194304"])
             .args(["--wideband", "name=wide,channels=1024,dst=127.0.0.1:9"])
-            .spawn()
-            .unwrap(),
+            .env("RUST_LOG", "info"),
+        &[PROMETHEUS_LOG],
     );
-    check(&scrape(prom), "fgpu", &FGPU);
+    check(&scrape(addrs[0]), "fgpu", &FGPU);
 }
 
 #[test]
 fn xbgpu_families_from_start_up() {
-    let prom = free_tcp_port();
-    let _engine = Kill(
+    let (_engine, addrs) = spawn_logging(
         Command::new(env!("CARGO_BIN_EXE_cbf"))
             .args(["xbengine", &format!("127.0.0.1:{}", free_udp_port())])
             .args(["--array-size", "4", "--channels", "1024"])
@@ -129,14 +127,14 @@ fn xbgpu_families_from_start_up() {
                 "--katcp-host",
                 "127.0.0.1",
             ])
-            .args(["--prometheus-port", &prom.to_string()])
+            .args(["--prometheus-port", "0"])
             .args([
                 "--corrprod",
                 "name=bl,dst=127.0.0.1:9,heap_accumulation_threshold=4",
             ])
             .args(["--beam", "name=b0,dst=127.0.0.1:9,pol=0"])
-            .spawn()
-            .unwrap(),
+            .env("RUST_LOG", "info"),
+        &[PROMETHEUS_LOG],
     );
-    check(&scrape(prom), "xbgpu", &XBGPU);
+    check(&scrape(addrs[0]), "xbgpu", &XBGPU);
 }

@@ -270,7 +270,7 @@ fn shutdown_stops_an_idle_engine() {
 fn katcp_requests_sensors_and_metrics() {
     let p = common::free_udp_port();
     let mut cfg = config(p, p, [p, p], 8);
-    cfg.control.prometheus_port = Some(common::free_tcp_port());
+    cfg.control.prometheus_port = Some(0);
     let shutdown = Shutdown::manual();
     let engine = Engine::new(cfg, shutdown.clone()).unwrap();
     let katcp = engine.katcp_addr().port().to_string();

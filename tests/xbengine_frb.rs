@@ -300,7 +300,7 @@ fn a_point_source_peaks_in_its_beam() {
     let in_port = common::free_udp_port();
     let ones: Vec<String> = vec!["1".into(); 2 * ANTS];
     let mut cfg = config(in_port, vec![frb(&spec)]);
-    cfg.control.prometheus_port = Some(common::free_tcp_port());
+    cfg.control.prometheus_port = Some(0);
     let (v, report, metrics) = run(
         cfg,
         in_port,

@@ -197,15 +197,7 @@ impl Engine {
                 );
             }
         }
-        let addrs = crate::engine::control::serve(
-            config.control,
-            "cbf-fengine",
-            sensors,
-            control.clone(),
-            metrics.registry.clone(),
-            &shutdown,
-            rx_timeouts,
-        )?;
+        // Every family has its samples before the first scrape can come.
         for pol in ["0", "1"] {
             metrics.touch_all("input_", &[pol]);
             for (o, _) in &outputs {
@@ -215,6 +207,15 @@ impl Engine {
         for (o, _) in &outputs {
             metrics.touch_all("output_", &[o.name()]);
         }
+        let addrs = crate::engine::control::serve(
+            config.control,
+            "cbf-fengine",
+            sensors,
+            control.clone(),
+            metrics.registry.clone(),
+            &shutdown,
+            rx_timeouts,
+        )?;
         let mut cuda = match &gpu {
             Some(g) => Some(CudaShared::new(
                 &config,

@@ -178,15 +178,7 @@ impl Engine {
             &[""],
             health::rx_timeout(layout.chunk_step() as f64 / config.adc_sample_rate),
         );
-        let addrs = crate::engine::control::serve(
-            config.control,
-            "cbf-xbengine",
-            sensors,
-            control.clone(),
-            metrics.registry.clone(),
-            &shutdown,
-            rx_timeouts,
-        )?;
+        // Every family has its samples before the first scrape can come.
         for c in &config.corrprods {
             metrics.touch_all("output_x_", &[&c.name]);
         }
@@ -196,6 +188,15 @@ impl Engine {
         for f in &config.frb_beams {
             metrics.touch_all("output_frb_", &[&f.name]);
         }
+        let addrs = crate::engine::control::serve(
+            config.control,
+            "cbf-xbengine",
+            sensors,
+            control.clone(),
+            metrics.registry.clone(),
+            &shutdown,
+            rx_timeouts,
+        )?;
         let x = config
             .corrprods
             .iter()

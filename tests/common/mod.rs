@@ -77,13 +77,57 @@ pub fn run_reference_bytes(script: &str, args: &[String], stdin: &[u8]) -> Vec<u
     out.stdout
 }
 
-/// A TCP port that was free a moment ago on 127.0.0.1.
-pub fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// What an engine logs when its katcp server listens (`engine::control`), with `katcp=` the
+/// address bound.
+pub const KATCP_LOG: (&str, &str) = ("katcp server listening", "katcp");
+/// What an engine logs when its Prometheus endpoint listens, with `addr=` the address bound.
+pub const PROMETHEUS_LOG: (&str, &str) = ("Prometheus metrics at /metrics", "addr");
+
+/// Start `cmd` with its stderr read on a thread, and wait (up to 30 s) for a log line with
+/// each `(marker, key)` of `wanted`; returns the child and, in `wanted`'s order, the address
+/// each line gives as `key=ADDR`. Tests that give an engine port 0 learn its ports this way,
+/// where a port picked free beforehand (`free_tcp_port`) can be taken by another test in
+/// between. The thread echoes every line to this test's stderr and keeps the pipe drained
+/// until the child exits.
+pub fn spawn_logging(
+    cmd: &mut Command,
+    wanted: &[(&str, &str)],
+) -> (Kill, Vec<std::net::SocketAddr>) {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let mut child = cmd
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("cannot start the engine");
+    let stderr = child.stderr.take().expect("stderr");
+    let child = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            eprintln!("{line}");
+            let _ = tx.send(line);
+        }
+    });
+    let mut found: Vec<Option<std::net::SocketAddr>> = vec![None; wanted.len()];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while found.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            panic!("no log line with each of {wanted:?} within 30 s (or the child exited)");
+        };
+        for ((marker, key), slot) in wanted.iter().zip(&mut found) {
+            if line.contains(marker) {
+                let prefix = format!("{key}=");
+                let addr = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix(&prefix))
+                    .and_then(|a| a.trim_matches('"').parse().ok());
+                *slot = Some(addr.unwrap_or_else(|| panic!("no {prefix}ADDR in {line:?}")));
+            }
+        }
+    }
+    (child, found.into_iter().flatten().collect())
 }
 
 /// A child process killed (and reaped) when the test ends, however it ends.
@@ -146,18 +190,6 @@ pub fn record_noise(
     }
     dump.finish().unwrap();
     written
-}
-
-/// Wait (up to 30 s) until something listens on TCP `port` of the loopback.
-pub fn wait_for_tcp(port: u16) {
-    let started = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "nothing listens on {port}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
 }
 
 /// An F-engine data heap's (timestamp, feng_id, frequency, feng_raw); `None` for a heap without
