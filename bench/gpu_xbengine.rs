@@ -113,13 +113,14 @@ fn beamformer(
     let moved = (cfg.input_bytes() + cfg.output_len()) as f64;
     let beam_samples = (cfg.output_len() / 2) as f64;
     println!(
-        "beamformer {:>4} ants {:>4} ch {:>3} spectra ×{:>2} batches {:>3} beams{}: {:>7.1} µs, {:>6.0} GB/s moved = {:>5.1} % of copy | {:.2} G beam-samples/s, {:.1} G antenna-beam MACs/s",
+        "beamformer {:>4} ants {:>4} ch {:>3} spectra ×{:>2} batches {:>3} beams{}{}: {:>7.1} µs, {:>6.0} GB/s moved = {:>5.1} % of copy | {:.2} G beam-samples/s, {:.1} G antenna-beam MACs/s",
         cfg.n_ants,
         cfg.channels,
         cfg.spectra,
         cfg.batches,
         cfg.beams,
         if dither { "" } else { ", no dither" },
+        if cfg.in_bits == 8 { "" } else { ", 4-bit input" },
         t * 1e6,
         moved / t * 1e-9,
         100.0 * moved / t / copy,
@@ -360,6 +361,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         beams,
         in_bits: 8,
     };
+    // 4-bit input (katgpucbf's other sample width): half the bytes per sample.
+    let bf4 = |n_ants, spectra, batches, beams| BeamformConfig {
+        in_bits: 4,
+        ..bf(n_ants, spectra, batches, beams)
+    };
     for cfg in [
         // MeerKAT: 80 antennas, 8 single-pol beams; the engine's 32 spectra × 32 batches and
         // 256 spectra × 4 batches.
@@ -370,6 +376,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         bf(80, 256, 4, 256),
         bf(256, 256, 2, 8),
         bf(256, 256, 2, 64),
+        bf4(80, 256, 4, 8),
+        bf4(80, 32, 32, 8),
     ] {
         beamformer(&gpu, copy, cfg, true)?;
         // The cost of the dither at MeerKAT's beams.
