@@ -5,10 +5,10 @@ use std::time::Duration;
 
 /// The calling thread's CPU time, user and system, to the nanosecond.
 ///
-/// `CLOCK_THREAD_CPUTIME_ID` reads the scheduler's runtime, where `getrusage(RUSAGE_THREAD)`
-/// (used before the twenty-fourth session) is sampled by the tick on this kernel
-/// (`TICK_CPU_ACCOUNTING`, 250 Hz): its figures came in steps of 4 ms, which in the 12–20 ms
-/// prefilled runs of `net_transports` is a step of 20–33 %.
+/// `CLOCK_THREAD_CPUTIME_ID` brings the scheduler's runtime up to date before reading it, where
+/// `getrusage(RUSAGE_THREAD)` (used before the twenty-fourth session) reports it as of the
+/// running thread's last tick (250 Hz here) or context switch: its figures came in steps of
+/// 4 ms, which in the 12–20 ms prefilled runs of `net_transports` is a step of 20–33 %.
 pub fn thread_cpu() -> Duration {
     // SAFETY: a zeroed timespec is valid; clock_gettime fills it for the calling thread.
     let t = unsafe {

@@ -197,7 +197,8 @@ impl Engine {
                 );
             }
         }
-        // Every family has its samples before the first scrape can come.
+        // katgpucbf's families have their samples before the first scrape can come (cbf's
+        // per-interface send counters appear with the first send report).
         for pol in ["0", "1"] {
             metrics.touch_all("input_", &[pol]);
             for (o, _) in &outputs {

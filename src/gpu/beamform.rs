@@ -166,7 +166,7 @@ pub struct Occupancy {
 /// at 8 beams), else the hardware runs four. Four k-steps in flight per warp rather than six
 /// since the ring's copies became 16 bytes with an L2 prefetch hint: on the lent H200 that
 /// pair took 3–14 % off every case measured (bench/xbengine-notes.md, 2026-11-28); six had
-/// been best on the H100 with 8-byte copies. 4-bit input (8-byte copies) moves under 3 %
+/// been best on the H100 with 8-byte copies. 4-bit input (8-byte copies) moves under 4 %
 /// between depths 3 and 6 on the H200 (bench/RESULTS.md, twenty-fourth session): it is bound by
 /// its multiplies there, not its loads. The H100 has not run this form.
 pub const OCCUPANCIES: [Occupancy; 2] = [

@@ -50,23 +50,31 @@ use super::recv_socket::{
 use super::udp::POLL_INTERVAL;
 use super::{PacketReceiver, Received, RecvBatch};
 
-/// Buffers in the provided-buffer ring (powers of two, at most 32768) with GRO's 64 KiB buffers
-/// and without. The kernel takes buffers from the ring in the order they were put in, so every
-/// buffer is written in turn and the whole ring is the working set the kernel's copy and the
-/// chunk stream's copy go through: the smaller it is, the more of it is still in cache. With
-/// DEFER_TASKRUN the kernel fills buffers only inside this thread's receive call, so the ring
-/// need hold no more than one call takes; datagrams beyond it wait in the socket buffer (the
-/// request ends for want of buffers and is re-armed on the next call; the socket's overflows
-/// are counted). With GRO, 32 buffers (2 MiB) took 9–24 % less receive CPU per packet than 128
-/// (8 MiB) on loopback, in every method and at both packet sizes (bench/RESULTS.md, io_uring
-/// ring-size section, twenty-fourth session). The completion queue (twice the ring) must be at
-/// least the 64 submission entries, so 32 is also the smallest ring.
-/// Without GRO a buffer is one packet (~9 KiB), and 128 of them are 1.2 MiB. One batch may
-/// hold every buffer; nothing is then received (it waits in the socket buffer) until a batch
-/// is cleared, as each receive call clears its own batch first: so a caller that keeps batches
-/// while receiving into others must leave buffers in the ring (`tests/uring_recv.rs`).
+/// Buffers in the provided-buffer ring with GRO's 64 KiB buffers (2 MiB). The kernel takes
+/// buffers from the ring in the order they were put in, so every buffer is written in turn and
+/// the whole ring is the working set the kernel's copy and the chunk stream's copy go through:
+/// the smaller it is, the more of it is still in cache. With DEFER_TASKRUN the kernel fills
+/// buffers only inside this thread's receive call, so the ring need hold no more than one call
+/// takes; datagrams beyond it wait in the socket buffer (the request ends for want of buffers
+/// and is re-armed on the next call; the socket's overflows are counted). 32 buffers took 2–23 %
+/// less receive CPU per packet than 128 (8 MiB) on loopback, in every method and at both packet
+/// sizes, and 16 or 8 no less than 32 (bench/RESULTS.md, io_uring ring-size section,
+/// twenty-fourth session). One batch may hold every buffer; nothing is then received (it waits
+/// in the socket buffer) until a batch is cleared, as each receive call clears its own batch
+/// first: so a caller that keeps batches while receiving into others must leave buffers in the
+/// ring (`tests/uring_recv.rs`).
 const RING_BUFFERS_GRO: u16 = 32;
+/// Buffers in the ring without GRO, where a buffer holds one packet (~9 KiB): 128 of them are
+/// 1.1 MiB.
 const RING_BUFFERS_PLAIN: u16 = 128;
+/// Submission queue entries: one multishot request per socket is all that is ever queued.
+const SQ_ENTRIES: u32 = 64;
+// The kernel takes the ring's length as a power of two, and refuses a completion queue (twice
+// the ring: every buffer can complete before the queue is read) smaller than the submission
+// queue.
+const _: () = assert!(RING_BUFFERS_GRO.is_power_of_two() && RING_BUFFERS_PLAIN.is_power_of_two());
+const _: () = assert!(2 * RING_BUFFERS_GRO as u32 >= SQ_ENTRIES);
+const _: () = assert!(2 * RING_BUFFERS_PLAIN as u32 >= SQ_ENTRIES);
 /// The ring's buffer group (one ring per receiver, one receiver per io_uring instance).
 const GROUP: u16 = 0;
 /// Control-message space per datagram: SO_RXQ_OVFL and UDP_GRO, 4 bytes each behind 16-byte
@@ -269,14 +277,14 @@ impl UringReceiver {
             .setup_single_issuer()
             .setup_defer_taskrun()
             .setup_r_disabled()
-            .build(64)
+            .build(SQ_ENTRIES)
         {
             Ok(ring) => (ring, true),
             Err(_) => (
                 IoUring::builder()
                     .setup_cqsize(cq)
                     .setup_coop_taskrun()
-                    .build(64)?,
+                    .build(SQ_ENTRIES)?,
                 false,
             ),
         };
@@ -543,63 +551,5 @@ impl PacketReceiver for UringReceiver {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::net::recv_socket::with_syscall_refused;
-
-    /// `IORING_REGISTER_NAPI`, the opcode of `io_uring_register` (not in the libc crate).
-    const REGISTER_NAPI: u32 = 27;
-
-    /// Whether the running kernel is at least `major.minor`.
-    fn kernel_at_least(major: u32, minor: u32) -> bool {
-        // SAFETY: uname fills a zeroed utsname.
-        let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-        // SAFETY: u is a valid utsname to fill.
-        assert_eq!(unsafe { libc::uname(&mut u) }, 0);
-        // SAFETY: release is NUL-terminated by the kernel.
-        let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy();
-        let mut parts = release
-            .split(['.', '-'])
-            .map(|p| p.parse::<u32>().unwrap_or(0));
-        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
-    }
-
-    /// `--recv-busy-poll` on the io_uring path: the ring holds the timeout afterwards (the
-    /// kernel hands the settings in force back on a second registration); a kernel before 6.9
-    /// refuses, naming the errno.
-    #[test]
-    fn busy_poll_is_registered_with_the_ring() {
-        let eps = ["127.0.0.1:0".parse().unwrap()];
-        let mut r = UringReceiver::bind(&eps, None, 1 << 16, 1500).unwrap();
-        match r.set_busy_poll(50) {
-            Ok(held) => assert_eq!(held, 50),
-            Err(e) => {
-                assert!(!kernel_at_least(6, 9), "refused on a kernel with NAPI: {e}");
-                assert!(e.to_string().contains("IORING_REGISTER_NAPI"), "{e}");
-            }
-        }
-    }
-
-    /// A kernel without io_uring NAPI busy polling (before 6.9: EINVAL, made here by a seccomp
-    /// filter) is reported with the errno named.
-    #[test]
-    fn a_refused_registration_names_the_errno() {
-        let e = with_syscall_refused(
-            libc::SYS_io_uring_register,
-            vec![(1, REGISTER_NAPI)],
-            libc::EINVAL as u16,
-            || {
-                let eps = ["127.0.0.1:0".parse().unwrap()];
-                UringReceiver::bind(&eps, None, 1 << 16, 1500)
-                    .unwrap()
-                    .set_busy_poll(50)
-            },
-        )
-        .expect_err("IORING_REGISTER_NAPI refused by the filter");
-        let text = e.to_string();
-        assert!(
-            text.contains("IORING_REGISTER_NAPI") && text.contains("EINVAL"),
-            "{text}"
-        );
-    }
-}
+#[path = "uring_tests.rs"]
+mod tests;

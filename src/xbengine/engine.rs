@@ -178,7 +178,8 @@ impl Engine {
             &[""],
             health::rx_timeout(layout.chunk_step() as f64 / config.adc_sample_rate),
         );
-        // Every family has its samples before the first scrape can come.
+        // katgpucbf's families have their samples before the first scrape can come (cbf's
+        // per-interface send counters appear with the first send report).
         for c in &config.corrprods {
             metrics.touch_all("output_x_", &[&c.name]);
         }

@@ -100,7 +100,7 @@ pub fn spawn_logging(
         .spawn()
         .expect("cannot start the engine");
     let stderr = child.stderr.take().expect("stderr");
-    let child = Kill(child);
+    let mut child = Kill(child);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stderr).lines() {
@@ -114,7 +114,8 @@ pub fn spawn_logging(
     while found.iter().any(Option::is_none) {
         let left = deadline.saturating_duration_since(Instant::now());
         let Ok(line) = rx.recv_timeout(left) else {
-            panic!("no log line with each of {wanted:?} within 30 s (or the child exited)");
+            let status = child.0.try_wait();
+            panic!("no log line with each of {wanted:?} within 30 s; the child: {status:?}");
         };
         for ((marker, key), slot) in wanted.iter().zip(&mut found) {
             if line.contains(marker) {
