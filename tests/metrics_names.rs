@@ -52,6 +52,16 @@ const XBGPU: [&str; 20] = [
     "output_b_clipped_samples",
 ];
 
+/// cbf's own send families (`engine::metrics::SEND_METRICS`), per stream and send interface:
+/// there from start-up too, though their labels come from the outputs' send streams.
+const SEND: [&str; 5] = [
+    "output_interface_bytes",
+    "output_interface_downs",
+    "output_lost_heaps",
+    "output_interface_lost_packets",
+    "output_interface_lost_heaps",
+];
+
 /// `/metrics` of a process as soon as it answers (within 30 s).
 fn scrape(addr: std::net::SocketAddr) -> String {
     let started = Instant::now();
@@ -103,7 +113,9 @@ fn fgpu_families_from_start_up() {
             .env("RUST_LOG", "info"),
         &[PROMETHEUS_LOG],
     );
-    check(&scrape(addrs[0]), "fgpu", &FGPU);
+    let text = scrape(addrs[0]);
+    check(&text, "fgpu", &FGPU);
+    check(&text, "fgpu", &SEND);
 }
 
 #[test]
@@ -136,5 +148,7 @@ fn xbgpu_families_from_start_up() {
             .env("RUST_LOG", "info"),
         &[PROMETHEUS_LOG],
     );
-    check(&scrape(addrs[0]), "xbgpu", &XBGPU);
+    let text = scrape(addrs[0]);
+    check(&text, "xbgpu", &XBGPU);
+    check(&text, "xbgpu", &SEND);
 }

@@ -197,26 +197,6 @@ impl Engine {
                 );
             }
         }
-        // katgpucbf's families have their samples before the first scrape can come (cbf's
-        // per-interface send counters appear with the first send report).
-        for pol in ["0", "1"] {
-            metrics.touch_all("input_", &[pol]);
-            for (o, _) in &outputs {
-                metrics.touch("output_clipped_samples", &[o.name(), pol]);
-            }
-        }
-        for (o, _) in &outputs {
-            metrics.touch_all("output_", &[o.name()]);
-        }
-        let addrs = crate::engine::control::serve(
-            config.control,
-            "cbf-fengine",
-            sensors,
-            control.clone(),
-            metrics.registry.clone(),
-            &shutdown,
-            rx_timeouts,
-        )?;
         let mut cuda = match &gpu {
             Some(g) => Some(CudaShared::new(
                 &config,
@@ -239,6 +219,27 @@ impl Engine {
                 &shutdown,
             )?);
         }
+        // Every family has its samples before the endpoint listens, so the first scrape
+        // finds them all: the outputs (and so their send interfaces' names) exist by now.
+        for pol in ["0", "1"] {
+            metrics.touch_all("input_", &[pol]);
+            for o in &built {
+                metrics.touch("output_clipped_samples", &[o.pipeline.output.name(), pol]);
+            }
+        }
+        for o in &built {
+            metrics.touch_all("output_", &[o.pipeline.output.name()]);
+            crate::engine::metrics::send(&metrics, o.pipeline.output.name(), &o.sink.counters());
+        }
+        let addrs = crate::engine::control::serve(
+            config.control,
+            "cbf-fengine",
+            sensors,
+            control.clone(),
+            metrics.registry.clone(),
+            &shutdown,
+            rx_timeouts,
+        )?;
         Ok(Engine {
             config,
             layout,

@@ -178,26 +178,6 @@ impl Engine {
             &[""],
             health::rx_timeout(layout.chunk_step() as f64 / config.adc_sample_rate),
         );
-        // katgpucbf's families have their samples before the first scrape can come (cbf's
-        // per-interface send counters appear with the first send report).
-        for c in &config.corrprods {
-            metrics.touch_all("output_x_", &[&c.name]);
-        }
-        for b in &config.beams {
-            metrics.touch_all("output_b_", &[&b.name]);
-        }
-        for f in &config.frb_beams {
-            metrics.touch_all("output_frb_", &[&f.name]);
-        }
-        let addrs = crate::engine::control::serve(
-            config.control,
-            "cbf-xbengine",
-            sensors,
-            control.clone(),
-            metrics.registry.clone(),
-            &shutdown,
-            rx_timeouts,
-        )?;
         let x = config
             .corrprods
             .iter()
@@ -210,6 +190,35 @@ impl Engine {
             Some(beam_outputs(&config, &plan, &shutdown)?)
         };
         let frb = frb::frb_outputs(&config, &plan, backend.as_mut(), &shutdown)?;
+        // Every family has its samples before the endpoint listens, so the first scrape
+        // finds them all: the outputs (and so their send interfaces' names) exist by now.
+        for c in &config.corrprods {
+            metrics.touch_all("output_x_", &[&c.name]);
+        }
+        for b in &config.beams {
+            metrics.touch_all("output_b_", &[&b.name]);
+        }
+        for f in &config.frb_beams {
+            metrics.touch_all("output_frb_", &[&f.name]);
+        }
+        for o in &x {
+            crate::engine::metrics::send(&metrics, &o.name, &o.sink.counters());
+        }
+        if let Some(b) = &beams {
+            crate::engine::metrics::send(&metrics, "beams", &b.sink.counters());
+        }
+        for f in &frb {
+            f.report_send(&metrics);
+        }
+        let addrs = crate::engine::control::serve(
+            config.control,
+            "cbf-xbengine",
+            sensors,
+            control.clone(),
+            metrics.registry.clone(),
+            &shutdown,
+            rx_timeouts,
+        )?;
         Ok(Engine {
             config,
             plan,

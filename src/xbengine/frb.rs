@@ -47,6 +47,11 @@ pub(super) struct FrbOutput {
 }
 
 impl FrbOutput {
+    /// Bring its send interfaces' counters in `m` up to its sink's (all zero at start-up).
+    pub(super) fn report_send(&self, m: &Metrics) {
+        crate::engine::metrics::send(m, &self.name, &self.sink.counters());
+    }
+
     pub(super) fn join(&mut self) -> Result<(), EngineError> {
         self.sink.join()
     }
@@ -299,6 +304,6 @@ fn send(
     f.sink.send(buf, meta);
     f.sink.check()?;
     metrics::frb_output(m, &f.name, &f.totals);
-    crate::engine::metrics::send(m, &f.name, &f.sink.counters());
+    f.report_send(m);
     Ok(())
 }
