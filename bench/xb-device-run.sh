@@ -51,7 +51,15 @@ e2e() {
         127.0.0.1:7150,127.0.0.1:7151,127.0.0.1:7152,127.0.0.1:7153 \
         > "$out/xbengine-$tag.txt" 2>&1 &
     local xb=$!
-    sleep 3
+    # The engine starts its katcp server once it is built (kernels compiled, outputs ready):
+    # start the senders then, not after a fixed wait (3 s was too short on a cold H200 in the
+    # twenty-fourth session: 4.6 s to build, and the input that came first was lost).
+    local waited=0
+    until grep -q 'katcp server listening' "$out/xbengine-$tag.txt" 2>/dev/null; do
+        kill -0 $xb 2>/dev/null || { echo "xbengine exited at start-up"; cat "$out/xbengine-$tag.txt"; exit 1; }
+        (( waited++ < 600 )) || { echo "xbengine not ready within 60 s"; exit 1; }
+        sleep 0.1
+    done
     "$bin/cbf" capture --duration $((secs + 4)) 127.0.0.1:7301 > "$out/x-$tag.jsonl" 2> "$out/x-$tag.err" &
     local capx=$!
     "$bin/cbf" capture --stats --duration $((secs + 4)) 127.0.0.1:7310 > "$out/beams-$tag.txt" 2>&1 &
